@@ -1,0 +1,26 @@
+//! The embedded default store: one SQLite file in WAL mode with `synchronous=FULL`.
+//!
+//! A write is acknowledged only after the transaction holding it is durable (the WAL is fsynced). One writer
+//! thread owns the only write connection; it takes every write that queued up while the previous commit was
+//! being fsynced and applies them all in one transaction (group commit), so many concurrent writers share one
+//! fsync instead of paying one each. Reads run on a few read-only connections and never wait for a commit.
+//! Expired values read as absent at once; the writer thread sweeps them in the background.
+//!
+//! ```no_run
+//! use idem_sqlite::SqliteStore;
+//! use idem_store::{Limits, Precondition, Store, Ttl};
+//!
+//! # async fn demo() -> Result<(), idem_sqlite::Error> {
+//! let store = SqliteStore::open("idem-data/idem.db", Limits::default())?;
+//! store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await?;
+//! store.close().await;
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod schema;
+mod store;
+mod writer;
+
+pub use error::Error;
+pub use store::SqliteStore;

@@ -1,0 +1,10 @@
+//! The conformance suite on the embedded SQLite store, each check on a fresh file.
+
+use idem_sqlite::SqliteStore;
+use idem_store::Limits;
+
+idem_store::conformance_tests!(async || {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("idem.db"), Limits::default()).expect("open");
+    Some((store, dir))
+});

@@ -1,0 +1,548 @@
+//! The behaviour every backend must show, as async checks that panic on a violation.
+//!
+//! Backends run all of them with [`conformance_tests!`](crate::conformance_tests). Every check works under its
+//! own random key prefix, so several checks (and several test processes) can share one database.
+//! Concurrency is real: checks that race spawn tasks on the caller's multi-threaded runtime and count exactly.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use crate::{Decision, Error, Generation, Precondition, RetryPolicy, SetChange, Store, StoreExt, Ttl, Updated};
+
+/// Expands to one `#[tokio::test]` per conformance check.
+///
+/// `$make` is an async closure returning `Option<(store, guard)>`: `None` skips the test (print the reason
+/// first, e.g. an unset `IDEM_TEST_POSTGRES_URL`); the guard (a temporary directory, say) lives as long as the
+/// test. The store must be `Clone` so checks can hand it to spawned tasks.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            preconditions_on_put, preconditions_on_delete, expired_keys_read_absent, generations_never_reused,
+            ttl_keep_and_clear, list_pages_while_writing, update_under_contention, counter_dedupe_under_contention,
+            set_changes_under_contention, limits_refuse_bad_input, matches_btreemap_model);
+    };
+    (@each $make:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                let Some((store, _guard)) = ($make)().await else { return };
+                $crate::conformance::$check(&store).await;
+            }
+        )*
+    };
+}
+
+fn prefix(check: &str) -> String {
+    format!("conformance/{check}/{:016x}/", rand::random::<u64>())
+}
+
+fn gen_of(e: Error) -> Option<Generation> {
+    match e {
+        Error::PreconditionFailed { current } => current,
+        other => panic!("expected a failed precondition, got {other:?}"),
+    }
+}
+
+async fn ok_put<S: Store>(s: &S, key: &str, v: &str, pre: Precondition, ttl: Ttl) -> Generation {
+    s.put(key, Bytes::from(v.to_owned()), pre, ttl).await.expect("put").generation()
+}
+
+/// Each precondition on put, on a present and on an absent key; `created` tells a create from a replace.
+pub async fn preconditions_on_put<S: Store>(s: &S) {
+    let p = prefix("put");
+    let k = format!("{p}k");
+    let v = || Bytes::from_static(b"v");
+    // Absent key.
+    assert_eq!(gen_of(s.put(&k, v(), Precondition::Present, Ttl::Keep).await.unwrap_err()), None);
+    assert_eq!(
+        gen_of(s.put(&k, v(), Precondition::Generation(Generation::new(1)), Ttl::Keep).await.unwrap_err()),
+        None
+    );
+    assert!(s.get(&k).await.unwrap().is_none(), "a failed precondition wrote something");
+    let w1 = s.put(&k, v(), Precondition::Absent, Ttl::Keep).await.unwrap();
+    assert!(w1.created());
+    // Present key.
+    let e = s.put(&k, v(), Precondition::Absent, Ttl::Keep).await.unwrap_err();
+    assert_eq!(gen_of(e), Some(w1.generation()));
+    let w2 = s.put(&k, Bytes::from_static(b"v2"), Precondition::Present, Ttl::Keep).await.unwrap();
+    assert!(!w2.created());
+    assert!(w2.generation() > w1.generation());
+    let e = s.put(&k, v(), Precondition::Generation(w1.generation()), Ttl::Keep).await.unwrap_err();
+    assert_eq!(gen_of(e), Some(w2.generation()));
+    let w3 = s.put(&k, Bytes::from_static(b"v3"), Precondition::Generation(w2.generation()), Ttl::Keep).await.unwrap();
+    assert!(w3.generation() > w2.generation());
+    let w4 = s.put(&k, Bytes::from_static(b"v4"), Precondition::Any, Ttl::Keep).await.unwrap();
+    assert!(!w4.created() && w4.generation() > w3.generation());
+    let got = s.get(&k).await.unwrap().unwrap();
+    assert_eq!((got.value().as_ref(), got.generation()), (&b"v4"[..], w4.generation()));
+    let w5 = s.put(&format!("{p}any"), v(), Precondition::Any, Ttl::Keep).await.unwrap();
+    assert!(w5.created());
+}
+
+/// Each precondition on delete, on a present and on an absent key.
+pub async fn preconditions_on_delete<S: Store>(s: &S) {
+    let p = prefix("delete");
+    let k = format!("{p}k");
+    assert_eq!(s.delete(&k, Precondition::Any).await.unwrap(), None);
+    assert_eq!(s.delete(&k, Precondition::Absent).await.unwrap(), None);
+    assert_eq!(gen_of(s.delete(&k, Precondition::Present).await.unwrap_err()), None);
+    assert_eq!(gen_of(s.delete(&k, Precondition::Generation(Generation::new(7))).await.unwrap_err()), None);
+    let g1 = ok_put(s, &k, "a", Precondition::Absent, Ttl::Keep).await;
+    assert_eq!(gen_of(s.delete(&k, Precondition::Absent).await.unwrap_err()), Some(g1));
+    let g2 = ok_put(s, &k, "b", Precondition::Any, Ttl::Keep).await;
+    assert_eq!(gen_of(s.delete(&k, Precondition::Generation(g1)).await.unwrap_err()), Some(g2));
+    assert!(s.get(&k).await.unwrap().is_some(), "a failed precondition deleted the value");
+    assert_eq!(s.delete(&k, Precondition::Generation(g2)).await.unwrap(), Some(g2));
+    assert!(s.get(&k).await.unwrap().is_none());
+    let g3 = ok_put(s, &k, "c", Precondition::Absent, Ttl::Keep).await;
+    assert_eq!(s.delete(&k, Precondition::Present).await.unwrap(), Some(g3));
+    let g4 = ok_put(s, &k, "d", Precondition::Absent, Ttl::Keep).await;
+    assert_eq!(s.delete(&k, Precondition::Any).await.unwrap(), Some(g4));
+}
+
+/// A value past its expiry reads absent, satisfies `Absent`, fails `Present`, is not listed, and a re-create
+/// after it starts without the old expiry.
+pub async fn expired_keys_read_absent<S: Store + Clone>(s: &S) {
+    let p = prefix("expired");
+    let keys: Vec<String> = (0..4).map(|i| format!("{p}{i}")).collect();
+    let mut gens = Vec::new();
+    for k in &keys {
+        gens.push(ok_put(s, k, "short", Precondition::Absent, Ttl::After(Duration::from_secs(1))).await);
+    }
+    let stay =
+        ok_put(s, &format!("{p}stay"), "long", Precondition::Absent, Ttl::After(Duration::from_secs(3600))).await;
+    // Expiry is judged by the store's clock with millisecond resolution: wait past it with a margin.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(s.get(&keys[0]).await.unwrap().is_none(), "an expired value is still readable");
+    // Put with Present fails and reports absence; Generation(old) fails too.
+    assert_eq!(gen_of(s.put(&keys[0], "x".into(), Precondition::Present, Ttl::Keep).await.unwrap_err()), None);
+    assert_eq!(
+        gen_of(s.put(&keys[0], "x".into(), Precondition::Generation(gens[0]), Ttl::Keep).await.unwrap_err()),
+        None
+    );
+    // Absent holds; the new value is a create with no expiry under Keep.
+    let w = s.put(&keys[0], "new".into(), Precondition::Absent, Ttl::Keep).await.unwrap();
+    assert!(w.created() && w.generation() > gens[0]);
+    assert_eq!(s.get(&keys[0]).await.unwrap().unwrap().expires_at(), None);
+    // Delete: Present fails, Any reports nothing deleted.
+    assert_eq!(gen_of(s.delete(&keys[1], Precondition::Present).await.unwrap_err()), None);
+    assert_eq!(gen_of(s.delete(&keys[1], Precondition::Generation(gens[1])).await.unwrap_err()), None);
+    assert_eq!(s.delete(&keys[2], Precondition::Any).await.unwrap(), None);
+    // A counter on an expired key starts from zero.
+    let c = s.counter_add(&keys[3], 5, None).await.unwrap();
+    assert_eq!(c.value, 5);
+    // Listing shows only live keys.
+    let page = s.list(&p, None, 100).await.unwrap();
+    let listed: Vec<&str> = page.items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(listed, vec![keys[0].as_str(), keys[3].as_str(), &format!("{p}stay")]);
+    assert_eq!(page.items[2].generation, stay);
+}
+
+/// Generations strictly increase across the store and are never reused, under concurrent writers and across
+/// delete and re-create (ABA): a write conditioned on a generation from before the delete fails.
+pub async fn generations_never_reused<S: Store + Clone>(s: &S) {
+    let p = prefix("generations");
+    let k = format!("{p}aba");
+    let g1 = ok_put(s, &k, "a", Precondition::Absent, Ttl::Keep).await;
+    s.delete(&k, Precondition::Generation(g1)).await.unwrap();
+    let g2 = ok_put(s, &k, "a", Precondition::Absent, Ttl::Keep).await;
+    assert!(g2 > g1, "re-create reused or lowered the generation: {g1} then {g2}");
+    assert_eq!(gen_of(s.put(&k, "b".into(), Precondition::Generation(g1), Ttl::Keep).await.unwrap_err()), Some(g2));
+    assert_eq!(gen_of(s.delete(&k, Precondition::Generation(g1)).await.unwrap_err()), Some(g2));
+
+    // 8 tasks x 100 writes over 10 shared keys, with deletes: every returned generation distinct, each task's
+    // sequence strictly increasing.
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let s = s.clone();
+        let p = p.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for i in 0..100 {
+                let key = format!("{p}k{}", (t + i) % 10);
+                if i % 7 == 3 {
+                    let _ = s.delete(&key, Precondition::Any).await.unwrap();
+                    continue;
+                }
+                seen.push(
+                    s.put(&key, Bytes::from(format!("{t}-{i}")), Precondition::Any, Ttl::Keep)
+                        .await
+                        .unwrap()
+                        .generation(),
+                );
+            }
+            seen
+        }));
+    }
+    let mut all = HashSet::new();
+    let mut total = 0;
+    for t in tasks {
+        let seen = t.await.unwrap();
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "a task saw generations go backwards: {seen:?}");
+        total += seen.len();
+        all.extend(seen);
+    }
+    assert_eq!(all.len(), total, "{} generations were handed out twice", total - all.len());
+    let after = ok_put(s, &k, "c", Precondition::Any, Ttl::Keep).await;
+    assert!(all.iter().all(|g| *g < after) && after > g2);
+}
+
+/// `Ttl::After` sets an expiry, `Keep` keeps it (also through `update` and set/counter operations), `Clear`
+/// removes it.
+pub async fn ttl_keep_and_clear<S: Store>(s: &S) {
+    let p = prefix("ttl");
+    let k = format!("{p}k");
+    ok_put(s, &k, "a", Precondition::Absent, Ttl::Keep).await;
+    assert_eq!(s.get(&k).await.unwrap().unwrap().expires_at(), None, "Keep on create set an expiry");
+    ok_put(s, &k, "b", Precondition::Any, Ttl::After(Duration::from_secs(600))).await;
+    let e1 = s.get(&k).await.unwrap().unwrap().expires_at().expect("After set no expiry");
+    let left = e1.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    assert!(left > Duration::from_secs(590) && left <= Duration::from_secs(601), "expiry {left:?} from now");
+    ok_put(s, &k, "c", Precondition::Present, Ttl::Keep).await;
+    assert_eq!(s.get(&k).await.unwrap().unwrap().expires_at(), Some(e1), "Keep changed the expiry");
+    s.update(&k, |_| Decision::<()>::Put("d".into()), &RetryPolicy::default()).await.unwrap();
+    assert_eq!(s.get(&k).await.unwrap().unwrap().expires_at(), Some(e1), "update dropped the expiry");
+    ok_put(s, &k, "e", Precondition::Any, Ttl::Clear).await;
+    assert_eq!(s.get(&k).await.unwrap().unwrap().expires_at(), None, "Clear kept an expiry");
+
+    let c = format!("{p}counter");
+    ok_put(s, &c, "1", Precondition::Absent, Ttl::After(Duration::from_secs(600))).await;
+    let ec = s.get(&c).await.unwrap().unwrap().expires_at();
+    s.counter_add(&c, 1, None).await.unwrap();
+    assert_eq!(s.get(&c).await.unwrap().unwrap().expires_at(), ec, "counter add dropped the expiry");
+    let st = format!("{p}set");
+    ok_put(s, &st, "[\"a\"]", Precondition::Absent, Ttl::After(Duration::from_secs(600))).await;
+    let es = s.get(&st).await.unwrap().unwrap().expires_at();
+    s.set_change(&st, SetChange { add: vec!["b".into()], remove: vec![] }).await.unwrap();
+    assert_eq!(s.get(&st).await.unwrap().unwrap().expires_at(), es, "set change dropped the expiry");
+}
+
+/// Paging through a prefix with a cursor returns every key that stays live exactly once, in order, while other
+/// tasks create and delete keys in between them; keys outside the prefix never appear.
+pub async fn list_pages_while_writing<S: Store + Clone>(s: &S) {
+    let p = prefix("list");
+    let stable: BTreeSet<String> = (0..300).map(|i| format!("{p}{i:04}/stable")).collect();
+    for k in &stable {
+        ok_put(s, k, "s", Precondition::Absent, Ttl::Keep).await;
+    }
+    // Neighbours just outside the prefix on both sides.
+    let outside_lo = format!("{}", &p[..p.len() - 1]);
+    let outside_hi = format!("{}0", &p[..p.len() - 1]);
+    ok_put(s, &outside_lo, "x", Precondition::Any, Ttl::Keep).await;
+    ok_put(s, &outside_hi, "x", Precondition::Any, Ttl::Keep).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut churners = Vec::new();
+    for t in 0..4 {
+        let (s, p, stop) = (s.clone(), p.clone(), stop.clone());
+        churners.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 5000 {
+                let key = format!("{p}{:04}/churn{t}", (n * 37 + t * 11) % 300);
+                s.put(&key, "c".into(), Precondition::Any, Ttl::Keep).await.unwrap();
+                if n % 2 == 1 {
+                    s.delete(&key, Precondition::Any).await.unwrap();
+                }
+                n += 1;
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = s.list(&p, cursor.as_deref(), 17).await.unwrap();
+        assert!(page.items.len() <= 17);
+        seen.extend(page.items.into_iter().map(|i| i.key));
+        tokio::task::yield_now().await;
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in churners {
+        c.await.unwrap();
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "listing not strictly ascending (a key repeated?)");
+    assert!(seen.iter().all(|k| k.starts_with(&p)), "a key outside the prefix was listed");
+    let got: BTreeSet<String> = seen.into_iter().filter(|k| k.ends_with("/stable")).collect();
+    let missing = stable.difference(&got).count();
+    assert_eq!(missing, 0, "{missing} stable keys missing from the listing");
+    assert_eq!(got.len(), 300);
+}
+
+/// 16 tasks x 200 `update` calls each append a unique item to one shared list: exactly 3,200 items at the end,
+/// no duplicate, no error.
+pub async fn update_under_contention<S: Store + Clone>(s: &S) {
+    let p = prefix("update");
+    let key = format!("{p}list");
+    let policy = RetryPolicy::default().with_max_attempts(64);
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (s, key, policy) = (s.clone(), key.clone(), policy.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut retries = 0;
+            for i in 0..200 {
+                let item = format!("{t}-{i}");
+                let out = s
+                    .update(
+                        &key,
+                        |cur| {
+                            let mut list: Vec<String> =
+                                cur.map(|v| serde_json::from_slice(v.value()).expect("list")).unwrap_or_default();
+                            list.push(item.clone());
+                            Decision::<()>::Put(serde_json::to_vec(&list).expect("json").into())
+                        },
+                        &policy,
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("update {t}-{i} failed: {e}"));
+                if let Updated::Put { attempts, .. } = out {
+                    retries += attempts - 1;
+                }
+            }
+            retries
+        }));
+    }
+    let mut retries = 0;
+    for t in tasks {
+        retries += t.await.unwrap();
+    }
+    let list: Vec<String> = serde_json::from_slice(s.get(&key).await.unwrap().unwrap().value()).unwrap();
+    let distinct: HashSet<&String> = list.iter().collect();
+    assert_eq!(list.len(), 3200, "lost or duplicated updates ({retries} retries)");
+    assert_eq!(distinct.len(), 3200, "duplicate items");
+}
+
+/// 16 tasks x 200 counter adds with unique dedupe ids, every id sent twice (concurrently): exactly 3,200.
+pub async fn counter_dedupe_under_contention<S: Store + Clone>(s: &S) {
+    let p = prefix("counter");
+    let key = format!("{p}c");
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (s, key) = (s.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut applied = 0;
+            for i in 0..200 {
+                let id = format!("{t}-{i}");
+                let (a, b) = tokio::join!(s.counter_add(&key, 1, Some(&id)), s.counter_add(&key, 1, Some(&id)));
+                let (a, b) = (a.unwrap(), b.unwrap());
+                assert!(a.applied != b.applied, "dedupe id {id} applied {} times", a.applied as u8 + b.applied as u8);
+                assert_eq!(
+                    (a.value, a.generation),
+                    (b.value, b.generation),
+                    "a repeat did not return the first result"
+                );
+                applied += 1;
+            }
+            applied
+        }));
+    }
+    let mut applied = 0;
+    for t in tasks {
+        applied += t.await.unwrap();
+    }
+    assert_eq!(applied, 3200);
+    let v = s.get(&key).await.unwrap().unwrap();
+    assert_eq!(v.value().as_ref(), b"3200");
+    let again = s.counter_add(&key, 1, Some("0-0")).await.unwrap();
+    assert!(!again.applied);
+    assert_eq!(s.counter_add(&key, -200, None).await.unwrap().value, 3000);
+    let wrong = format!("{p}text");
+    ok_put(s, &wrong, "not a number", Precondition::Absent, Ttl::Keep).await;
+    assert!(matches!(s.counter_add(&wrong, 1, None).await, Err(Error::WrongType { .. })));
+    ok_put(s, &wrong, &i64::MAX.to_string(), Precondition::Any, Ttl::Keep).await;
+    assert!(matches!(s.counter_add(&wrong, 1, None).await, Err(Error::CounterOverflow)));
+}
+
+/// Set adds from 16 concurrent tasks all land; removes remove; an emptied set is deleted; a non-set is refused.
+pub async fn set_changes_under_contention<S: Store + Clone>(s: &S) {
+    let p = prefix("set");
+    let key = format!("{p}s");
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (s, key) = (s.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                let out =
+                    s.set_change(&key, SetChange { add: vec![format!("{t}-{i}")], remove: vec![] }).await.unwrap();
+                assert_eq!(out.added, 1);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let members = crate::decode_set(s.get(&key).await.unwrap().unwrap().value()).unwrap();
+    assert_eq!(members.len(), 400);
+    let again = s.set_change(&key, SetChange { add: vec!["0-0".into()], remove: vec![] }).await.unwrap();
+    assert_eq!((again.added, again.members), (0, 400));
+    let all: Vec<String> = members.into_iter().collect();
+    let gone = s.set_change(&key, SetChange { add: vec![], remove: all }).await.unwrap();
+    assert_eq!((gone.removed, gone.members, gone.generation), (400, 0, None));
+    assert!(s.get(&key).await.unwrap().is_none(), "an emptied set was not deleted");
+    let wrong = format!("{p}text");
+    ok_put(s, &wrong, "{}", Precondition::Absent, Ttl::Keep).await;
+    let e = s.set_change(&wrong, SetChange { add: vec!["a".into()], remove: vec![] }).await;
+    assert!(matches!(e, Err(Error::WrongType { .. })));
+}
+
+/// Bad keys, values, TTLs and arguments are refused with typed errors and change nothing.
+pub async fn limits_refuse_bad_input<S: Store>(s: &S) {
+    let p = prefix("limits");
+    let long = format!("{p}{}", "k".repeat(1025));
+    for key in ["", long.as_str(), "nul\0key"] {
+        assert!(matches!(s.put(key, "v".into(), Precondition::Any, Ttl::Keep).await, Err(Error::InvalidKey { .. })));
+        assert!(matches!(s.get(key).await, Err(Error::InvalidKey { .. })));
+        assert!(matches!(s.delete(key, Precondition::Any).await, Err(Error::InvalidKey { .. })));
+        assert!(matches!(s.counter_add(key, 1, None).await, Err(Error::InvalidKey { .. })));
+    }
+    let exact = "k".repeat(1024);
+    let w = s.put(&exact, "v".into(), Precondition::Any, Ttl::Keep).await.unwrap();
+    s.delete(&exact, Precondition::Generation(w.generation())).await.unwrap();
+    let k = format!("{p}k");
+    let max = s.limits().max_value_bytes();
+    let big = Bytes::from(vec![b'x'; max + 1]);
+    assert!(matches!(
+        s.put(&k, big, Precondition::Any, Ttl::Keep).await,
+        Err(Error::ValueTooLarge { size, max: m }) if size == max + 1 && m == max
+    ));
+    for ttl in [Duration::from_millis(999), Duration::ZERO, crate::MAX_TTL + Duration::from_secs(1)] {
+        assert!(matches!(
+            s.put(&k, "v".into(), Precondition::Any, Ttl::After(ttl)).await,
+            Err(Error::InvalidTtl { .. })
+        ));
+    }
+    assert!(s.get(&k).await.unwrap().is_none(), "a refused write stored something");
+    ok_put(s, &k, "v", Precondition::Any, Ttl::After(crate::MAX_TTL)).await;
+    ok_put(s, &k, "v", Precondition::Any, Ttl::After(crate::MIN_TTL)).await;
+    assert!(matches!(s.counter_add(&k, 1, Some("")).await, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(s.list(&p, None, 0).await, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(s.list(&p, None, 1001).await, Err(Error::InvalidArgument { .. })));
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put { key: u8, value: u8, pre: Pre },
+    Delete { key: u8, pre: Pre },
+    Get { key: u8 },
+    List { page: u8 },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Pre {
+    Any,
+    Absent,
+    Present,
+    Current,
+    Stale,
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let pre = prop_oneof![Just(Pre::Any), Just(Pre::Absent), Just(Pre::Present), Just(Pre::Current), Just(Pre::Stale)];
+    prop_oneof![
+        4 => (0..5u8, any::<u8>(), pre.clone()).prop_map(|(key, value, pre)| Op::Put { key, value, pre }),
+        2 => (0..5u8, pre).prop_map(|(key, pre)| Op::Delete { key, pre }),
+        2 => (0..5u8).prop_map(|key| Op::Get { key }),
+        1 => (1..4u8).prop_map(|page| Op::List { page }),
+    ]
+}
+
+/// Random sequences of put/delete/get/list with every kind of precondition, checked against a `BTreeMap` model:
+/// same successes and failures, same values, generations increasing, failures reporting the model's generation.
+pub async fn matches_btreemap_model<S: Store>(s: &S) {
+    let handle = tokio::runtime::Handle::current();
+    let config = ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    // proptest drives a synchronous closure; block_in_place lets it wait on the async store from a runtime worker.
+    let result = tokio::task::block_in_place(|| {
+        runner.run(&proptest::collection::vec(op_strategy(), 1..40), |ops| {
+            handle.block_on(run_model_case(s, ops));
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("store diverged from the model: {e}");
+    }
+}
+
+async fn run_model_case<S: Store>(s: &S, ops: Vec<Op>) {
+    let p = prefix("model");
+    let mut model: BTreeMap<String, (u8, Generation)> = BTreeMap::new();
+    let mut last = Generation::new(0);
+    let mut stale = Generation::new(0);
+    for op in ops {
+        match op {
+            Op::Put { key, value, pre } => {
+                let k = format!("{p}{key}");
+                let cur = model.get(&k).map(|(_, g)| *g);
+                let precondition = to_pre(pre, cur, stale);
+                let r = s.put(&k, Bytes::from(vec![value]), precondition, Ttl::Keep).await;
+                match (precondition.check(cur), r) {
+                    (Ok(()), Ok(w)) => {
+                        assert!(w.generation() > last, "generation did not increase");
+                        assert_eq!(w.created(), cur.is_none());
+                        if let Some(c) = cur {
+                            stale = c;
+                        }
+                        last = w.generation();
+                        model.insert(k, (value, last));
+                    }
+                    (Err(_), Err(e)) => assert_eq!(gen_of(e), cur),
+                    (want, got) => panic!("put {k} with {precondition:?}: model {want:?}, store {got:?}"),
+                }
+            }
+            Op::Delete { key, pre } => {
+                let k = format!("{p}{key}");
+                let cur = model.get(&k).map(|(_, g)| *g);
+                let precondition = to_pre(pre, cur, stale);
+                let r = s.delete(&k, precondition).await;
+                match (precondition.check(cur), r) {
+                    (Ok(()), Ok(deleted)) => {
+                        assert_eq!(deleted, cur);
+                        if let Some(c) = cur {
+                            stale = c;
+                        }
+                        model.remove(&k);
+                    }
+                    (Err(_), Err(e)) => assert_eq!(gen_of(e), cur),
+                    (want, got) => panic!("delete {k} with {precondition:?}: model {want:?}, store {got:?}"),
+                }
+            }
+            Op::Get { key } => {
+                let k = format!("{p}{key}");
+                let got = s.get(&k).await.unwrap().map(|v| (v.value()[0], v.generation()));
+                assert_eq!(got, model.get(&k).copied(), "get {k}");
+            }
+            Op::List { page } => {
+                let mut keys = Vec::new();
+                let mut cursor = None;
+                loop {
+                    let pg = s.list(&p, cursor.as_deref(), usize::from(page)).await.unwrap();
+                    keys.extend(pg.items.into_iter().map(|i| (i.key, i.generation)));
+                    match pg.next_cursor {
+                        Some(c) => cursor = Some(c),
+                        None => break,
+                    }
+                }
+                let want: Vec<(String, Generation)> = model.iter().map(|(k, (_, g))| (k.clone(), *g)).collect();
+                assert_eq!(keys, want, "list");
+            }
+        }
+    }
+}
+
+fn to_pre(pre: Pre, cur: Option<Generation>, stale: Generation) -> Precondition {
+    match pre {
+        Pre::Any => Precondition::Any,
+        Pre::Absent => Precondition::Absent,
+        Pre::Present => Precondition::Present,
+        Pre::Current => Precondition::Generation(cur.unwrap_or(stale)),
+        Pre::Stale => Precondition::Generation(stale),
+    }
+}

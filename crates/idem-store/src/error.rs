@@ -1,0 +1,139 @@
+use std::time::Duration;
+
+use crate::Generation;
+
+/// Everything a store operation can fail with.
+///
+/// Callers branch with [`Error::is_precondition_failed`] and [`Error::current_generation`] rather than by
+/// matching message text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key breaks a limit: see [`KeyProblem`].
+    #[error("invalid key: {problem}")]
+    InvalidKey {
+        /// What is wrong with it.
+        problem: KeyProblem,
+    },
+    /// The value is longer than [`Limits::max_value_bytes`](crate::Limits::max_value_bytes).
+    #[error("value of {size} bytes exceeds the limit of {max} bytes")]
+    ValueTooLarge {
+        /// Length of the refused value, in bytes.
+        size: usize,
+        /// The configured maximum, in bytes.
+        max: usize,
+    },
+    /// A TTL outside [`MIN_TTL`](crate::MIN_TTL)`..=`[`MAX_TTL`](crate::MAX_TTL) (1 s to 365 days).
+    #[error("ttl of {}s is outside 1s..=365 days", ttl.as_secs_f64())]
+    InvalidTtl {
+        /// The refused TTL.
+        ttl: Duration,
+    },
+    /// The write's [`Precondition`](crate::Precondition) did not hold; nothing was written.
+    #[error("precondition failed: current generation is {}", match current { Some(g) => g.to_string(), None => "absent".to_owned() })]
+    PreconditionFailed {
+        /// The live value's generation when the write was refused, `None` when the key was absent or expired.
+        current: Option<Generation>,
+    },
+    /// A set or counter operation found a value of another shape under the key.
+    #[error("value is not a {expected}")]
+    WrongType {
+        /// `"set"` (a JSON array of strings) or `"counter"` (a decimal `i64`).
+        expected: &'static str,
+    },
+    /// A counter add would leave the `i64` range.
+    #[error("counter would overflow i64")]
+    CounterOverflow,
+    /// A dedupe id or set member is empty or longer than 255 bytes.
+    #[error("invalid {what}: must be 1..=255 bytes")]
+    InvalidArgument {
+        /// Which argument: `"dedupe id"`, `"set member"`, `"limit"`.
+        what: &'static str,
+    },
+    /// [`StoreExt::update`](crate::StoreExt::update) lost the race on every attempt.
+    #[error("update gave up after {attempts} attempts that all lost a compare-and-swap race")]
+    UpdateExhausted {
+        /// How many read-modify-write attempts ran.
+        attempts: u32,
+    },
+    /// The backend could not be reached (connection refused or lost); retrying later may succeed.
+    #[error("store unavailable")]
+    Unavailable {
+        /// What the backend said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The backend failed in a way a retry will not fix (corrupt file, full disk, bug).
+    #[error("storage backend failed")]
+    Backend {
+        /// What the backend said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store was closed; no more operations are accepted.
+    #[error("store is closed")]
+    Closed,
+}
+
+/// Why a key was refused (keys are 1..=1024 bytes of UTF-8 without NUL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// The key is the empty string.
+    Empty,
+    /// The key is longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The key contains a NUL byte, which PostgreSQL text cannot hold; refused everywhere so backends agree.
+    ContainsNul,
+}
+
+impl std::fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyProblem::Empty => f.write_str("key is empty"),
+            KeyProblem::TooLong { len } => {
+                write!(f, "key is {len} bytes, the limit is {} bytes", crate::MAX_KEY_BYTES)
+            }
+            KeyProblem::ContainsNul => f.write_str("key contains a NUL byte"),
+        }
+    }
+}
+
+impl Error {
+    /// True for [`Error::PreconditionFailed`].
+    pub fn is_precondition_failed(&self) -> bool {
+        matches!(self, Error::PreconditionFailed { .. })
+    }
+
+    /// For a failed precondition, the current generation (`Some(None)` when absent); `None` for other errors.
+    pub fn current_generation(&self) -> Option<Option<Generation>> {
+        match self {
+            Error::PreconditionFailed { current } => Some(*current),
+            _ => None,
+        }
+    }
+
+    /// True when the request itself was invalid (key, value, TTL or argument), so retrying cannot help.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidKey { .. }
+                | Error::ValueTooLarge { .. }
+                | Error::InvalidTtl { .. }
+                | Error::InvalidArgument { .. }
+        )
+    }
+
+    /// Wraps a backend error that a later retry may get past (connection lost, server restarting).
+    pub fn unavailable(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Unavailable { source: source.into() }
+    }
+
+    /// Wraps a backend error that a retry will not fix.
+    pub fn backend(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Backend { source: source.into() }
+    }
+}

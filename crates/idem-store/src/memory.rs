@@ -1,0 +1,190 @@
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use crate::{
+    CounterOutcome, Error, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
+    Versioned, Written, apply_counter, apply_set, millis_to_system_time, system_time_to_millis,
+};
+
+/// A store in process memory: nothing survives the process. For tests, and for embedding idem's helpers where
+/// durability is not needed. Cloning gives another handle to the same data.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+    limits: Limits,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: BTreeMap<String, Entry>,
+    last_generation: u64,
+    /// (key, dedupe id) -> (outcome of the first application, forget after ms).
+    dedupe: HashMap<(String, String), (CounterOutcome, u64)>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    value: Bytes,
+    generation: Generation,
+    expires_at_ms: Option<u64>,
+}
+
+impl Entry {
+    fn live(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_none_or(|e| e > now_ms)
+    }
+}
+
+impl Inner {
+    fn live(&self, key: &str, now_ms: u64) -> Option<&Entry> {
+        self.map.get(key).filter(|e| e.live(now_ms))
+    }
+
+    fn next_generation(&mut self) -> Generation {
+        self.last_generation += 1;
+        Generation::new(self.last_generation)
+    }
+}
+
+fn now_ms() -> u64 {
+    system_time_to_millis(SystemTime::now())
+}
+
+impl MemoryStore {
+    /// An empty store with default [`Limits`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store with these limits.
+    pub fn with_limits(limits: Limits) -> Self {
+        Self { inner: Arc::default(), limits }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves the map consistent (every mutation is a single insert or remove),
+        // so a poisoned lock is safe to keep using.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for MemoryStore {
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, Error> {
+        self.limits.check_key(key)?;
+        let inner = self.lock();
+        Ok(inner
+            .live(key, now_ms())
+            .map(|e| Versioned::new(e.value.clone(), e.generation, e.expires_at_ms.map(millis_to_system_time))))
+    }
+
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
+        self.limits.check_put(key, &value, &ttl)?;
+        let now = now_ms();
+        let mut inner = self.lock();
+        let current = inner.live(key, now);
+        precondition.check(current.map(|e| e.generation))?;
+        let expires_at_ms = ttl.expiry_millis(now, current.and_then(|e| e.expires_at_ms));
+        let created = current.is_none();
+        let generation = inner.next_generation();
+        inner.map.insert(key.to_owned(), Entry { value, generation, expires_at_ms });
+        Ok(Written::new(generation, created))
+    }
+
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
+        self.limits.check_key(key)?;
+        let now = now_ms();
+        let mut inner = self.lock();
+        let current = inner.live(key, now).map(|e| e.generation);
+        precondition.check(current)?;
+        inner.map.remove(key);
+        Ok(current)
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, Error> {
+        if !(1..=1000).contains(&limit) {
+            return Err(Error::InvalidArgument { what: "limit" });
+        }
+        let now = now_ms();
+        let inner = self.lock();
+        let start = match cursor {
+            Some(c) if c >= prefix => std::ops::Bound::Excluded(c.to_owned()),
+            _ => std::ops::Bound::Included(prefix.to_owned()),
+        };
+        let mut items: Vec<ListItem> = inner
+            .map
+            .range((start, std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, e)| e.live(now))
+            .take(limit + 1)
+            .map(|(k, e)| ListItem { key: k.clone(), generation: e.generation, expires_at_ms: e.expires_at_ms })
+            .collect();
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|i| i.key.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
+        self.limits.check_key(key)?;
+        for m in change.add.iter().chain(&change.remove) {
+            self.limits.check_token("set member", m)?;
+        }
+        let now = now_ms();
+        let mut inner = self.lock();
+        let current = inner.live(key, now).cloned();
+        let applied = apply_set(current.as_ref().map(|e| e.value.as_ref()), &change)?;
+        let mut generation = current.as_ref().map(|e| e.generation);
+        if applied.changed {
+            match applied.value {
+                Some(value) => {
+                    self.limits.check_value(&value)?;
+                    let g = inner.next_generation();
+                    let expires_at_ms = current.and_then(|e| e.expires_at_ms);
+                    inner.map.insert(key.to_owned(), Entry { value, generation: g, expires_at_ms });
+                    generation = Some(g);
+                }
+                None => {
+                    inner.map.remove(key);
+                    generation = None;
+                }
+            }
+        }
+        Ok(SetOutcome { generation, members: applied.members, added: applied.added, removed: applied.removed })
+    }
+
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
+        self.limits.check_key(key)?;
+        if let Some(id) = dedupe_id {
+            self.limits.check_token("dedupe id", id)?;
+        }
+        let now = now_ms();
+        let mut inner = self.lock();
+        inner.dedupe.retain(|_, (_, until)| *until > now);
+        if let Some(id) = dedupe_id
+            && let Some((first, _)) = inner.dedupe.get(&(key.to_owned(), id.to_owned()))
+        {
+            return Ok(CounterOutcome { applied: false, ..*first });
+        }
+        let current = inner.live(key, now).cloned();
+        let applied = apply_counter(current.as_ref().map(|e| e.value.as_ref()), delta)?;
+        let generation = inner.next_generation();
+        let expires_at_ms = current.and_then(|e| e.expires_at_ms);
+        inner.map.insert(key.to_owned(), Entry { value: applied.encode(), generation, expires_at_ms });
+        let outcome = CounterOutcome { value: applied.value, generation, applied: true };
+        if let Some(id) = dedupe_id {
+            let until = now.saturating_add(self.limits.dedupe_retention().as_millis() as u64);
+            inner.dedupe.insert((key.to_owned(), id.to_owned()), (outcome, until));
+        }
+        Ok(outcome)
+    }
+}

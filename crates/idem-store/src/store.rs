@@ -1,0 +1,113 @@
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::update::{self, Decision, RetryPolicy, Updated};
+use crate::{
+    CounterOutcome, Error, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Ttl, Versioned, Written,
+};
+
+/// The primitives every backend provides.
+///
+/// # Contract
+/// - Every successful write (put, a set change that changed something, an applied counter add) gets a
+///   [`Generation`] greater than every generation the store handed out before, also for other keys and also after
+///   a delete; generations are never reused.
+/// - A value whose expiry has passed (by the store's clock) reads as absent at once, satisfies
+///   [`Precondition::Absent`] and is not listed; a sweeper removes it later.
+/// - A write is acknowledged only once it is durable as far as the backend promises (SQLite: fsynced).
+/// - Invalid input ([`Limits`]) is refused before anything is written.
+/// - A failed precondition writes nothing and returns [`Error::PreconditionFailed`] with the current generation.
+pub trait Store: Send + Sync + 'static {
+    /// The limits this store enforces.
+    fn limits(&self) -> &Limits;
+
+    /// Reads the live value under `key`; `Ok(None)` when absent or expired.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`]; [`Error::Unavailable`] / [`Error::Backend`] from the backend.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>, Error>> + Send;
+
+    /// Writes `value` under `key` if `precondition` holds, with the expiry `ttl` says.
+    ///
+    /// # Errors
+    /// [`Error::PreconditionFailed`]; [`Error::InvalidKey`], [`Error::ValueTooLarge`], [`Error::InvalidTtl`];
+    /// backend errors.
+    fn put(
+        &self,
+        key: &str,
+        value: Bytes,
+        precondition: Precondition,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<Written, Error>> + Send;
+
+    /// Deletes the live value under `key` if `precondition` holds. Returns the deleted value's generation, or
+    /// `None` when there was nothing to delete (which is not an error under [`Precondition::Any`]).
+    ///
+    /// # Errors
+    /// [`Error::PreconditionFailed`]; [`Error::InvalidKey`]; backend errors.
+    fn delete(
+        &self,
+        key: &str,
+        precondition: Precondition,
+    ) -> impl Future<Output = Result<Option<Generation>, Error>> + Send;
+
+    /// Lists live keys starting with `prefix` in ascending byte order, at most `limit` (1..=1000) per page,
+    /// starting after `cursor` (the previous page's `next_cursor`).
+    ///
+    /// A key that stays live during a whole paged listing appears exactly once, whatever else is written meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `limit` outside 1..=1000; backend errors.
+    fn list(
+        &self,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page, Error>> + Send;
+
+    /// Adds and removes set members in one atomic step (see [`SetChange`] for the stored form). The TTL is kept.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`] when the value is not a set; [`Error::InvalidKey`], [`Error::InvalidArgument`] for a
+    /// member outside 1..=255 bytes, [`Error::ValueTooLarge`]; backend errors.
+    fn set_change(&self, key: &str, change: SetChange) -> impl Future<Output = Result<SetOutcome, Error>> + Send;
+
+    /// Adds `delta` to the counter under `key` (absent counts as 0) in one atomic step. With a `dedupe_id`, a
+    /// repeat of an id seen within [`Limits::dedupe_retention`] changes nothing and returns the first result.
+    ///
+    /// # Errors
+    /// [`Error::WrongType`], [`Error::CounterOverflow`], [`Error::InvalidArgument`] for a dedupe id outside
+    /// 1..=255 bytes; backend errors.
+    fn counter_add(
+        &self,
+        key: &str,
+        delta: i64,
+        dedupe_id: Option<&str>,
+    ) -> impl Future<Output = Result<CounterOutcome, Error>> + Send;
+}
+
+/// Helpers built on [`Store`]'s primitives, for every store.
+pub trait StoreExt: Store {
+    /// Read-modify-write without lost updates: reads `key`, calls `f` with the live value, writes its
+    /// [`Decision`] conditioned on the generation read (keeping the TTL), and on a lost race re-reads and calls
+    /// `f` again, up to `policy`'s attempts with exponential backoff and full jitter between them.
+    ///
+    /// # Errors
+    /// [`Error::UpdateExhausted`] with the attempt count when every attempt lost the race; any other error from
+    /// the store at once, without retrying.
+    fn update<F, R>(
+        &self,
+        key: &str,
+        f: F,
+        policy: &RetryPolicy,
+    ) -> impl Future<Output = Result<Updated<R>, Error>> + Send
+    where
+        F: FnMut(Option<&Versioned>) -> Decision<R> + Send,
+        R: Send,
+    {
+        update::run(self, key, f, policy)
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}

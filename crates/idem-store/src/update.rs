@@ -1,0 +1,134 @@
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+
+use crate::{Error, Generation, Precondition, Store, Ttl, Versioned};
+
+/// What an [`update`](crate::StoreExt::update) closure wants done with the value it was shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<R> {
+    /// Write this value, keeping the current expiry.
+    Put(Bytes),
+    /// Delete the value.
+    Delete,
+    /// Stop without writing, returning `R` to the caller.
+    Abort(R),
+}
+
+/// What an update did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Updated<R> {
+    /// Wrote a value with this generation, after `attempts` attempts (1 = no race lost).
+    Put {
+        /// The written value's generation.
+        generation: Generation,
+        /// Attempts used.
+        attempts: u32,
+    },
+    /// Deleted the value (or found nothing to delete).
+    Deleted {
+        /// Attempts used.
+        attempts: u32,
+    },
+    /// The closure aborted with this reason.
+    Aborted(R),
+}
+
+/// Bounds of the retry loop: how many attempts, and the backoff between them.
+///
+/// Before attempt `n` (n >= 2) the loop sleeps a uniformly random time in
+/// `0..=min(max_delay, base_delay * 2^(n-2))` ("full jitter"), so contending writers spread out instead of
+/// colliding again in lockstep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 8 attempts, 2 ms base, 250 ms cap.
+    fn default() -> Self {
+        Self { max_attempts: 8, base_delay: Duration::from_millis(2), max_delay: Duration::from_millis(250) }
+    }
+}
+
+impl RetryPolicy {
+    /// The default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the attempt bound (at least 1).
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the first backoff window.
+    pub fn with_base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// Sets the largest backoff window.
+    pub fn with_max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// The attempt bound.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// A full-jitter backoff before attempt `attempt` (1-based; 0 for the first).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        if attempt <= 1 {
+            return Duration::ZERO;
+        }
+        let shift = (attempt - 2).min(20);
+        let window = self.base_delay.saturating_mul(1 << shift).min(self.max_delay);
+        let micros = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+        Duration::from_micros(rand::rng().random_range(0..=micros))
+    }
+}
+
+pub(crate) async fn run<S, F, R>(store: &S, key: &str, mut f: F, policy: &RetryPolicy) -> Result<Updated<R>, Error>
+where
+    S: Store + ?Sized,
+    F: FnMut(Option<&Versioned>) -> Decision<R> + Send,
+    R: Send,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = store.get(key).await?;
+        let precondition = match &current {
+            Some(v) => Precondition::Generation(v.generation()),
+            None => Precondition::Absent,
+        };
+        let result = match f(current.as_ref()) {
+            Decision::Abort(r) => return Ok(Updated::Aborted(r)),
+            Decision::Put(value) => store
+                .put(key, value, precondition, Ttl::Keep)
+                .await
+                .map(|w| Updated::Put { generation: w.generation(), attempts: attempt }),
+            Decision::Delete if current.is_none() => return Ok(Updated::Deleted { attempts: attempt }),
+            Decision::Delete => store.delete(key, precondition).await.map(|_| Updated::Deleted { attempts: attempt }),
+        };
+        match result {
+            Err(e) if e.is_precondition_failed() => {
+                if attempt >= policy.max_attempts() {
+                    tracing::warn!(key, attempts = attempt, "update exhausted its attempts");
+                    return Err(Error::UpdateExhausted { attempts: attempt });
+                }
+                let delay = policy.backoff(attempt + 1);
+                tracing::debug!(key, attempt, ?delay, current = ?e.current_generation(), "update lost a race; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}
