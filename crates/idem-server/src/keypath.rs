@@ -1,0 +1,58 @@
+//! Keys travel percent-encoded in the path (RFC 3986 §2.1); any UTF-8 key round-trips, `/` included.
+
+use crate::Problem;
+
+/// Decodes a raw path segment into a key, refusing malformed escapes (`%zz`, a lone `%`) and non-UTF-8
+/// results instead of passing them through as literal text.
+pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
+    let bytes = raw.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let ok = bytes.get(i + 1..i + 3).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+            if !ok {
+                let shown: String = raw[i..].chars().take(3).collect();
+                return Err(Problem::bad_request(
+                    "invalid-percent-encoding",
+                    "Invalid percent-encoding",
+                    format!("\"%\" at byte {i} must start an escape of two hex digits, found {shown:?}"),
+                ));
+            }
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8().map_err(|_| {
+        Problem::bad_request("invalid-key", "Invalid key", "the percent-decoded key is not valid UTF-8")
+    })?;
+    Ok(decoded.into_owned())
+}
+
+/// Encodes a key for a path: everything but RFC 3986 unreserved characters is escaped, `/` included.
+pub(crate) fn encode_key(key: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+    percent_encoding::utf8_percent_encode(key, SET).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_any_utf8_key() {
+        for key in ["a", "a/b/c", "ключ 🔑", "100%", "?#[]", " spaced ", "a%2Fb"] {
+            assert_eq!(decode_key(&encode_key(key)).unwrap(), key);
+        }
+    }
+
+    #[test]
+    fn refuses_malformed_escapes() {
+        for raw in ["%", "%2", "%zz", "ab%g0", "x%"] {
+            let p = decode_key(raw).unwrap_err();
+            assert_eq!(p.status(), http::StatusCode::BAD_REQUEST, "{raw}");
+        }
+        assert!(decode_key("%ff%fe").is_err(), "non-UTF-8 must be refused");
+    }
+}

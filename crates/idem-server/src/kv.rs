@@ -1,0 +1,293 @@
+//! The KV API (DESIGN.md "HTTP contract — KV API").
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_store::{Error as StoreError, ListItem, SetChange, Store, Ttl, millis_to_system_time};
+use serde::{Deserialize, Serialize};
+
+use crate::Problem;
+use crate::headers::{etag, read_precondition, write_precondition};
+use crate::keypath::{decode_key, encode_key};
+
+const PREFIX: &str = "/v1/kv/";
+/// Largest JSON body for set and counter operations, in bytes.
+const MAX_OP_BODY: usize = 1024 * 1024;
+
+type Shared<S> = State<Arc<S>>;
+
+pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
+    let not_allowed = || async { method_not_allowed() };
+    Router::new()
+        .route("/v1/kv", get(list::<S>).fallback(not_allowed))
+        .route(
+            "/v1/kv/",
+            any(|| async {
+                Problem::bad_request("invalid-key", "Invalid key", "key is empty; use /v1/kv/{percent-encoded key}")
+            }),
+        )
+        .route(
+            "/v1/kv/{*key}",
+            get(get_key::<S>).put(put_key::<S>).delete(delete_key::<S>).post(post_op::<S>).fallback(not_allowed),
+        )
+        .with_state(store)
+}
+
+fn method_not_allowed() -> Response {
+    let mut r = Problem::method_not_allowed().into_response();
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, PUT, DELETE, POST"));
+    r
+}
+
+/// The raw (still percent-encoded) remainder of the path after `/v1/kv/`.
+fn raw_key(uri: &Uri) -> &str {
+    uri.path().strip_prefix(PREFIX).unwrap_or_default()
+}
+
+/// Awaits a store operation, recording its latency and failed preconditions.
+async fn timed<T>(op: &'static str, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, Problem> {
+    let started = Instant::now();
+    let r = fut.await;
+    metrics::histogram!("idem_store_op_seconds", "op" => op).record(started.elapsed().as_secs_f64());
+    if let Err(e) = &r
+        && e.is_precondition_failed()
+    {
+        metrics::counter!("idem_precondition_failures_total", "op" => op).increment(1);
+    }
+    r.map_err(Problem::from)
+}
+
+fn header_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn rfc3339(ms: u64) -> String {
+    humantime::format_rfc3339_millis(millis_to_system_time(ms)).to_string()
+}
+
+async fn get_key<S: Store>(State(store): Shared<S>, uri: Uri, headers: HeaderMap) -> Result<Response, Problem> {
+    let key = decode_key(raw_key(&uri))?;
+    let not_modified_if = read_precondition(&headers)?;
+    let value = timed("get", store.get(&key)).await?.ok_or_else(Problem::not_found_key)?;
+    let tag = etag(value.generation());
+    if not_modified_if.is_some_and(|p| p.check(Some(value.generation())).is_ok()) {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, tag)]).into_response());
+    }
+    let mut resp = (
+        StatusCode::OK,
+        [(header::ETAG, tag), (header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"))],
+        Body::from(value.value().clone()),
+    )
+        .into_response();
+    if let Some(at) = value.expires_at() {
+        resp.headers_mut().insert("idem-expires-at", header_value(&humantime::format_rfc3339_millis(at).to_string()));
+    }
+    Ok(resp)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PutQuery {
+    ttl: Option<String>,
+}
+
+fn parse_query<T: serde::de::DeserializeOwned + Default>(raw: Option<String>) -> Result<T, Problem> {
+    match raw {
+        None => Ok(T::default()),
+        Some(q) => serde_urlencoded::from_str(&q)
+            .map_err(|e| Problem::bad_request("invalid-query", "Invalid query", e.to_string())),
+    }
+}
+
+/// `keep` | `none` | a duration (`30s`, `1h 30m`, `2days`, or bare seconds); omitted = `keep`.
+fn parse_ttl(s: Option<&str>) -> Result<Ttl, Problem> {
+    let bad = |detail: String| Problem::bad_request("invalid-ttl", "Invalid TTL", detail);
+    match s.map(str::trim) {
+        None | Some("keep") => Ok(Ttl::Keep),
+        Some("none") => Ok(Ttl::Clear),
+        Some(d) => {
+            let dur = match d.parse::<u64>() {
+                Ok(secs) => Duration::from_secs(secs),
+                Err(_) => humantime::parse_duration(d)
+                    .map_err(|e| bad(format!("ttl {d:?} is not keep, none or a duration like 30s: {e}")))?,
+            };
+            Ok(Ttl::After(dur))
+        }
+    }
+}
+
+/// Reads at most `max` bytes of body; a declared or actual length past that is 413 without reading further.
+async fn read_limited(headers: &HeaderMap, body: Body, max: usize) -> Result<Bytes, Problem> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared
+        && n > max as u64
+    {
+        return Err(Problem::too_large(Some(n), max));
+    }
+    match Limited::new(body, max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Problem::too_large(None, max)),
+        Err(e) => Err(Problem::bad_request("invalid-body", "Invalid body", format!("reading the body failed: {e}"))),
+    }
+}
+
+#[derive(Serialize)]
+struct Generated {
+    generation: idem_store::Generation,
+}
+
+async fn put_key<S: Store>(
+    State(store): Shared<S>,
+    uri: Uri,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<Response, Problem> {
+    let raw = raw_key(&uri);
+    let key = decode_key(raw)?;
+    store.limits().check_key(&key)?;
+    let precondition = write_precondition(&headers)?;
+    let q: PutQuery = parse_query(query)?;
+    let ttl = parse_ttl(q.ttl.as_deref())?;
+    store.limits().check_ttl(&ttl)?;
+    let value = read_limited(&headers, body, store.limits().max_value_bytes()).await?;
+    let written = timed("put", store.put(&key, value, precondition, ttl)).await?;
+    let status = if written.created() { StatusCode::CREATED } else { StatusCode::OK };
+    let mut resp = (
+        status,
+        [(header::ETAG, etag(written.generation()))],
+        axum::Json(Generated { generation: written.generation() }),
+    )
+        .into_response();
+    if written.created() {
+        resp.headers_mut().insert(header::LOCATION, header_value(&format!("{PREFIX}{}", encode_key(&key))));
+    }
+    Ok(resp)
+}
+
+async fn delete_key<S: Store>(State(store): Shared<S>, uri: Uri, headers: HeaderMap) -> Result<Response, Problem> {
+    let key = decode_key(raw_key(&uri))?;
+    let precondition = write_precondition(&headers)?;
+    timed("delete", store.delete(&key, precondition)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CounterBody {
+    delta: i64,
+    dedupe_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetBody {
+    #[serde(default)]
+    add: Vec<String>,
+    #[serde(default)]
+    remove: Vec<String>,
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-body", "Invalid body", e.to_string())
+        }
+        _ => Problem::bad_request("invalid-body", "Invalid body", format!("body is not valid JSON: {e}")),
+    })
+}
+
+async fn post_op<S: Store>(
+    State(store): Shared<S>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let Some((raw, op)) = raw_key(&uri).rsplit_once('/') else {
+        return Err(Problem::not_found_route());
+    };
+    if op != "set" && op != "counter" {
+        return Err(Problem::not_found_route());
+    }
+    let key = decode_key(raw)?;
+    store.limits().check_key(&key)?;
+    let bytes = read_limited(&headers, body, MAX_OP_BODY).await?;
+    if op == "set" {
+        let b: SetBody = parse_json(&bytes)?;
+        let out = timed("set", store.set_change(&key, SetChange { add: b.add, remove: b.remove })).await?;
+        let mut resp = axum::Json(out).into_response();
+        if let Some(g) = out.generation {
+            resp.headers_mut().insert(header::ETAG, etag(g));
+        }
+        return Ok(resp);
+    }
+    let b: CounterBody = parse_json(&bytes)?;
+    let out = timed("counter", store.counter_add(&key, b.delta, b.dedupe_id.as_deref())).await?;
+    let mut resp = axum::Json(out).into_response();
+    resp.headers_mut().insert(header::ETAG, etag(out.generation));
+    if !out.applied {
+        resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+impl Default for ListQuery {
+    fn default() -> Self {
+        Self { prefix: String::new(), cursor: None, limit: None }
+    }
+}
+
+#[derive(Serialize)]
+struct ListedItem {
+    key: String,
+    generation: idem_store::Generation,
+    expires_at: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ListPage {
+    items: Vec<ListedItem>,
+    next_cursor: Option<String>,
+}
+
+async fn list<S: Store>(State(store): Shared<S>, RawQuery(query): RawQuery) -> Result<Response, Problem> {
+    let q: ListQuery = parse_query(query)?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(Problem::bad_request(
+            "invalid-query",
+            "Invalid query",
+            format!("limit {limit} is outside 1..=1000"),
+        ));
+    }
+    let page = timed("list", store.list(&q.prefix, q.cursor.as_deref(), limit)).await?;
+    let items = page
+        .items
+        .into_iter()
+        .map(|ListItem { key, generation, expires_at_ms }| ListedItem {
+            key,
+            generation,
+            expires_at: expires_at_ms.map(rfc3339),
+        })
+        .collect();
+    Ok(axum::Json(ListPage { items, next_cursor: page.next_cursor }).into_response())
+}

@@ -1,0 +1,152 @@
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use idem_store::{Error as StoreError, Generation};
+use serde::Serialize;
+
+/// An RFC 9457 problem details response (`application/problem+json`).
+///
+/// `type` is a stable URN per kind of error (`urn:idem:problem:<slug>`), so clients branch on it rather than on
+/// the human-readable `title` and `detail`. Details never echo another caller's data.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_generation: Option<Generation>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit_bytes: Option<usize>,
+    #[serde(skip)]
+    www_authenticate: bool,
+}
+
+impl Problem {
+    /// A problem of kind `slug` with an HTTP status, a fixed title and a specific detail.
+    pub fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            kind: format!("urn:idem:problem:{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            current_generation: None,
+            limit_bytes: None,
+            www_authenticate: false,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    pub(crate) fn not_found_route() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "unknown-route",
+            "Unknown route",
+            "no such route; the KV API lives under /v1/kv/{key}",
+        )
+    }
+
+    pub(crate) fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "this route does not take that method",
+        )
+    }
+
+    pub(crate) fn not_found_key() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not-found", "Key not found", "no live value under this key")
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        let mut p = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "this server requires Authorization: Bearer <token>",
+        );
+        p.www_authenticate = true;
+        p
+    }
+
+    pub(crate) fn bad_request(slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, slug, title, detail)
+    }
+
+    pub(crate) fn too_large(size: Option<u64>, max: usize) -> Self {
+        let detail = match size {
+            Some(n) => format!("the value is {n} bytes; the limit is {max} bytes"),
+            None => format!("the value exceeds the limit of {max} bytes"),
+        };
+        let mut p = Self::new(StatusCode::PAYLOAD_TOO_LARGE, "value-too-large", "Value too large", detail);
+        p.limit_bytes = Some(max);
+        p
+    }
+}
+
+impl From<StoreError> for Problem {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::PreconditionFailed { current } => {
+                let detail = match current {
+                    Some(g) => format!("the current generation is {g}"),
+                    None => "the key is absent".to_owned(),
+                };
+                let mut p =
+                    Self::new(StatusCode::PRECONDITION_FAILED, "precondition-failed", "Precondition failed", detail);
+                p.current_generation = current;
+                p
+            }
+            StoreError::InvalidKey { problem } => Self::bad_request("invalid-key", "Invalid key", problem.to_string()),
+            StoreError::ValueTooLarge { size, max } => Self::too_large(Some(size as u64), max),
+            e @ StoreError::InvalidTtl { .. } => Self::bad_request("invalid-ttl", "Invalid TTL", e.to_string()),
+            e @ StoreError::InvalidArgument { .. } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument", "Invalid argument", e.to_string())
+            }
+            e @ StoreError::WrongType { .. } => {
+                Self::new(StatusCode::CONFLICT, "wrong-type", "Wrong type", e.to_string())
+            }
+            e @ StoreError::CounterOverflow => {
+                Self::new(StatusCode::CONFLICT, "counter-overflow", "Counter overflow", e.to_string())
+            }
+            e @ StoreError::UpdateExhausted { .. } => {
+                Self::new(StatusCode::CONFLICT, "update-exhausted", "Update exhausted", e.to_string())
+            }
+            e @ (StoreError::Unavailable { .. } | StoreError::Closed) => {
+                tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "store unavailable");
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", "Store unavailable", e.to_string())
+            }
+            e => {
+                tracing::error!(error = %e, source = ?std::error::Error::source(&e), "store failed");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "store-failed", "Store failed", e.to_string())
+            }
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let etag = self.current_generation.map(crate::headers::etag);
+        let www = self.www_authenticate;
+        let mut resp = (status, Json(self)).into_response();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(etag) = etag {
+            h.insert(header::ETAG, etag);
+        }
+        if www {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idem\""));
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

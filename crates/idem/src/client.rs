@@ -1,0 +1,257 @@
+//! `idem kv`: a client for a running server's KV API.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Subcommand;
+use idem_store::RetryPolicy;
+use reqwest::{Method, StatusCode, header};
+
+use crate::error::Error;
+
+/// Connection flags shared by every `idem kv` command.
+#[derive(Debug, clap::Args)]
+pub struct KvArgs {
+    /// Base URL of the server.
+    #[arg(long, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// File holding the bearer token to present.
+    #[arg(long, env = "IDEM_AUTH_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: KvCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCommand {
+    /// Print the value under KEY to standard output (its generation goes to standard error).
+    Get { key: String },
+    /// Store VALUE (or standard input when VALUE is omitted or "-") under KEY; prints the new generation.
+    Put {
+        key: String,
+        value: Option<String>,
+        /// Only if the current generation is G (compare-and-swap).
+        #[arg(long, value_name = "G", conflicts_with = "if_absent")]
+        if_match: Option<u64>,
+        /// Only if the key is absent (create).
+        #[arg(long)]
+        if_absent: bool,
+        /// Expiry: a duration like 30s or 1h, "none" to clear, "keep" (default) to keep the current one.
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+    /// Delete KEY.
+    Delete {
+        key: String,
+        /// Only if the current generation is G.
+        #[arg(long, value_name = "G")]
+        if_match: Option<u64>,
+    },
+    /// List keys with a prefix, one "KEY<TAB>GENERATION" line each, following every page.
+    List {
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Keys per request (1..=1000).
+        #[arg(long, default_value_t = 500)]
+        page_size: usize,
+    },
+    /// Read-modify-write KEY as a JSON array set: add ITEMs with a conditional PUT, re-reading and retrying on 412.
+    Update {
+        key: String,
+        /// Item to add (repeatable).
+        #[arg(long = "set-add", required = true)]
+        set_add: Vec<String>,
+        /// Attempts before giving up.
+        #[arg(long, default_value_t = 8)]
+        max_attempts: u32,
+    },
+}
+
+/// Percent-encodes a key for the path, `/` included.
+pub fn encode_key(key: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+    percent_encoding::utf8_percent_encode(key, SET).to_string()
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+fn failed(e: reqwest::Error) -> Error {
+    Error::Failed(format!("request failed: {e}"))
+}
+
+impl Client {
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base.trim_end_matches('/')));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+}
+
+/// Turns a non-success answer into the matching error, with the problem's detail.
+async fn check(resp: reqwest::Response, key: &str) -> Result<reqwest::Response, Error> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let etag = resp.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = resp.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_owned))
+        .unwrap_or(body);
+    Err(match status {
+        StatusCode::NOT_FOUND => Error::NotFound(key.to_owned()),
+        StatusCode::PRECONDITION_FAILED => {
+            Error::PreconditionFailed(format!("{key}: {detail} (ETag {})", etag.unwrap_or_else(|| "none".into())))
+        }
+        s => Error::Failed(format!("{s}: {detail}")),
+    })
+}
+
+fn generation_of(resp: &reqwest::Response) -> Option<u64> {
+    resp.headers().get(header::ETAG)?.to_str().ok()?.trim_matches('"').parse().ok()
+}
+
+/// Runs one `idem kv` command.
+///
+/// # Errors
+/// [`Error::NotFound`] on 404, [`Error::PreconditionFailed`] on 412 (or when `update` exhausts its attempts),
+/// [`Error::Failed`] for other answers and connection errors.
+pub async fn run(args: KvArgs) -> Result<(), Error> {
+    let token = match &args.token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| Error::Config(format!("cannot read --token-file {}: {e}", p.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| Error::Failed(format!("cannot build HTTP client: {e}")))?;
+    let c = Client { http, base: args.url, token };
+    let mut out = std::io::stdout().lock();
+    match args.command {
+        KvCommand::Get { key } => {
+            let resp = check(
+                c.request(Method::GET, &format!("/v1/kv/{}", encode_key(&key))).send().await.map_err(failed)?,
+                &key,
+            )
+            .await?;
+            if let Some(g) = generation_of(&resp) {
+                eprintln!("generation: {g}");
+            }
+            let body = resp.bytes().await.map_err(failed)?;
+            out.write_all(&body)?;
+        }
+        KvCommand::Put { key, value, if_match, if_absent, ttl } => {
+            let body: Bytes = match value.as_deref() {
+                None | Some("-") => {
+                    let mut buf = Vec::new();
+                    std::io::stdin().read_to_end(&mut buf)?;
+                    buf.into()
+                }
+                Some(v) => Bytes::from(v.to_owned()),
+            };
+            let mut path = format!("/v1/kv/{}", encode_key(&key));
+            if let Some(t) = ttl {
+                path.push_str(&format!("?ttl={}", encode_key(&t)));
+            }
+            let mut req = c.request(Method::PUT, &path).body(body);
+            if let Some(g) = if_match {
+                req = req.header(header::IF_MATCH, format!("\"{g}\""));
+            }
+            if if_absent {
+                req = req.header(header::IF_NONE_MATCH, "*");
+            }
+            let resp = check(req.send().await.map_err(failed)?, &key).await?;
+            writeln!(out, "{}", generation_of(&resp).unwrap_or(0))?;
+        }
+        KvCommand::Delete { key, if_match } => {
+            let mut req = c.request(Method::DELETE, &format!("/v1/kv/{}", encode_key(&key)));
+            if let Some(g) = if_match {
+                req = req.header(header::IF_MATCH, format!("\"{g}\""));
+            }
+            check(req.send().await.map_err(failed)?, &key).await?;
+        }
+        KvCommand::List { prefix, page_size } => {
+            let mut cursor: Option<String> = None;
+            loop {
+                let mut q = vec![("prefix", prefix.clone()), ("limit", page_size.to_string())];
+                if let Some(cur) = &cursor {
+                    q.push(("cursor", cur.clone()));
+                }
+                let resp =
+                    check(c.request(Method::GET, "/v1/kv").query(&q).send().await.map_err(failed)?, &prefix).await?;
+                let page: serde_json::Value = resp.json().await.map_err(failed)?;
+                for item in page["items"].as_array().into_iter().flatten() {
+                    writeln!(out, "{}\t{}", item["key"].as_str().unwrap_or_default(), item["generation"])?;
+                }
+                match page["next_cursor"].as_str() {
+                    Some(n) => cursor = Some(n.to_owned()),
+                    None => break,
+                }
+            }
+        }
+        KvCommand::Update { key, set_add, max_attempts } => {
+            let (generation, attempts) = update_set(&c, &key, &set_add, max_attempts).await?;
+            writeln!(out, "{generation}")?;
+            if attempts > 1 {
+                eprintln!("done after {attempts} attempts");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The read-modify-write loop over HTTP: GET, add the items, PUT with `If-Match` (or `If-None-Match: *` when
+/// absent); on 412 back off with full jitter and start again from a fresh GET.
+async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) -> Result<(u64, u32), Error> {
+    let policy = RetryPolicy::default().with_max_attempts(max_attempts);
+    let path = format!("/v1/kv/{}", encode_key(key));
+    for attempt in 1..=policy.max_attempts() {
+        tokio::time::sleep(policy.backoff(attempt)).await;
+        let resp = c.request(Method::GET, &path).send().await.map_err(failed)?;
+        let (mut set, precondition) = if resp.status() == StatusCode::NOT_FOUND {
+            (Vec::new(), (header::IF_NONE_MATCH, "*".to_owned()))
+        } else {
+            let resp = check(resp, key).await?;
+            let g = generation_of(&resp).ok_or_else(|| Error::Failed("GET answered without an ETag".into()))?;
+            let body = resp.bytes().await.map_err(failed)?;
+            let set: Vec<String> = serde_json::from_slice(&body)
+                .map_err(|_| Error::Failed(format!("the value under {key} is not a JSON array of strings")))?;
+            (set, (header::IF_MATCH, format!("\"{g}\"")))
+        };
+        for i in items {
+            if !set.contains(i) {
+                set.push(i.clone());
+            }
+        }
+        let body = serde_json::to_vec(&set).map_err(|e| Error::Failed(e.to_string()))?;
+        let resp = c
+            .request(Method::PUT, &path)
+            .header(precondition.0, precondition.1)
+            .body(body)
+            .send()
+            .await
+            .map_err(failed)?;
+        if resp.status() == StatusCode::PRECONDITION_FAILED {
+            tracing::debug!(key, attempt, "lost a compare-and-swap race; re-reading");
+            continue;
+        }
+        let resp = check(resp, key).await?;
+        return Ok((generation_of(&resp).unwrap_or(0), attempt));
+    }
+    Err(Error::PreconditionFailed(format!("{key}: gave up after {max_attempts} attempts lost the race")))
+}

@@ -1,0 +1,53 @@
+/// Everything the `idem` command can fail with; each maps to an exit status.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bad flags, config file or store URL: nothing was started. Exit status 2.
+    #[error("{0}")]
+    Config(String),
+    /// The store could not be opened. Exit status 2.
+    #[error("cannot open store {url}")]
+    OpenStore {
+        /// The store URL (passwords hidden).
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The listener could not be bound. Exit status 2.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server answered 404. Exit status 3.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The server answered 412. Exit status 4.
+    #[error("precondition failed: {0}")]
+    PreconditionFailed(String),
+    /// Any other failure of a request or of the server. Exit status 1.
+    #[error("{0}")]
+    Failed(String),
+    /// I/O while serving or benchmarking. Exit status 1.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A store operation failed. Exit status 1.
+    #[error(transparent)]
+    Store(#[from] idem_store::Error),
+}
+
+impl Error {
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_) | Error::OpenStore { .. } | Error::Bind { .. } => 2,
+            Error::NotFound(_) => 3,
+            Error::PreconditionFailed(_) => 4,
+            _ => 1,
+        }
+    }
+}
