@@ -1,0 +1,438 @@
+//! The KV HTTP contract (DESIGN.md), driven through the router without a socket.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use idem_server::{ServerConfig, app};
+use idem_store::{Limits, MemoryStore, Store};
+use tower::ServiceExt;
+
+struct Resp {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Resp {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
+    }
+    fn etag(&self) -> Option<&str> {
+        self.headers.get(header::ETAG).map(|v| v.to_str().unwrap())
+    }
+    fn problem_type(&self) -> String {
+        assert_eq!(self.headers[header::CONTENT_TYPE], "application/problem+json", "{:?}", self.body);
+        let j = self.json();
+        assert_eq!(j["status"], self.status.as_u16());
+        j["type"].as_str().unwrap().trim_start_matches("urn:idem:problem:").to_owned()
+    }
+}
+
+async fn call(app: &Router, method: Method, uri: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Resp {
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = app.clone().oneshot(req.body(body.into()).unwrap()).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    Resp { status: parts.status, headers: parts.headers, body: body.collect().await.unwrap().to_bytes() }
+}
+
+fn setup() -> (MemoryStore, Router) {
+    let store = MemoryStore::with_limits(Limits::default().with_max_value_bytes(1024));
+    (store.clone(), app(store, ServerConfig::default()))
+}
+
+/// Every key with its value and generation: what "nothing changed" is checked against.
+async fn snapshot(store: &MemoryStore) -> Vec<(String, Bytes, u64)> {
+    let mut out = Vec::new();
+    for item in store.list("", None, 1000).await.unwrap().items {
+        let v = store.get(&item.key).await.unwrap().unwrap();
+        out.push((item.key, v.value().clone(), v.generation().get()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn put_get_delete_with_preconditions() {
+    let (_, app) = setup();
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[], "v1").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.headers[header::LOCATION], "/v1/kv/orders%2F1");
+    let g1 = r.etag().unwrap().to_owned();
+    assert_eq!(r.json()["generation"].to_string(), g1.trim_matches('"'));
+
+    let r = call(&app, Method::GET, "/v1/kv/orders%2F1", &[], Body::empty()).await;
+    assert_eq!((r.status, r.body.as_ref(), r.etag()), (StatusCode::OK, &b"v1"[..], Some(g1.as_str())));
+
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[], "v2").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let g2 = r.etag().unwrap().to_owned();
+    assert_ne!(g1, g2);
+
+    // A stale If-Match: 412 carrying the current ETag.
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", &g1)], "lost").await;
+    assert_eq!(r.status, StatusCode::PRECONDITION_FAILED);
+    assert_eq!(r.problem_type(), "precondition-failed");
+    assert_eq!(r.etag(), Some(g2.as_str()));
+    assert_eq!(r.json()["current_generation"].to_string(), g2.trim_matches('"'));
+    // If-None-Match: * on a present key.
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-none-match", "*")], "dup").await;
+    assert_eq!((r.status, r.etag()), (StatusCode::PRECONDITION_FAILED, Some(g2.as_str())));
+    // The right If-Match wins; If-Match: * on a present key too.
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", &g2)], "v3").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let g3 = r.etag().unwrap().to_owned();
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", "*")], "v4").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let g4 = r.etag().unwrap().to_owned();
+    // A weak tag never matches under If-Match (strong comparison, RFC 9110 §13.1.1).
+    let weak = format!("W/{g4}");
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", &weak)], "x").await;
+    assert_eq!(r.status, StatusCode::PRECONDITION_FAILED);
+
+    let r = call(&app, Method::DELETE, "/v1/kv/orders%2F1", &[("if-match", &g3)], Body::empty()).await;
+    assert_eq!((r.status, r.etag()), (StatusCode::PRECONDITION_FAILED, Some(g4.as_str())));
+    let r = call(&app, Method::DELETE, "/v1/kv/orders%2F1", &[("if-match", &g4)], Body::empty()).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = call(&app, Method::GET, "/v1/kv/orders%2F1", &[], Body::empty()).await;
+    assert_eq!((r.status, r.problem_type().as_str()), (StatusCode::NOT_FOUND, "not-found"));
+    // Deleting what is gone is a no-op; but If-Match: * on an absent key fails, with no ETag.
+    let r = call(&app, Method::DELETE, "/v1/kv/orders%2F1", &[], Body::empty()).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", "*")], "x").await;
+    assert_eq!((r.status, r.etag()), (StatusCode::PRECONDITION_FAILED, None));
+    // Re-created: a new, higher generation; the old one does not match (ABA).
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-none-match", "*")], "again").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = call(&app, Method::PUT, "/v1/kv/orders%2F1", &[("if-match", &g4)], "x").await;
+    assert_eq!(r.status, StatusCode::PRECONDITION_FAILED);
+}
+
+#[tokio::test]
+async fn any_utf8_key_round_trips() {
+    let (_, app) = setup();
+    let keys = ["a/b/c", "ключ 🔑", "100%", "?#&=+", " spaced ", "%2F literally", &"k".repeat(1024)];
+    for (i, key) in keys.iter().enumerate() {
+        let enc: String = url_encode(key);
+        let r = call(&app, Method::PUT, &format!("/v1/kv/{enc}"), &[], format!("{i}")).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{key}");
+        let r = call(&app, Method::GET, &format!("/v1/kv/{enc}"), &[], Body::empty()).await;
+        assert_eq!(r.body, format!("{i}"), "{key}");
+    }
+    // Unencoded slashes are part of the key too.
+    let r = call(&app, Method::GET, "/v1/kv/a/b/c", &[], Body::empty()).await;
+    assert_eq!(r.body, "0");
+    let r = call(&app, Method::GET, "/v1/kv?limit=1000", &[], Body::empty()).await;
+    let listed: Vec<String> =
+        r.json()["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap().to_owned()).collect();
+    let mut want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(listed, want);
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn bad_requests_get_precise_problems_and_change_nothing() {
+    let (store, app) = setup();
+    call(&app, Method::PUT, "/v1/kv/keep", &[], "original").await;
+    call(&app, Method::POST, "/v1/kv/n/counter", &[], r#"{"delta":5}"#).await;
+    let before = snapshot(&store).await;
+    let long = format!("/v1/kv/{}", "k".repeat(1025));
+    let big = "x".repeat(1025);
+    let cases: Vec<(Method, &str, Vec<(&str, &str)>, String, StatusCode, &str)> = vec![
+        (Method::PUT, "/v1/kv/", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-key"),
+        (Method::GET, "/v1/kv/", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-key"),
+        (Method::PUT, &long, vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-key"),
+        (Method::PUT, "/v1/kv/nul%00", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-key"),
+        (Method::PUT, "/v1/kv/keep%zz", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-percent-encoding"),
+        (Method::PUT, "/v1/kv/keep%", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-percent-encoding"),
+        (Method::GET, "/v1/kv/%ff%fe", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-key"),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-match", "12")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-match", "\"12")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-match", "\"1\", \"2\"")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-match", "\"1\""), ("if-match", "\"2\"")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-match", "*"), ("if-none-match", "*")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::PUT,
+            "/v1/kv/keep",
+            vec![("if-none-match", "\"1\"")],
+            "v".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::DELETE,
+            "/v1/kv/keep",
+            vec![("if-match", "W/")],
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (Method::PUT, "/v1/kv/keep?ttl=0s", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-ttl"),
+        (Method::PUT, "/v1/kv/keep?ttl=500ms", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-ttl"),
+        (Method::PUT, "/v1/kv/keep?ttl=366days", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-ttl"),
+        (Method::PUT, "/v1/kv/keep?ttl=soon", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-ttl"),
+        (Method::PUT, "/v1/kv/keep?tll=30s", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-query"),
+        (Method::PUT, "/v1/kv/keep", vec![], big, StatusCode::PAYLOAD_TOO_LARGE, "value-too-large"),
+        (Method::GET, "/v1/kv?limit=0", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-query"),
+        (Method::GET, "/v1/kv?limit=1001", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-query"),
+        (Method::GET, "/v1/kv?limit=ten", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-query"),
+        (Method::GET, "/v2/kv/keep", vec![], String::new(), StatusCode::NOT_FOUND, "unknown-route"),
+        (Method::PATCH, "/v1/kv/keep", vec![], "v".into(), StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+        (Method::POST, "/v1/kv/keep", vec![], "{}".into(), StatusCode::NOT_FOUND, "unknown-route"),
+        (Method::POST, "/v1/kv/keep/frobnicate", vec![], "{}".into(), StatusCode::NOT_FOUND, "unknown-route"),
+        (Method::POST, "/v1/kv/n/counter", vec![], "{\"delta\":".into(), StatusCode::BAD_REQUEST, "invalid-body"),
+        (
+            Method::POST,
+            "/v1/kv/n/counter",
+            vec![],
+            r#"{"delta":"1"}"#.into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-body",
+        ),
+        (
+            Method::POST,
+            "/v1/kv/n/counter",
+            vec![],
+            r#"{"delta":1,"dedupe_id":""}"#.into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-argument",
+        ),
+        (
+            Method::POST,
+            "/v1/kv/n/counter",
+            vec![],
+            format!("{{\"delta\":{}}}", i64::MAX),
+            StatusCode::CONFLICT,
+            "counter-overflow",
+        ),
+        (Method::POST, "/v1/kv/keep/counter", vec![], r#"{"delta":1}"#.into(), StatusCode::CONFLICT, "wrong-type"),
+        (Method::POST, "/v1/kv/keep/set", vec![], r#"{"add":["a"]}"#.into(), StatusCode::CONFLICT, "wrong-type"),
+        (
+            Method::POST,
+            "/v1/kv/s/set",
+            vec![],
+            r#"{"add":[""]}"#.into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-argument",
+        ),
+    ];
+    for (method, uri, headers, body, status, kind) in cases {
+        let r = call(&app, method.clone(), uri, &headers, body).await;
+        assert_eq!(r.status, status, "{method} {uri} {headers:?}: {:?}", r.body);
+        assert_eq!(r.problem_type(), kind, "{method} {uri} {headers:?}");
+        assert!(!r.json()["detail"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(snapshot(&store).await, before, "a refused request changed stored data");
+}
+
+/// A body that counts how many bytes the server pulled from it and, after `len` bytes, never ends.
+fn counting_body(len: usize, chunk: usize, pulled: Arc<AtomicUsize>) -> Body {
+    let stream = futures_util::stream::unfold(0usize, move |sent| {
+        let pulled = pulled.clone();
+        async move {
+            if sent >= len {
+                std::future::pending::<()>().await;
+            }
+            pulled.fetch_add(chunk, Ordering::SeqCst);
+            Some((Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; chunk])), sent + chunk))
+        }
+    });
+    Body::from_stream(stream)
+}
+
+#[tokio::test]
+async fn over_limit_bodies_get_413_without_reading_past_the_limit() {
+    let (store, app) = setup();
+    // Declared too large: answered before reading any of it (the body would hang forever if read).
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let req = Request::put("/v1/kv/big")
+        .header(header::CONTENT_LENGTH, "10000000")
+        .body(counting_body(10_000_000, 4096, pulled.clone()))
+        .unwrap();
+    let resp =
+        tokio::time::timeout(std::time::Duration::from_secs(5), app.clone().oneshot(req)).await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(pulled.load(Ordering::SeqCst), 0, "read a body it had already refused");
+    let body: serde_json::Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["limit_bytes"], 1024);
+    // Chunked, no length: stops one chunk past the limit.
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let req = Request::put("/v1/kv/big").body(counting_body(usize::MAX, 256, pulled.clone())).unwrap();
+    let resp =
+        tokio::time::timeout(std::time::Duration::from_secs(5), app.clone().oneshot(req)).await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(pulled.load(Ordering::SeqCst) <= 1024 + 256, "pulled {} bytes", pulled.load(Ordering::SeqCst));
+    assert!(store.get("big").await.unwrap().is_none());
+    // Exactly the limit is fine.
+    let r = call(&app, Method::PUT, "/v1/kv/big", &[], "x".repeat(1024)).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn ttl_query_sets_keeps_and_clears_expiry() {
+    let (_, app) = setup();
+    let r = call(&app, Method::PUT, "/v1/kv/t?ttl=1h", &[], "a").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let exp = call(&app, Method::GET, "/v1/kv/t", &[], Body::empty()).await.headers["idem-expires-at"].clone();
+    call(&app, Method::PUT, "/v1/kv/t", &[], "b").await;
+    let r = call(&app, Method::GET, "/v1/kv/t", &[], Body::empty()).await;
+    assert_eq!(r.headers["idem-expires-at"], exp, "an omitted ttl must keep the expiry");
+    call(&app, Method::PUT, "/v1/kv/t?ttl=keep", &[], "c").await;
+    assert_eq!(call(&app, Method::GET, "/v1/kv/t", &[], Body::empty()).await.headers["idem-expires-at"], exp);
+    let listed = call(&app, Method::GET, "/v1/kv?prefix=t", &[], Body::empty()).await.json();
+    assert!(listed["items"][0]["expires_at"].is_string());
+    call(&app, Method::PUT, "/v1/kv/t?ttl=none", &[], "d").await;
+    assert!(call(&app, Method::GET, "/v1/kv/t", &[], Body::empty()).await.headers.get("idem-expires-at").is_none());
+    call(&app, Method::PUT, "/v1/kv/t?ttl=90", &[], "e").await;
+    assert!(call(&app, Method::GET, "/v1/kv/t", &[], Body::empty()).await.headers.get("idem-expires-at").is_some());
+}
+
+#[tokio::test]
+async fn conditional_get_answers_304() {
+    let (_, app) = setup();
+    let g = call(&app, Method::PUT, "/v1/kv/c", &[], "a").await.etag().unwrap().to_owned();
+    let r = call(&app, Method::GET, "/v1/kv/c", &[("if-none-match", &g)], Body::empty()).await;
+    assert_eq!((r.status, r.body.len()), (StatusCode::NOT_MODIFIED, 0));
+    let r = call(&app, Method::GET, "/v1/kv/c", &[("if-none-match", "\"999999\"")], Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn list_pages_with_cursor() {
+    let (_, app) = setup();
+    for i in 0..25 {
+        call(&app, Method::PUT, &format!("/v1/kv/p%2F{i:02}"), &[], "v").await;
+    }
+    call(&app, Method::PUT, "/v1/kv/q", &[], "v").await;
+    let mut cursor: Option<String> = None;
+    let mut keys = Vec::new();
+    loop {
+        let uri = match &cursor {
+            Some(c) => format!("/v1/kv?prefix=p%2F&limit=10&cursor={}", url_encode(c)),
+            None => "/v1/kv?prefix=p%2F&limit=10".to_owned(),
+        };
+        let page = call(&app, Method::GET, &uri, &[], Body::empty()).await.json();
+        keys.extend(page["items"].as_array().unwrap().iter().map(|i| i["key"].as_str().unwrap().to_owned()));
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("p/{i:02}")).collect();
+    assert_eq!(keys, want);
+}
+
+#[tokio::test]
+async fn set_and_counter_operations() {
+    let (_, app) = setup();
+    let r = call(&app, Method::POST, "/v1/kv/s/set", &[], r#"{"add":["b","a","b"]}"#).await;
+    assert_eq!(
+        (r.status, r.json()["members"].as_u64(), r.json()["added"].as_u64()),
+        (StatusCode::OK, Some(2), Some(2))
+    );
+    assert_eq!(call(&app, Method::GET, "/v1/kv/s", &[], Body::empty()).await.body, r#"["a","b"]"#);
+    let r = call(&app, Method::POST, "/v1/kv/s/set", &[], r#"{"remove":["a","z"]}"#).await;
+    assert_eq!(r.json()["removed"], 1);
+    let r = call(&app, Method::POST, "/v1/kv/n/counter", &[], r#"{"delta":3,"dedupe_id":"op-1"}"#).await;
+    assert_eq!((r.json()["value"].as_i64(), r.json()["applied"].as_bool()), (Some(3), Some(true)));
+    let r = call(&app, Method::POST, "/v1/kv/n/counter", &[], r#"{"delta":3,"dedupe_id":"op-1"}"#).await;
+    assert_eq!((r.json()["value"].as_i64(), r.json()["applied"].as_bool()), (Some(3), Some(false)));
+    assert_eq!(r.headers["idempotent-replayed"], "true");
+    let r = call(&app, Method::POST, "/v1/kv/n/counter", &[], r#"{"delta":-10}"#).await;
+    assert_eq!(r.json()["value"], -7);
+}
+
+#[tokio::test]
+async fn bearer_token_guards_every_kv_request() {
+    let store = MemoryStore::new();
+    let app = app(store, ServerConfig::new().with_auth_token("s3cret"));
+    for (headers, want) in [
+        (vec![], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", "Bearer wrong")], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", "Basic czNjcmV0")], StatusCode::UNAUTHORIZED),
+        (vec![("authorization", "Bearer s3cret")], StatusCode::CREATED),
+    ] {
+        let r = call(&app, Method::PUT, "/v1/kv/k", &headers, "v").await;
+        assert_eq!(r.status, want, "{headers:?}");
+        if want == StatusCode::UNAUTHORIZED {
+            assert_eq!(r.problem_type(), "unauthorized");
+            assert!(r.headers[header::WWW_AUTHENTICATE].to_str().unwrap().starts_with("Bearer"));
+        }
+    }
+    for uri in ["/v1/kv/k", "/v1/kv?prefix=", "/v1/kv/"] {
+        assert_eq!(call(&app, Method::GET, uri, &[], Body::empty()).await.status, StatusCode::UNAUTHORIZED, "{uri}");
+    }
+    assert_eq!(call(&app, Method::GET, "/healthz", &[], Body::empty()).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_precondition_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_sqlite::SqliteStore::open(dir.path().join("m.db"), Limits::default()).unwrap();
+    let app = app(store, ServerConfig::default());
+    call(&app, Method::PUT, "/v1/kv/m", &[("if-none-match", "*")], "v").await;
+    call(&app, Method::PUT, "/v1/kv/m", &[("if-none-match", "*")], "v").await;
+    let text = String::from_utf8(call(&app, Method::GET, "/metrics", &[], Body::empty()).await.body.to_vec()).unwrap();
+    for needle in [
+        "idem_http_requests_total{route=\"/v1/kv/{*key}\",method=\"PUT\",status=\"412\"}",
+        "idem_precondition_failures_total{op=\"put\"}",
+        "idem_store_op_seconds_bucket{op=\"put\"",
+        "idem_sqlite_batch_size_bucket",
+    ] {
+        assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
+    }
+}
