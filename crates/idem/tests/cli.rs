@@ -1,0 +1,135 @@
+//! The `idem` command as a user runs it: serve flags and config, refusals, graceful shutdown, the kv client.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{BIN, Server, client, idem};
+
+#[test]
+fn refuses_non_loopback_without_token_unless_insecure() {
+    let (code, _, err) = idem(&["serve", "--listen", "0.0.0.0:0", "--store", "memory:"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--insecure") && err.contains("0.0.0.0"), "{err}");
+    let s = Server::start(&["--listen", "0.0.0.0:0", "--store", "memory:", "--insecure"], &[]);
+    assert!(s.url.contains("0.0.0.0"));
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0k3n\n").unwrap();
+    let s = Server::start(
+        &["--listen", "0.0.0.0:0", "--store", "memory:", "--auth-token-file", token.to_str().unwrap()],
+        &[],
+    );
+    assert!(s.url.contains("0.0.0.0"));
+}
+
+#[test]
+fn bad_store_urls_and_flags_exit_2_with_one_line() {
+    for (args, needle) in [
+        (vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
+        (vec!["--store", "ftp://x"], "unknown scheme"),
+        (vec!["--store", "sqlite:"], "names no file"),
+        (vec!["--listen", "localhost"], "not an IP:PORT"),
+        (vec!["--max-value-bytes", "0"], "at least 1"),
+        (vec!["--auth-token-file", "/nonexistent/token"], "cannot read --auth-token-file"),
+        (vec!["--store", "sqlite:/proc/forbidden/idem.db"], "cannot"),
+    ] {
+        let mut all = vec!["serve"];
+        if !args.contains(&"--listen") {
+            all.extend(["--listen", "127.0.0.1:0"]);
+        }
+        all.extend(&args);
+        let (code, _, err) = idem(&all, &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("hunter2"), "password leaked: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+    }
+}
+
+#[tokio::test]
+async fn flags_beat_environment_beat_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("idem.toml");
+    std::fs::write(&cfg, "store = \"memory:\"\nmax_value_bytes = 10\n").unwrap();
+    let put = |url: String, n: usize| async move {
+        client().put(format!("{url}/v1/kv/k")).body("x".repeat(n)).send().await.unwrap().status().as_u16()
+    };
+    let cfg_s = cfg.to_str().unwrap();
+    let s = Server::start(&["--config", cfg_s], &[]);
+    assert_eq!((put(s.url.clone(), 10).await, put(s.url.clone(), 11).await), (201, 413));
+    let s = Server::start(&["--config", cfg_s], &[("IDEM_MAX_VALUE_BYTES", "20")]);
+    assert_eq!((put(s.url.clone(), 20).await, put(s.url.clone(), 21).await), (201, 413));
+    let s = Server::start(&["--config", cfg_s, "--max-value-bytes", "30"], &[("IDEM_MAX_VALUE_BYTES", "20")]);
+    assert_eq!((put(s.url.clone(), 30).await, put(s.url.clone(), 31).await), (201, 413));
+    std::fs::write(&cfg, "stor = \"memory:\"\n").unwrap();
+    let (code, _, err) = idem(&["serve", "--config", cfg_s], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown field"), "{err}");
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let server = Server::sqlite(&db);
+    let url = server.url.clone();
+    // A request whose body arrives slowly is in flight when SIGTERM lands; it must still be answered and stored.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let body = reqwest::Body::wrap_stream(tokio_stream_from(rx));
+    let slow = tokio::spawn(client().put(format!("{url}/v1/kv/slow")).body(body).send());
+    tx.send(Ok(b"first half ".to_vec())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = server.pid();
+    let term = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    assert!(term.success());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // New connections are refused while the old request is still running.
+    assert!(client().get(format!("{url}/healthz")).send().await.is_err(), "still accepting after SIGTERM");
+    tx.send(Ok(b"second half".to_vec())).await.unwrap();
+    drop(tx);
+    let resp = slow.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 201);
+    let status = server.terminate_wait();
+    assert!(status.success(), "exit status {status:?}");
+    let server = Server::sqlite(&db);
+    let got = client().get(format!("{}/v1/kv/slow", server.url)).send().await.unwrap().text().await.unwrap();
+    assert_eq!(got, "first half second half");
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> impl futures_core::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tokio::test]
+async fn kv_client_commands_and_exit_codes() {
+    let server = Server::start(&["--store", "memory:"], &[]);
+    let env = [("IDEM_URL", server.url.as_str())];
+    let run = |args: &[&str]| idem(&[&["kv"], args].concat(), &env);
+    assert_eq!(run(&["put", "a/b", "hello"]), (0, "1\n".into(), String::new()));
+    let (code, out, err) = run(&["get", "a/b"]);
+    assert_eq!((code, out.as_str()), (0, "hello"));
+    assert!(err.contains("generation: 1"));
+    let (code, _, err) = run(&["put", "a/b", "x", "--if-absent"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("precondition failed"), "{err}");
+    assert_eq!(run(&["put", "a/b", "x", "--if-match", "99"]).0, 4);
+    assert_eq!(run(&["put", "a/b", "world", "--if-match", "1", "--ttl", "1h"]).0, 0);
+    assert_eq!(run(&["get", "missing"]).0, 3);
+    assert_eq!(run(&["update", "set", "--set-add", "x", "--set-add", "y"]).0, 0);
+    assert_eq!(run(&["update", "set", "--set-add", "y", "--set-add", "z"]).0, 0);
+    assert_eq!(run(&["get", "set"]).1, r#"["x","y","z"]"#);
+    let (code, out, _) = run(&["list", "--page-size", "1"]);
+    assert_eq!(code, 0);
+    let keys: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
+    assert_eq!(keys, vec!["a/b", "set"]);
+    assert_eq!(run(&["delete", "a/b", "--if-match", "1"]).0, 4);
+    assert_eq!(run(&["delete", "a/b"]).0, 0);
+    assert_eq!(run(&["get", "a/b"]).0, 3);
+    let (code, _, err) = idem(&["kv", "--url", "http://127.0.0.1:1", "get", "k"], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("request failed"), "{err}");
+    let _ = BIN;
+}

@@ -1,0 +1,94 @@
+//! Starting and stopping real `idem serve` processes.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
+
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `idem serve` on a free loopback port with the given extra args; waits until it listens.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve");
+        if !args.contains(&"--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn idem serve");
+        // Drain stderr so the server never blocks on a full pipe; keep it for failure messages.
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push_str(&line);
+                sink.lock().unwrap().push('\n');
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned) else {
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("server did not start: {line:?} {}", log.lock().unwrap());
+        };
+        Server { child, url }
+    }
+
+    pub fn sqlite(path: &Path) -> Server {
+        Self::start(&["--store", &format!("sqlite:{}", path.display())], &[])
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Waits for the exit status of a server already sent SIGTERM.
+    pub fn terminate_wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+/// Runs `idem` with args to completion: (exit code, stdout, stderr).
+pub fn idem(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
