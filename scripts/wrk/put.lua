@@ -8,6 +8,9 @@
 -- TAG         first key segment (default "bench"); keys are TAG/<thread id>/<counter>, so every request
 --             in one run writes a key no other request wrote.
 --
+-- Note: wrk calls request() once on thread 0 before the run, to check the script; that request is never
+-- sent, so key TAG/0/1 is never written, and "generated" (request() calls) counts it.
+--
 -- Only 2xx responses count as successes. done() prints one machine-readable line:
 --   WRK_RESULT mode=.. requests=.. ok=.. non2xx=.. ... ok_rps=.. p50_ms=.. p99_ms=..
 -- and, when any response was not 2xx, a WRK_NON2XX line with the status counts and one sample body.
