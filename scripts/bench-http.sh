@@ -99,6 +99,8 @@ work=$(mktemp -d "$parent/idem-bench-http.XXXXXX")
 idem_pid=""
 etcd_pid=""
 wrk_pid=""
+loadavg_idem="?"
+loadavg_etcd="?"
 
 stop_pid() { # pid name: SIGTERM, up to 15 s for a graceful stop, then SIGKILL
   local pid=$1 name=$2 i
@@ -159,6 +161,8 @@ vm_field() { awk -v f="$2:" '$1 == f {print $2 " " $3}' "/proc/$1/status"; }
 # wrk with the shared Lua script; prints wrk's report, keeps the WRK_RESULT line in $3
 run_wrk() { # mode url result-file
   local mode=$1 url=$2 out=$3 rc=0
+  # Other work on this machine skews both numbers: keep the load average seen just before each run.
+  printf -v "loadavg_$mode" '%s' "$(cut -d' ' -f1-3 /proc/loadavg)"
   log "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency against $mode at $url"
   # In the background and waited for, so that a signal to this script runs the cleanup at once.
   wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --timeout 10s --latency -s "$lua" "$url" \
@@ -179,6 +183,8 @@ field() { grep '^WRK_RESULT ' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
 # ---------------------------------------------------------------- 4a. idem
 log "starting idem: $idem_bin serve --listen 127.0.0.1:0 --store sqlite:$work/idem/idem.db"
+# Created here, not only by the redirect below: the background child may open it after the first poll.
+: >"$work/idem.out"
 IDEM_LOG=warn "$idem_bin" serve --listen 127.0.0.1:0 --store "sqlite:$work/idem/idem.db" \
   >"$work/idem.out" 2>"$work/idem.err" &
 idem_pid=$!
@@ -328,6 +334,7 @@ etcd        etcd $etcd_version (Debian package etcd-server $etcd_pkg), single me
 wrk         $wrk_version
 data dir    both under $fs_line
 machine     $(nproc) CPUs, $(uname -sr); wrk runs on the same machine and competes for its CPUs
+load avg    before idem's run: $loadavg_idem; before etcd's run: $loadavg_etcd (1/5/15 min; high = other work ran)
 
 server  ok puts/s   2xx      non-2xx   p50 ms    p90 ms    p99 ms    secs    keys stored  disk     peak RSS (VmHWM)
 $(row idem "$work/wrk-idem.txt" "$idem_stored" "$idem_hwm" "$idem_db_size")

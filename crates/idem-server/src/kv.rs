@@ -241,19 +241,13 @@ async fn post_op<S: Store>(
     Ok(resp)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
     #[serde(default)]
     prefix: String,
     cursor: Option<String>,
     limit: Option<usize>,
-}
-
-impl Default for ListQuery {
-    fn default() -> Self {
-        Self { prefix: String::new(), cursor: None, limit: None }
-    }
 }
 
 #[derive(Serialize)]

@@ -1,4 +1,5 @@
 //! The KV HTTP contract (DESIGN.md), driven through the router without a socket.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,6 +149,9 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
+/// method, URI, headers, body, expected status, expected problem type.
+type Case<'a> = (Method, &'a str, Vec<(&'a str, &'a str)>, String, StatusCode, &'a str);
+
 #[tokio::test]
 async fn bad_requests_get_precise_problems_and_change_nothing() {
     let (store, app) = setup();
@@ -156,7 +160,7 @@ async fn bad_requests_get_precise_problems_and_change_nothing() {
     let before = snapshot(&store).await;
     let long = format!("/v1/kv/{}", "k".repeat(1025));
     let big = "x".repeat(1025);
-    let cases: Vec<(Method, &str, Vec<(&str, &str)>, String, StatusCode, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (Method::PUT, "/v1/kv/", vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-key"),
         (Method::GET, "/v1/kv/", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-key"),
         (Method::PUT, &long, vec![], "v".into(), StatusCode::BAD_REQUEST, "invalid-key"),

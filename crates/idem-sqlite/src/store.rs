@@ -118,7 +118,7 @@ impl SqliteStore {
         let job: writer::Apply = Box::new(move |ctx| {
             let result = apply(ctx)?;
             let finish: Finish = Box::new(move |batch| {
-                let _ = tx.send(batch.map_err(StoreError::backend).and_then(|()| result));
+                let _ = tx.send(batch.map_err(StoreError::backend).and(result));
             });
             Ok(finish)
         });
@@ -175,15 +175,26 @@ fn live_meta(ctx: &Ctx<'_>, key: &str) -> Result<Option<(Generation, Option<u64>
         .optional()
 }
 
+/// A live row read inside the write transaction.
+struct Live {
+    value: Vec<u8>,
+    generation: Generation,
+    expires_at: Option<u64>,
+}
+
 /// The live row under `key` with its value.
-fn live_row(ctx: &Ctx<'_>, key: &str) -> Result<Option<(Vec<u8>, Generation, Option<u64>)>, rusqlite::Error> {
+fn live_row(ctx: &Ctx<'_>, key: &str) -> Result<Option<Live>, rusqlite::Error> {
     ctx.tx
         .prepare_cached(
             "SELECT value, generation, expires_at FROM kv \
              WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
         )?
         .query_row((key, to_i64(ctx.now_ms)), |r| {
-            Ok((r.get(0)?, Generation::new(to_u64(r.get(1)?)), r.get::<_, Option<i64>>(2)?.map(to_u64)))
+            Ok(Live {
+                value: r.get(0)?,
+                generation: Generation::new(to_u64(r.get(1)?)),
+                expires_at: r.get::<_, Option<i64>>(2)?.map(to_u64),
+            })
         })
         .optional()
 }
@@ -313,11 +324,11 @@ impl Store for SqliteStore {
         let key = key.to_owned();
         self.write(move |ctx| {
             let current = live_row(ctx, &key)?;
-            let applied = match apply_set(current.as_ref().map(|c| c.0.as_slice()), &change) {
+            let applied = match apply_set(current.as_ref().map(|c| c.value.as_slice()), &change) {
                 Ok(a) => a,
                 Err(e) => return Ok(Err(e)),
             };
-            let mut generation = current.as_ref().map(|c| c.1);
+            let mut generation = current.as_ref().map(|c| c.generation);
             if applied.changed {
                 match &applied.value {
                     Some(value) => {
@@ -325,7 +336,7 @@ impl Store for SqliteStore {
                             return Ok(Err(e));
                         }
                         let g = ctx.next_generation();
-                        upsert(ctx, &key, value, g, current.and_then(|c| c.2))?;
+                        upsert(ctx, &key, value, g, current.and_then(|c| c.expires_at))?;
                         generation = Some(g);
                     }
                     None => {
@@ -368,12 +379,12 @@ impl Store for SqliteStore {
                 }
             }
             let current = live_row(ctx, &key)?;
-            let applied = match apply_counter(current.as_ref().map(|c| c.0.as_slice()), delta) {
+            let applied = match apply_counter(current.as_ref().map(|c| c.value.as_slice()), delta) {
                 Ok(a) => a,
                 Err(e) => return Ok(Err(e)),
             };
             let g = ctx.next_generation();
-            upsert(ctx, &key, &applied.encode(), g, current.and_then(|c| c.2))?;
+            upsert(ctx, &key, &applied.encode(), g, current.and_then(|c| c.expires_at))?;
             if let Some(id) = &dedupe_id {
                 let until = ctx.now_ms.saturating_add(limits.dedupe_retention().as_millis() as u64);
                 ctx.tx

@@ -1,4 +1,5 @@
 //! The conformance suite on the embedded SQLite store, each check on a fresh file.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use idem_sqlite::SqliteStore;
 use idem_store::Limits;

@@ -4,6 +4,9 @@
 //! own random key prefix, so several checks (and several test processes) can share one database.
 //! Concurrency is real: checks that race spawn tasks on the caller's multi-threaded runtime and count exactly.
 
+// Test-support code: a panic is how a check reports a violation.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,7 +234,7 @@ pub async fn list_pages_while_writing<S: Store + Clone>(s: &S) {
         ok_put(s, k, "s", Precondition::Absent, Ttl::Keep).await;
     }
     // Neighbours just outside the prefix on both sides.
-    let outside_lo = format!("{}", &p[..p.len() - 1]);
+    let outside_lo = p[..p.len() - 1].to_owned();
     let outside_hi = format!("{}0", &p[..p.len() - 1]);
     ok_put(s, &outside_lo, "x", Precondition::Any, Ttl::Keep).await;
     ok_put(s, &outside_hi, "x", Precondition::Any, Ttl::Keep).await;

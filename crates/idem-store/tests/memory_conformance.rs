@@ -1,4 +1,5 @@
 //! The conformance suite on [`MemoryStore`].
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use idem_store::MemoryStore;
 

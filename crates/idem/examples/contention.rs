@@ -104,9 +104,15 @@ async fn main() {
     let want = args.clients * args.items;
     println!("{} clients x {} items appended to one key at {}", args.clients, args.items, args.url);
     let (cas, retries, secs) = run(&args, true).await;
-    println!("conditional PUTs (If-Match, retry on 412): {cas} of {want} items present, {} lost, {retries} retries after 412, {secs:.1} s", want - cas);
+    println!(
+        "conditional PUTs (If-Match, retry on 412): {cas} of {want} items present, {} lost, {retries} retries after 412, {secs:.1} s",
+        want - cas
+    );
     let (plain, _, secs) = run(&args, false).await;
-    println!("unconditional PUTs (last write wins):       {plain} of {want} items present, {} lost, {secs:.1} s", want - plain);
+    println!(
+        "unconditional PUTs (last write wins):       {plain} of {want} items present, {} lost, {secs:.1} s",
+        want - plain
+    );
     if cas != want {
         eprintln!("FAILED: conditional PUTs lost {} updates", want - cas);
         std::process::exit(1);

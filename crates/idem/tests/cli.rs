@@ -1,4 +1,5 @@
 //! The `idem` command as a user runs it: serve flags and config, refusals, graceful shutdown, the kv client.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Starting and stopping real `idem serve` processes.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
