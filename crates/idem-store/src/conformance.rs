@@ -284,6 +284,8 @@ pub async fn list_pages_while_writing<S: Store + Clone>(s: &S) {
 pub async fn update_under_contention<S: Store + Clone>(s: &S) {
     let p = prefix("update");
     let key = format!("{p}list");
+    // 16 writers in tight loops saturate one key; the default 8 attempts is meant for ordinary contention
+    // (see RetryPolicy), so give each update room to outlast the others.
     let policy = RetryPolicy::default().with_max_attempts(64);
     let mut tasks = Vec::new();
     for t in 0..16 {
