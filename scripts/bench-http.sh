@@ -99,8 +99,10 @@ work=$(mktemp -d "$parent/idem-bench-http.XXXXXX")
 idem_pid=""
 etcd_pid=""
 wrk_pid=""
-loadavg_idem="?"
-loadavg_etcd="?"
+cpu_idem="?"
+cpu_etcd="?"
+# shellcheck disable=SC2034  # read through ${!other_var} in the summary
+cpu_other_idem=0 cpu_other_etcd=0
 
 stop_pid() { # pid name: SIGTERM, up to 15 s for a graceful stop, then SIGKILL
   local pid=$1 name=$2 i
@@ -158,18 +160,59 @@ free_port() {
 
 vm_field() { awk -v f="$2:" '$1 == f {print $2 " " $3}' "/proc/$1/status"; }
 
-# wrk with the shared Lua script; prints wrk's report, keeps the WRK_RESULT line in $3
-run_wrk() { # mode url result-file
-  local mode=$1 url=$2 out=$3 rc=0
-  # Other work on this machine skews both numbers: keep the load average seen just before each run.
-  printf -v "loadavg_$mode" '%s' "$(cut -d' ' -f1-3 /proc/loadavg)"
+# CPU accounting, so that a run disturbed by other work on the machine shows. From /proc/stat: jiffies in
+# processes (user+nice+system), in interrupts (irq+softirq: much of it is the loopback traffic itself) and
+# stolen by the hypervisor; from /proc/PID/stat: the server's jiffies and every other process's; from `times`:
+# the seconds of this shell's reaped children (wrk).
+clk_tck=$(getconf CLK_TCK)
+cpu_fields() { awk '$1 == "cpu" {print $2 + $3 + $4, $7 + $8, $9; exit}' /proc/stat; }
+proc_cpu() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+snap_procs() { # "pid comm jiffies" for every process, into $1
+  { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk '{
+    l = $0; pid = l + 0; c = l; sub(/^[^(]*\(/, "", c); sub(/\) [^)]*$/, "", c); gsub(/[^A-Za-z0-9_.:\/-]/, "_", c)
+    r = l; sub(/^.*\) /, "", r); split(r, f, " "); print pid, c, f[12] + f[13] }' >"$1"
+}
+children_cpu() { # into $1; `times` must run in this shell (a $(...) subshell would see its own children)
+  times >"$work/times"
+  printf -v "$1" '%s' "$(awk 'NR == 2 {
+    s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%.2f", s }' "$work/times")"
+}
+
+# wrk with the shared Lua script; prints wrk's report, keeps the WRK_RESULT line in $4, sets cpu_<mode> to
+# a description of where the machine's CPU time went during the run and cpu_other_<mode> to the seconds
+# that neither the server nor wrk used (other processes plus steal).
+run_wrk() { # mode url server-pid result-file
+  local mode=$1 url=$2 spid=$3 out=$4 rc=0 f0 f1 srv0 srv1 kids0 kids1 top
   log "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency against $mode at $url"
+  f0=$(cpu_fields) srv0=$(proc_cpu "$spid")
+  snap_procs "$work/procs0"
+  children_cpu kids0
   # In the background and waited for, so that a signal to this script runs the cleanup at once.
   wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION}s" --timeout 10s --latency -s "$lua" "$url" \
     -- "$mode" "$VALUE_BYTES" "$KEY_TAG" >"$out" 2>&1 &
   wrk_pid=$!
   wait "$wrk_pid" || rc=$?
   wrk_pid=""
+  f1=$(cpu_fields) srv1=$(proc_cpu "$spid")
+  snap_procs "$work/procs1"
+  children_cpu kids1
+  # The three busiest other processes (by CPU used during the run), e.g. "rustc 6.1 s, cargo 0.4 s".
+  # Keyed by pid alone: a kernel worker renames itself after its current work queue.
+  top=$(awk -v skip="$spid" 'NR == FNR {a[$1] = $3; next}
+      $1 != skip { d = $3 - a[$1]; if (d > 0) printf "%d %s\n", d, $2 }' "$work/procs0" "$work/procs1" |
+    awk -v hz="$clk_tck" '{t[$2] += $1} END {for (c in t) if (t[c] * 10 >= hz) print t[c], c}' | sort -rn | head -n 3 |
+    awk -v hz="$clk_tck" '{printf "%s%s %.1f s", (NR > 1 ? ", " : ""), $2, $1 / hz}')
+  read -r p0 i0 st0 <<<"$f0"
+  read -r p1 i1 st1 <<<"$f1"
+  local desc
+  desc=$(awk -v p="$((p1 - p0))" -v i="$((i1 - i0))" -v st="$((st1 - st0))" -v s="$((srv1 - srv0))" \
+    -v k0="$kids0" -v k1="$kids1" -v hz="$clk_tck" -v n="$(nproc)" -v d="$DURATION" 'BEGIN {
+      p /= hz; i /= hz; st /= hz; s /= hz; w = k1 - k0; o = p - s - w; if (o < 0) o = 0
+      printf "%.1f|server %.1f s, wrk %.1f s, other processes %.1f s, interrupts %.1f s, steal %.1f s (of %d s on %d CPUs)",
+        o + st, s, w, o, i, st, n * d, n }')
+  printf -v "cpu_other_$mode" '%s' "${desc%%|*}"
+  printf -v "cpu_$mode" '%s' "${desc#*|}${top:+
+                             busiest other processes: $top}"
   sed 's/^/    /' "$out" >&2
   ((rc == 0)) || die "wrk against $mode exited with status $rc"
   grep -q '^WRK_RESULT ' "$out" || die "wrk against $mode printed no WRK_RESULT line"
@@ -202,7 +245,7 @@ probe=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -X PUT --data-binar
 [[ $probe == 2?? ]] || die "idem: probe PUT /v1/kv/probe%2F1 answered $probe"
 log "idem (pid $idem_pid) listening on $idem_url"
 
-run_wrk idem "$idem_url" "$work/wrk-idem.txt"
+run_wrk idem "$idem_url" "$idem_pid" "$work/wrk-idem.txt"
 idem_hwm=$(vm_field "$idem_pid" VmHWM)
 idem_rss=$(vm_field "$idem_pid" VmRSS)
 idem_stored="skipped"
@@ -261,7 +304,7 @@ probe=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -X POST -H 'Content
 [[ $probe == 2?? ]] || die "etcd: probe POST /v3/kv/put answered $probe"
 log "etcd (pid $etcd_pid) healthy at $etcd_url"
 
-run_wrk etcd "$etcd_url" "$work/wrk-etcd.txt"
+run_wrk etcd "$etcd_url" "$etcd_pid" "$work/wrk-etcd.txt"
 etcd_hwm=$(vm_field "$etcd_pid" VmHWM)
 etcd_stored="skipped"
 if [[ $VERIFY == 1 ]]; then
@@ -292,6 +335,12 @@ for mode in idem etcd; do
   if ((ok == 0)); then
     loud "$mode answered no 2xx response at all"
     status=3
+  fi
+  other_var="cpu_other_$mode"
+  if awk -v o="${!other_var}" -v lim="$(awk -v n="$(nproc)" -v d="$DURATION" 'BEGIN {print 0.1 * n * d}')" \
+    'BEGIN { exit !(o > lim) }'; then
+    loud "$mode's run shared the machine: other processes used ${!other_var} CPU-seconds during it" \
+      "(with steal; more than 10% of the $(nproc) x ${DURATION} s available): its numbers are low, the ratio skewed"
   fi
   errs=$(($(field "$f" err_connect) + $(field "$f" err_read) + $(field "$f" err_write) + $(field "$f" err_timeout)))
   ((errs == 0)) || loud "$mode: wrk counted $errs socket errors (connect/read/write/timeout): see its report above"
@@ -334,7 +383,9 @@ etcd        etcd $etcd_version (Debian package etcd-server $etcd_pkg), single me
 wrk         $wrk_version
 data dir    both under $fs_line
 machine     $(nproc) CPUs, $(uname -sr); wrk runs on the same machine and competes for its CPUs
-load avg    before idem's run: $loadavg_idem; before etcd's run: $loadavg_etcd (1/5/15 min; high = other work ran)
+cpu time    during idem's run: $cpu_idem
+            during etcd's run: $cpu_etcd
+            ("other processes" or "steal" well above 1 s: other work on the machine disturbed the run)
 
 server  ok puts/s   2xx      non-2xx   p50 ms    p90 ms    p99 ms    secs    keys stored  disk     peak RSS (VmHWM)
 $(row idem "$work/wrk-idem.txt" "$idem_stored" "$idem_hwm" "$idem_db_size")

@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,10 +43,12 @@ pub enum Updated<R> {
 /// `0..=min(max_delay, base_delay * 2^(n-2))` ("full jitter"), so contending writers spread out instead of
 /// colliding again in lockstep.
 ///
-/// The default (8 attempts) suits ordinary contention. Many writers saturating ONE key in tight loops starve
-/// whoever backed off, since fresh attempts never wait: raise the bound for such a workload (the conformance
-/// suite uses 64 for 16 writers on one key), or use the store's atomic set/counter operations, which cannot
-/// lose a race at all.
+/// Within one process, updates of a key take turns once one of them has lost a race: the loser queues on a
+/// per-key FIFO lock for its retries, and later updates of that key queue behind it until the queue drains.
+/// Without that, a writer that just won goes straight back in while the losers sleep, and under a saturating
+/// workload the losers starve whatever the bound. Across processes the compare-and-swap and the backoff
+/// decide alone; for many machines on one hot key prefer the store's atomic set/counter operations, which
+/// cannot lose a race at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     max_attempts: u32,
@@ -100,12 +104,55 @@ impl RetryPolicy {
     }
 }
 
+/// Keys on which an update in this process lost a race, each with the FIFO lock its updates queue on.
+/// Keyed by key alone, across stores: two stores sharing a key name only share turns, never data.
+static CONTENDED: LazyLock<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> =
+    LazyLock::new(Default::default);
+
+/// Holding a turn on a contended key; the entry is removed when the last holder or waiter leaves.
+struct Turn {
+    key: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Turn {
+    /// Queues for a turn on `key`. With `create` false, only when the key is already contended.
+    async fn take(key: &str, create: bool) -> Option<Turn> {
+        let lock = {
+            // The map is only touched briefly and never across an await, so a std mutex is right; a panic
+            // while holding it leaves a consistent map.
+            let mut map = CONTENDED.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get(key) {
+                Some(l) => l.clone(),
+                None if create => map.entry(key.to_owned()).or_default().clone(),
+                None => return None,
+            }
+        };
+        let guard = lock.clone().lock_owned().await;
+        Some(Turn { key: key.to_owned(), lock, guard: Some(guard) })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = CONTENDED.lock().unwrap_or_else(|p| p.into_inner());
+        // Two references left (the map's and ours) means nobody else holds or waits for this key.
+        if Arc::strong_count(&self.lock) <= 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
 pub(crate) async fn run<S, F, R>(store: &S, key: &str, mut f: F, policy: &RetryPolicy) -> Result<Updated<R>, Error>
 where
     S: Store + ?Sized,
     F: FnMut(Option<&Versioned>) -> Decision<R> + Send,
     R: Send,
 {
+    // Queue behind updates of this key that already lost a race here, if any.
+    let mut turn = Turn::take(key, false).await;
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -128,6 +175,9 @@ where
                 if attempt >= policy.max_attempts() {
                     tracing::warn!(key, attempts = attempt, "update exhausted its attempts");
                     return Err(Error::UpdateExhausted { attempts: attempt });
+                }
+                if turn.is_none() {
+                    turn = Turn::take(key, true).await;
                 }
                 let delay = policy.backoff(attempt + 1);
                 tracing::debug!(key, attempt, ?delay, current = ?e.current_generation(), "update lost a race; retrying");
