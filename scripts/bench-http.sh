@@ -140,7 +140,8 @@ log "data of both servers under $fs_line"
 case $fs_type in
   tmpfs | ramfs) loud "the data directory is on $fs_type: fsync is free there, so this is no durability benchmark" ;;
 esac
-mkdir -p "$work/idem" "$work/etcd"
+mkdir -p "$work/idem"
+mkdir -m 700 "$work/etcd" # the permission etcd asks for
 
 port_in_use() {
   if command -v ss >/dev/null 2>&1; then
@@ -224,57 +225,8 @@ while ((${#expected_value} < VALUE_BYTES)); do expected_value+=$value_pattern; d
 expected_value=${expected_value:0:VALUE_BYTES}
 field() { grep '^WRK_RESULT ' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
-# ---------------------------------------------------------------- 4a. idem
-log "starting idem: $idem_bin serve --listen 127.0.0.1:0 --store sqlite:$work/idem/idem.db"
-# Created here, not only by the redirect below: the background child may open it after the first poll.
-: >"$work/idem.out"
-IDEM_LOG=warn "$idem_bin" serve --listen 127.0.0.1:0 --store "sqlite:$work/idem/idem.db" \
-  >"$work/idem.out" 2>"$work/idem.err" &
-idem_pid=$!
-idem_addr=""
-for ((i = 0; i < 300; i++)); do
-  idem_addr=$(sed -n 's|^idem listening on http://\([^ ]*\).*|\1|p' "$work/idem.out" | head -n1)
-  [[ -n $idem_addr ]] && break
-  kill -0 "$idem_pid" 2>/dev/null || { cat "$work/idem.err" >&2; die "idem exited before listening"; }
-  sleep 0.1
-done
-[[ -n $idem_addr ]] || { cat "$work/idem.err" >&2; die "idem printed no 'idem listening on' line within 30 s"; }
-idem_url="http://$idem_addr"
-[[ $(curl -sS --max-time 5 "$idem_url/healthz") == ok ]] || die "idem: GET /healthz did not answer ok"
-probe=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -X PUT --data-binary probe "$idem_url/v1/kv/probe%2F1")
-[[ $probe == 2?? ]] || die "idem: probe PUT /v1/kv/probe%2F1 answered $probe"
-log "idem (pid $idem_pid) listening on $idem_url"
-
-run_wrk idem "$idem_url" "$idem_pid" "$work/wrk-idem.txt"
-idem_hwm=$(vm_field "$idem_pid" VmHWM)
-idem_rss=$(vm_field "$idem_pid" VmRSS)
-idem_stored="skipped"
-if [[ $VERIFY == 1 ]]; then
-  # Count keys under "bench/" page by page (1000 a page, bounded by the number of 2xx + a margin).
-  idem_stored=0
-  cursor=""
-  max_pages=$(($(field "$work/wrk-idem.txt" ok) / 1000 + 10))
-  for ((page = 0; page < max_pages; page++)); do
-    args=(--data-urlencode "prefix=$KEY_TAG/" --data-urlencode "limit=1000")
-    [[ -n $cursor ]] && args+=(--data-urlencode "cursor=$cursor")
-    body=$(curl -sS --fail --max-time 30 -G "${args[@]}" "$idem_url/v1/kv") || die "idem: listing keys failed"
-    idem_stored=$((idem_stored + $(jq '.items | length' <<<"$body")))
-    cursor=$(jq -r '.next_cursor // empty' <<<"$body")
-    [[ -n $cursor ]] || break
-  done
-  [[ -z $cursor ]] || idem_stored="$idem_stored+ (stopped after $max_pages pages)"
-  # One value read back. Key <tag>/0/2, not /0/1: wrk calls request() once on thread 0 before the run to
-  # check the script, and that first request is never sent.
-  got=$(curl -sS --fail --max-time 5 "$idem_url/v1/kv/$KEY_TAG%2F0%2F2") || got="(request failed)"
-  [[ $got == "$expected_value" ]] || loud "idem: GET $KEY_TAG/0/2 returned '$got', expected '$expected_value'"
-fi
-idem_stop_start=$(date +%s.%N)
-stop_pid "$idem_pid" idem
-idem_stop_s=$(awk -v a="$idem_stop_start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
-idem_pid=""
-idem_db_size=$(du -sh "$work/idem" | cut -f1)
-
-# ---------------------------------------------------------------- 4b. etcd
+# ---------------------------------------------------------------- 4a. etcd
+# First, because its check afterwards is quick: the two runs then follow each other closely.
 etcd_client_port=$(free_port) || die "no free loopback port for etcd"
 etcd_peer_port=$(free_port) || die "no free loopback port for etcd"
 [[ $etcd_peer_port != "$etcd_client_port" ]] || etcd_peer_port=$(free_port)
@@ -320,6 +272,56 @@ fi
 stop_pid "$etcd_pid" etcd
 etcd_pid=""
 etcd_db_size=$(du -sh "$work/etcd" | cut -f1)
+
+# ---------------------------------------------------------------- 4b. idem
+log "starting idem: $idem_bin serve --listen 127.0.0.1:0 --store sqlite:$work/idem/idem.db"
+# Created here, not only by the redirect below: the background child may open it after the first poll.
+: >"$work/idem.out"
+IDEM_LOG=warn "$idem_bin" serve --listen 127.0.0.1:0 --store "sqlite:$work/idem/idem.db" \
+  >"$work/idem.out" 2>"$work/idem.err" &
+idem_pid=$!
+idem_addr=""
+for ((i = 0; i < 300; i++)); do
+  idem_addr=$(sed -n 's|^idem listening on http://\([^ ]*\).*|\1|p' "$work/idem.out" | head -n1)
+  [[ -n $idem_addr ]] && break
+  kill -0 "$idem_pid" 2>/dev/null || { cat "$work/idem.err" >&2; die "idem exited before listening"; }
+  sleep 0.1
+done
+[[ -n $idem_addr ]] || { cat "$work/idem.err" >&2; die "idem printed no 'idem listening on' line within 30 s"; }
+idem_url="http://$idem_addr"
+[[ $(curl -sS --max-time 5 "$idem_url/healthz") == ok ]] || die "idem: GET /healthz did not answer ok"
+probe=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -X PUT --data-binary probe "$idem_url/v1/kv/probe%2F1")
+[[ $probe == 2?? ]] || die "idem: probe PUT /v1/kv/probe%2F1 answered $probe"
+log "idem (pid $idem_pid) listening on $idem_url"
+
+run_wrk idem "$idem_url" "$idem_pid" "$work/wrk-idem.txt"
+idem_hwm=$(vm_field "$idem_pid" VmHWM)
+idem_rss="$(vm_field "$idem_pid" VmRSS): anonymous $(vm_field "$idem_pid" RssAnon), file-backed $(vm_field "$idem_pid" RssFile)"
+idem_stored="skipped"
+if [[ $VERIFY == 1 ]]; then
+  # Count keys under "bench/" page by page (1000 a page, bounded by the number of 2xx + a margin).
+  idem_stored=0
+  cursor=""
+  max_pages=$(($(field "$work/wrk-idem.txt" ok) / 1000 + 10))
+  for ((page = 0; page < max_pages; page++)); do
+    args=(--data-urlencode "prefix=$KEY_TAG/" --data-urlencode "limit=1000")
+    [[ -n $cursor ]] && args+=(--data-urlencode "cursor=$cursor")
+    body=$(curl -sS --fail --max-time 30 -G "${args[@]}" "$idem_url/v1/kv") || die "idem: listing keys failed"
+    idem_stored=$((idem_stored + $(jq '.items | length' <<<"$body")))
+    cursor=$(jq -r '.next_cursor // empty' <<<"$body")
+    [[ -n $cursor ]] || break
+  done
+  [[ -z $cursor ]] || idem_stored="$idem_stored+ (stopped after $max_pages pages)"
+  # One value read back. Key <tag>/0/2, not /0/1: wrk calls request() once on thread 0 before the run to
+  # check the script, and that first request is never sent.
+  got=$(curl -sS --fail --max-time 5 "$idem_url/v1/kv/$KEY_TAG%2F0%2F2") || got="(request failed)"
+  [[ $got == "$expected_value" ]] || loud "idem: GET $KEY_TAG/0/2 returned '$got', expected '$expected_value'"
+fi
+idem_stop_start=$(date +%s.%N)
+stop_pid "$idem_pid" idem
+idem_stop_s=$(awk -v a="$idem_stop_start" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+idem_pid=""
+idem_db_size=$(du -sh "$work/idem" | cut -f1)
 
 # ---------------------------------------------------------------- 5. summary
 status=0
@@ -374,7 +376,7 @@ row() { # mode file stored hwm db
 cat <<EOF
 
 ==================== bench-http summary ====================
-load        wrk, $THREADS threads, $CONNECTIONS connections, ${DURATION} s per server, one run each (idem first),
+load        wrk, $THREADS threads, $CONNECTIONS connections, ${DURATION} s per server, one run each (etcd first),
             PUTs of $VALUE_BYTES-byte values on distinct keys ($KEY_TAG/<thread>/<n>); only 2xx counted as success
 idem        $idem_version, git $git_rev, release build $idem_bin
             idem serve --store sqlite:... (WAL, synchronous=FULL); PUT /v1/kv/{key}
@@ -391,7 +393,8 @@ server  ok puts/s   2xx      non-2xx   p50 ms    p90 ms    p99 ms    secs    key
 $(row idem "$work/wrk-idem.txt" "$idem_stored" "$idem_hwm" "$idem_db_size")
 $(row etcd "$work/wrk-etcd.txt" "$etcd_stored" "$etcd_hwm" "$etcd_db_size")
 
-idem VmHWM (peak RSS) after its run: $idem_hwm (VmRSS then: $idem_rss); idem stopped ${idem_stop_s} s after SIGTERM
+idem VmHWM (peak RSS) after its run: $idem_hwm (VmRSS then $idem_rss)
+idem stopped ${idem_stop_s} s after SIGTERM
 ratio idem/etcd (successful puts/s): $ratio   target >= ${TARGET_RATIO}x: $met
 ============================================================
 EOF

@@ -74,8 +74,10 @@ impl Sql {
                  expires_at = excluded.expires_at RETURNING generation"
             ),
             delete: format!("DELETE FROM {s}.kv WHERE key = $1"),
+            // A plain lower bound (max of prefix and cursor, chosen by the caller) lets the planner seek the
+            // primary key index instead of scanning from the prefix on every page.
             list: format!(
-                "SELECT k.key, k.generation, k.expires_at FROM {s}.kv k WHERE k.key >= $1 AND ($2::text IS NULL OR k.key > $2) \
+                "SELECT k.key, k.generation, k.expires_at FROM {s}.kv k WHERE k.key >= $1 AND k.key <> $2 \
                  AND {LIVE} ORDER BY k.key LIMIT $3"
             ),
             dedupe_get: format!(
@@ -187,6 +189,19 @@ macro_rules! in_tx {
     }};
 }
 
+/// Refuses a write whose precondition already fails, without waiting for the key's lock.
+///
+/// Sound for every precondition: the failure is a true answer as of this read. For `Generation(g)` it is
+/// final, since generations are never reused. Under contention this keeps stale compare-and-swaps out of
+/// the lock queue, where each would otherwise wait behind every other writer only to fail.
+async fn precheck(tx: &Transaction<'_>, sql: &Sql, key: &str, precondition: Precondition) -> Result<(), StoreError> {
+    if precondition == Precondition::Any {
+        return Ok(());
+    }
+    let row = tx.query_opt(&sql.read_meta, &[&key]).await.map_err(pg_err)?;
+    precondition.check(row.map(|r| gen_of(r.get(0))))
+}
+
 /// Takes the key's lock, then reads its live row (generation and expiry) in a fresh snapshot.
 async fn lock_meta(tx: &Transaction<'_>, sql: &Sql, key: &str) -> Result<Option<Live>, StoreError> {
     tx.execute(&sql.lock, &[&key]).await.map_err(pg_err)?;
@@ -222,6 +237,7 @@ async fn put_tx(
     precondition: Precondition,
     ttl: Ttl,
 ) -> Result<Written, StoreError> {
+    precheck(tx, sql, key, precondition).await?;
     let current = lock_meta(tx, sql, key).await?;
     precondition.check(current.as_ref().map(|c| c.generation))?;
     let (keep, after) = match ttl {
@@ -239,6 +255,7 @@ async fn delete_tx(
     key: &str,
     precondition: Precondition,
 ) -> Result<Option<Generation>, StoreError> {
+    precheck(tx, sql, key, precondition).await?;
     let current = lock_meta(tx, sql, key).await?.map(|c| c.generation);
     precondition.check(current)?;
     if current.is_some() {
@@ -329,7 +346,12 @@ impl Store for PostgresStore {
         let client = self.inner.pool.get().await.map_err(pool_err)?;
         let stmt = client.prepare_cached(&self.inner.sql.list).await.map_err(pg_err)?;
         let fetch = i64::try_from(limit + 1).unwrap_or(1001);
-        let rows = client.query(&stmt, &[&prefix, &after, &fetch]).await.map_err(pg_err)?;
+        // From the cursor (exclusive) when there is one, else from the prefix (inclusive).
+        let (from, skip) = match after {
+            Some(a) => (a, a),
+            None => (prefix, ""),
+        };
+        let rows = client.query(&stmt, &[&from, &skip, &fetch]).await.map_err(pg_err)?;
         let mut items: Vec<ListItem> = rows
             .iter()
             .map(|r| ListItem {

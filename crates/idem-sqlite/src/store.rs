@@ -283,12 +283,22 @@ impl Store for SqliteStore {
         let mut items = self
             .read(move |c| {
                 let now = to_i64(now_ms());
-                let mut stmt = c.prepare_cached(
-                    "SELECT key, generation, expires_at FROM kv \
-                     WHERE key >= ?1 AND (?2 IS NULL OR key > ?2) AND (expires_at IS NULL OR expires_at > ?3) \
-                     ORDER BY key LIMIT ?4",
-                )?;
-                let rows = stmt.query_map((&prefix, &after, now, to_i64(limit as u64 + 1)), |r| {
+                // One lower bound per statement, so SQLite seeks the key index straight to it (an `OR` of two
+                // bounds made it scan from the prefix and slowed every page by the pages before it).
+                let (sql, from) = match &after {
+                    Some(a) => (
+                        "SELECT key, generation, expires_at FROM kv WHERE key > ?1 \
+                                 AND (expires_at IS NULL OR expires_at > ?2) ORDER BY key LIMIT ?3",
+                        a,
+                    ),
+                    None => (
+                        "SELECT key, generation, expires_at FROM kv WHERE key >= ?1 \
+                              AND (expires_at IS NULL OR expires_at > ?2) ORDER BY key LIMIT ?3",
+                        &prefix,
+                    ),
+                };
+                let mut stmt = c.prepare_cached(sql)?;
+                let rows = stmt.query_map((from, now, to_i64(limit as u64 + 1)), |r| {
                     Ok(ListItem {
                         key: r.get(0)?,
                         generation: Generation::new(to_u64(r.get(1)?)),

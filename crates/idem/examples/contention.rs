@@ -5,6 +5,9 @@
 //! same read-modify-write loses updates. Both counts are printed; the exit status is 1 if the conditional run
 //! lost anything.
 //!
+//! `--url` takes a comma-separated list; clients are spread over the servers round-robin (several `idem serve`
+//! processes sharing one PostgreSQL or Redis state).
+//!
 //! ```text
 //! cargo run --release -p idem -- serve &
 //! cargo run --release -p idem --example contention -- --url http://127.0.0.1:8080
@@ -18,19 +21,23 @@ use std::time::Instant;
 use idem_store::RetryPolicy;
 use reqwest::{StatusCode, header};
 
-struct Args {
-    url: String,
-    clients: usize,
-    items: usize,
+/// What to run: servers, clients, items per client.
+pub struct Args {
+    /// Base URLs of the servers; clients use them round-robin.
+    pub urls: Vec<String>,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Items each client appends.
+    pub items: usize,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args { url: "http://127.0.0.1:8080".into(), clients: 64, items: 100 };
+    let mut a = Args { urls: vec!["http://127.0.0.1:8080".into()], clients: 64, items: 100 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let val = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
-            "--url" => a.url = val,
+            "--url" => a.urls = val.split(',').map(|u| u.trim_end_matches('/').to_owned()).collect(),
             "--clients" => a.clients = val.parse().expect("--clients N"),
             "--items" => a.items = val.parse().expect("--items N"),
             other => panic!("unknown flag {other}; use --url, --clients, --items"),
@@ -72,15 +79,17 @@ async fn append(http: &reqwest::Client, path: &str, item: String, conditional: b
     panic!("gave up on {item}")
 }
 
-async fn run(args: &Args, conditional: bool) -> (usize, u64, f64) {
+/// Runs one pass; returns (distinct items present, retries after 412, seconds).
+pub async fn run(args: &Args, conditional: bool) -> (usize, u64, f64) {
     let http = reqwest::Client::new();
     let key = format!("contention-{}-{:x}", if conditional { "cas" } else { "plain" }, rand::random::<u32>());
-    let path = Arc::new(format!("{}/v1/kv/{key}", args.url.trim_end_matches('/')));
+    let paths: Vec<Arc<String>> = args.urls.iter().map(|u| Arc::new(format!("{u}/v1/kv/{key}"))).collect();
     let retries = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..args.clients {
-        let (http, path, retries, items) = (http.clone(), path.clone(), retries.clone(), args.items);
+        let path = paths[c % paths.len()].clone();
+        let (http, retries, items) = (http.clone(), retries.clone(), args.items);
         tasks.push(tokio::spawn(async move {
             for i in 0..items {
                 let lost = append(&http, &path, format!("c{c}-i{i}"), conditional).await;
@@ -92,17 +101,18 @@ async fn run(args: &Args, conditional: bool) -> (usize, u64, f64) {
         t.await.expect("client task");
     }
     let secs = started.elapsed().as_secs_f64();
-    let list: Vec<String> = http.get(path.as_str()).send().await.expect("GET").json().await.expect("list");
+    let list: Vec<String> = http.get(paths[0].as_str()).send().await.expect("GET").json().await.expect("list");
     let distinct: HashSet<&String> = list.iter().collect();
     assert_eq!(distinct.len(), list.len(), "duplicate items in the list");
     (distinct.len(), retries.load(Ordering::Relaxed), secs)
 }
 
+/// Runs both passes and prints the counts.
 #[tokio::main]
-async fn main() {
+pub async fn main() {
     let args = parse_args();
     let want = args.clients * args.items;
-    println!("{} clients x {} items appended to one key at {}", args.clients, args.items, args.url);
+    println!("{} clients x {} items appended to one key via {}", args.clients, args.items, args.urls.join(", "));
     let (cas, retries, secs) = run(&args, true).await;
     println!(
         "conditional PUTs (If-Match, retry on 412): {cas} of {want} items present, {} lost, {retries} retries after 412, {secs:.1} s",

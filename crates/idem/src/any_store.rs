@@ -1,6 +1,8 @@
 //! The one place that names concrete backends: a store chosen by URL scheme.
 
 use bytes::Bytes;
+use idem_postgres::PostgresStore;
+use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, MemoryStore, Page, Precondition, SetChange, SetOutcome,
@@ -9,13 +11,17 @@ use idem_store::{
 
 use crate::error::Error;
 
-/// A store chosen at run time by URL: `sqlite:PATH` or `memory:`.
+/// A store chosen at run time by URL: `sqlite:PATH`, `memory:`, `postgres://…` or `redis://…`.
 #[derive(Clone, Debug)]
 pub enum AnyStore {
     /// `memory:`: nothing survives the process.
     Memory(MemoryStore),
     /// `sqlite:PATH`: the embedded default.
     Sqlite(SqliteStore),
+    /// `postgres://…`: tables in the schema named by the namespace.
+    Postgres(PostgresStore),
+    /// `redis://…`: keys under `<namespace>:`.
+    Redis(RedisStore),
 }
 
 /// Hides a password in a URL (`scheme://user:secret@host` → `scheme://user:***@host`) for messages.
@@ -30,11 +36,12 @@ pub fn redact(url: &str) -> String {
 }
 
 impl AnyStore {
-    /// Opens the store a URL names.
+    /// Opens the store a URL names. `namespace` (a lowercase identifier) names the PostgreSQL schema and the
+    /// Redis key prefix, so several deployments can share one database.
     ///
     /// # Errors
     /// [`Error::Config`] for an unknown or unsupported scheme; [`Error::OpenStore`] when the backend refuses.
-    pub fn open(url: &str, limits: Limits) -> Result<Self, Error> {
+    pub async fn open(url: &str, namespace: &str, limits: Limits) -> Result<Self, Error> {
         if url == "memory:" || url == "memory://" {
             return Ok(AnyStore::Memory(MemoryStore::with_limits(limits)));
         }
@@ -46,18 +53,31 @@ impl AnyStore {
                 .map(AnyStore::Sqlite)
                 .map_err(|e| Error::OpenStore { url: redact(url), source: Box::new(e) });
         }
-        let shown = redact(url);
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("redis://") {
-            return Err(Error::Config(format!("store URL {shown}: this build has no PostgreSQL or Redis backend yet")));
+        let open_err = |e: Box<dyn std::error::Error + Send + Sync>| Error::OpenStore { url: redact(url), source: e };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return PostgresStore::connect(url, namespace, limits)
+                .await
+                .map(AnyStore::Postgres)
+                .map_err(|e| open_err(Box::new(e)));
         }
-        Err(Error::Config(format!("store URL {shown:?} has an unknown scheme; use sqlite:PATH or memory:")))
+        if url.starts_with("redis://") {
+            return RedisStore::connect(url, &format!("{namespace}:"), limits)
+                .await
+                .map(AnyStore::Redis)
+                .map_err(|e| open_err(Box::new(e)));
+        }
+        Err(Error::Config(format!(
+            "store URL {:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://… or redis://…",
+            redact(url)
+        )))
     }
 
     /// Finishes queued writes and releases the store (flushes and checkpoints SQLite).
     pub async fn close(&self) {
         match self {
-            AnyStore::Memory(_) => {}
             AnyStore::Sqlite(s) => s.close().await,
+            // Memory has nothing to flush; PostgreSQL and Redis acknowledged every write already.
+            AnyStore::Memory(_) | AnyStore::Postgres(_) | AnyStore::Redis(_) => {}
         }
     }
 }
@@ -67,6 +87,8 @@ macro_rules! each {
         match $self {
             AnyStore::Memory($s) => $e,
             AnyStore::Sqlite($s) => $e,
+            AnyStore::Postgres($s) => $e,
+            AnyStore::Redis($s) => $e,
         }
     };
 }

@@ -17,9 +17,12 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
     listen: Option<String>,
-    /// Store URL: sqlite:PATH or memory: [default: sqlite:./idem-data/idem.db].
+    /// Store URL: sqlite:PATH, memory:, postgres://… or redis://… [default: sqlite:./idem-data/idem.db].
     #[arg(long, env = "IDEM_STORE")]
     store: Option<String>,
+    /// PostgreSQL schema / Redis key prefix for this deployment's data [default: idem].
+    #[arg(long, env = "IDEM_NAMESPACE")]
+    namespace: Option<String>,
     /// Largest value accepted, in bytes [default: 16777216 (16 MiB)].
     #[arg(long, env = "IDEM_MAX_VALUE_BYTES")]
     max_value_bytes: Option<usize>,
@@ -29,7 +32,8 @@ pub struct ServeArgs {
     /// Allow listening on a non-loopback address without a token.
     #[arg(long, env = "IDEM_INSECURE")]
     insecure: bool,
-    /// Optional TOML file with the same settings (listen, store, max_value_bytes, auth_token_file, insecure).
+    /// Optional TOML file with the same settings (listen, store, namespace, max_value_bytes, auth_token_file,
+    /// insecure).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<PathBuf>,
 }
@@ -39,6 +43,7 @@ pub struct ServeArgs {
 struct FileConfig {
     listen: Option<String>,
     store: Option<String>,
+    namespace: Option<String>,
     max_value_bytes: Option<usize>,
     auth_token_file: Option<PathBuf>,
     insecure: Option<bool>,
@@ -49,6 +54,7 @@ struct FileConfig {
 pub struct ServeConfig {
     listen: SocketAddr,
     store_url: String,
+    namespace: String,
     limits: Limits,
     auth_token: Option<String>,
 }
@@ -83,6 +89,15 @@ impl ServeArgs {
         let listen: SocketAddr =
             listen_s.parse().map_err(|_| Error::Config(format!("--listen {listen_s:?} is not an IP:PORT address")))?;
         let store_url = self.store.or(file.store).unwrap_or_else(|| "sqlite:./idem-data/idem.db".into());
+        let namespace = self.namespace.or(file.namespace).unwrap_or_else(|| "idem".into());
+        let valid = namespace.len() <= 63
+            && namespace.bytes().next().is_some_and(|b| b == b'_' || b.is_ascii_lowercase())
+            && namespace.bytes().all(|b| b == b'_' || b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !valid {
+            return Err(Error::Config(format!(
+                "--namespace {namespace:?} must match [a-z_][a-z0-9_]*, at most 63 bytes"
+            )));
+        }
         let max_value_bytes = self.max_value_bytes.or(file.max_value_bytes).unwrap_or(16 * 1024 * 1024);
         if max_value_bytes == 0 {
             return Err(Error::Config("--max-value-bytes must be at least 1".into()));
@@ -97,6 +112,7 @@ impl ServeArgs {
         Ok(ServeConfig {
             listen,
             store_url,
+            namespace,
             limits: Limits::default().with_max_value_bytes(max_value_bytes),
             auth_token,
         })
@@ -130,7 +146,7 @@ async fn shutdown_signal() {
 /// # Errors
 /// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
 pub async fn run(config: ServeConfig) -> Result<(), Error> {
-    let store = AnyStore::open(&config.store_url, config.limits)?;
+    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Bind { addr: config.listen.to_string(), source })?;

@@ -28,6 +28,9 @@ fn refuses_non_loopback_without_token_unless_insecure() {
 fn bad_store_urls_and_flags_exit_2_with_one_line() {
     for (args, needle) in [
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
+        (vec!["--store", "postgres://alice:hunter2@127.0.0.1:5432/db?sslmode=nonsense"], "alice:***@"),
+        (vec!["--store", "redis://:hunter2@127.0.0.1:1"], "redis://:***@127.0.0.1:1"),
+        (vec!["--store", "redis://alice:hunter2@[::1"], "cannot open store"),
         (vec!["--store", "ftp://x"], "unknown scheme"),
         (vec!["--store", "sqlite:"], "names no file"),
         (vec!["--listen", "localhost"], "not an IP:PORT"),

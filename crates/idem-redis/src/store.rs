@@ -1,0 +1,378 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_store::{
+    CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
+    Store, Ttl, Versioned, Written, millis_to_system_time,
+};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+/// How often the key index is walked to drop members whose value expired.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Errors connecting to Redis. Operations on a connected store return [`idem_store::Error`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The URL is not a Redis URL.
+    #[error("invalid Redis URL")]
+    InvalidUrl(#[source] redis::RedisError),
+    /// The server could not be reached.
+    #[error("cannot connect")]
+    Connect(#[source] redis::RedisError),
+    /// An operation failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+struct Scripts {
+    put: Script,
+    delete: Script,
+    get: Script,
+    list: Script,
+    set: Script,
+    counter: Script,
+    sweep: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            put: Script::new(include_str!("lua/put.lua")),
+            delete: Script::new(include_str!("lua/delete.lua")),
+            get: Script::new(include_str!("lua/get.lua")),
+            list: Script::new(include_str!("lua/list.lua")),
+            set: Script::new(include_str!("lua/set.lua")),
+            counter: Script::new(include_str!("lua/counter.lua")),
+            sweep: Script::new(include_str!("lua/sweep.lua")),
+        }
+    }
+}
+
+/// The Redis store. Cheap to clone: clones share one auto-reconnecting multiplexed connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    limits: Limits,
+    prefix: String,
+    scripts: Scripts,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("prefix", &self.inner.prefix).finish_non_exhaustive()
+    }
+}
+
+/// Connection trouble is `Unavailable` (503, retry later); anything else Redis said is `Backend`.
+fn redis_err(e: redis::RedisError) -> StoreError {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+        StoreError::unavailable(e)
+    } else {
+        StoreError::backend(e)
+    }
+}
+
+fn unexpected(what: &str) -> StoreError {
+    StoreError::backend(format!("unexpected reply from a Redis script: {what}"))
+}
+
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        other => Err(unexpected(&format!("{other:?} where an integer was expected"))),
+    }
+}
+
+fn bulk(v: Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        other => Err(unexpected(&format!("{other:?} where a string was expected"))),
+    }
+}
+
+fn array(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(a) => Ok(a),
+        other => Err(unexpected(&format!("{other:?} where an array was expected"))),
+    }
+}
+
+fn generation(n: i64) -> Option<Generation> {
+    u64::try_from(n).ok().map(Generation::new)
+}
+
+fn expiry_ms(n: i64) -> Option<u64> {
+    u64::try_from(n).ok()
+}
+
+fn precondition_args(p: Precondition) -> (&'static str, u64) {
+    match p {
+        Precondition::Any => ("any", 0),
+        Precondition::Absent => ("absent", 0),
+        Precondition::Present => ("present", 0),
+        Precondition::Generation(g) => ("gen", g.get()),
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://[:password@]host:port[/db]`); every Redis key this store uses starts with
+    /// `prefix` (e.g. `"idem:"`), so several stores can share one Redis database.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`]; [`Error::Connect`] when the server cannot be reached.
+    pub async fn connect(url: &str, prefix: &str, limits: Limits) -> Result<Self, Error> {
+        let client = redis::Client::open(url).map_err(Error::InvalidUrl)?;
+        // One plain connection first, so an unreachable server fails start-up at once; the manager below
+        // would keep retrying, which is what we want later, not now.
+        let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(Duration::from_secs(5)));
+        client.get_multiplexed_async_connection_with_config(&probe).await.map_err(Error::Connect)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)));
+        let conn = ConnectionManager::new_with_config(client, config).await.map_err(Error::Connect)?;
+        let scripts = Scripts::new();
+        let sweeper = {
+            let (mut conn, prefix, script) = (conn.clone(), prefix.to_owned(), scripts.sweep.clone());
+            tokio::spawn(async move {
+                let mut start = "-".to_owned();
+                loop {
+                    tokio::time::sleep(SWEEP_EVERY).await;
+                    let r: Result<String, _> = script
+                        .key(format!("{prefix}index"))
+                        .arg(format!("{prefix}k:"))
+                        .arg(&start)
+                        .arg(1000)
+                        .invoke_async(&mut conn)
+                        .await;
+                    match r {
+                        Ok(next) if next.is_empty() => start = "-".to_owned(),
+                        Ok(next) => start = next,
+                        Err(e) => tracing::warn!(error = %e, "sweeping the key index failed; will retry"),
+                    }
+                }
+            })
+        };
+        Ok(Self { inner: Arc::new(Inner { conn, limits, prefix: prefix.to_owned(), scripts, sweeper }) })
+    }
+
+    fn value_key(&self, key: &str) -> String {
+        format!("{}k:{key}", self.inner.prefix)
+    }
+
+    fn generation_key(&self) -> String {
+        format!("{}generation", self.inner.prefix)
+    }
+
+    fn index_key(&self) -> String {
+        format!("{}index", self.inner.prefix)
+    }
+
+    fn dedupe_key(&self, key: &str, id: &str) -> String {
+        // The key's length first, so no key/id pair can spell another pair's record name.
+        format!("{}d:{}:{key}:{id}", self.inner.prefix, key.len())
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+}
+
+impl Store for RedisStore {
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        self.inner.limits.check_key(key)?;
+        let r: Value =
+            self.inner.scripts.get.key(self.value_key(key)).invoke_async(&mut self.conn()).await.map_err(redis_err)?;
+        let mut r = array(r)?.into_iter();
+        let (Some(v), Some(g), Some(e)) = (r.next(), r.next(), r.next()) else { return Ok(None) };
+        let g = generation(int(&g)?).ok_or_else(|| unexpected("negative generation"))?;
+        Ok(Some(Versioned::new(Bytes::from(bulk(v)?), g, expiry_ms(int(&e)?).map(millis_to_system_time))))
+    }
+
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
+        self.inner.limits.check_put(key, &value, &ttl)?;
+        let (kind, expected) = precondition_args(precondition);
+        let (ttl_kind, ttl_ms) = match ttl {
+            Ttl::Keep => ("keep", 0),
+            Ttl::Clear => ("clear", 0),
+            Ttl::After(d) => ("after", u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let r: Value = self
+            .inner
+            .scripts
+            .put
+            .key(self.value_key(key))
+            .key(self.generation_key())
+            .key(self.index_key())
+            .arg(value.as_ref())
+            .arg(kind)
+            .arg(expected)
+            .arg(ttl_kind)
+            .arg(ttl_ms)
+            .arg(key)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(redis_err)?;
+        let r = array(r)?;
+        match r.as_slice() {
+            [ok, cur] if int(ok)? == 0 => Err(StoreError::PreconditionFailed { current: generation(int(cur)?) }),
+            [_, g, created] => Ok(Written::new(
+                generation(int(g)?).ok_or_else(|| unexpected("negative generation"))?,
+                int(created)? == 1,
+            )),
+            _ => Err(unexpected("put")),
+        }
+    }
+
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
+        self.inner.limits.check_key(key)?;
+        let (kind, expected) = precondition_args(precondition);
+        let r: Value = self
+            .inner
+            .scripts
+            .delete
+            .key(self.value_key(key))
+            .key(self.index_key())
+            .arg(kind)
+            .arg(expected)
+            .arg(key)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(redis_err)?;
+        match array(r)?.as_slice() {
+            [ok, cur] if int(ok)? == 0 => Err(StoreError::PreconditionFailed { current: generation(int(cur)?) }),
+            [_, deleted] => Ok(generation(int(deleted)?)),
+            _ => Err(unexpected("delete")),
+        }
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+        if !(1..=1000).contains(&limit) {
+            return Err(StoreError::InvalidArgument { what: "limit" });
+        }
+        let start = match cursor.filter(|c| *c >= prefix) {
+            Some(c) => format!("({c}"),
+            None => format!("[{prefix}"),
+        };
+        let r: Value = self
+            .inner
+            .scripts
+            .list
+            .key(self.index_key())
+            .arg(format!("{}k:", self.inner.prefix))
+            .arg(start)
+            .arg(limit + 1)
+            .arg(prefix)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(redis_err)?;
+        let flat = array(r)?;
+        let mut items = Vec::with_capacity(flat.len() / 3);
+        let mut it = flat.into_iter();
+        while let (Some(k), Some(g), Some(e)) = (it.next(), it.next(), it.next()) {
+            let key = String::from_utf8(bulk(k)?).map_err(|_| unexpected("non-UTF-8 key in the index"))?;
+            let generation = generation(int(&g)?).ok_or_else(|| unexpected("negative generation"))?;
+            items.push(ListItem { key, generation, expires_at_ms: expiry_ms(int(&e)?) });
+        }
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|i| i.key.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
+        let limits = self.inner.limits;
+        limits.check_key(key)?;
+        for m in change.add.iter().chain(&change.remove) {
+            limits.check_token("set member", m)?;
+        }
+        let mut inv = self.inner.scripts.set.key(self.value_key(key));
+        inv.key(self.generation_key())
+            .key(self.index_key())
+            .arg(limits.max_value_bytes())
+            .arg(key)
+            .arg(change.add.len());
+        for m in change.add.iter().chain(&change.remove) {
+            inv.arg(m);
+        }
+        let r: Value = inv.invoke_async(&mut self.conn()).await.map_err(redis_err)?;
+        match array(r)?.as_slice() {
+            [code] if int(code)? == -1 => Err(StoreError::WrongType { expected: "set" }),
+            [code] if int(code)? == -2 => {
+                Err(StoreError::ValueTooLarge { size: limits.max_value_bytes() + 1, max: limits.max_value_bytes() })
+            }
+            [g, members, added, removed] => Ok(SetOutcome {
+                generation: generation(int(g)?),
+                members: usize::try_from(int(members)?).unwrap_or(0),
+                added: usize::try_from(int(added)?).unwrap_or(0),
+                removed: usize::try_from(int(removed)?).unwrap_or(0),
+            }),
+            _ => Err(unexpected("set")),
+        }
+    }
+
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
+        let limits = self.inner.limits;
+        limits.check_key(key)?;
+        if let Some(id) = dedupe_id {
+            limits.check_token("dedupe id", id)?;
+        }
+        let retention_ms = u64::try_from(limits.dedupe_retention().as_millis()).unwrap_or(u64::MAX);
+        let r: Value = self
+            .inner
+            .scripts
+            .counter
+            .key(self.value_key(key))
+            .key(self.generation_key())
+            .key(self.index_key())
+            .key(self.dedupe_key(key, dedupe_id.unwrap_or("")))
+            .arg(delta)
+            .arg(dedupe_id.unwrap_or(""))
+            .arg(retention_ms)
+            .arg(key)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(redis_err)?;
+        let r = array(r)?;
+        if let [code] = r.as_slice() {
+            return Err(if int(code)? == -2 {
+                StoreError::CounterOverflow
+            } else {
+                StoreError::WrongType { expected: "counter" }
+            });
+        }
+        let mut it = r.into_iter();
+        let (Some(applied), Some(value), Some(g)) = (it.next(), it.next(), it.next()) else {
+            return Err(unexpected("counter"));
+        };
+        let value = String::from_utf8(bulk(value)?)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| unexpected("non-integer counter"))?;
+        Ok(CounterOutcome {
+            value,
+            generation: generation(int(&g)?).ok_or_else(|| unexpected("negative generation"))?,
+            applied: int(&applied)? == 1,
+        })
+    }
+}

@@ -1,0 +1,56 @@
+//! Several `idem serve` processes sharing one PostgreSQL or Redis state: the 64-client contention example
+//! split across two servers must end with exactly 6,400 items. Skips with a printed reason when
+//! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` are unset.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod common;
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/contention.rs"]
+mod contention;
+
+use common::Server;
+
+async fn contention_across_two_servers(url: &str) {
+    // A namespace of our own, so parallel tests never see each other's keys; removed by the caller.
+    let ns = format!("idem_test_{:012x}", rand::random::<u64>() >> 16);
+    let a = Server::start(&["--store", url, "--namespace", &ns], &[]);
+    let b = Server::start(&["--store", url, "--namespace", &ns], &[]);
+    let args = contention::Args { urls: vec![a.url.clone(), b.url.clone()], clients: 64, items: 100 };
+    let (present, retries, secs) = contention::run(&args, true).await;
+    eprintln!("{url}: 64 clients over 2 servers: {present} of 6400 items, {retries} retries after 412, {secs:.1} s");
+    assert_eq!(present, 6400, "lost updates across two servers sharing {url}");
+    cleanup(url, &ns).await;
+}
+
+async fn cleanup(url: &str, ns: &str) {
+    if url.starts_with("postgres") {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {ns} CASCADE")).await.unwrap();
+    } else {
+        let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{ns}:*")).query_async(&mut conn).await.unwrap();
+        for chunk in keys.chunks(500) {
+            let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_servers_on_one_postgres_lose_nothing() {
+    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
+        return;
+    };
+    contention_across_two_servers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_servers_on_one_redis_lose_nothing() {
+    let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") else {
+        eprintln!("skipped: IDEM_TEST_REDIS_URL is unset");
+        return;
+    };
+    contention_across_two_servers(&url).await;
+}
