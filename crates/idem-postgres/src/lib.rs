@@ -1,12 +1,13 @@
 //! idem's store on PostgreSQL, for several machines sharing one state.
 //!
-//! Generations come from one sequence, so they are unique and never reused; per key they strictly increase
-//! because each conditional write holds the key's lock while it takes the next value. Every conditional
-//! operation is one short transaction that first takes a transaction-scoped advisory lock on the key (so even
-//! an absent key has something to lock), reads the live row, checks the precondition and writes: a lost race
-//! is a failed precondition carrying the current generation, never a database error. Expiry is judged by the
-//! database's clock (`now()`). The schema is created and migrated by [`PostgresStore::connect`] under an
-//! advisory lock, so servers starting together migrate once.
+//! Generations come from one sequence, so they are unique and never reused. Every conditional put or delete is
+//! ONE statement whose `WHERE` carries the precondition (`UPDATE … WHERE generation = $g`, `INSERT … ON
+//! CONFLICT DO UPDATE … WHERE expired`); PostgreSQL re-checks such a condition on the newest row version once
+//! it holds the row lock, so a lost race matches no row and is reported as a failed precondition with the
+//! current generation, never as a lost update or a database error. Set and counter operations are one short
+//! transaction that locks the row (`SELECT … FOR UPDATE`). Expiry is judged by the database's clock
+//! (`now()`). The schema is created and migrated by [`PostgresStore::connect`] under an advisory lock, so
+//! servers starting together migrate once.
 //!
 //! ```no_run
 //! use idem_postgres::PostgresStore;

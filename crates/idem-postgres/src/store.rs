@@ -44,12 +44,22 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 /// Statements with the schema name filled in once.
+///
+/// Every conditional write is ONE statement whose `WHERE` carries the precondition. PostgreSQL evaluates an
+/// `UPDATE`/`DELETE` condition, and an `ON CONFLICT DO UPDATE ... WHERE`, against the newest committed version
+/// of the row once it holds the row lock, so a lost race simply matches no row: it becomes a failed
+/// precondition, never a lost update or a database error. `nextval` in a `SET` is evaluated on that locked
+/// row too, so per key generations increase in commit order.
 struct Sql {
     get: String,
-    lock: String,
-    read_meta: String,
-    upsert: String,
-    delete: String,
+    read_generation: String,
+    update_if_generation: String,
+    update_if_present: String,
+    insert_if_absent: String,
+    delete_if_generation: String,
+    delete_if_present: String,
+    delete_any: String,
+    lock_row: String,
     list: String,
     dedupe_get: String,
     dedupe_put: String,
@@ -59,21 +69,36 @@ struct Sql {
 impl Sql {
     fn new(s: &str) -> Self {
         const LIVE: &str = "(k.expires_at IS NULL OR k.expires_at > now())";
+        // $4: 0 keep, 1 clear, 2 after $5 milliseconds. On an update the row is live, so "keep" is its own expiry.
+        const UPD_EXPIRY: &str = "CASE $4::int WHEN 0 THEN k.expires_at WHEN 1 THEN NULL ELSE now() + $5::float8 * interval '1 millisecond' END";
+        const NEW_EXPIRY: &str = "CASE $4::int WHEN 2 THEN now() + $5::float8 * interval '1 millisecond' END";
+        let update = |cond: &str| {
+            format!(
+                "UPDATE {s}.kv k SET value = $2, generation = nextval('{s}.generation'), expires_at = {UPD_EXPIRY} \
+                 WHERE k.key = $1 AND {LIVE} {cond} RETURNING k.generation"
+            )
+        };
         Self {
-            // Per key and per transaction: it serialises writers of one key, present or absent, and is
-            // released by COMMIT or ROLLBACK. It must be its own statement: under READ COMMITTED a statement
-            // reads from a snapshot taken when it starts, so a read in the statement that waited for the lock
-            // would see the value from before the previous holder's commit (a lost update).
-            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
             get: format!("SELECT k.value, k.generation, k.expires_at FROM {s}.kv k WHERE k.key = $1 AND {LIVE}"),
-            read_meta: format!("SELECT k.generation, k.expires_at FROM {s}.kv k WHERE k.key = $1 AND {LIVE}"),
-            upsert: format!(
-                "INSERT INTO {s}.kv (key, value, generation, expires_at) VALUES ($1, $2, nextval('{s}.generation'), \
-                 CASE WHEN $4::float8 IS NULL THEN $3::timestamptz ELSE now() + $4::float8 * interval '1 millisecond' END) \
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, generation = excluded.generation, \
-                 expires_at = excluded.expires_at RETURNING generation"
+            read_generation: format!("SELECT k.generation FROM {s}.kv k WHERE k.key = $1 AND {LIVE}"),
+            update_if_generation: update("AND k.generation = $3"),
+            update_if_present: update("AND $3::bigint IS NULL"),
+            // A row that is there but expired counts as absent: it is overwritten as a fresh create.
+            insert_if_absent: format!(
+                "INSERT INTO {s}.kv AS k (key, value, generation, expires_at) \
+                 VALUES ($1, $2, nextval('{s}.generation'), {NEW_EXPIRY}) ON CONFLICT (key) DO UPDATE \
+                 SET value = excluded.value, generation = nextval('{s}.generation'), expires_at = excluded.expires_at \
+                 WHERE k.expires_at IS NOT NULL AND k.expires_at <= now() AND $3::bigint IS NULL \
+                 RETURNING k.generation"
             ),
-            delete: format!("DELETE FROM {s}.kv WHERE key = $1"),
+            delete_if_generation: format!(
+                "DELETE FROM {s}.kv k WHERE k.key = $1 AND k.generation = $2 AND {LIVE} RETURNING k.generation"
+            ),
+            delete_if_present: format!(
+                "DELETE FROM {s}.kv k WHERE k.key = $1 AND {LIVE} AND $2::bigint IS NULL RETURNING k.generation"
+            ),
+            delete_any: format!("DELETE FROM {s}.kv k WHERE k.key = $1 RETURNING k.generation, {LIVE}"),
+            lock_row: format!("SELECT k.value, k.generation FROM {s}.kv k WHERE k.key = $1 AND {LIVE} FOR UPDATE"),
             // A plain lower bound (max of prefix and cursor, chosen by the caller) lets the planner seek the
             // primary key index instead of scanning from the prefix on every page.
             list: format!(
@@ -127,13 +152,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The live row read under the key's lock.
-struct Live {
-    generation: Generation,
-    expires_at: Option<SystemTime>,
-    value: Option<Vec<u8>>,
-}
-
 impl PostgresStore {
     /// Connects to `url`, creating and migrating `schema` (a plain lowercase identifier; `"idem"` by default in
     /// the binary), and starts the background sweeper.
@@ -176,144 +194,64 @@ impl PostgresStore {
     }
 }
 
-/// Runs `$body` (a future using `$tx` and `$sql`) in one transaction; commits only when it succeeded.
-/// Returning early with `?` drops the transaction, which rolls it back.
-macro_rules! in_tx {
-    ($self:ident, |$tx:ident, $sql:ident| $body:expr) => {{
-        let mut client = $self.inner.pool.get().await.map_err(pool_err)?;
-        let $tx = client.transaction().await.map_err(pg_err)?;
-        let $sql = &$self.inner.sql;
-        let out = $body.await?;
-        $tx.commit().await.map_err(pg_err)?;
-        Ok(out)
-    }};
-}
-
-/// Refuses a write whose precondition already fails, without waiting for the key's lock.
-///
-/// Sound for every precondition: the failure is a true answer as of this read. For `Generation(g)` it is
-/// final, since generations are never reused. Under contention this keeps stale compare-and-swaps out of
-/// the lock queue, where each would otherwise wait behind every other writer only to fail.
-async fn precheck(tx: &Transaction<'_>, sql: &Sql, key: &str, precondition: Precondition) -> Result<(), StoreError> {
-    if precondition == Precondition::Any {
-        return Ok(());
+fn ttl_args(ttl: Ttl) -> (i32, Option<f64>) {
+    match ttl {
+        Ttl::Keep => (0, None),
+        Ttl::Clear => (1, None),
+        Ttl::After(d) => (2, Some(ms(d))),
     }
-    let row = tx.query_opt(&sql.read_meta, &[&key]).await.map_err(pg_err)?;
-    precondition.check(row.map(|r| gen_of(r.get(0))))
 }
 
-/// Takes the key's lock, then reads its live row (generation and expiry) in a fresh snapshot.
-async fn lock_meta(tx: &Transaction<'_>, sql: &Sql, key: &str) -> Result<Option<Live>, StoreError> {
-    tx.execute(&sql.lock, &[&key]).await.map_err(pg_err)?;
-    let row = tx.query_opt(&sql.read_meta, &[&key]).await.map_err(pg_err)?;
-    Ok(row.map(|r| Live { generation: gen_of(r.get(0)), expires_at: r.get(1), value: None }))
-}
-
-/// Takes the key's lock, then reads its live row with the value.
-async fn lock_row(tx: &Transaction<'_>, sql: &Sql, key: &str) -> Result<Option<Live>, StoreError> {
-    tx.execute(&sql.lock, &[&key]).await.map_err(pg_err)?;
-    let row = tx.query_opt(&sql.get, &[&key]).await.map_err(pg_err)?;
-    Ok(row.map(|r| Live { generation: gen_of(r.get(1)), expires_at: r.get(2), value: r.get(0) }))
-}
-
-async fn upsert(
-    tx: &Transaction<'_>,
-    sql: &Sql,
-    key: &str,
-    value: &[u8],
-    keep: Option<SystemTime>,
-    after: Option<Duration>,
-) -> Result<Generation, StoreError> {
-    let after_ms = after.map(ms);
-    let row = tx.query_one(&sql.upsert, &[&key, &value, &keep, &after_ms]).await.map_err(pg_err)?;
-    Ok(gen_of(row.get(0)))
-}
-
-async fn put_tx(
-    tx: &Transaction<'_>,
-    sql: &Sql,
-    key: &str,
-    value: &[u8],
-    precondition: Precondition,
-    ttl: Ttl,
-) -> Result<Written, StoreError> {
-    precheck(tx, sql, key, precondition).await?;
-    let current = lock_meta(tx, sql, key).await?;
-    precondition.check(current.as_ref().map(|c| c.generation))?;
-    let (keep, after) = match ttl {
-        Ttl::Keep => (current.as_ref().and_then(|c| c.expires_at), None),
-        Ttl::Clear => (None, None),
-        Ttl::After(d) => (None, Some(d)),
-    };
-    let g = upsert(tx, sql, key, value, keep, after).await?;
-    Ok(Written::new(g, current.is_none()))
-}
-
-async fn delete_tx(
-    tx: &Transaction<'_>,
-    sql: &Sql,
-    key: &str,
-    precondition: Precondition,
+/// Runs one statement that returns the written generation, or no row when its condition did not hold.
+async fn returning<C: deadpool_postgres::GenericClient>(
+    c: &C,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<Generation>, StoreError> {
-    precheck(tx, sql, key, precondition).await?;
-    let current = lock_meta(tx, sql, key).await?.map(|c| c.generation);
-    precondition.check(current)?;
-    if current.is_some() {
-        tx.execute(&sql.delete, &[&key]).await.map_err(pg_err)?;
-    }
-    Ok(current)
+    let stmt = c.prepare_cached(sql).await.map_err(pg_err)?;
+    Ok(c.query_opt(&stmt, params).await.map_err(pg_err)?.map(|r| gen_of(r.get(0))))
 }
 
-async fn set_tx(
+/// The failed precondition, carrying the generation current now.
+async fn refused<C: deadpool_postgres::GenericClient>(c: &C, sql: &Sql, key: &str) -> StoreError {
+    match returning(c, &sql.read_generation, &[&key]).await {
+        Ok(current) => StoreError::PreconditionFailed { current },
+        Err(e) => e,
+    }
+}
+
+/// A live row read under its row lock (`SELECT ... FOR UPDATE`).
+struct Live {
+    value: Vec<u8>,
+    generation: Generation,
+}
+
+async fn lock_row(tx: &Transaction<'_>, sql: &Sql, key: &str) -> Result<Option<Live>, StoreError> {
+    let stmt = tx.prepare_cached(&sql.lock_row).await.map_err(pg_err)?;
+    let row = tx.query_opt(&stmt, &[&key]).await.map_err(pg_err)?;
+    Ok(row.map(|r| Live { value: r.get(0), generation: gen_of(r.get(1)) }))
+}
+
+/// Writes a read-modify-write result inside a transaction that holds the row lock (`current` is `Some`) or
+/// found no live row (`None`). Returns `None` when a concurrent writer created the key meanwhile: the caller
+/// runs its transaction again.
+async fn write_locked(
     tx: &Transaction<'_>,
     sql: &Sql,
     key: &str,
-    change: &SetChange,
-    limits: &Limits,
-) -> Result<SetOutcome, StoreError> {
-    let current = lock_row(tx, sql, key).await?;
-    let applied = apply_set(current.as_ref().and_then(|c| c.value.as_deref()), change)?;
-    let mut generation = current.as_ref().map(|c| c.generation);
-    if applied.changed {
-        match &applied.value {
-            Some(v) => {
-                limits.check_value(v)?;
-                let keep = current.as_ref().and_then(|c| c.expires_at);
-                generation = Some(upsert(tx, sql, key, v, keep, None).await?);
-            }
-            None => {
-                tx.execute(&sql.delete, &[&key]).await.map_err(pg_err)?;
-                generation = None;
-            }
-        }
+    value: &[u8],
+    current: Option<&Live>,
+) -> Result<Option<Generation>, StoreError> {
+    let none: Option<i64> = None;
+    let keep = (0i32, None::<f64>);
+    match current {
+        Some(_) => returning(tx, &sql.update_if_present, &[&key, &value, &none, &keep.0, &keep.1]).await,
+        None => returning(tx, &sql.insert_if_absent, &[&key, &value, &none, &keep.0, &keep.1]).await,
     }
-    Ok(SetOutcome { generation, members: applied.members, added: applied.added, removed: applied.removed })
 }
 
-async fn counter_tx(
-    tx: &Transaction<'_>,
-    sql: &Sql,
-    key: &str,
-    delta: i64,
-    dedupe_id: Option<&str>,
-    retention: Duration,
-) -> Result<CounterOutcome, StoreError> {
-    // The key's lock is taken first, so two adds with the same dedupe id serialise here.
-    let current = lock_row(tx, sql, key).await?;
-    if let Some(id) = dedupe_id
-        && let Some(row) = tx.query_opt(&sql.dedupe_get, &[&key, &id]).await.map_err(pg_err)?
-    {
-        return Ok(CounterOutcome { value: row.get(0), generation: gen_of(row.get(1)), applied: false });
-    }
-    let applied = apply_counter(current.as_ref().and_then(|c| c.value.as_deref()), delta)?;
-    let keep = current.as_ref().and_then(|c| c.expires_at);
-    let g = upsert(tx, sql, key, &applied.encode(), keep, None).await?;
-    if let Some(id) = dedupe_id {
-        let g_i64 = i64::try_from(g.get()).unwrap_or(i64::MAX);
-        tx.execute(&sql.dedupe_put, &[&key, &id, &applied.value, &g_i64, &ms(retention)]).await.map_err(pg_err)?;
-    }
-    Ok(CounterOutcome { value: applied.value, generation: g, applied: true })
-}
+/// How often a read-modify-write transaction is retried when a concurrent create beat it to an absent key.
+const CREATE_RACES: usize = 16;
 
 impl Store for PostgresStore {
     fn limits(&self) -> &Limits {
@@ -330,12 +268,74 @@ impl Store for PostgresStore {
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         self.inner.limits.check_put(key, &value, &ttl)?;
-        in_tx!(self, |tx, sql| put_tx(&tx, sql, key, &value, precondition, ttl))
+        let c = self.inner.pool.get().await.map_err(pool_err)?;
+        let sql = &self.inner.sql;
+        let (mode, after) = ttl_args(ttl);
+        let v: &[u8] = &value;
+        let none: Option<i64> = None;
+        let written = match precondition {
+            Precondition::Generation(g) => {
+                let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
+                returning(&c, &sql.update_if_generation, &[&key, &v, &g, &mode, &after]).await?.map(|g| (g, false))
+            }
+            Precondition::Present => {
+                returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, false))
+            }
+            Precondition::Absent => {
+                returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, true))
+            }
+            Precondition::Any => {
+                // Replace if live, else create; a race between the two (a concurrent create or delete) just
+                // means trying again.
+                let mut out = None;
+                for _ in 0..CREATE_RACES {
+                    if let Some(g) = returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await? {
+                        out = Some((g, false));
+                        break;
+                    }
+                    if let Some(g) = returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await? {
+                        out = Some((g, true));
+                        break;
+                    }
+                }
+                Some(out.ok_or_else(|| StoreError::backend("unconditional put kept racing with creates and deletes"))?)
+            }
+        };
+        match written {
+            Some((g, created)) => Ok(Written::new(g, created)),
+            None => Err(refused(&c, sql, key).await),
+        }
     }
 
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
         self.inner.limits.check_key(key)?;
-        in_tx!(self, |tx, sql| delete_tx(&tx, sql, key, precondition))
+        let c = self.inner.pool.get().await.map_err(pool_err)?;
+        let sql = &self.inner.sql;
+        let none: Option<i64> = None;
+        let deleted = match precondition {
+            Precondition::Generation(g) => {
+                let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
+                returning(&c, &sql.delete_if_generation, &[&key, &g]).await?
+            }
+            Precondition::Present => returning(&c, &sql.delete_if_present, &[&key, &none]).await?,
+            Precondition::Absent => {
+                // Nothing to delete when absent; when present, the precondition fails.
+                return match returning(&c, &sql.read_generation, &[&key]).await? {
+                    None => Ok(None),
+                    current => Err(StoreError::PreconditionFailed { current }),
+                };
+            }
+            Precondition::Any => {
+                let stmt = c.prepare_cached(&sql.delete_any).await.map_err(pg_err)?;
+                let row = c.query_opt(&stmt, &[&key]).await.map_err(pg_err)?;
+                // An expired row is removed too, but it was absent: report nothing deleted.
+                return Ok(row.filter(|r| r.get::<_, bool>(1)).map(|r| gen_of(r.get(0))));
+            }
+        };
+        match deleted {
+            Some(g) => Ok(Some(g)),
+            None => Err(refused(&c, sql, key).await),
+        }
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
@@ -376,7 +376,37 @@ impl Store for PostgresStore {
         for m in change.add.iter().chain(&change.remove) {
             limits.check_token("set member", m)?;
         }
-        in_tx!(self, |tx, sql| set_tx(&tx, sql, key, &change, &limits))
+        let sql = &self.inner.sql;
+        let mut c = self.inner.pool.get().await.map_err(pool_err)?;
+        for _ in 0..CREATE_RACES {
+            let tx = c.transaction().await.map_err(pg_err)?;
+            let current = lock_row(&tx, sql, key).await?;
+            let applied = apply_set(current.as_ref().map(|c| c.value.as_slice()), &change)?;
+            let mut generation = current.as_ref().map(|c| c.generation);
+            if applied.changed {
+                match &applied.value {
+                    Some(v) => {
+                        limits.check_value(v)?;
+                        match write_locked(&tx, sql, key, v, current.as_ref()).await? {
+                            Some(g) => generation = Some(g),
+                            None => continue,
+                        }
+                    }
+                    None => {
+                        tx.execute(&sql.delete_any, &[&key]).await.map_err(pg_err)?;
+                        generation = None;
+                    }
+                }
+            }
+            tx.commit().await.map_err(pg_err)?;
+            return Ok(SetOutcome {
+                generation,
+                members: applied.members,
+                added: applied.added,
+                removed: applied.removed,
+            });
+        }
+        Err(StoreError::backend("set change kept racing with concurrent creates"))
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
@@ -385,6 +415,28 @@ impl Store for PostgresStore {
         if let Some(id) = dedupe_id {
             limits.check_token("dedupe id", id)?;
         }
-        in_tx!(self, |tx, sql| counter_tx(&tx, sql, key, delta, dedupe_id, limits.dedupe_retention()))
+        let sql = &self.inner.sql;
+        let mut c = self.inner.pool.get().await.map_err(pool_err)?;
+        for _ in 0..CREATE_RACES {
+            let tx = c.transaction().await.map_err(pg_err)?;
+            // The row lock comes first, so two adds with the same dedupe id serialise here and the second
+            // sees the first's dedupe record.
+            let current = lock_row(&tx, sql, key).await?;
+            if let Some(id) = dedupe_id
+                && let Some(row) = tx.query_opt(&sql.dedupe_get, &[&key, &id]).await.map_err(pg_err)?
+            {
+                return Ok(CounterOutcome { value: row.get(0), generation: gen_of(row.get(1)), applied: false });
+            }
+            let applied = apply_counter(current.as_ref().map(|c| c.value.as_slice()), delta)?;
+            let Some(g) = write_locked(&tx, sql, key, &applied.encode(), current.as_ref()).await? else { continue };
+            if let Some(id) = dedupe_id {
+                let g_i64 = i64::try_from(g.get()).unwrap_or(i64::MAX);
+                let retention = ms(limits.dedupe_retention());
+                tx.execute(&sql.dedupe_put, &[&key, &id, &applied.value, &g_i64, &retention]).await.map_err(pg_err)?;
+            }
+            tx.commit().await.map_err(pg_err)?;
+            return Ok(CounterOutcome { value: applied.value, generation: g, applied: true });
+        }
+        Err(StoreError::backend("counter add kept racing with concurrent creates"))
     }
 }
