@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem_sqlite::SqliteStore;
 use idem_store::{Decision, Limits, Precondition, RetryPolicy, Store, StoreExt, Ttl};
 
+use crate::any_store::{AnyStore, redact};
 use crate::error::Error;
 
 /// Flags of `idem bench`.
@@ -28,6 +28,13 @@ pub struct BenchArgs {
     /// Bytes per value (and per record in the fsync loop).
     #[arg(long, default_value_t = 128)]
     value_bytes: usize,
+    /// Measure this store instead of a fresh SQLite file per case: postgres://… or redis://… (each case then
+    /// uses keys of its own; `scripts/bench-backends.sh` runs the backends' own baselines beside it).
+    #[arg(long)]
+    store: Option<String>,
+    /// PostgreSQL schema / Redis key prefix for --store.
+    #[arg(long, default_value = "idem_bench")]
+    namespace: String,
 }
 
 /// Writes one record and fsyncs it, over and over: what a store that fsyncs every write could reach at best.
@@ -55,14 +62,14 @@ enum Keys {
 
 /// Successful compare-and-swap writes per second, and how many attempts lost a race.
 async fn store_case(
-    dir: &Path,
+    store: &AnyStore,
     keys: Keys,
     writers: usize,
     value_bytes: usize,
     secs: Duration,
 ) -> Result<(f64, u64), Error> {
-    let path = dir.join(format!("bench-{keys:?}-{writers}.db"));
-    let store = SqliteStore::open(&path, Limits::default()).map_err(|e| Error::Failed(e.to_string()))?;
+    // Keys of this case only, so cases sharing a database never see each other's values.
+    let case = format!("bench/{keys:?}-{writers}-{:08x}", rand::random::<u32>());
     let value = Bytes::from(vec![b'v'; value_bytes]);
     let done = Arc::new(AtomicU64::new(0));
     let conflicts = Arc::new(AtomicU64::new(0));
@@ -70,11 +77,12 @@ async fn store_case(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..writers {
-        let (store, value, done, conflicts) = (store.clone(), value.clone(), done.clone(), conflicts.clone());
+        let (store, value, done, conflicts, case) =
+            (store.clone(), value.clone(), done.clone(), conflicts.clone(), case.clone());
         tasks.push(tokio::spawn(async move {
             match keys {
                 Keys::Distinct => {
-                    let key = format!("bench/{w}");
+                    let key = format!("{case}/{w}");
                     let mut g = store.put(&key, value.clone(), Precondition::Absent, Ttl::Keep).await?.generation();
                     while Instant::now() < deadline {
                         g = store.put(&key, value.clone(), Precondition::Generation(g), Ttl::Keep).await?.generation();
@@ -85,7 +93,9 @@ async fn store_case(
                     let policy =
                         RetryPolicy::default().with_max_attempts(10_000).with_base_delay(Duration::from_micros(200));
                     while Instant::now() < deadline {
-                        let out = store.update("bench/hot", |_| Decision::<()>::Put(value.clone()), &policy).await?;
+                        let out = store
+                            .update(&format!("{case}/hot"), |_| Decision::<()>::Put(value.clone()), &policy)
+                            .await?;
                         if let idem_store::Updated::Put { attempts, .. } = out {
                             conflicts.fetch_add(u64::from(attempts - 1), Ordering::Relaxed);
                         }
@@ -100,11 +110,6 @@ async fn store_case(
         t.await.map_err(|e| Error::Failed(e.to_string()))??;
     }
     let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    store.close().await;
-    drop(store);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
     Ok((rate, conflicts.load(Ordering::Relaxed)))
 }
 
@@ -113,29 +118,53 @@ async fn store_case(
 /// # Errors
 /// [`Error::Io`] for the benchmark directory; store errors.
 pub async fn run(args: BenchArgs) -> Result<(), Error> {
-    std::fs::create_dir_all(&args.dir)?;
     let secs = Duration::from_secs_f64(args.seconds);
-    let ceiling = fsync_ceiling(&args.dir, args.value_bytes, secs)?;
-    println!(
-        "durable conditional updates/s through idem-sqlite ({} B values, {:.1} s per case, dir {})",
-        args.value_bytes,
-        args.seconds,
-        args.dir.display()
-    );
-    println!();
-    println!("| case | writers | updates/s | x fsync ceiling | lost races |");
+    println!("| case | writers | updates/s | x baseline | lost races |");
     println!("|---|---:|---:|---:|---:|");
-    println!("| write+fsync loop (ceiling) | 1 | {ceiling:.0} | 1.00 | - |");
+    let ceiling = match &args.store {
+        None => {
+            std::fs::create_dir_all(&args.dir)?;
+            let c = fsync_ceiling(&args.dir, args.value_bytes, secs)?;
+            println!("| write+fsync loop (baseline) | 1 | {c:.0} | 1.00 | - |");
+            Some(c)
+        }
+        Some(_) => None,
+    };
     for keys in [Keys::Distinct, Keys::Hot] {
         for &w in &args.writers {
-            let (rate, conflicts) = store_case(&args.dir, keys, w, args.value_bytes, secs).await?;
+            // The embedded store gets a fresh file per case; a shared database, fresh keys per case.
+            let (store, file) = match &args.store {
+                None => {
+                    let path = args.dir.join(format!("bench-{keys:?}-{w}.db"));
+                    let url = format!("sqlite:{}", path.display());
+                    (AnyStore::open(&url, &args.namespace, Limits::default()).await?, Some(path))
+                }
+                Some(url) => (AnyStore::open(url, &args.namespace, Limits::default()).await?, None),
+            };
+            let (rate, conflicts) = store_case(&store, keys, w, args.value_bytes, secs).await?;
+            store.close().await;
+            drop(store);
+            if let Some(path) = file {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+            }
             let name = match keys {
                 Keys::Distinct => "CAS put, distinct keys",
                 Keys::Hot => "update(), one hot key",
             };
-            println!("| {name} | {w} | {rate:.0} | {:.2} | {conflicts} |", rate / ceiling);
+            let ratio = ceiling.map_or_else(|| "-".to_owned(), |c| format!("{:.2}", rate / c));
+            println!("| {name} | {w} | {rate:.0} | {ratio} | {conflicts} |");
         }
     }
-    let _ = std::fs::remove_dir(&args.dir);
+    let store = args.store.as_deref().map_or_else(|| format!("sqlite in {}", args.dir.display()), redact);
+    println!();
+    println!(
+        "durable conditional updates/s through {store} ({} B values, {:.1} s per case)",
+        args.value_bytes, args.seconds
+    );
+    if args.store.is_none() {
+        let _ = std::fs::remove_dir(&args.dir);
+    }
     Ok(())
 }
