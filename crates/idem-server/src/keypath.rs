@@ -29,10 +29,11 @@ pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
     Ok(decoded.into_owned())
 }
 
-/// Encodes a key for a path: everything but RFC 3986 unreserved characters is escaped, `/` included.
-pub(crate) fn encode_key(key: &str) -> String {
-    const SET: &percent_encoding::AsciiSet =
-        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+/// Percent-encodes a key for the KV API's path (`/v1/kv/{encoded}`): everything but letters, digits, `-`, `_`
+/// and `~` is escaped, `/` included. `.` is escaped too, although RFC 3986 §2.3 lets it stand: a key `.` or
+/// `..` would otherwise be a dot-segment that clients remove (RFC 3986 §5.2.4) before sending.
+pub fn encode_key(key: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
     percent_encoding::utf8_percent_encode(key, SET).to_string()
 }
 
@@ -42,8 +43,10 @@ mod tests {
 
     #[test]
     fn round_trips_any_utf8_key() {
-        for key in ["a", "a/b/c", "ключ 🔑", "100%", "?#[]", " spaced ", "a%2Fb"] {
-            assert_eq!(decode_key(&encode_key(key)).unwrap(), key);
+        for key in ["a", "a/b/c", "ключ 🔑", "100%", "?#[]", " spaced ", "a%2Fb", ".", "..", "../x"] {
+            let enc = encode_key(key);
+            assert!(!enc.split('/').any(|seg| seg == "." || seg == ".."), "{enc} has a dot-segment");
+            assert_eq!(decode_key(&enc).unwrap(), key);
         }
     }
 

@@ -26,9 +26,9 @@ const MAX_OP_BODY: usize = 1024 * 1024;
 type Shared<S> = State<Arc<S>>;
 
 pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
-    let not_allowed = || async { method_not_allowed() };
+    let not_allowed = || async { method_not_allowed("GET, PUT, DELETE, POST") };
     Router::new()
-        .route("/v1/kv", get(list::<S>).fallback(not_allowed))
+        .route("/v1/kv", get(list::<S>).fallback(|| async { method_not_allowed("GET") }))
         .route(
             "/v1/kv/",
             any(|| async {
@@ -42,9 +42,10 @@ pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
         .with_state(store)
 }
 
-fn method_not_allowed() -> Response {
+/// 405 with the `Allow` header RFC 9110 §15.5.6 requires.
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
     let mut r = Problem::method_not_allowed().into_response();
-    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, PUT, DELETE, POST"));
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     r
 }
 
@@ -218,6 +219,23 @@ async fn post_op<S: Store>(
     };
     if op != "set" && op != "counter" {
         return Err(Problem::not_found_route());
+    }
+    // Set and counter operations are atomic in the store and take no precondition or TTL; refusing them beats
+    // silently ignoring a compare-and-swap the caller thinks it made.
+    if headers.contains_key(header::IF_MATCH) || headers.contains_key(header::IF_NONE_MATCH) {
+        return Err(Problem::bad_request(
+            "invalid-precondition",
+            "Invalid precondition header",
+            "set and counter operations are atomic and take no If-Match/If-None-Match; use PUT for compare-and-swap",
+        ));
+    }
+    if let Some(q) = uri.query() {
+        let shown: String = q.chars().take(64).collect();
+        return Err(Problem::bad_request(
+            "invalid-query",
+            "Invalid query",
+            format!("set and counter operations take no query parameters, got {shown:?}"),
+        ));
     }
     let key = decode_key(raw)?;
     store.limits().check_key(&key)?;

@@ -29,6 +29,7 @@ use axum::Router;
 use axum::routing::get;
 use idem_store::Store;
 
+pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
 
@@ -57,8 +58,11 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
     let kv = kv::routes(Arc::new(store)).layer(axum::middleware::from_fn_with_state(config, auth::require_token));
     Router::new()
         .merge(kv)
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", get(|| async { "ok\n" }).fallback(|| async { kv::method_not_allowed("GET") }))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(handle.render())).fallback(|| async { kv::method_not_allowed("GET") }),
+        )
         .fallback(|| async { Problem::not_found_route() })
         .layer(axum::middleware::from_fn(metrics::track))
 }

@@ -118,7 +118,7 @@ async fn put_get_delete_with_preconditions() {
 #[tokio::test]
 async fn any_utf8_key_round_trips() {
     let (_, app) = setup();
-    let keys = ["a/b/c", "ключ 🔑", "100%", "?#&=+", " spaced ", "%2F literally", &"k".repeat(1024)];
+    let keys = ["a/b/c", "ключ 🔑", "100%", "?#&=+", " spaced ", "%2F literally", ".", "..", &"k".repeat(1024)];
     for (i, key) in keys.iter().enumerate() {
         let enc: String = url_encode(key);
         let r = call(&app, Method::PUT, &format!("/v1/kv/{enc}"), &[], format!("{i}")).await;
@@ -272,6 +272,24 @@ async fn bad_requests_get_precise_problems_and_change_nothing() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid-argument",
         ),
+        (
+            Method::POST,
+            "/v1/kv/s/set",
+            vec![("if-match", "\"1\"")],
+            r#"{"add":["x"]}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-precondition",
+        ),
+        (
+            Method::POST,
+            "/v1/kv/n/counter?ttl=30s",
+            vec![],
+            r#"{"delta":1}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "invalid-query",
+        ),
+        (Method::PUT, "/v1/kv", vec![], "v".into(), StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+        (Method::POST, "/healthz", vec![], String::new(), StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
     ];
     for (method, uri, headers, body, status, kind) in cases {
         let r = call(&app, method.clone(), uri, &headers, body).await;

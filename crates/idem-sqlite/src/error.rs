@@ -32,6 +32,23 @@ pub enum Error {
         /// The newest schema version this build knows.
         known: i64,
     },
+    /// Another process has the database open: two writers on one file would hand out the same generations.
+    #[error("database {path} is in use by another process (lock file {lock} is held)")]
+    InUse {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file next to it.
+        lock: PathBuf,
+    },
+    /// The lock file next to the database could not be created or locked.
+    #[error("cannot lock {lock}")]
+    Lock {
+        /// The lock file.
+        lock: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The writer thread could not be started.
     #[error("cannot start the writer thread")]
     Thread(#[source] std::io::Error),

@@ -50,8 +50,15 @@ pub(crate) fn open_writer(path: &Path) -> Result<(Connection, u64), Error> {
     if version > SCHEMA_VERSION {
         return Err(Error::SchemaTooNew { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
     }
-    let generation: i64 =
-        conn.query_row("SELECT value FROM meta WHERE name = 'generation'", [], |r| r.get(0)).map_err(open_err(path))?;
+    // Never start below a generation already on disk, whatever `meta` says.
+    let generation: i64 = conn
+        .query_row(
+            "SELECT max((SELECT value FROM meta WHERE name = 'generation'), \
+             coalesce((SELECT max(generation) FROM kv), 0), coalesce((SELECT max(generation) FROM counter_dedupe), 0))",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(open_err(path))?;
     Ok((conn, u64::try_from(generation).unwrap_or(0)))
 }
 

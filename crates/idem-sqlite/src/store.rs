@@ -33,11 +33,33 @@ struct Inner {
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held (OS advisory lock on `<db>.lock`) for as long as the store is open; the OS releases it when the
+    /// process dies, so a crash never leaves the file locked.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore").field("path", &self.inner.path).finish_non_exhaustive()
+    }
+}
+
+/// Takes the exclusive lock on `<path>.lock`. The writer keeps the next generation in memory, so a second
+/// process writing the same file would hand out generations already used: refuse it instead.
+fn lock_exclusively(path: &Path) -> Result<std::fs::File, Error> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .map_err(|source| Error::Lock { lock: lock.clone(), source })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::InUse { path: path.to_owned(), lock }),
+        Err(std::fs::TryLockError::Error(source)) => Err(Error::Lock { lock, source }),
     }
 }
 
@@ -68,6 +90,7 @@ impl SqliteStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir { path: dir.to_owned(), source })?;
         }
+        let lock = lock_exclusively(&path)?;
         let (conn, last_generation) = open_writer(&path)?;
         let readers = (0..READERS).map(|_| open_reader(&path).map(Mutex::new)).collect::<Result<Vec<_>, _>>()?;
         let (sender, rx) = mpsc::channel();
@@ -84,6 +107,7 @@ impl SqliteStore {
                 readers,
                 next_reader: AtomicUsize::new(0),
                 writer: Mutex::new(Some(handle)),
+                _lock: lock,
             }),
         })
     }

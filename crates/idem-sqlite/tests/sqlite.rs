@@ -69,3 +69,16 @@ async fn refuses_a_file_that_is_not_a_database() {
     let err = SqliteStore::open(&path, Limits::default()).unwrap_err();
     assert!(err.to_string().contains("junk.db"), "{err}");
 }
+
+#[tokio::test]
+async fn a_second_open_of_the_same_file_is_refused_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one.db");
+    let first = SqliteStore::open(&path, Limits::default()).unwrap();
+    let err = SqliteStore::open(&path, Limits::default()).unwrap_err();
+    assert!(matches!(err, idem_sqlite::Error::InUse { .. }), "{err}");
+    first.close().await;
+    drop(first);
+    let again = SqliteStore::open(&path, Limits::default()).unwrap();
+    again.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap();
+}

@@ -15,10 +15,10 @@ use crate::error::Error;
 #[derive(Debug, clap::Args)]
 pub struct KvArgs {
     /// Base URL of the server.
-    #[arg(long, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, global = true, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
     /// File holding the bearer token to present.
-    #[arg(long, env = "IDEM_AUTH_TOKEN_FILE")]
+    #[arg(long, global = true, env = "IDEM_AUTH_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     #[command(subcommand)]
     command: KvCommand,
@@ -69,12 +69,7 @@ enum KvCommand {
     },
 }
 
-/// Percent-encodes a key for the path, `/` included.
-pub fn encode_key(key: &str) -> String {
-    const SET: &percent_encoding::AsciiSet =
-        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
-    percent_encoding::utf8_percent_encode(key, SET).to_string()
-}
+use idem_server::encode_key;
 
 struct Client {
     http: reqwest::Client,
@@ -82,8 +77,21 @@ struct Client {
     token: Option<String>,
 }
 
+/// The whole cause chain, and a hint when nothing listens at the URL.
 fn failed(e: reqwest::Error) -> Error {
-    Error::Failed(format!("request failed: {e}"))
+    let mut msg = format!("request failed: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(&format!(": {text}"));
+        }
+        source = s.source();
+    }
+    if e.is_connect() {
+        msg.push_str(" (is `idem serve` running there? set --url or IDEM_URL)");
+    }
+    Error::Failed(msg)
 }
 
 impl Client {
@@ -127,6 +135,19 @@ fn generation_of(resp: &reqwest::Response) -> Option<u64> {
 /// [`Error::NotFound`] on 404, [`Error::PreconditionFailed`] on 412 (or when `update` exhausts its attempts),
 /// [`Error::Failed`] for other answers and connection errors.
 pub async fn run(args: KvArgs) -> Result<(), Error> {
+    if let KvCommand::Get { key }
+    | KvCommand::Put { key, .. }
+    | KvCommand::Delete { key, .. }
+    | KvCommand::Update { key, .. } = &args.command
+        && (key == "." || key == "..")
+    {
+        // WHATWG URL parsing (which this client, like browsers, uses) treats "%2E" and "%2E%2E" as dot-segments
+        // and removes them, so these two keys cannot be sent in a path from here.
+        return Err(Error::Config(format!(
+            "key {key:?} cannot travel in a URL path through this client (dot-segments are removed); \
+             use curl --path-as-is with /v1/kv/%2E or choose another key"
+        )));
+    }
     let token = match &args.token_file {
         Some(p) => Some(
             std::fs::read_to_string(p)

@@ -55,7 +55,11 @@ fn main() {
         let mut msg = format!("idem: {e}");
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
-            msg.push_str(&format!(": {s}"));
+            // Libraries often repeat their source's text in their own message; say each thing once.
+            let text = s.to_string();
+            if !msg.contains(&text) {
+                msg.push_str(&format!(": {text}"));
+            }
             source = s.source();
         }
         eprintln!("{msg}");

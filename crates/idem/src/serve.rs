@@ -29,8 +29,9 @@ pub struct ServeArgs {
     /// File holding the bearer token every KV request must present.
     #[arg(long, env = "IDEM_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
-    /// Allow listening on a non-loopback address without a token.
-    #[arg(long, env = "IDEM_INSECURE")]
+    /// Allow listening on a non-loopback address without a token (env: 1/0, true/false, yes/no, on/off).
+    #[arg(long, env = "IDEM_INSECURE", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     insecure: bool,
     /// Optional TOML file with the same settings (listen, store, namespace, max_value_bytes, auth_token_file,
     /// insecure).
@@ -146,10 +147,11 @@ async fn shutdown_signal() {
 /// # Errors
 /// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
 pub async fn run(config: ServeConfig) -> Result<(), Error> {
-    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
+    // Bind first: a busy port must not leave a freshly created database file or schema behind.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| Error::Bind { addr: config.listen.to_string(), source })?;
+    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
     let local = listener.local_addr()?;
     let mut server_config = ServerConfig::new();
     if let Some(t) = &config.auth_token {

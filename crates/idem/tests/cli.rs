@@ -14,6 +14,10 @@ fn refuses_non_loopback_without_token_unless_insecure() {
     assert!(err.contains("--insecure") && err.contains("0.0.0.0"), "{err}");
     let s = Server::start(&["--listen", "0.0.0.0:0", "--store", "memory:", "--insecure"], &[]);
     assert!(s.url.contains("0.0.0.0"));
+    let s = Server::start(&["--listen", "0.0.0.0:0", "--store", "memory:"], &[("IDEM_INSECURE", "1")]);
+    assert!(s.url.contains("0.0.0.0"));
+    let (code, _, _) = idem(&["serve", "--listen", "0.0.0.0:0", "--store", "memory:"], &[("IDEM_INSECURE", "0")]);
+    assert_eq!(code, 2, "IDEM_INSECURE=0 must not allow it");
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "t0k3n\n").unwrap();
@@ -26,6 +30,9 @@ fn refuses_non_loopback_without_token_unless_insecure() {
 
 #[test]
 fn bad_store_urls_and_flags_exit_2_with_one_line() {
+    // A port already taken, to prove a refused start creates no database.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
     for (args, needle) in [
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:5432/db?sslmode=nonsense"], "alice:***@"),
@@ -37,6 +44,7 @@ fn bad_store_urls_and_flags_exit_2_with_one_line() {
         (vec!["--max-value-bytes", "0"], "at least 1"),
         (vec!["--auth-token-file", "/nonexistent/token"], "cannot read --auth-token-file"),
         (vec!["--store", "sqlite:/proc/forbidden/idem.db"], "cannot"),
+        (vec!["--listen", busy.as_str(), "--store", "sqlite:/tmp/idem-never-created/x.db"], "cannot listen"),
     ] {
         let mut all = vec!["serve"];
         if !args.contains(&"--listen") {
@@ -48,6 +56,7 @@ fn bad_store_urls_and_flags_exit_2_with_one_line() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("hunter2"), "password leaked: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(!std::path::Path::new("/tmp/idem-never-created").exists(), "a refused start created its database");
     }
 }
 
@@ -113,6 +122,15 @@ async fn kv_client_commands_and_exit_codes() {
     let env = [("IDEM_URL", server.url.as_str())];
     let run = |args: &[&str]| idem(&[&["kv"], args].concat(), &env);
     assert_eq!(run(&["put", "a/b", "hello"]), (0, "1\n".into(), String::new()));
+    // --url may follow the subcommand; keys that look like path navigation get a clear usage error.
+    assert_eq!(idem(&["kv", "put", ".x", "dots", "--url", &server.url], &[]).0, 0);
+    assert_eq!(idem(&["kv", "get", ".x", "--url", &server.url], &[]).1, "dots");
+    for key in [".", ".."] {
+        let (code, _, err) = idem(&["kv", "put", key, "v", "--url", &server.url], &[]);
+        assert_eq!(code, 2, "put {key}: {err}");
+        assert!(err.contains("dot-segments"), "{err}");
+    }
+    assert_eq!(idem(&["kv", "delete", ".x", "--url", &server.url], &[]).0, 0);
     let (code, out, err) = run(&["get", "a/b"]);
     assert_eq!((code, out.as_str()), (0, "hello"));
     assert!(err.contains("generation: 1"));
@@ -134,6 +152,6 @@ async fn kv_client_commands_and_exit_codes() {
     assert_eq!(run(&["get", "a/b"]).0, 3);
     let (code, _, err) = idem(&["kv", "--url", "http://127.0.0.1:1", "get", "k"], &[]);
     assert_eq!(code, 1);
-    assert!(err.contains("request failed"), "{err}");
+    assert!(err.contains("request failed") && err.contains("is `idem serve` running"), "{err}");
     let _ = BIN;
 }
