@@ -42,15 +42,16 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Err
     let err = |source| Error::Migrate { schema: schema.to_owned(), source };
     let tx = client.transaction().await.map_err(err)?;
     tx.execute("SELECT pg_advisory_xact_lock(1768189293, hashtext($1))", &[&schema]).await.map_err(err)?;
+    let q = format!("\"{schema}\"");
     tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+        "CREATE SCHEMA IF NOT EXISTS {q};
+         CREATE TABLE IF NOT EXISTS {q}.schema_migrations (
              version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
     ))
     .await
     .map_err(err)?;
     let applied: Vec<i32> = tx
-        .query(&format!("SELECT version FROM {schema}.schema_migrations"), &[])
+        .query(&format!("SELECT version FROM {q}.schema_migrations"), &[])
         .await
         .map_err(err)?
         .iter()
@@ -66,8 +67,8 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Err
         if applied.contains(version) {
             continue;
         }
-        tx.batch_execute(&sql.replace("{schema}", schema)).await.map_err(err)?;
-        tx.execute(&format!("INSERT INTO {schema}.schema_migrations (version) VALUES ($1)"), &[version])
+        tx.batch_execute(&sql.replace("{schema}", &q)).await.map_err(err)?;
+        tx.execute(&format!("INSERT INTO {q}.schema_migrations (version) VALUES ($1)"), &[version])
             .await
             .map_err(err)?;
         tracing::info!(schema, version, "applied migration");

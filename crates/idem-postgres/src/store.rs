@@ -63,11 +63,14 @@ struct Sql {
     list: String,
     dedupe_get: String,
     dedupe_put: String,
-    sweep: String,
+    sweep_kv: String,
+    sweep_dedupe: String,
 }
 
 impl Sql {
-    fn new(s: &str) -> Self {
+    fn new(schema: &str) -> Self {
+        // Quoted, so a schema named like a keyword ("order", "user") works; validate() allows no quote inside.
+        let s = &format!("\"{schema}\"");
         const LIVE: &str = "(k.expires_at IS NULL OR k.expires_at > now())";
         // $4: 0 keep, 1 clear, 2 after $5 milliseconds. On an update the row is live, so "keep" is its own expiry.
         const UPD_EXPIRY: &str = "CASE $4::int WHEN 0 THEN k.expires_at WHEN 1 THEN NULL ELSE now() + $5::float8 * interval '1 millisecond' END";
@@ -113,10 +116,12 @@ impl Sql {
                  VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 millisecond') ON CONFLICT (key, dedupe_id) \
                  DO UPDATE SET value = excluded.value, generation = excluded.generation, expires_at = excluded.expires_at"
             ),
-            sweep: format!(
-                "DELETE FROM {s}.kv WHERE ctid IN (SELECT ctid FROM {s}.kv WHERE expires_at <= now() LIMIT 1000); \
-                 DELETE FROM {s}.counter_dedupe WHERE ctid IN \
-                 (SELECT ctid FROM {s}.counter_dedupe WHERE expires_at <= now() LIMIT 1000);"
+            sweep_kv: format!(
+                "DELETE FROM {s}.kv WHERE ctid IN (SELECT ctid FROM {s}.kv WHERE expires_at <= now() LIMIT 1000)"
+            ),
+            sweep_dedupe: format!(
+                "DELETE FROM {s}.counter_dedupe WHERE ctid IN \
+                 (SELECT ctid FROM {s}.counter_dedupe WHERE expires_at <= now() LIMIT 1000)"
             ),
         }
     }
@@ -176,16 +181,27 @@ impl PostgresStore {
         drop(client);
         let sql = Sql::new(schema);
         let sweeper = {
-            let (pool, sweep) = (pool.clone(), sql.sweep.clone());
+            let (pool, sweeps) = (pool.clone(), [sql.sweep_kv.clone(), sql.sweep_dedupe.clone()]);
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(SWEEP_EVERY).await;
-                    let result = match pool.get().await {
-                        Ok(c) => c.batch_execute(&sweep).await.map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    if let Err(e) = result {
-                        tracing::warn!(error = %e, "sweeping expired rows failed; will retry");
+                    // Batches of 1000 until a batch comes back short (at most 100 per tick), so reclaiming
+                    // keeps pace with expiring writes.
+                    for _ in 0..100 {
+                        let mut full = false;
+                        for sql in &sweeps {
+                            let deleted = match pool.get().await {
+                                Ok(c) => c.execute(sql.as_str(), &[]).await.map_err(|e| e.to_string()),
+                                Err(e) => Err(e.to_string()),
+                            };
+                            match deleted {
+                                Ok(n) => full |= n >= 1000,
+                                Err(e) => tracing::warn!(error = %e, "sweeping expired rows failed; will retry"),
+                            }
+                        }
+                        if !full {
+                            break;
+                        }
                     }
                 }
             })

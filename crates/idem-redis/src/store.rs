@@ -151,17 +151,26 @@ impl RedisStore {
                 let mut start = "-".to_owned();
                 loop {
                     tokio::time::sleep(SWEEP_EVERY).await;
-                    let r: Result<String, _> = script
-                        .key(format!("{prefix}index"))
-                        .arg(format!("{prefix}k:"))
-                        .arg(&start)
-                        .arg(1000)
-                        .invoke_async(&mut conn)
-                        .await;
-                    match r {
-                        Ok(next) if next.is_empty() => start = "-".to_owned(),
-                        Ok(next) => start = next,
-                        Err(e) => tracing::warn!(error = %e, "sweeping the key index failed; will retry"),
+                    // Walk up to 100 batches per tick, so dropping dead index entries keeps pace with expiry.
+                    for _ in 0..100 {
+                        let r: Result<String, _> = script
+                            .key(format!("{prefix}index"))
+                            .arg(format!("{prefix}k:"))
+                            .arg(&start)
+                            .arg(1000)
+                            .invoke_async(&mut conn)
+                            .await;
+                        match r {
+                            Ok(next) if next.is_empty() => {
+                                start = "-".to_owned();
+                                break;
+                            }
+                            Ok(next) => start = next,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "sweeping the key index failed; will retry");
+                                break;
+                            }
+                        }
                     }
                 }
             })

@@ -283,6 +283,9 @@ struct ListPage {
 
 async fn list<S: Store>(State(store): Shared<S>, RawQuery(query): RawQuery) -> Result<Response, Problem> {
     let q: ListQuery = parse_query(query)?;
+    if q.prefix.contains('\0') || q.cursor.as_deref().is_some_and(|c| c.contains('\0')) {
+        return Err(Problem::bad_request("invalid-query", "Invalid query", "prefix and cursor cannot contain NUL"));
+    }
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(Problem::bad_request(

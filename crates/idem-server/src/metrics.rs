@@ -41,7 +41,18 @@ pub fn install_recorder() -> PrometheusHandle {
 pub(crate) async fn track(req: Request, next: Next) -> Response {
     let route =
         req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
-    let method = req.method().as_str().to_owned();
+    // Label values must stay few: a client can send any token as a method, and each new one would be a new
+    // time series held in memory forever.
+    let method = match *req.method() {
+        http::Method::GET => "GET",
+        http::Method::PUT => "PUT",
+        http::Method::POST => "POST",
+        http::Method::DELETE => "DELETE",
+        http::Method::HEAD => "HEAD",
+        http::Method::PATCH => "PATCH",
+        http::Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    };
     let started = Instant::now();
     let resp = next.run(req).await;
     let status = resp.status().as_u16().to_string();

@@ -14,6 +14,8 @@ const MAX_BATCH: usize = 1024;
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Rows deleted per sweep transaction, so a sweep never stalls writers for long.
 const SWEEP_ROWS: i64 = 1000;
+/// Sweep transactions per tick at most.
+const SWEEP_BATCHES: usize = 20;
 
 /// What a write sees while it runs inside the batch transaction.
 pub(crate) struct Ctx<'a> {
@@ -73,8 +75,17 @@ pub(crate) fn run(mut conn: Connection, mut last_generation: u64, rx: Receiver<M
         }
         if last_sweep.elapsed() >= SWEEP_EVERY {
             last_sweep = Instant::now();
-            if let Err(e) = sweep(&mut conn) {
-                tracing::warn!(error = %e, "sweeping expired values failed; will retry");
+            // Several batches while a backlog lasts, so reclaiming keeps pace with expiring writes (up to
+            // SWEEP_BATCHES x SWEEP_ROWS a second) without holding writers back for long at a time.
+            for _ in 0..SWEEP_BATCHES {
+                match sweep(&mut conn) {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sweeping expired values failed; will retry");
+                        break;
+                    }
+                }
             }
         }
         if let Some(reply) = close {
@@ -124,7 +135,8 @@ fn commit_batch(conn: &mut Connection, last_generation: &mut u64, batch: Vec<App
     }
 }
 
-fn sweep(conn: &mut Connection) -> Result<(), rusqlite::Error> {
+/// One sweep transaction; true when it deleted a full batch, so more may be waiting.
+fn sweep(conn: &mut Connection) -> Result<bool, rusqlite::Error> {
     let now = i64::try_from(system_time_to_millis(SystemTime::now())).unwrap_or(i64::MAX);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let values = tx
@@ -141,5 +153,6 @@ fn sweep(conn: &mut Connection) -> Result<(), rusqlite::Error> {
         metrics::counter!("idem_sqlite_swept_total").increment((values + ids) as u64);
         tracing::debug!(values, dedupe_ids = ids, "swept expired rows");
     }
-    Ok(())
+    let full = usize::try_from(SWEEP_ROWS).unwrap_or(usize::MAX);
+    Ok(values >= full || ids >= full)
 }

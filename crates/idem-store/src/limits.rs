@@ -103,12 +103,13 @@ impl Limits {
         self.check_ttl(ttl)
     }
 
-    /// Checks a dedupe id or set member: 1..=255 bytes.
+    /// Checks a dedupe id or set member: 1..=255 bytes, no NUL.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming `what`.
     pub fn check_token(&self, what: &'static str, token: &str) -> Result<(), Error> {
-        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+        // NUL is refused for the same reason as in keys: PostgreSQL text cannot hold it.
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES || token.contains('\0') {
             return Err(Error::InvalidArgument { what });
         }
         Ok(())

@@ -24,15 +24,32 @@ pub enum AnyStore {
     Redis(RedisStore),
 }
 
-/// Hides a password in a URL (`scheme://user:secret@host` → `scheme://user:***@host`) for messages.
+/// Hides passwords in a URL for messages: the userinfo's (`scheme://user:secret@host` → `user:***@host`, the
+/// last `@` ending it, as passwords may contain `@`) and any `password=` query parameter.
 pub fn redact(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some((userinfo, host)) = rest.split_once('@')
-        && let Some((user, _)) = userinfo.split_once(':')
-    {
-        return format!("{scheme}://{user}:***@{host}");
+    let mut out = url.to_owned();
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        if let Some((userinfo, host)) = authority.rsplit_once('@')
+            && let Some((user, _)) = userinfo.split_once(':')
+        {
+            out = format!("{scheme}://{user}:***@{host}{tail}");
+        }
     }
-    url.to_owned()
+    if let Some((base, query)) = out.clone().split_once('?') {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out = format!("{base}?{}", params.join("&"));
+    }
+    out
 }
 
 impl AnyStore {
@@ -120,5 +137,22 @@ impl Store for AnyStore {
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
         each!(self, s => s.counter_add(key, delta, dedupe_id).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn hides_every_password() {
+        assert_eq!(redact("postgres://u:p@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("postgres://u@h/db?sslmode=disable&password=x"),
+            "postgres://u@h/db?sslmode=disable&password=***"
+        );
+        assert_eq!(redact("redis://:pw@127.0.0.1:6379"), "redis://:***@127.0.0.1:6379");
+        assert_eq!(redact("sqlite:./idem-data/idem.db"), "sqlite:./idem-data/idem.db");
     }
 }

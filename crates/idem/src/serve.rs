@@ -120,6 +120,9 @@ impl ServeArgs {
     }
 }
 
+/// How long in-flight requests may run on after SIGINT/SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
@@ -161,7 +164,23 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     // Tests and scripts read the bound address from this line (useful with --listen 127.0.0.1:0).
     println!("idem listening on http://{local} (store {})", redact(&config.store_url));
     tracing::info!(%local, store = %redact(&config.store_url), "listening");
-    let served = idem_server::serve(router, listener, shutdown_signal()).await;
+    // After the signal, in-flight requests get a bounded grace period: a client that stalls mid-request must
+    // not keep the process from exiting.
+    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
+    let serving = idem_server::serve(router, listener, async move {
+        shutdown_signal().await;
+        let _ = signalled.send(true);
+    });
+    let served = tokio::select! {
+        r = serving => r,
+        () = async {
+            let _ = on_signal.wait_for(|s| *s).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "requests still in flight after the grace period; closing them");
+            Ok(())
+        }
+    };
     store.close().await;
     tracing::info!("store flushed; bye");
     served.map_err(Error::Io)
