@@ -448,13 +448,20 @@ async fn metrics_count_requests_and_precondition_failures() {
     let app = app(store, ServerConfig::default());
     call(&app, Method::PUT, "/v1/kv/m", &[("if-none-match", "*")], "v").await;
     call(&app, Method::PUT, "/v1/kv/m", &[("if-none-match", "*")], "v").await;
+    // Arbitrary method tokens must not become label values (one time series each, forever).
+    for i in 0..5 {
+        let m = Method::from_bytes(format!("FROB{i}").as_bytes()).unwrap();
+        call(&app, m, "/nope", &[], Body::empty()).await;
+    }
     let text = String::from_utf8(call(&app, Method::GET, "/metrics", &[], Body::empty()).await.body.to_vec()).unwrap();
     for needle in [
         "idem_http_requests_total{route=\"/v1/kv/{*key}\",method=\"PUT\",status=\"412\"}",
         "idem_precondition_failures_total{op=\"put\"}",
         "idem_store_op_seconds_bucket{op=\"put\"",
         "idem_sqlite_batch_size_bucket",
+        "method=\"other\"",
     ] {
         assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
     }
+    assert!(!text.contains("FROB"), "a client-chosen method became a label value");
 }
