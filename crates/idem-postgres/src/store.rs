@@ -368,7 +368,7 @@ impl Store for PostgresStore {
             None => (prefix, ""),
         };
         let rows = client.query(&stmt, &[&from, &skip, &fetch]).await.map_err(pg_err)?;
-        let mut items: Vec<ListItem> = rows
+        let items: Vec<ListItem> = rows
             .iter()
             .map(|r| ListItem {
                 key: r.get(0),
@@ -377,21 +377,12 @@ impl Store for PostgresStore {
             })
             .take_while(|i| i.key.starts_with(prefix))
             .collect();
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(|i| i.key.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next_cursor })
+        Ok(Page::from_fetched(items, limit))
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        for m in change.add.iter().chain(&change.remove) {
-            limits.check_token("set member", m)?;
-        }
+        limits.check_set_change(key, &change)?;
         let sql = &self.inner.sql;
         let mut c = self.inner.pool.get().await.map_err(pool_err)?;
         for _ in 0..CREATE_RACES {
@@ -427,10 +418,7 @@ impl Store for PostgresStore {
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        if let Some(id) = dedupe_id {
-            limits.check_token("dedupe id", id)?;
-        }
+        limits.check_counter(key, dedupe_id)?;
         let sql = &self.inner.sql;
         let mut c = self.inner.pool.get().await.map_err(pool_err)?;
         for _ in 0..CREATE_RACES {

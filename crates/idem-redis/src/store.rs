@@ -300,21 +300,12 @@ impl Store for RedisStore {
             let generation = generation(int(&g)?).ok_or_else(|| unexpected("negative generation"))?;
             items.push(ListItem { key, generation, expires_at_ms: expiry_ms(int(&e)?) });
         }
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(|i| i.key.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next_cursor })
+        Ok(Page::from_fetched(items, limit))
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        for m in change.add.iter().chain(&change.remove) {
-            limits.check_token("set member", m)?;
-        }
+        limits.check_set_change(key, &change)?;
         let mut inv = self.inner.scripts.set.key(self.value_key(key));
         inv.key(self.generation_key())
             .key(self.index_key())
@@ -342,10 +333,7 @@ impl Store for RedisStore {
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        if let Some(id) = dedupe_id {
-            limits.check_token("dedupe id", id)?;
-        }
+        limits.check_counter(key, dedupe_id)?;
         let retention_ms = u64::try_from(limits.dedupe_retention().as_millis()).unwrap_or(u64::MAX);
         let r: Value = self
             .inner

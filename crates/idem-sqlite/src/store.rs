@@ -304,7 +304,7 @@ impl Store for SqliteStore {
         // Keys sort bytewise (SQLite's BINARY collation), so the keys with the prefix are one contiguous run
         // starting at the prefix itself: scan from max(prefix, after cursor) and stop at the first key without it.
         let after = cursor.filter(|c| *c >= prefix.as_str()).map(str::to_owned);
-        let mut items = self
+        let items = self
             .read(move |c| {
                 let now = to_i64(now_ms());
                 // One lower bound per statement, so SQLite seeks the key index straight to it (an `OR` of two
@@ -340,21 +340,12 @@ impl Store for SqliteStore {
                 Ok(out)
             })
             .await?;
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(|i| i.key.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next_cursor })
+        Ok(Page::from_fetched(items, limit))
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        for m in change.add.iter().chain(&change.remove) {
-            limits.check_token("set member", m)?;
-        }
+        limits.check_set_change(key, &change)?;
         let key = key.to_owned();
         self.write(move |ctx| {
             let current = live_row(ctx, &key)?;
@@ -386,10 +377,7 @@ impl Store for SqliteStore {
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
         let limits = self.inner.limits;
-        limits.check_key(key)?;
-        if let Some(id) = dedupe_id {
-            limits.check_token("dedupe id", id)?;
-        }
+        limits.check_counter(key, dedupe_id)?;
         let key = key.to_owned();
         let dedupe_id = dedupe_id.map(str::to_owned);
         self.write(move |ctx| {

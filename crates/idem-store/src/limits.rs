@@ -103,6 +103,24 @@ impl Limits {
         self.check_ttl(ttl)
     }
 
+    /// Checks a set change: its key and every member.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`]; [`Error::InvalidArgument`] for a member outside 1..=255 bytes or with NUL.
+    pub fn check_set_change(&self, key: &str, change: &crate::SetChange) -> Result<(), Error> {
+        self.check_key(key)?;
+        change.add.iter().chain(&change.remove).try_for_each(|m| self.check_token("set member", m))
+    }
+
+    /// Checks a counter add: its key and dedupe id.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`]; [`Error::InvalidArgument`] for a dedupe id outside 1..=255 bytes or with NUL.
+    pub fn check_counter(&self, key: &str, dedupe_id: Option<&str>) -> Result<(), Error> {
+        self.check_key(key)?;
+        dedupe_id.map_or(Ok(()), |id| self.check_token("dedupe id", id))
+    }
+
     /// Checks a dedupe id or set member: 1..=255 bytes, no NUL.
     ///
     /// # Errors

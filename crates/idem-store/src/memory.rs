@@ -117,7 +117,7 @@ impl Store for MemoryStore {
             Some(c) if c >= prefix => std::ops::Bound::Excluded(c.to_owned()),
             _ => std::ops::Bound::Included(prefix.to_owned()),
         };
-        let mut items: Vec<ListItem> = inner
+        let items: Vec<ListItem> = inner
             .map
             .range((start, std::ops::Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
@@ -125,20 +125,11 @@ impl Store for MemoryStore {
             .take(limit + 1)
             .map(|(k, e)| ListItem { key: k.clone(), generation: e.generation, expires_at_ms: e.expires_at_ms })
             .collect();
-        let next_cursor = if items.len() > limit {
-            items.truncate(limit);
-            items.last().map(|i| i.key.clone())
-        } else {
-            None
-        };
-        Ok(Page { items, next_cursor })
+        Ok(Page::from_fetched(items, limit))
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
-        self.limits.check_key(key)?;
-        for m in change.add.iter().chain(&change.remove) {
-            self.limits.check_token("set member", m)?;
-        }
+        self.limits.check_set_change(key, &change)?;
         let now = now_ms();
         let mut inner = self.lock();
         let current = inner.live(key, now).cloned();
@@ -163,10 +154,7 @@ impl Store for MemoryStore {
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
-        self.limits.check_key(key)?;
-        if let Some(id) = dedupe_id {
-            self.limits.check_token("dedupe id", id)?;
-        }
+        self.limits.check_counter(key, dedupe_id)?;
         let now = now_ms();
         let mut inner = self.lock();
         inner.dedupe.retain(|_, (_, until)| *until > now);

@@ -187,6 +187,20 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
+impl Page {
+    /// Builds a page from up to `limit + 1` items fetched in key order: the extra item only says that another
+    /// page follows, whose cursor is the last key kept.
+    pub fn from_fetched(mut items: Vec<ListItem>, limit: usize) -> Self {
+        let next_cursor = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(|i| i.key.clone())
+        } else {
+            None
+        };
+        Self { items, next_cursor }
+    }
+}
+
 /// An atomic change to a set: members to add and members to remove, applied in one step.
 ///
 /// A set is stored as a JSON array of distinct strings in ascending order; a set left empty is deleted.

@@ -79,15 +79,7 @@ struct Client {
 
 /// The whole cause chain, and a hint when nothing listens at the URL.
 fn failed(e: reqwest::Error) -> Error {
-    let mut msg = format!("request failed: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(&format!(": {text}"));
-        }
-        source = s.source();
-    }
+    let mut msg = format!("request failed: {}", crate::error::chain(&e));
     if e.is_connect() {
         msg.push_str(" (is `idem serve` running there? set --url or IDEM_URL)");
     }

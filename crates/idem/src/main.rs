@@ -52,16 +52,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        let mut msg = format!("idem: {e}");
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            // Libraries often repeat their source's text in their own message; say each thing once.
-            let text = s.to_string();
-            if !msg.contains(&text) {
-                msg.push_str(&format!(": {text}"));
-            }
-            source = s.source();
-        }
+        let msg = format!("idem: {}", error::chain(&e));
         eprintln!("{msg}");
         std::process::exit(e.exit_code());
     }
