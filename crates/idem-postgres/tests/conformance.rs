@@ -29,6 +29,10 @@ impl Drop for DropSchema {
 
 async fn store() -> Option<(PostgresStore, DropSchema)> {
     let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
         eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset (e.g. postgres://postgres@127.0.0.1:5432/test)");
         return None;
     };

@@ -8,6 +8,10 @@ use idem_store::{Limits, Precondition, Store, Ttl};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_starts_migrate_once() {
     let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
         eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
         return;
     };

@@ -28,6 +28,10 @@ impl Drop for DropPrefix {
 
 async fn store() -> Option<(RedisStore, DropPrefix)> {
     let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_REDIS_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
         eprintln!("skipped: IDEM_TEST_REDIS_URL is unset (e.g. redis://127.0.0.1:6379)");
         return None;
     };

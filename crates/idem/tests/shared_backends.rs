@@ -40,6 +40,10 @@ async fn cleanup(url: &str, ns: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_servers_on_one_postgres_lose_nothing() {
     let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
         eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
         return;
     };
@@ -49,6 +53,10 @@ async fn two_servers_on_one_postgres_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_servers_on_one_redis_lose_nothing() {
     let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_REDIS_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
         eprintln!("skipped: IDEM_TEST_REDIS_URL is unset");
         return;
     };
