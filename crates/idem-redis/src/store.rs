@@ -142,7 +142,11 @@ impl RedisStore {
         client.get_multiplexed_async_connection_with_config(&probe).await.map_err(Error::Connect)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)));
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            // While Redis is down a request should get its 503 in about a second, not wait through the default
+            // six reconnect attempts (~9 s); the next request after Redis returns reconnects anyway.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client, config).await.map_err(Error::Connect)?;
         let scripts = Scripts::new();
         let sweeper = {
