@@ -40,8 +40,8 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            put: Script::new(include_str!("lua/put.lua")),
-            delete: Script::new(include_str!("lua/delete.lua")),
+            put: Script::new(concat!(include_str!("lua/precondition.lua"), include_str!("lua/put.lua"))),
+            delete: Script::new(concat!(include_str!("lua/precondition.lua"), include_str!("lua/delete.lua"))),
             get: Script::new(include_str!("lua/get.lua")),
             list: Script::new(include_str!("lua/list.lua")),
             set: Script::new(include_str!("lua/set.lua")),

@@ -2,8 +2,7 @@
 -- Returns {0, current or -1} when the precondition fails, {1, deleted generation or -1}.
 local cur = redis.call('HGET', KEYS[1], 'g')
 local kind = ARGV[1]
-if (kind == 'absent' and cur) or (kind == 'present' and not cur)
-    or (kind == 'gen' and (not cur or tonumber(cur) ~= tonumber(ARGV[2]))) then
+if precondition_fails(cur, kind, ARGV[2]) then
   return {0, cur and tonumber(cur) or -1}
 end
 if cur then

@@ -3,8 +3,7 @@
 -- Returns {0, current generation or -1} when the precondition fails, {1, generation, created 0|1} on success.
 local cur = redis.call('HGET', KEYS[1], 'g')
 local kind = ARGV[2]
-if (kind == 'absent' and cur) or (kind == 'present' and not cur)
-    or (kind == 'gen' and (not cur or tonumber(cur) ~= tonumber(ARGV[3]))) then
+if precondition_fails(cur, kind, ARGV[3]) then
   return {0, cur and tonumber(cur) or -1}
 end
 local g = redis.call('INCR', KEYS[2])
