@@ -1,0 +1,35 @@
+//! idem's logic without I/O: idempotency keys, scopes, request fingerprints and the record state machine of
+//! `draft-ietf-httpapi-idempotency-key-header`, as DESIGN.md's Idempotency-Key contract describes it.
+//!
+//! Nothing here reads the clock, the network or the environment: time comes in as an argument, and every
+//! transition of a record comes out as a [`Write`] — a conditional store write that a caller (the tower layer,
+//! a test) performs. Each [`Write`] after the claim is conditional on the generation of the record it replaces,
+//! which makes the generation the *fencing token*: a holder whose lease lapsed and was taken over finds its
+//! write refused.
+//!
+//! ```
+//! use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope, derive_key};
+//!
+//! let key = IdempotencyKey::from_field_lines([&b"\"order-42\""[..]])?.expect("one field line");
+//! assert_eq!(key.as_str(), "order-42");
+//!
+//! let scope = Scope::from_credential(Some(b"Bearer alice"));
+//! let a = Fingerprint::of_request(&RequestParts::new("POST", "/orders", None, Some("application/json"), br#"{"a":1,"b":2}"#));
+//! let b = Fingerprint::of_request(&RequestParts::new("POST", "/orders", None, Some("application/json"), br#"{ "b": 2, "a": 1 }"#));
+//! assert_eq!(a, b);
+//! assert_ne!(scope, Scope::from_credential(Some(b"Bearer bob")));
+//!
+//! let derived = derive_key("orders", "42", br#"{"amount": 100}"#)?;
+//! assert!(derived.as_str().starts_with("orders:42:"));
+//! # Ok::<(), idem_core::Error>(())
+//! ```
+
+mod error;
+mod fingerprint;
+mod key;
+mod record;
+
+pub use error::Error;
+pub use fingerprint::{Fingerprint, RequestParts, Scope};
+pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
+pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, Write, WriteOp, judge};
