@@ -1,5 +1,5 @@
 //! The HTTP front of idem: the KV API with RFC 9110 conditional requests, RFC 9457 problem details,
-//! `GET /healthz` and Prometheus `GET /metrics`.
+//! `GET /healthz`, Prometheus `GET /metrics`, the idempotency record look-up, and the reverse [`proxy`].
 //!
 //! [`app`] builds an axum `Router` over any [`Store`](idem_store::Store), testable without a socket; [`serve`]
 //! runs it on a listener until a shutdown future resolves, finishing in-flight requests first.
@@ -21,6 +21,8 @@ mod keypath;
 mod kv;
 mod metrics;
 mod problem;
+mod proxy;
+mod records;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use idem_store::Store;
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
+pub use proxy::{Upstream, UpstreamError, proxy};
 
 /// Settings of the HTTP layer (store settings live with the store).
 #[derive(Clone, Debug, Default)]
@@ -52,10 +55,14 @@ impl ServerConfig {
     }
 }
 
-/// The router: the KV API under `/v1/kv`, `/healthz`, `/metrics`, and problem+json for unknown routes.
+/// The router: the KV API under `/v1/kv`, idempotency records under `/v1/idempotency/{scope}/{key}` (`GET`,
+/// `DELETE`), `/healthz`, `/metrics`, and problem+json for unknown routes.
 pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
     let handle = install_recorder();
-    let kv = kv::routes(Arc::new(store)).layer(axum::middleware::from_fn_with_state(config, auth::require_token));
+    let store = Arc::new(store);
+    let kv = kv::routes(Arc::clone(&store))
+        .merge(records::routes(store))
+        .layer(axum::middleware::from_fn_with_state(config, auth::require_token));
     Router::new()
         .merge(kv)
         .route("/healthz", get(|| async { "ok\n" }).fallback(|| async { kv::method_not_allowed("GET") }))
@@ -77,5 +84,20 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    // Connection info gives the proxy the client address for its `Forwarded` header.
+    axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// An error and its causes on one line (`a: b: c`), for logs.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }

@@ -41,6 +41,15 @@ pub fn install_recorder() -> PrometheusHandle {
 pub(crate) async fn track(req: Request, next: Next) -> Response {
     let route =
         req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "unmatched".into());
+    record(route, req, next).await
+}
+
+/// Counts and times proxied requests under one route label, `proxy` (upstream paths are unbounded).
+pub(crate) async fn track_proxy(req: Request, next: Next) -> Response {
+    record("proxy".to_owned(), req, next).await
+}
+
+async fn record(route: String, req: Request, next: Next) -> Response {
     // Label values must stay few: a client can send any token as a method, and each new one would be a new
     // time series held in memory forever.
     let method = match *req.method() {

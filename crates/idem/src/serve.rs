@@ -2,6 +2,10 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idem_server::Upstream;
+use idem_tower::{IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
 
 use idem_server::ServerConfig;
 use idem_store::Limits;
@@ -33,10 +37,62 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_INSECURE", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     insecure: bool,
-    /// Optional TOML file with the same settings (listen, store, namespace, max_value_bytes, auth_token_file,
-    /// insecure).
+    /// Optional TOML file with the same settings, named as the flags with `_` for `-` (listen, store,
+    /// upstream, admin_listen, retention, …).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+/// Reverse-proxy flags: with `--upstream`, the main listener forwards every request to the upstream and
+/// applies Idempotency-Key handling to the covered methods; the KV API, /metrics, /healthz and the record
+/// look-up move to `--admin-listen`.
+#[derive(Debug, clap::Args)]
+pub struct ProxyArgs {
+    /// Forward every request to this upstream (http://HOST:PORT[/PREFIX]).
+    #[arg(long, env = "IDEM_UPSTREAM")]
+    upstream: Option<String>,
+    /// With --upstream: address of the admin listener (KV API, /metrics, /healthz, records)
+    /// [default: 127.0.0.1:8081].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    admin_listen: Option<String>,
+    /// How long a completed response is kept and replayed, e.g. 24h (1s..=365d) [default: 24h].
+    #[arg(long, env = "IDEM_RETENTION")]
+    retention: Option<String>,
+    /// Lease of an executing request: how long a key stays locked after its holder dies, e.g. 10s (≥ 1s;
+    /// renewed every third of it while the request runs) [default: 10s].
+    #[arg(long, env = "IDEM_LEASE")]
+    lease: Option<String>,
+    /// Answer 400 to covered requests without an Idempotency-Key (env: 1/0, true/false, …).
+    #[arg(long, env = "IDEM_REQUIRE_KEY", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    require_key: bool,
+    /// Methods under Idempotency-Key handling, comma-separated [default: POST,PATCH].
+    #[arg(long, env = "IDEM_METHODS")]
+    methods: Option<String>,
+    /// Largest response body stored for replay, in bytes; larger ones are never replayed nor re-executed
+    /// [default: 1048576 (1 MiB)].
+    #[arg(long, env = "IDEM_MAX_STORED_BODY")]
+    max_stored_body: Option<usize>,
+    /// Largest request body accepted with an Idempotency-Key, in bytes [default: 16777216 (16 MiB)].
+    #[arg(long, env = "IDEM_MAX_REQUEST_BODY")]
+    max_request_body: Option<usize>,
+    /// A retry of an executing request waits up to this long for its response instead of getting 409 at once,
+    /// e.g. 5s [default: 0s, answer 409 at once].
+    #[arg(long, env = "IDEM_IN_FLIGHT_WAIT")]
+    in_flight_wait: Option<String>,
+    /// How long to wait for the upstream's response to start; after it the outcome is unknown [default: 60s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
+    upstream_timeout: Option<String>,
+    /// Header whose value scopes keys to a caller [default: authorization].
+    #[arg(long, env = "IDEM_CREDENTIAL_HEADER")]
+    credential_header: Option<String>,
+    /// Release the key when the outcome is unknown (reset or timeout after sending), so a retry executes again;
+    /// only for upstreams that dedupe on the forwarded Idempotency-Key.
+    #[arg(long, env = "IDEM_RELEASE_UNKNOWN", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    release_unknown: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -48,6 +104,18 @@ struct FileConfig {
     max_value_bytes: Option<usize>,
     auth_token_file: Option<PathBuf>,
     insecure: Option<bool>,
+    upstream: Option<String>,
+    admin_listen: Option<String>,
+    retention: Option<String>,
+    lease: Option<String>,
+    require_key: Option<bool>,
+    methods: Option<String>,
+    max_stored_body: Option<usize>,
+    max_request_body: Option<usize>,
+    in_flight_wait: Option<String>,
+    upstream_timeout: Option<String>,
+    credential_header: Option<String>,
+    release_unknown: Option<bool>,
 }
 
 /// The validated configuration of one server.
@@ -58,6 +126,95 @@ pub struct ServeConfig {
     namespace: String,
     limits: Limits,
     auth_token: Option<String>,
+    proxy: Option<ProxyConfig>,
+}
+
+/// The validated reverse-proxy settings.
+#[derive(Debug)]
+struct ProxyConfig {
+    upstream: String,
+    admin_listen: SocketAddr,
+    retention: Duration,
+    lease: Duration,
+    key_policy: KeyPolicy,
+    methods: Vec<http::Method>,
+    max_stored_body: usize,
+    max_request_body: usize,
+    in_flight: InFlight,
+    upstream_timeout: Duration,
+    credential_header: http::HeaderName,
+    unknown_outcome: UnknownOutcome,
+}
+
+fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Duration, Error> {
+    match value {
+        None => Ok(default),
+        Some(v) => humantime::parse_duration(&v)
+            .map_err(|e| Error::Config(format!("--{flag} {v:?} is not a duration like 10s or 24h: {e}"))),
+    }
+}
+
+fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyConfig>, Error> {
+    let Some(upstream) = args.upstream.or(file.upstream.take()) else {
+        return Ok(None);
+    };
+    let admin_s = args.admin_listen.or(file.admin_listen.take()).unwrap_or_else(|| "127.0.0.1:8081".into());
+    let admin_listen: SocketAddr =
+        admin_s.parse().map_err(|_| Error::Config(format!("--admin-listen {admin_s:?} is not an IP:PORT address")))?;
+    let retention = duration("retention", args.retention.or(file.retention.take()), Duration::from_secs(86_400))?;
+    if !(idem_store::MIN_TTL..=idem_store::MAX_TTL).contains(&retention) {
+        return Err(Error::Config(format!(
+            "--retention {} is outside 1s..=365d",
+            humantime::format_duration(retention)
+        )));
+    }
+    let lease = duration("lease", args.lease.or(file.lease.take()), Duration::from_secs(10))?;
+    if lease < Duration::from_secs(1) || lease > retention {
+        return Err(Error::Config(format!(
+            "--lease {} must be at least 1s and at most the retention",
+            humantime::format_duration(lease)
+        )));
+    }
+    let methods_s = args.methods.or(file.methods.take()).unwrap_or_else(|| "POST,PATCH".into());
+    let methods = methods_s
+        .split(',')
+        .map(|m| {
+            let m = m.trim().to_ascii_uppercase();
+            http::Method::from_bytes(m.as_bytes())
+                .map_err(|_| Error::Config(format!("--methods: {m:?} is not a method")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let max_stored_body = args.max_stored_body.or(file.max_stored_body).unwrap_or(1 << 20);
+    let max_request_body = args.max_request_body.or(file.max_request_body).unwrap_or(16 << 20);
+    if max_request_body == 0 {
+        return Err(Error::Config("--max-request-body must be at least 1".into()));
+    }
+    let wait = duration("in-flight-wait", args.in_flight_wait.or(file.in_flight_wait.take()), Duration::ZERO)?;
+    let in_flight = if wait.is_zero() { InFlight::Reject } else { InFlight::Wait(wait) };
+    let upstream_timeout =
+        duration("upstream-timeout", args.upstream_timeout.or(file.upstream_timeout.take()), Duration::from_secs(60))?;
+    if upstream_timeout.is_zero() {
+        return Err(Error::Config("--upstream-timeout must be more than 0s".into()));
+    }
+    let header_s = args.credential_header.or(file.credential_header.take()).unwrap_or_else(|| "authorization".into());
+    let credential_header = http::HeaderName::try_from(header_s.as_str())
+        .map_err(|_| Error::Config(format!("--credential-header {header_s:?} is not a header name")))?;
+    let require_key = args.require_key || file.require_key.unwrap_or(false);
+    let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
+    Ok(Some(ProxyConfig {
+        upstream,
+        admin_listen,
+        retention,
+        lease,
+        key_policy: if require_key { KeyPolicy::Required } else { KeyPolicy::Optional },
+        methods,
+        max_stored_body,
+        max_request_body,
+        in_flight,
+        upstream_timeout,
+        credential_header,
+        unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
+    }))
 }
 
 fn read_token(path: &Path) -> Result<String, Error> {
@@ -77,7 +234,7 @@ impl ServeArgs {
     /// [`Error::Config`] for an unreadable config or token file, a bad address, a zero value limit, or a
     /// non-loopback address without a token and without `--insecure`.
     pub fn resolve(self) -> Result<ServeConfig, Error> {
-        let file = match &self.config {
+        let mut file = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
@@ -86,6 +243,7 @@ impl ServeArgs {
             }
             None => FileConfig::default(),
         };
+        let proxy = resolve_proxy(self.proxy, &mut file)?;
         let listen_s = self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".into());
         let listen: SocketAddr =
             listen_s.parse().map_err(|_| Error::Config(format!("--listen {listen_s:?} is not an IP:PORT address")))?;
@@ -105,9 +263,13 @@ impl ServeArgs {
         }
         let auth_token = self.auth_token_file.or(file.auth_token_file).map(|p| read_token(&p)).transpose()?;
         let insecure = self.insecure || file.insecure.unwrap_or(false);
-        if !listen.ip().is_loopback() && auth_token.is_none() && !insecure {
+        // The KV API is what the token protects: in proxy mode it lives on the admin listener, and the main
+        // listener serves the upstream's API under the upstream's own authentication.
+        let kv_listen = proxy.as_ref().map_or(listen, |p| p.admin_listen);
+        if !kv_listen.ip().is_loopback() && auth_token.is_none() && !insecure {
             return Err(Error::Config(format!(
-                "refusing to listen on non-loopback {listen} without --auth-token-file; pass --insecure to allow it"
+                "refusing to serve the KV API on non-loopback {kv_listen} without --auth-token-file; pass --insecure \
+                 to allow it"
             )));
         }
         Ok(ServeConfig {
@@ -116,6 +278,7 @@ impl ServeArgs {
             namespace,
             limits: Limits::default().with_max_value_bytes(max_value_bytes),
             auth_token,
+            proxy,
         })
     }
 }
@@ -151,29 +314,65 @@ async fn shutdown_signal() {
 /// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
 pub async fn run(config: ServeConfig) -> Result<(), Error> {
     // Bind first: a busy port must not leave a freshly created database file or schema behind.
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| Error::Bind { addr: config.listen.to_string(), source })?;
+    let listener = bind(config.listen).await?;
+    let admin = match &config.proxy {
+        Some(p) => Some(bind(p.admin_listen).await?),
+        None => None,
+    };
+    let upstream = match &config.proxy {
+        Some(p) => Some(Upstream::new(&p.upstream, p.upstream_timeout).map_err(|e| Error::Config(e.to_string()))?),
+        None => None,
+    };
     let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
     let local = listener.local_addr()?;
     let mut server_config = ServerConfig::new();
     if let Some(t) = &config.auth_token {
         server_config = server_config.with_auth_token(t.as_str());
     }
-    let router = idem_server::app(store.clone(), server_config);
-    // Tests and scripts read the bound address from this line (useful with --listen 127.0.0.1:0).
-    println!("idem listening on http://{local} (store {})", redact(&config.store_url));
-    tracing::info!(%local, store = %redact(&config.store_url), "listening");
+    let kv = idem_server::app(store.clone(), server_config);
     // After the signal, in-flight requests get a bounded grace period: a client that stalls mid-request must
     // not keep the process from exiting.
-    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
-    let serving = idem_server::serve(router, listener, async move {
-        shutdown_signal().await;
-        let _ = signalled.send(true);
-    });
+    let (signalled, on_signal) = tokio::sync::watch::channel(false);
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let serving = match (config.proxy, admin, upstream) {
+        (Some(p), Some(admin), Some(upstream)) => {
+            let admin_local = admin.local_addr()?;
+            let layer = IdempotencyLayer::new(store.clone())
+                .retention(p.retention)
+                .lease(p.lease)
+                .key_policy(p.key_policy)
+                .methods(p.methods)
+                .max_stored_body(p.max_stored_body)
+                .max_request_body(p.max_request_body)
+                .in_flight(p.in_flight)
+                .credential_header(p.credential_header)
+                .unknown_outcome(p.unknown_outcome);
+            let proxy = idem_server::proxy(layer, upstream);
+            // Tests and scripts read the bound addresses from these lines (useful with port 0).
+            println!("idem listening on http://{local} (proxy to {}, store {})", p.upstream, redact(&config.store_url));
+            println!("idem admin listening on http://{admin_local}");
+            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %redact(&config.store_url), "listening");
+            let main = idem_server::serve(proxy, listener, stop(on_signal.clone()));
+            let admin = idem_server::serve(kv, admin, stop(on_signal.clone()));
+            Box::pin(async move {
+                let (a, b) = tokio::join!(main, admin);
+                a.and(b)
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>
+        }
+        _ => {
+            println!("idem listening on http://{local} (store {})", redact(&config.store_url));
+            tracing::info!(%local, store = %redact(&config.store_url), "listening");
+            Box::pin(idem_server::serve(kv, listener, stop(on_signal.clone())))
+        }
+    };
+    let mut on_signal = on_signal;
     let served = tokio::select! {
         r = serving => r,
         () = async {
+            shutdown_signal().await;
+            let _ = signalled.send(true);
             let _ = on_signal.wait_for(|s| *s).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => {
@@ -184,4 +383,8 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     store.close().await;
     tracing::info!("store flushed; bye");
     served.map_err(Error::Io)
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })
 }

@@ -1,0 +1,88 @@
+//! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (DESIGN.md,
+//! admin listener). The key is percent-encoded like KV keys; the scope is `anonymous` or the 32 hex digits the
+//! layer derives from a credential (see `idem_core::Scope`).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_core::{IdempotencyKey, Outcome, Record, RecordKey, Scope};
+use idem_store::{Precondition, Store};
+use serde_json::json;
+
+use crate::Problem;
+use crate::keypath::decode_key;
+
+const PREFIX: &str = "/v1/idempotency/";
+
+pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
+    Router::new()
+        .route(
+            "/v1/idempotency/{*rest}",
+            get(look_up::<S>).delete(remove::<S>).fallback(|| async { crate::kv::method_not_allowed("GET, DELETE") }),
+        )
+        .with_state(store)
+}
+
+fn record_key(uri: &Uri) -> Result<RecordKey, Problem> {
+    let rest = uri.path().strip_prefix(PREFIX).unwrap_or_default();
+    let usage = || {
+        Problem::bad_request(
+            "invalid-record-path",
+            "Invalid record path",
+            "use /v1/idempotency/{scope}/{percent-encoded key}; scope is 'anonymous' or 32 hex digits",
+        )
+    };
+    let (scope, key) = rest.split_once('/').ok_or_else(usage)?;
+    let scope = Scope::parse(scope).map_err(|_| usage())?;
+    let key = IdempotencyKey::new(decode_key(key)?)
+        .map_err(|e| Problem::bad_request("idempotency-key-invalid", "Idempotency-Key invalid", e.to_string()))?;
+    Ok(RecordKey::new(idem_tower::DEFAULT_RECORD_PREFIX, &scope, &key))
+}
+
+async fn look_up<S: Store>(State(store): State<Arc<S>>, uri: Uri) -> Result<Response, Problem> {
+    let key = record_key(&uri)?;
+    let value = store.get(key.as_str()).await?.ok_or_else(Problem::not_found_key)?;
+    let record = Record::decode(value.value()).map_err(|e| {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "idempotency-record-unreadable",
+            "Record unreadable",
+            e.to_string(),
+        )
+    })?;
+    let expires_at = value.expires_at().map(|t| humantime::format_rfc3339_millis(t).to_string());
+    let mut view = match &record {
+        Record::InProgress { owner, started_at_ms, .. } => {
+            json!({ "state": "in_progress", "owner": owner, "started_at_ms": started_at_ms })
+        }
+        Record::Finished { outcome, finished_at_ms, .. } => match outcome {
+            Outcome::Response(r) => json!({
+                "state": "completed", "status": r.status, "headers": r.headers,
+                "body_bytes": r.body.len(), "finished_at_ms": finished_at_ms,
+            }),
+            Outcome::TooLarge { status, size, limit } => json!({
+                "state": "too_large", "status": status, "body_bytes_seen": size, "limit_bytes": limit,
+                "finished_at_ms": finished_at_ms,
+            }),
+            Outcome::Unknown { reason } => {
+                json!({ "state": "outcome_unknown", "reason": reason, "finished_at_ms": finished_at_ms })
+            }
+        },
+    };
+    view["fingerprint"] = json!(record.fingerprint().to_hex());
+    view["generation"] = json!(value.generation().get());
+    view["expires_at"] = json!(expires_at);
+    Ok(axum::Json(view).into_response())
+}
+
+async fn remove<S: Store>(State(store): State<Arc<S>>, uri: Uri) -> Result<Response, Problem> {
+    let key = record_key(&uri)?;
+    match store.delete(key.as_str(), Precondition::Any).await? {
+        Some(_) => Ok(StatusCode::NO_CONTENT.into_response()),
+        None => Err(Problem::not_found_key()),
+    }
+}

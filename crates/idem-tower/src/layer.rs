@@ -1,0 +1,189 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, header};
+use idem_store::Store;
+use tower::Layer;
+
+use crate::service::Idempotency;
+
+/// Response headers replayed by default (DESIGN.md step 3). `Set-Cookie` is never replayed, even if listed.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 6] = [
+    header::CONTENT_TYPE,
+    header::LOCATION,
+    header::ETAG,
+    header::LINK,
+    header::CONTENT_LOCATION,
+    header::LAST_MODIFIED,
+];
+
+/// The store key prefix of records unless [`IdempotencyLayer::record_prefix`] says otherwise.
+pub const DEFAULT_RECORD_PREFIX: &str = "idempotency/";
+
+/// Whether a covered request must carry a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KeyPolicy {
+    /// Requests without `Idempotency-Key` pass through unprotected (the default).
+    #[default]
+    Optional,
+    /// Requests without `Idempotency-Key` get 400 (draft §2.7).
+    Required,
+}
+
+/// What a retry gets while the first request under its key is still executing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlight {
+    /// 409 Conflict with `Retry-After` at once (draft §2.6; the default).
+    Reject,
+    /// Wait up to this long for the first request to finish and replay its response; 409 after that.
+    Wait(Duration),
+}
+
+/// What to do when a request was sent but its outcome is unknown (reset or timeout after sending).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnknownOutcome {
+    /// Store "unknown" and answer 502 to this and every retry, so nothing runs twice (the default).
+    #[default]
+    Keep,
+    /// Release the key so a retry executes again: only for upstreams that dedupe on the forwarded key.
+    Release,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_policy: KeyPolicy,
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) in_flight: InFlight,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) max_stored_body: usize,
+    pub(crate) max_request_body: usize,
+    pub(crate) credential_header: HeaderName,
+    pub(crate) record_prefix: String,
+    pub(crate) owner: String,
+    pub(crate) unknown_outcome: UnknownOutcome,
+}
+
+/// Applies Idempotency-Key handling to a service; records live in a [`Store`] under `idempotency/SCOPE/KEY`.
+///
+/// Defaults: POST and PATCH, key optional, retention 24 h, lease 10 s (renewed every third of it while the
+/// call runs), in-flight retries get 409, [`DEFAULT_REPLAY_HEADERS`], stored bodies up to 1 MiB, request bodies
+/// up to 16 MiB, scope from `Authorization`, unknown outcomes kept.
+pub struct IdempotencyLayer<St> {
+    store: Arc<St>,
+    config: Config,
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// A layer keeping its records in `store`.
+    pub fn new(store: St) -> Self {
+        Self::from_shared(Arc::new(store))
+    }
+
+    /// A layer over a store already shared with other parts of the program.
+    pub fn from_shared(store: Arc<St>) -> Self {
+        let owner = format!("{}-{:016x}", std::process::id(), rand::random::<u64>());
+        Self {
+            store,
+            config: Config {
+                methods: vec![Method::POST, Method::PATCH],
+                key_policy: KeyPolicy::Optional,
+                retention: Duration::from_secs(24 * 3600),
+                lease: Duration::from_secs(10),
+                in_flight: InFlight::Reject,
+                replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
+                max_stored_body: 1 << 20,
+                max_request_body: 16 << 20,
+                credential_header: header::AUTHORIZATION,
+                record_prefix: DEFAULT_RECORD_PREFIX.to_owned(),
+                owner,
+                unknown_outcome: UnknownOutcome::Keep,
+            },
+        }
+    }
+
+    /// The methods covered (others pass through). Default POST and PATCH.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether covered requests must carry a key.
+    pub fn key_policy(mut self, policy: KeyPolicy) -> Self {
+        self.config.key_policy = policy;
+        self
+    }
+
+    /// How long a finished record is kept (and replayed), from completion; the key is free again after it.
+    /// Must lie within the store's TTL limits (1 s ..= 365 d by default), or completions fail.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// The lease length: how long a claim survives its holder's death. Renewed every third of it while the
+    /// call runs; at least 1 s (the store's minimum TTL), rounded up to it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease.max(Duration::from_secs(1));
+        self
+    }
+
+    /// What a retry gets while the first request is executing.
+    pub fn in_flight(mut self, policy: InFlight) -> Self {
+        self.config.in_flight = policy;
+        self
+    }
+
+    /// The response headers stored and replayed; `Set-Cookie` is always dropped from the list.
+    pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.replay_headers = headers.into_iter().filter(|h| h != header::SET_COOKIE).collect();
+        self
+    }
+
+    /// The largest response body stored, in bytes. A larger response reaches its first caller but is never
+    /// replayed nor re-executed: retries get a problem+json naming this limit. Default 1 MiB.
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.config.max_stored_body = bytes;
+        self
+    }
+
+    /// The largest request body accepted on a keyed request, in bytes (it is buffered to fingerprint it);
+    /// larger ones get 413. Default 16 MiB.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The header whose value scopes keys to a caller. Default `Authorization`.
+    pub fn credential_header(mut self, header: HeaderName) -> Self {
+        self.config.credential_header = header;
+        self
+    }
+
+    /// The store key prefix of records. Default `idempotency/`.
+    pub fn record_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.record_prefix = prefix.into();
+        self
+    }
+
+    /// What to do when the outcome of a sent request is unknown.
+    pub fn unknown_outcome(mut self, policy: UnknownOutcome) -> Self {
+        self.config.unknown_outcome = policy;
+        self
+    }
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        Self { store: Arc::clone(&self.store), config: self.config.clone() }
+    }
+}
+
+impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::clone(&self.store), Arc::new(self.config.clone()))
+    }
+}

@@ -1,0 +1,38 @@
+//! [`IdempotencyLayer`]: makes any tower / axum service safe to retry with the `Idempotency-Key` request
+//! header (IETF `draft-ietf-httpapi-idempotency-key-header`), Stripe compatible.
+//!
+//! For a covered method (POST and PATCH by default) carrying a key, the first request under (scope, key) is
+//! executed once and its response stored; an identical retry gets the stored status, allow-listed headers and
+//! byte-exact body plus `Idempotent-Replayed: true`; the same key with another request gets 422; a retry
+//! while the first is still executing gets 409 with `Retry-After`. The inner call and the completion write run
+//! in a task detached from the client connection, so a client that hangs up cannot cancel them, and the lease
+//! on the record is renewed while the call runs. Refusals are responses (RFC 9457 problem+json), never errors.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idem_store::MemoryStore;
+//! use idem_tower::{IdempotencyLayer, KeyPolicy};
+//! use std::time::Duration;
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(|| async { (axum::http::StatusCode::CREATED, "created\n") }))
+//!     .layer(
+//!         IdempotencyLayer::new(MemoryStore::new())
+//!             .key_policy(KeyPolicy::Required)
+//!             .retention(Duration::from_secs(24 * 3600)),
+//!     );
+//! ```
+//!
+//! The outcome policy (DESIGN.md step 5): a response is stored and replayed (5xx included), except 429 and
+//! 503, which release the key so a retry executes; an inner service that marks its response with
+//! [`UpstreamFailure::NotSent`] releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`]
+//! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
+
+mod future;
+mod layer;
+mod problem;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
+pub use service::{Idempotency, UpstreamFailure};

@@ -1,0 +1,19 @@
+//! RFC 9457 problem details for the layer's own answers. Types are `urn:idem:problem:<slug>`, the scheme the
+//! KV API uses, so clients branch on one namespace. Details never contain another request's data (DESIGN.md
+//! step 7).
+
+use axum::body::Body;
+use http::{HeaderValue, Response, StatusCode, header};
+
+pub(crate) fn problem(status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": format!("urn:idem:problem:{slug}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}

@@ -1,0 +1,554 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Frame;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::{
+    Claim, Fingerprint, IdempotencyKey, Lease, Outcome, Record, RecordKey, RequestParts, Scope, StoredResponse,
+    Verdict, Write, WriteOp, judge,
+};
+use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use tower::Service;
+use tracing::{error, info, warn};
+
+use crate::future::ResponseFuture;
+use crate::layer::{Config, InFlight, KeyPolicy, UnknownOutcome};
+use crate::problem::problem;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Marks a response of the inner service that did not come from a completed execution, so the layer applies
+/// DESIGN.md step 5. Insert it into the response's extensions (the reverse proxy does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The request never left (connection refused, DNS failure): the key is released and a retry executes.
+    NotSent,
+    /// The request was sent but no complete answer came back (reset, timeout): stored as unknown, answered 502.
+    OutcomeUnknown {
+        /// For operators' logs and the record; never shown to another caller.
+        reason: String,
+    },
+}
+
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) produces around `S`.
+pub struct Idempotency<S, St> {
+    inner: S,
+    store: Arc<St>,
+    config: Arc<Config>,
+}
+
+impl<S, St> Idempotency<S, St> {
+    pub(crate) fn new(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
+        Self { inner, store, config }
+    }
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone(), store: Arc::clone(&self.store), config: Arc::clone(&self.config) }
+    }
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    St: Store,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The ready service is the one poll_ready was called on; keep a fresh clone in its place (tower's
+        // usual idiom) and move the ready one into the future.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if !self.config.methods.contains(request.method()) {
+            let call = inner.call(request.map(Body::new));
+            return ResponseFuture::new(async move { call.await.map(|r| r.map(Body::new)) });
+        }
+        ResponseFuture::new(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request))
+    }
+}
+
+async fn handle<S, St, ReqBody, ResBody>(
+    mut inner: S,
+    store: Arc<St>,
+    config: Arc<Config>,
+    request: Request<ReqBody>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    St: Store,
+{
+    let lines = request.headers().get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
+    let key = match IdempotencyKey::from_field_lines(lines) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.key_policy == KeyPolicy::Optional => {
+            return inner.call(request.map(Body::new)).await.map(|r| r.map(Body::new));
+        }
+        Ok(None) => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-missing",
+                "Idempotency-Key required",
+                &format!("{} requests to this endpoint must carry an Idempotency-Key header", request.method()),
+            ));
+        }
+        Err(e) => {
+            return Ok(problem(
+                StatusCode::BAD_REQUEST,
+                "idempotency-key-invalid",
+                "Idempotency-Key invalid",
+                &e.to_string(),
+            ));
+        }
+    };
+    let scope = Scope::from_credential(request.headers().get(&config.credential_header).map(HeaderValue::as_bytes));
+    let (parts, body) = request.into_parts();
+    let body = match read_request_body(&parts.headers, body, config.max_request_body).await {
+        Ok(body) => body,
+        Err(refusal) => return Ok(refusal),
+    };
+    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::of_request(&RequestParts::new(
+        parts.method.as_str(),
+        parts.uri.path(),
+        parts.uri.query(),
+        content_type,
+        &body,
+    ));
+    let record_key = RecordKey::new(&config.record_prefix, &scope, &key);
+    let lease = match decide(&*store, &config, &record_key, &fingerprint).await {
+        Ok(lease) => lease,
+        Err(answer) => return Ok(*answer),
+    };
+    metrics::counter!("idem_idempotency_claims_total").increment(1);
+    let request = Request::from_parts(parts, Body::from(body));
+    // Detached: a client that hangs up drops this future, but not the task, so the execution and its
+    // completion write always finish (DESIGN.md step 4).
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let answer = execute(inner, store, config, request, lease).await;
+        let _ = tx.send(answer);
+    });
+    match rx.await {
+        Ok(answer) => answer,
+        Err(_) => Ok(problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the request's execution task ended without an answer",
+        )),
+    }
+}
+
+async fn read_request_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Response<Body>>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request-too-large",
+            "Request body too large",
+            &format!("a request with an Idempotency-Key may carry at most {limit} bytes of body"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "request-body-unreadable",
+            "Request body unreadable",
+            &format!("the request body could not be read: {e}"),
+        )),
+    }
+}
+
+/// Steps 2 and 3 of DESIGN.md: claim the key, or answer from the record that holds it.
+async fn decide<St: Store>(
+    store: &St,
+    config: &Config,
+    record_key: &RecordKey,
+    fingerprint: &Fingerprint,
+) -> Result<Lease, Box<Response<Body>>> {
+    let deadline = match config.in_flight {
+        InFlight::Wait(bound) => Some(tokio::time::Instant::now() + bound),
+        InFlight::Reject => None,
+    };
+    let mut pause = Duration::from_millis(10);
+    let mut lost_races = 0;
+    loop {
+        let current = store.get(record_key.as_str()).await.map_err(|e| Box::new(store_unavailable(&e)))?;
+        let record = match current.map(|v| Record::decode(v.value())).transpose() {
+            Ok(record) => record,
+            Err(e) => {
+                error!(key = record_key.as_str(), error = %e, "unreadable idempotency record");
+                return Err(Box::new(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "idempotency-record-unreadable",
+                    "Idempotency record unreadable",
+                    "the stored record for this key cannot be read; an operator can delete it",
+                )));
+            }
+        };
+        let answer = match judge(record, fingerprint) {
+            Verdict::Claim => {
+                let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
+                match apply(store, claim.write()).await {
+                    Ok(Some(generation)) => return Ok(claim.acquired(generation)),
+                    // Another request created the record between our read and our write: judge what won.
+                    Err(e) if e.is_precondition_failed() && lost_races < 3 => {
+                        lost_races += 1;
+                        continue;
+                    }
+                    Err(e) if e.is_precondition_failed() => in_flight(),
+                    Ok(None) | Err(_) => store_unavailable(&StoreError::unavailable("claim failed")),
+                }
+            }
+            Verdict::Replay(stored) => {
+                metrics::counter!("idem_idempotency_replays_total").increment(1);
+                replay(stored)
+            }
+            Verdict::InFlight => {
+                if let Some(deadline) = deadline
+                    && tokio::time::Instant::now() + pause < deadline
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                    continue;
+                }
+                in_flight()
+            }
+            Verdict::Mismatch => {
+                metrics::counter!("idem_idempotency_mismatches_total").increment(1);
+                problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency-key-reused",
+                    "Idempotency-Key reused",
+                    "this key was already used for a different request (method, path, query, content type or body \
+                     differ); use a new key for a new request",
+                )
+            }
+            Verdict::TooLarge { status, limit } => {
+                metrics::counter!("idem_idempotency_replays_total").increment(1);
+                problem(
+                    StatusCode::CONFLICT,
+                    "response-not-stored",
+                    "Response not stored",
+                    &format!(
+                        "the request under this key was executed (status {status}) but its response body was over \
+                         the {limit}-byte stored-body limit, so it cannot be replayed; it will not be executed again"
+                    ),
+                )
+            }
+            Verdict::Unknown => outcome_unknown(),
+        };
+        return Err(Box::new(answer));
+    }
+}
+
+/// Steps 4 to 6: execute once under the lease and record the outcome, fenced by the lease's generation.
+async fn execute<S, St, ResBody>(
+    mut inner: S,
+    store: Arc<St>,
+    config: Arc<Config>,
+    request: Request<Body>,
+    lease: Lease,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+    St: Store,
+{
+    let mut keeper = LeaseKeeper { store: &*store, lease, held: true };
+    let response = match keeper.during(inner.call(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            keeper.unknown(&config, "the inner service failed").await;
+            return Err(e);
+        }
+    };
+    match response.extensions().get::<UpstreamFailure>().cloned() {
+        Some(UpstreamFailure::NotSent) => {
+            keeper.release().await;
+            return Ok(response.map(Body::new));
+        }
+        Some(UpstreamFailure::OutcomeUnknown { reason }) => {
+            keeper.unknown(&config, &reason).await;
+            return Ok(response.map(Body::new));
+        }
+        None => {}
+    }
+    let status = response.status();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        // The upstream asked to be retried later: it did not do the work (DESIGN.md step 5).
+        keeper.release().await;
+        return Ok(response.map(Body::new));
+    }
+    let (parts, body) = response.into_parts();
+    let limit = config.max_stored_body;
+    match keeper.during(read_prefix(body, limit)).await {
+        Prefix::Complete(bytes) => {
+            let headers = stored_headers(&parts.headers, &config.replay_headers);
+            let stored = StoredResponse { status: status.as_u16(), headers, body: bytes.clone() };
+            keeper.finish(&config, Outcome::Response(stored)).await;
+            Ok(Response::from_parts(parts, Body::from(bytes)))
+        }
+        Prefix::Over { prefix, rest } => {
+            let outcome = Outcome::TooLarge { status: status.as_u16(), size: prefix.len() as u64, limit: limit as u64 };
+            keeper.finish(&config, outcome).await;
+            Ok(Response::from_parts(parts, Body::new(Prefixed { prefix: Some(prefix), rest })))
+        }
+        Prefix::Broken(reason) => {
+            keeper.unknown(&config, &format!("the response body broke off: {reason}")).await;
+            Ok(outcome_unknown())
+        }
+    }
+}
+
+/// Holds a lease while work runs: renews it every third of its length and performs the fenced final write.
+struct LeaseKeeper<'a, St> {
+    store: &'a St,
+    lease: Lease,
+    held: bool,
+}
+
+impl<St: Store> LeaseKeeper<'_, St> {
+    async fn during<F: Future>(&mut self, work: F) -> F::Output {
+        tokio::pin!(work);
+        let period = self.lease.length() / 3;
+        let mut next = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next), if self.held => {
+                    next = tokio::time::Instant::now() + period;
+                    match apply(self.store, self.lease.renew()).await {
+                        Ok(Some(generation)) => self.lease.advanced(generation),
+                        Ok(None) => {}
+                        Err(e) if e.is_precondition_failed() => {
+                            // Taken over (or lapsed): from here on every write of ours fails its fence.
+                            self.held = false;
+                            metrics::counter!("idem_idempotency_leases_lost_total").increment(1);
+                            warn!(key = self.lease.key().as_str(), "lease lost while the request was running");
+                        }
+                        Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "lease renewal failed; will retry"),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn unknown(&mut self, config: &Config, reason: &str) {
+        metrics::counter!("idem_idempotency_unknown_outcomes_total").increment(1);
+        match config.unknown_outcome {
+            UnknownOutcome::Release => self.release().await,
+            UnknownOutcome::Keep => self.finish(config, Outcome::Unknown { reason: reason.to_owned() }).await,
+        }
+    }
+
+    async fn release(&mut self) {
+        match apply(self.store, self.lease.release()).await {
+            Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
+            Err(e) if e.is_precondition_failed() => {}
+            // The lease lapses on its own; until then retries get 409.
+            Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "release failed; the lease will lapse"),
+        }
+    }
+
+    async fn finish(&mut self, config: &Config, outcome: Outcome) {
+        let key = self.lease.key().as_str().to_owned();
+        let now = now_ms();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match apply(self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
+                Ok(_) => return,
+                Err(e) if e.current_generation() == Some(None) => {
+                    // Our lease lapsed and nobody claimed the key since: keep the result, unless someone
+                    // claims it first (then the create fails and their record stands).
+                    match apply(self.store, self.lease.complete_lapsed(outcome, now, config.retention)).await {
+                        Ok(_) => info!(key, "stored the outcome after the lease had lapsed"),
+                        Err(e) => self.fenced(&key, &e),
+                    }
+                    return;
+                }
+                Err(e) if e.is_precondition_failed() => return self.fenced(&key, &e),
+                Err(e) if backoff < Duration::from_secs(2) => {
+                    warn!(key, error = %e, "storing the outcome failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                }
+                Err(e) => {
+                    error!(key, error = %e, "could not store the outcome; the key frees when its lease lapses");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fenced(&self, key: &str, e: &StoreError) {
+        metrics::counter!("idem_idempotency_takeovers_total").increment(1);
+        warn!(key, error = %e, "completion refused by the fence: another holder took the key over");
+    }
+}
+
+async fn apply<St: Store>(store: &St, write: Write) -> Result<Option<Generation>, StoreError> {
+    match write.op {
+        WriteOp::Put { value, ttl } => {
+            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
+        }
+        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
+    }
+}
+
+enum Prefix<B> {
+    Complete(Bytes),
+    Over { prefix: Bytes, rest: B },
+    Broken(String),
+}
+
+/// Reads `body` until its end or until it passes `limit` bytes.
+async fn read_prefix<B>(mut body: B, limit: usize) -> Prefix<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut buf = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Prefix::Complete(buf.freeze()),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Prefix::Over { prefix: buf.freeze(), rest: body };
+                    }
+                }
+            }
+            Some(Err(e)) => return Prefix::Broken(e.into().to_string()),
+        }
+    }
+}
+
+/// A response body whose first bytes were already read.
+struct Prefixed<B> {
+    prefix: Option<Bytes>,
+    rest: B,
+}
+
+impl<B> http_body::Body for Prefixed<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+}
+
+fn stored_headers(headers: &HeaderMap, allowed: &[HeaderName]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in allowed {
+        for value in headers.get_all(name) {
+            // Values that are not visible ASCII (rare, obs-text) are not stored rather than stored altered.
+            if let Ok(text) = value.to_str() {
+                out.push((name.as_str().to_owned(), text.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+fn replay(stored: StoredResponse) -> Response<Body> {
+    let mut response = Response::new(Body::from(stored.body));
+    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response.headers_mut().insert(REPLAYED.clone(), HeaderValue::from_static("true"));
+    response
+}
+
+fn in_flight() -> Response<Body> {
+    metrics::counter!("idem_idempotency_conflicts_total").increment(1);
+    let mut response = problem(
+        StatusCode::CONFLICT,
+        "request-in-flight",
+        "Request in flight",
+        "a request with this key is still being processed; retry after the time Retry-After gives",
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+fn outcome_unknown() -> Response<Body> {
+    problem(
+        StatusCode::BAD_GATEWAY,
+        "outcome-unknown",
+        "Outcome unknown",
+        "the request under this key was sent upstream but no complete answer came back, so it may or may not \
+         have taken effect; it will not be executed again under this key. Check the effect, then use a new key \
+         or ask an operator to delete the record",
+    )
+}
+
+fn store_unavailable(e: &StoreError) -> Response<Body> {
+    warn!(error = %e, "idempotency store unavailable");
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Store unavailable",
+        "the idempotency store cannot be reached; nothing was executed, retry later",
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+fn now_ms() -> u64 {
+    system_time_to_millis(SystemTime::now())
+}

@@ -1,0 +1,121 @@
+//! A tiny HTTP API that counts how many times it executes writes: the upstream to put behind
+//! `idem serve --upstream` when trying idempotency out.
+//!
+//! ```text
+//! cargo run --release --example upstream -- --listen 127.0.0.1:9000
+//! curl -s -X POST localhost:9000/orders -d '{"sku":"a"}'      # 201, Location: /orders/1, executes
+//! curl -s localhost:9000/executions                           # {"executions":1,"distinct_keys":0,...}
+//! ```
+//!
+//! Routes: `POST|PATCH /orders` (201 + Location), `POST /status/{code}` (answers that status),
+//! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes),
+//! `GET /executions` (the counts, with how often each forwarded `Idempotency-Key` executed).
+//! Every POST/PATCH counts as one execution when it starts.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+/// Executions seen so far.
+#[derive(Default)]
+pub struct Counts {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    executions: u64,
+    by_key: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    /// Total executions.
+    pub fn executions(&self) -> u64 {
+        self.inner.lock().map(|i| i.executions).unwrap_or(0)
+    }
+
+    /// How many times requests carrying `key` executed.
+    pub fn executions_of(&self, key: &str) -> u64 {
+        self.inner.lock().map(|i| i.by_key.get(key).copied().unwrap_or(0)).unwrap_or(0)
+    }
+
+    fn count(&self, headers: &HeaderMap) -> u64 {
+        let Ok(mut inner) = self.inner.lock() else { return 0 };
+        inner.executions += 1;
+        if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+            *inner.by_key.entry(key.to_owned()).or_default() += 1;
+        }
+        inner.executions
+    }
+}
+
+/// The routes above, counting into `counts`.
+pub fn router(counts: Arc<Counts>) -> Router {
+    Router::new()
+        .route("/orders", post(create).patch(create))
+        .route("/status/{code}", post(status))
+        .route("/slow/{ms}", post(slow))
+        .route("/big/{bytes}", post(big))
+        .route("/executions", get(executions))
+        .with_state(counts)
+}
+
+async fn create(State(counts): State<Arc<Counts>>, headers: HeaderMap, body: String) -> Response {
+    let n = counts.count(&headers);
+    let location = format!("/orders/{n}");
+    let body = serde_json::json!({ "order": n, "received_bytes": body.len() });
+    (StatusCode::CREATED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+}
+
+async fn status(State(counts): State<Arc<Counts>>, Path(code): Path<u16>, headers: HeaderMap) -> Response {
+    let n = counts.count(&headers);
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, format!("execution {n} answered {code}\n")).into_response()
+}
+
+async fn slow(State(counts): State<Arc<Counts>>, Path(ms): Path<u64>, headers: HeaderMap) -> Response {
+    let n = counts.count(&headers);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    (StatusCode::CREATED, [(header::LOCATION, format!("/orders/{n}"))], format!("slow execution {n}\n")).into_response()
+}
+
+async fn big(State(counts): State<Arc<Counts>>, Path(bytes): Path<usize>, headers: HeaderMap) -> Response {
+    counts.count(&headers);
+    (StatusCode::OK, vec![b'x'; bytes.min(64 << 20)]).into_response()
+}
+
+async fn executions(State(counts): State<Arc<Counts>>) -> Response {
+    let Ok(inner) = counts.inner.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
+    let max_per_key = inner.by_key.values().copied().max().unwrap_or(0);
+    axum::Json(serde_json::json!({
+        "executions": inner.executions,
+        "distinct_keys": inner.by_key.len(),
+        "max_executions_per_key": max_per_key,
+    }))
+    .into_response()
+}
+
+#[allow(dead_code)] // the tests include this file for `router` only
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let mut listen = "127.0.0.1:9000".to_owned();
+    while let Some(arg) = args.next() {
+        match (arg.as_str(), args.next()) {
+            ("--listen", Some(addr)) => listen = addr,
+            _ => {
+                eprintln!("usage: upstream [--listen ADDR]");
+                std::process::exit(2);
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    println!("upstream listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router(Arc::new(Counts::default()))).await
+}
