@@ -337,6 +337,15 @@ impl Lease {
         }
     }
 
+    /// Whether `record` is this lease's own in-progress record (same owner, claim time and fingerprint), e.g.
+    /// after a renewal whose answer was lost landed in the store: then its generation is this lease's to adopt.
+    /// A record another holder claimed is never "mine", so adopting cannot defeat the fence.
+    pub fn is_mine(&self, record: &Record) -> bool {
+        matches!(record, Record::InProgress { fingerprint, owner, started_at_ms }
+            if *fingerprint == self.claim.fingerprint && *owner == self.claim.owner
+                && *started_at_ms == self.claim.started_at_ms)
+    }
+
     /// Record that a write of this lease was accepted with `generation` (the new fencing token).
     pub fn advanced(&mut self, generation: Generation) {
         self.generation = generation;
@@ -448,6 +457,21 @@ mod tests {
         assert!(matches!(create.op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == Duration::from_secs(10)));
         let mut lease = claim.acquired(Generation::new(5));
         assert_eq!(lease.renew().precondition, Precondition::Generation(Generation::new(5)));
+        assert!(lease.is_mine(&Record::InProgress {
+            fingerprint: fp("a"),
+            owner: "owner-1".into(),
+            started_at_ms: 1_000
+        }));
+        assert!(!lease.is_mine(&Record::InProgress {
+            fingerprint: fp("a"),
+            owner: "owner-2".into(),
+            started_at_ms: 1_000
+        }));
+        assert!(!lease.is_mine(&Record::InProgress {
+            fingerprint: fp("a"),
+            owner: "owner-1".into(),
+            started_at_ms: 1_001
+        }));
         lease.advanced(Generation::new(9));
         assert_eq!(lease.generation(), Generation::new(9));
         let outcome = Outcome::Unknown { reason: "x".into() };

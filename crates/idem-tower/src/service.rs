@@ -340,6 +340,8 @@ where
     }
 }
 
+type WriteFuture<'a> = dyn Future<Output = Result<Option<Generation>, StoreError>> + Send + 'a;
+
 /// Holds a lease while work runs: renews it every third of its length and performs the fenced final write.
 struct LeaseKeeper<'a, St> {
     store: &'a St,
@@ -350,27 +352,41 @@ struct LeaseKeeper<'a, St> {
 impl<St: Store> LeaseKeeper<'_, St> {
     async fn during<F: Future>(&mut self, work: F) -> F::Output {
         tokio::pin!(work);
+        let store = self.store;
         let period = self.lease.length() / 3;
         let mut next = tokio::time::Instant::now() + period;
+        // The renewal runs beside the work, not instead of it: a slow store must not stall reading the
+        // response (and a stalled renewal is exactly when the work must go on).
+        let mut renewal: Option<Pin<Box<WriteFuture<'_>>>> = None;
         loop {
             tokio::select! {
                 biased;
+                // A renewal cut off here may still land in the store and move the token past what we know;
+                // `adopt` recognises our own record then.
                 out = &mut work => return out,
-                () = tokio::time::sleep_until(next), if self.held => {
+                result = async { match renewal.as_mut() { Some(r) => r.await, None => std::future::pending().await } }, if renewal.is_some() => {
+                    renewal = None;
+                    self.renewed(result);
+                }
+                () = tokio::time::sleep_until(next), if self.held && renewal.is_none() => {
                     next = tokio::time::Instant::now() + period;
-                    match apply(self.store, self.lease.renew()).await {
-                        Ok(Some(generation)) => self.lease.advanced(generation),
-                        Ok(None) => {}
-                        Err(e) if e.is_precondition_failed() => {
-                            // Taken over (or lapsed): from here on every write of ours fails its fence.
-                            self.held = false;
-                            metrics::counter!("idem_idempotency_leases_lost_total").increment(1);
-                            warn!(key = self.lease.key().as_str(), "lease lost while the request was running");
-                        }
-                        Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "lease renewal failed; will retry"),
-                    }
+                    renewal = Some(Box::pin(apply(store, self.lease.renew())));
                 }
             }
+        }
+    }
+
+    fn renewed(&mut self, result: Result<Option<Generation>, StoreError>) {
+        match result {
+            Ok(Some(generation)) => self.lease.advanced(generation),
+            Ok(None) => {}
+            Err(e) if e.is_precondition_failed() => {
+                // Taken over (or lapsed): from here on every write of ours fails its fence.
+                self.held = false;
+                metrics::counter!("idem_idempotency_leases_lost_total").increment(1);
+                warn!(key = self.lease.key().as_str(), "lease lost while the request was running");
+            }
+            Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "lease renewal failed; will retry"),
         }
     }
 
@@ -382,12 +398,38 @@ impl<St: Store> LeaseKeeper<'_, St> {
         }
     }
 
+    /// After a fence failure: if the live record is still our own claim (a renewal we stopped waiting for
+    /// landed), take its generation and say so; if another holder's or absent, no.
+    async fn adopt(&mut self, e: &StoreError) -> bool {
+        if !matches!(e.current_generation(), Some(Some(_))) {
+            return false;
+        }
+        let Ok(Some(current)) = self.store.get(self.lease.key().as_str()).await else {
+            return false;
+        };
+        match Record::decode(current.value()) {
+            Ok(record) if self.lease.is_mine(&record) => {
+                self.lease.advanced(current.generation());
+                true
+            }
+            _ => false,
+        }
+    }
+
     async fn release(&mut self) {
-        match apply(self.store, self.lease.release()).await {
-            Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
-            Err(e) if e.is_precondition_failed() => {}
-            // The lease lapses on its own; until then retries get 409.
-            Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "release failed; the lease will lapse"),
+        let mut adopted = false;
+        loop {
+            match apply(self.store, self.lease.release()).await {
+                Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
+                Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => {
+                    adopted = true;
+                    continue;
+                }
+                Err(e) if e.is_precondition_failed() => {}
+                // The lease lapses on its own; until then retries get 409.
+                Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "release failed; the lease will lapse"),
+            }
+            return;
         }
     }
 
@@ -395,6 +437,7 @@ impl<St: Store> LeaseKeeper<'_, St> {
         let key = self.lease.key().as_str().to_owned();
         let now = now_ms();
         let mut backoff = Duration::from_millis(50);
+        let mut adopted = false;
         loop {
             match apply(self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
                 Ok(_) => return,
@@ -407,6 +450,7 @@ impl<St: Store> LeaseKeeper<'_, St> {
                     }
                     return;
                 }
+                Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => adopted = true,
                 Err(e) if e.is_precondition_failed() => return self.fenced(&key, &e),
                 Err(e) if backoff < Duration::from_secs(2) => {
                     warn!(key, error = %e, "storing the outcome failed; retrying");

@@ -1,9 +1,11 @@
-//! The `idem` command: `serve` the KV API, talk to it with `kv`, measure the store with `bench`.
+//! The `idem` command: `serve` the KV API (or proxy an upstream with Idempotency-Key handling), talk to it
+//! with `kv`, measure the store with `bench`, derive keys with `key`.
 
 mod any_store;
 mod bench;
 mod client;
 mod error;
+mod key;
 mod serve;
 
 use std::io::IsTerminal;
@@ -30,6 +32,8 @@ enum Command {
     Kv(client::KvArgs),
     /// Measure durable conditional updates per second against the fsync ceiling.
     Bench(bench::BenchArgs),
+    /// Print the deterministic Idempotency-Key of a logical write: PREFIX:ID:HASH of the canonical payload.
+    Key(key::KeyArgs),
 }
 
 fn main() {
@@ -52,6 +56,7 @@ fn main() {
             Command::Serve(args) => serve::run(args.resolve()?).await,
             Command::Kv(args) => client::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Key(args) => key::run(args),
         }
     });
     if let Err(e) = result {

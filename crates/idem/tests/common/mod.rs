@@ -12,6 +12,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 pub struct Server {
     pub child: Child,
     pub url: String,
+    /// The admin listener's URL in proxy mode (`--upstream`), else empty.
+    pub admin: String,
 }
 
 impl Server {
@@ -38,14 +40,21 @@ impl Server {
             }
         });
         let stdout = child.stdout.take().unwrap();
+        let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
+        stdout.read_line(&mut line).unwrap();
         let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned) else {
             let _ = child.wait();
             std::thread::sleep(Duration::from_millis(100));
             panic!("server did not start: {line:?} {}", log.lock().unwrap());
         };
-        Server { child, url }
+        let mut admin = String::new();
+        if line.contains("(proxy to ") {
+            let mut second = String::new();
+            stdout.read_line(&mut second).unwrap();
+            admin = second.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned).unwrap_or_default();
+        }
+        Server { child, url, admin }
     }
 
     pub fn sqlite(path: &Path) -> Server {

@@ -1,0 +1,464 @@
+//! `idem serve --upstream`: the Idempotency-Key contract (DESIGN.md steps 1-7) end to end, through a real
+//! proxy process, a real SQLite store and a real upstream that counts its executions.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod common;
+#[allow(dead_code, clippy::unwrap_used)]
+#[path = "../examples/upstream.rs"]
+mod upstream;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Server, client};
+use reqwest::StatusCode;
+use upstream::Counts;
+
+/// The example upstream on a free port, in this test's runtime.
+async fn start_upstream() -> (String, Arc<Counts>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let counts = Arc::new(Counts::default());
+    let app = upstream::router(Arc::clone(&counts));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, counts)
+}
+
+fn proxy(dir: &tempfile::TempDir, upstream: &str, extra: &[&str]) -> Server {
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let mut args = vec!["--upstream", upstream, "--admin-listen", "127.0.0.1:0", "--store", &store];
+    args.extend_from_slice(extra);
+    Server::start(&args, &[])
+}
+
+async fn post(url: &str, path: &str, key: Option<&str>, body: &str) -> reqwest::Response {
+    let mut req =
+        client().post(format!("{url}{path}")).header("content-type", "application/json").body(body.to_owned());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req.send().await.unwrap()
+}
+
+async fn post_result(url: &str, path: &str, key: &str) -> reqwest::Result<reqwest::Response> {
+    client()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+}
+
+/// Idempotency records in the store, via the admin listener's KV API.
+async fn stored_records(admin: &str) -> usize {
+    let page: serde_json::Value =
+        client().get(format!("{admin}/v1/kv?prefix=idempotency/")).send().await.unwrap().json().await.unwrap();
+    page["items"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn first_request_executes_once_and_an_identical_retry_replays_it() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let first = post(&server.url, "/orders", Some("\"order-1\""), r#"{"sku":"a","qty":2}"#).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let location = first.headers()["location"].clone();
+    let content_type = first.headers()["content-type"].clone();
+    let body = first.bytes().await.unwrap();
+    // The same key as a bare token, the same JSON with other key order and whitespace.
+    let retry = post(&server.url, "/orders", Some("order-1"), "{ \"qty\": 2,\n  \"sku\": \"a\" }").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["location"], location);
+    assert_eq!(retry.headers()["content-type"], content_type);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), body);
+    assert_eq!(counts.executions(), 1, "the upstream executed once");
+    // The key is forwarded so the upstream can dedupe too.
+    assert_eq!(counts.executions_of("\"order-1\""), 1);
+    let record: serde_json::Value = client()
+        .get(format!("{}/v1/idempotency/anonymous/order-1", server.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["status"], 201);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_reused_for_another_request_gets_422_without_echo() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    assert_eq!(post(&server.url, "/orders", Some("k"), r#"{"card":"4242-secret"}"#).await.status(), 201);
+    let other_body = post(&server.url, "/orders", Some("k"), r#"{"card":"other"}"#).await;
+    assert_eq!(other_body.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other_body.headers()["content-type"], "application/problem+json");
+    let text = other_body.text().await.unwrap();
+    assert!(text.contains("urn:idem:problem:idempotency-key-reused"), "{text}");
+    assert!(!text.contains("4242") && !text.contains("/orders/1"), "the 422 must not echo the first request: {text}");
+    let other_path = post(&server.url, "/status/201", Some("k"), r#"{"card":"4242-secret"}"#).await;
+    assert_eq!(other_path.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let other_method = client()
+        .patch(format!("{}/orders", server.url))
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body(r#"{"card":"4242-secret"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_method.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let array_order = post(&server.url, "/orders", Some("k2"), r#"{"a":[1,2]}"#).await;
+    assert_eq!(array_order.status(), 201);
+    assert_eq!(post(&server.url, "/orders", Some("k2"), r#"{"a":[2,1]}"#).await.status(), 422);
+    assert_eq!(counts.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retry_while_the_first_runs_gets_409_with_retry_after_or_422_for_another_body() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let url = server.url.clone();
+    let first = tokio::spawn(async move { post(&url, "/slow/1500", Some("slow"), "{}").await.status() });
+    while counts.executions() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let busy = post(&server.url, "/slow/1500", Some("slow"), "{ }").await;
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert_eq!(busy.headers()["retry-after"], "1");
+    assert!(busy.text().await.unwrap().contains("urn:idem:problem:request-in-flight"));
+    let other = post(&server.url, "/slow/1500", Some("slow"), r#"{"x":1}"#).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    let after = post(&server.url, "/slow/1500", Some("slow"), "{}").await;
+    assert_eq!(after.status(), StatusCode::CREATED);
+    assert_eq!(after.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_key_under_two_credentials_executes_twice_and_each_sees_only_its_own() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let send = |who: &'static str| {
+        client()
+            .post(format!("{}/orders", server.url))
+            .header("authorization", format!("Bearer {who}"))
+            .header("idempotency-key", "shared-key")
+            .body("{}")
+            .send()
+    };
+    let alice = send("alice").await.unwrap();
+    let bob = send("bob").await.unwrap();
+    assert_eq!((alice.status(), bob.status()), (StatusCode::CREATED, StatusCode::CREATED));
+    let (alice_loc, bob_loc) = (alice.headers()["location"].clone(), bob.headers()["location"].clone());
+    assert_ne!(alice_loc, bob_loc);
+    assert_eq!(counts.executions(), 2);
+    let alice_again = send("alice").await.unwrap();
+    let bob_again = send("bob").await.unwrap();
+    assert_eq!(alice_again.headers()["location"], alice_loc);
+    assert_eq!(bob_again.headers()["location"], bob_loc);
+    assert_eq!(alice_again.headers()["idempotent-replayed"], "true");
+    // No credential is a third scope.
+    assert_eq!(post(&server.url, "/orders", Some("shared-key"), "{}").await.headers().get("idempotent-replayed"), None);
+    assert_eq!(counts.executions(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hundred_concurrent_identical_requests_execute_once() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let url = server.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let resp = post(&url, "/slow/300", Some("storm"), r#"{"n":1}"#).await;
+            let status = resp.status();
+            let location = resp.headers().get("location").cloned();
+            (status, location)
+        }));
+    }
+    let (mut stored, mut in_flight) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            (StatusCode::CREATED, Some(location)) => {
+                assert_eq!(location, "/orders/1");
+                stored += 1;
+            }
+            (StatusCode::CONFLICT, _) => in_flight += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(stored + in_flight, 100);
+    assert!(stored >= 1);
+    assert_eq!(counts.executions(), 1, "{stored} stored answers, {in_flight} 409s, yet more than one execution");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_500_is_stored_and_replayed_while_429_and_503_release_the_key() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let first = post(&server.url, "/status/500", Some("k500"), "{}").await;
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let replay = post(&server.url, "/status/500", Some("k500"), "{}").await;
+    assert_eq!(replay.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.text().await.unwrap(), "execution 1 answered 500\n");
+    assert_eq!(counts.executions(), 1);
+    for code in ["429", "503"] {
+        let key = format!("k{code}");
+        let path = format!("/status/{code}");
+        let before = counts.executions();
+        assert_eq!(post(&server.url, &path, Some(&key), "{}").await.status().as_str(), code);
+        let retry = post(&server.url, &path, Some(&key), "{}").await;
+        assert_eq!(retry.status().as_str(), code);
+        assert!(retry.headers().get("idempotent-replayed").is_none(), "{code} must not be replayed");
+        assert_eq!(counts.executions(), before + 2, "after {code} the retry executes again");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_connection_releases_the_key_and_the_retry_executes() {
+    // A port with nothing behind it yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let up = format!("http://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let refused = post(&server.url, "/orders", Some("k"), "{}").await;
+    assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+    assert!(refused.text().await.unwrap().contains("upstream-unreachable"));
+    assert_eq!(stored_records(&server.admin).await, 0, "the key was released");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let counts = Arc::new(Counts::default());
+    let app = upstream::router(Arc::clone(&counts));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    assert_eq!(post(&server.url, "/orders", Some("k"), "{}").await.status(), StatusCode::CREATED);
+    assert_eq!(counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_reset_after_receiving_the_request_is_an_unknown_outcome_never_re_executed() {
+    // An upstream that reads the whole request, then resets the connection (RST: SO_LINGER 0).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = Arc::clone(&received);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)).unwrap();
+            drop(stream);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let first = post(&server.url, "/orders", Some("k"), "{}").await;
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    assert!(first.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"));
+    let retry = post(&server.url, "/orders", Some("k"), "{}").await;
+    assert_eq!(retry.status(), StatusCode::BAD_GATEWAY);
+    assert!(retry.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"));
+    assert_eq!(received.load(std::sync::atomic::Ordering::SeqCst), 1, "the retry must not be sent again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_hangs_up_does_not_cancel_the_execution_and_the_retry_replays() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(200)).build().unwrap();
+    let gone = impatient
+        .post(format!("{}/slow/1000", server.url))
+        .header("idempotency-key", "hang")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up before the answer");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let retry = post(&server.url, "/slow/1000", Some("hang"), "{}").await;
+        if retry.status() == StatusCode::CONFLICT && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(retry.status(), StatusCode::CREATED);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        break;
+    }
+    assert_eq!(counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_sigkill_mid_request_the_key_is_409_until_the_lease_lapses_then_executes_once() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let lease = ["--lease", "4s"];
+    let server = proxy(&dir, &up, &lease);
+    let url = server.url.clone();
+    let lost = tokio::spawn(async move { post_result(&url, "/slow/3000", "k9").await });
+    while counts.executions() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.kill9();
+    assert!(lost.await.unwrap().is_err(), "the proxy died mid-request");
+    let killed_at = Instant::now();
+    let server = proxy(&dir, &up, &lease);
+    let first_retry = post(&server.url, "/slow/3000", Some("k9"), "{}").await;
+    assert_eq!(first_retry.status(), StatusCode::CONFLICT, "the dead holder's lease still stands");
+    let answer = loop {
+        let retry = post(&server.url, "/slow/3000", Some("k9"), "{}").await;
+        if retry.status() != StatusCode::CONFLICT {
+            break retry;
+        }
+        assert!(killed_at.elapsed() < Duration::from_secs(15), "the lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert!(answer.headers().get("idempotent-replayed").is_none(), "a fresh execution, not a replay");
+    assert!(killed_at.elapsed() >= Duration::from_secs(1), "the key must stay locked for the lease");
+    assert_eq!(counts.executions(), 2, "once before the crash, once after the lease lapsed");
+    assert_eq!(counts.executions_of("k9"), 2, "both executions carried the same Idempotency-Key");
+    let replay = post(&server.url, "/slow/3000", Some("k9"), "{}").await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn after_the_retention_the_key_is_free_and_missing_keys_pass_through_or_get_400() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--retention", "1s", "--lease", "1s"]);
+    assert_eq!(post(&server.url, "/orders", Some("short"), "{}").await.status(), 201);
+    assert_eq!(post(&server.url, "/orders", Some("short"), "{}").await.headers()["idempotent-replayed"], "true");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = post(&server.url, "/orders", Some("short"), "{}").await;
+    assert_eq!(again.status(), 201);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(counts.executions(), 2);
+    // Without a key: passed through, executed every time, nothing stored.
+    assert_eq!(post(&server.url, "/orders", None, "{}").await.status(), 201);
+    assert_eq!(post(&server.url, "/orders", None, "{}").await.status(), 201);
+    assert_eq!(counts.executions(), 4);
+    // GET is not covered: passed through.
+    assert_eq!(client().get(format!("{}/executions", server.url)).send().await.unwrap().status(), 200);
+    drop(server);
+
+    let dir = tempfile::tempdir().unwrap();
+    let strict = proxy(&dir, &up, &["--require-key"]);
+    let refused = post(&strict.url, "/orders", None, "{}").await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    assert!(refused.text().await.unwrap().contains("urn:idem:problem:idempotency-key-missing"));
+    assert_eq!(counts.executions(), 4);
+}
+
+/// Sends raw bytes (for headers no HTTP library would send) and returns the status code.
+fn raw_status(url: &str, request: &[u8]) -> u16 {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(request).unwrap();
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf).unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_keys_get_400_and_store_nothing() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let long = "k".repeat(256);
+    for bad in ["", "\"\"", long.as_str(), "a\tb", "\"unterminated", "a, b", "\"caf\u{e9}\""] {
+        let resp = client()
+            .post(format!("{}/orders", server.url))
+            .header("idempotency-key", reqwest::header::HeaderValue::from_bytes(bad.as_bytes()).unwrap())
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "key {bad:?}");
+        assert!(resp.text().await.unwrap().contains("idempotency-key-invalid"));
+    }
+    let ok = "k".repeat(255);
+    assert_eq!(post(&server.url, "/orders", Some(&ok), "{}").await.status(), 201);
+    let two_lines = format!(
+        "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\r\nIdempotency-Key: a\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    assert_eq!(raw_status(&server.url, two_lines.as_bytes()), 400);
+    let control = b"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(raw_status(&server.url, control), 400);
+    // A bare CR inside a field value is refused by the HTTP parser itself (RFC 9112 §2.2).
+    let bare_cr = b"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\rb\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(raw_status(&server.url, bare_cr), 400);
+    assert_eq!(counts.executions(), 1, "only the valid 255-character key executed");
+    assert_eq!(stored_records(&server.admin).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_response_over_the_stored_body_limit_is_never_re_executed() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--max-stored-body", "1000"]);
+    let first = post(&server.url, "/big/5000", Some("big"), "{}").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.bytes().await.unwrap().len(), 5000, "the first caller gets the whole response");
+    let retry = post(&server.url, "/big/5000", Some("big"), "{}").await;
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert!(retry.headers().get("retry-after").is_none(), "retrying will not help");
+    let text = retry.text().await.unwrap();
+    assert!(text.contains("urn:idem:problem:response-not-stored") && text.contains("1000-byte"), "{text}");
+    assert_eq!(counts.executions(), 1);
+    // Small responses under the same limit are stored as usual.
+    assert_eq!(post(&server.url, "/big/10", Some("small"), "{}").await.status(), 200);
+    assert_eq!(post(&server.url, "/big/10", Some("small"), "{}").await.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_proxy_forwards_with_forwarded_and_serves_admin_routes_separately() {
+    let (up, _counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    // The upstream's own routes on the main listener, ours on the admin listener.
+    assert_eq!(client().get(format!("{}/executions", server.url)).send().await.unwrap().status(), 200);
+    assert_eq!(client().get(format!("{}/healthz", server.admin)).send().await.unwrap().status(), 200);
+    assert_eq!(client().get(format!("{}/healthz", server.url)).send().await.unwrap().status(), 404);
+    let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("idem_http_requests_total"), "{metrics}");
+    // Admin: delete a record, then the key executes again.
+    assert_eq!(post(&server.url, "/orders", Some("del"), "{}").await.status(), 201);
+    let deleted = client().delete(format!("{}/v1/idempotency/anonymous/del", server.admin)).send().await.unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let again = post(&server.url, "/orders", Some("del"), "{}").await;
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    let missing = client().get(format!("{}/v1/idempotency/anonymous/nope", server.admin)).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let bad_scope = client().get(format!("{}/v1/idempotency/..%2F/x", server.admin)).send().await.unwrap();
+    assert_eq!(bad_scope.status(), StatusCode::BAD_REQUEST);
+    let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+    for name in ["idem_idempotency_claims_total", "idem_upstream_seconds"] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+}
