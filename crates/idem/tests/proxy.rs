@@ -403,10 +403,9 @@ async fn malformed_keys_get_400_and_store_nothing() {
     }
     let ok = "k".repeat(255);
     assert_eq!(post(&server.url, "/orders", Some(&ok), "{}").await.status(), 201);
-    let two_lines = format!(
-        "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\r\nIdempotency-Key: a\r\nContent-Length: 2\r\n\r\n{{}}"
-    );
-    assert_eq!(raw_status(&server.url, two_lines.as_bytes()), 400);
+    let two_lines =
+        b"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\r\nIdempotency-Key: a\r\nContent-Length: 2\r\n\r\n{}";
+    assert_eq!(raw_status(&server.url, two_lines), 400);
     let control = b"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\nContent-Length: 2\r\n\r\n{}";
     assert_eq!(raw_status(&server.url, control), 400);
     // A bare CR inside a field value is refused by the HTTP parser itself (RFC 9112 §2.2).
