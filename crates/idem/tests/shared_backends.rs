@@ -9,7 +9,59 @@ mod common;
 #[path = "../examples/contention.rs"]
 mod contention;
 
+#[allow(dead_code, clippy::unwrap_used)]
+#[path = "../examples/upstream.rs"]
+mod upstream;
+
+use std::sync::Arc;
+
 use common::Server;
+
+/// Two proxies on one shared store: 100 concurrent identical requests spread over both execute once, and
+/// both replay the stored answer.
+async fn idempotency_across_two_proxies(url: &str) {
+    let ns = format!("idem_test_{:012x}", rand::random::<u64>() >> 16);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    let counts = Arc::new(upstream::Counts::default());
+    let app = upstream::router(Arc::clone(&counts));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let args = ["--store", url, "--namespace", &ns, "--upstream", &up, "--admin-listen", "127.0.0.1:0"];
+    let a = Server::start(&args, &[]);
+    let b = Server::start(&args, &[]);
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let target = if i % 2 == 0 { a.url.clone() } else { b.url.clone() };
+        tasks.push(tokio::spawn(async move {
+            let resp = common::client()
+                .post(format!("{target}/slow/300"))
+                .header("idempotency-key", "shared")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        }));
+    }
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(status == 201 || status == 409, "unexpected {status}");
+    }
+    assert_eq!(counts.executions(), 1, "two proxies on {url} executed one key twice");
+    for server in [&a, &b] {
+        let replay = common::client()
+            .post(format!("{}/slow/300", server.url))
+            .header("idempotency-key", "shared")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    }
+    assert_eq!(counts.executions(), 1);
+    cleanup(url, &ns).await;
+}
 
 async fn contention_across_two_servers(url: &str) {
     // A namespace of our own, so parallel tests never see each other's keys; removed by the caller.
@@ -61,4 +113,24 @@ async fn two_servers_on_one_redis_lose_nothing() {
         return;
     };
     contention_across_two_servers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_postgres_execute_a_key_once() {
+    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(), "IDEM_TEST_POSTGRES_URL is unset");
+        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
+        return;
+    };
+    idempotency_across_two_proxies(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_proxies_on_one_redis_execute_a_key_once() {
+    let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") else {
+        assert!(std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(), "IDEM_TEST_REDIS_URL is unset");
+        eprintln!("skipped: IDEM_TEST_REDIS_URL is unset");
+        return;
+    };
+    idempotency_across_two_proxies(&url).await;
 }
