@@ -253,6 +253,8 @@ async fn an_upstream_reset_after_receiving_the_request_is_an_unknown_outcome_nev
     let up = format!("http://{}", listener.local_addr().unwrap());
     let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let seen = Arc::clone(&received);
+    let first_request = Arc::new(std::sync::Mutex::new(String::new()));
+    let captured = Arc::clone(&first_request);
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let mut stream = stream.unwrap();
@@ -265,7 +267,9 @@ async fn an_upstream_reset_after_receiving_the_request_is_an_unknown_outcome_nev
                 }
                 buf.extend_from_slice(&chunk[..n]);
             }
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                *captured.lock().unwrap() = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+            }
             socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)).unwrap();
             drop(stream);
         }
@@ -279,6 +283,11 @@ async fn an_upstream_reset_after_receiving_the_request_is_an_unknown_outcome_nev
     assert_eq!(retry.status(), StatusCode::BAD_GATEWAY);
     assert!(retry.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"));
     assert_eq!(received.load(std::sync::atomic::Ordering::SeqCst), 1, "the retry must not be sent again");
+    // What the upstream received: the key passed on, an RFC 7239 Forwarded element for this hop.
+    let head = first_request.lock().unwrap().clone();
+    assert!(head.contains("\r\nidempotency-key: k\r\n"), "{head}");
+    assert!(head.contains("\r\nforwarded: for=\"127.0.0.1:"), "{head}");
+    assert!(head.contains(";proto=http;host=\"127.0.0.1:"), "{head}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
