@@ -55,6 +55,7 @@ end
 
 function done(summary, latency, requests)
   local total_ok, total_non2xx, s = 0, 0, ""
+  local m = threads[1] and threads[1]:get("mode") or "?"
   for _, t in ipairs(threads) do
     total_ok = total_ok + t:get("ok")
     total_non2xx = total_non2xx + t:get("non2xx")
@@ -64,7 +65,7 @@ function done(summary, latency, requests)
   local secs = summary.duration / 1e6
   io.write(string.format(
     "WRK_RESULT mode=%s requests=%d ok=%d non2xx=%d errors=%d ok_rps=%.1f p50_ms=%.3f p99_ms=%.3f max_ms=%.3f\n",
-    mode, summary.requests, total_ok, total_non2xx, e.connect + e.read + e.write + e.timeout, total_ok / secs,
+    m, summary.requests, total_ok, total_non2xx, e.connect + e.read + e.write + e.timeout, total_ok / secs,
     latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency.max / 1000))
   if total_non2xx > 0 then io.write("WRK_SAMPLE " .. s:gsub("%s+", " ") .. "\n") end
 end
