@@ -116,9 +116,9 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// How long a finished record is kept (and replayed), from completion; the key is free again after it.
-    /// Must lie within the store's TTL limits (1 s ..= 365 d by default), or completions fail.
+    /// Clamped to the store's TTL range, 1 s ..= 365 d.
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config.retention = retention;
+        self.config.retention = retention.clamp(idem_store::MIN_TTL, idem_store::MAX_TTL);
         self
     }
 
@@ -142,7 +142,8 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The largest response body stored, in bytes. A larger response reaches its first caller but is never
-    /// replayed nor re-executed: retries get a problem+json naming this limit. Default 1 MiB.
+    /// replayed nor re-executed: retries get a problem+json naming this limit. Default 1 MiB; never more than
+    /// the store's value limit minus 64 KiB for the record's head.
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.config.max_stored_body = bytes;
         self

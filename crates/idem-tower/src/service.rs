@@ -23,6 +23,9 @@ use crate::problem::problem;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Bytes kept free in a stored record for its JSON head (status, headers, fingerprint).
+const RECORD_HEAD_ROOM: usize = 64 * 1024;
+
 static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -235,7 +238,8 @@ async fn decide<St: Store>(
                         continue;
                     }
                     Err(e) if e.is_precondition_failed() => in_flight(),
-                    Ok(None) | Err(_) => store_unavailable(&StoreError::unavailable("claim failed")),
+                    Err(e) => store_unavailable(&e),
+                    Ok(None) => store_unavailable(&StoreError::unavailable("the claim returned no generation")),
                 }
             }
             Verdict::Replay(stored) => {
@@ -320,7 +324,9 @@ where
         return Ok(response.map(Body::new));
     }
     let (parts, body) = response.into_parts();
-    let limit = config.max_stored_body;
+    // A record must fit the store's value limit, or its completion write would fail and the key would free
+    // up when the lease lapses, letting a retry execute again: keep room for the record's head.
+    let limit = config.max_stored_body.min(store.limits().max_value_bytes().saturating_sub(RECORD_HEAD_ROOM));
     match keeper.during(read_prefix(body, limit)).await {
         Prefix::Complete(bytes) => {
             let headers = stored_headers(&parts.headers, &config.replay_headers);
