@@ -33,7 +33,8 @@ impl<'a> RequestParts<'a> {
 
 /// SHA-256 over method, path, query, content type and body (32 bytes, shown as 64 hex digits).
 ///
-/// JSON bodies (`application/json` or any `+json` media type, RFC 6839 §3.1) are hashed in their RFC 8785
+/// Media types compare case-insensitively; JSON media types without their parameters (a `charset` changes
+/// nothing in JSON). JSON bodies (`application/json` or any `+json` media type, RFC 6839 §3.1) are hashed in their RFC 8785
 /// canonical form, so key order and insignificant whitespace do not change the fingerprint while array order
 /// does; a body that claims JSON but does not parse is hashed as it is. Every part is length-prefixed, so no
 /// two different requests share an input to the hash.
@@ -51,12 +52,17 @@ impl Fingerprint {
         field(parts.method.as_bytes());
         field(parts.path.as_bytes());
         field(parts.query.unwrap_or("").as_bytes());
-        let media_type = parts.content_type.map(normalise_content_type);
-        field(media_type.as_deref().unwrap_or("").as_bytes());
+        let mut media_type = parts.content_type.map(normalise_content_type);
         let is_json = media_type.as_deref().is_some_and(|m| {
             let essence = m.split(';').next().unwrap_or("");
             essence == "application/json" || essence.ends_with("+json")
         });
+        if is_json {
+            // JSON has no charset parameter (RFC 8259 §11: it is always UTF-8), yet many clients add one:
+            // `application/json; charset=utf-8` is the same request as `application/json`.
+            media_type = media_type.map(|m| m.split(';').next().unwrap_or("").to_owned());
+        }
+        field(media_type.as_deref().unwrap_or("").as_bytes());
         if is_json {
             field(&canonical_payload(parts.body));
         } else {
@@ -175,7 +181,11 @@ mod tests {
         assert_eq!(a, fp("POST", "/o", None, ct, "{ \"c\": {\"x\": 2, \"y\": 1},\n \"b\": [1, 2], \"a\": 1 }"));
         assert_eq!(
             fp("POST", "/o", None, Some("Application/JSON ; charset=UTF-8"), "{}"),
-            fp("POST", "/o", None, Some("application/json;charset=utf-8"), "{ }")
+            fp("POST", "/o", None, Some("application/json"), "{ }")
+        );
+        assert_ne!(
+            fp("POST", "/o", None, Some("text/plain; charset=latin1"), "x"),
+            fp("POST", "/o", None, Some("text/plain"), "x")
         );
         assert_ne!(a, fp("POST", "/o", None, ct, r#"{"a":1,"b":[2,1],"c":{"y":1,"x":2}}"#));
         assert_ne!(a, fp("PATCH", "/o", None, ct, r#"{"a":1,"b":[1,2],"c":{"y":1,"x":2}}"#));

@@ -16,7 +16,11 @@ pub fn install_recorder() -> PrometheusHandle {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Suffix("_seconds".into()),
-                    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+                    // Up to a minute: upstream calls may take as long as --upstream-timeout (60 s by default).
+                    &[
+                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0, 30.0, 60.0,
+                    ],
                 )
                 .and_then(|b| {
                     b.set_buckets_for_metric(

@@ -175,6 +175,8 @@ impl Upstream {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // The client's connection has its own version; an HTTP/1.0 upstream must not downgrade it.
+                parts.version = http::Version::HTTP_11;
                 Response::from_parts(parts, Body::new(body))
             }
             Ok(Err(e)) if e.is_connect() => {
@@ -225,5 +227,13 @@ impl Upstream {
 /// The router of the proxy listener: every path and method forwarded to `upstream`, methods the layer covers
 /// (POST and PATCH by default) under Idempotency-Key handling.
 pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Router {
+    metrics::describe_histogram!("idem_upstream_seconds", "Time until the upstream's response headers, in seconds.");
+    metrics::describe_counter!(
+        "idem_upstream_errors_total",
+        "Upstream calls that failed, by kind (connect, failed, timeout)."
+    );
+    for kind in ["connect", "failed", "timeout"] {
+        metrics::counter!("idem_upstream_errors_total", "kind" => kind).increment(0);
+    }
     Router::new().fallback_service(layer.layer(upstream)).layer(axum::middleware::from_fn(crate::metrics::track_proxy))
 }

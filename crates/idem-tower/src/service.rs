@@ -51,7 +51,31 @@ pub struct Idempotency<S, St> {
 
 impl<S, St> Idempotency<S, St> {
     pub(crate) fn new(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
+        register_metrics();
         Self { inner, store, config }
+    }
+}
+
+/// Describes the layer's counters and registers them at zero, so dashboards and alerts find every series
+/// before its first event.
+fn register_metrics() {
+    const COUNTERS: [(&str, &str); 8] = [
+        ("idem_idempotency_claims_total", "Keys claimed: requests executed under a new record."),
+        ("idem_idempotency_replays_total", "Retries answered from a stored record (incl. response-not-stored)."),
+        ("idem_idempotency_conflicts_total", "Retries answered 409 because the first request was still in flight."),
+        ("idem_idempotency_mismatches_total", "Keys reused for a different request, answered 422."),
+        ("idem_idempotency_releases_total", "Keys released after 429/503 or a request never sent."),
+        (
+            "idem_idempotency_takeovers_total",
+            "Completions refused by the fence: another holder (after this one's lease lapsed) or an operator's \
+             delete replaced the record.",
+        ),
+        ("idem_idempotency_leases_lost_total", "Lease renewals refused by the fence while a request ran."),
+        ("idem_idempotency_unknown_outcomes_total", "Requests sent whose outcome is unknown (reset, timeout)."),
+    ];
+    for (name, help) in COUNTERS {
+        metrics::describe_counter!(name, help);
+        metrics::counter!(name).increment(0);
     }
 }
 
@@ -89,7 +113,21 @@ where
             let call = inner.call(request.map(Body::new));
             return ResponseFuture::new(async move { call.await.map(|r| r.map(Body::new)) });
         }
-        ResponseFuture::new(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request))
+        // Detached from the client connection from here on: a client that hangs up while the key is being
+        // claimed, or while its request executes, drops this future but not the task, so no claim is left
+        // without its execution and completion (DESIGN.md step 4).
+        let task = tokio::spawn(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request));
+        ResponseFuture::new(async move {
+            match task.await {
+                Ok(answer) => answer,
+                Err(_) => Ok(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "Internal error",
+                    "the request's task ended without an answer",
+                )),
+            }
+        })
     }
 }
 
@@ -153,22 +191,7 @@ where
     };
     metrics::counter!("idem_idempotency_claims_total").increment(1);
     let request = Request::from_parts(parts, Body::from(body));
-    // Detached: a client that hangs up drops this future, but not the task, so the execution and its
-    // completion write always finish (DESIGN.md step 4).
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let answer = execute(inner, store, config, request, lease).await;
-        let _ = tx.send(answer);
-    });
-    match rx.await {
-        Ok(answer) => answer,
-        Err(_) => Ok(problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "Internal error",
-            "the request's execution task ended without an answer",
-        )),
-    }
+    execute(inner, store, config, request, lease).await
 }
 
 async fn read_request_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Response<Body>>

@@ -7,6 +7,9 @@
 //! curl -s localhost:9000/executions                           # {"executions":1,"distinct_keys":0,...}
 //! ```
 //!
+//! With `--sqlite PATH`, every order is also written durably (one conditional put acknowledged after fsync, in
+//! idem's embedded store): an upstream that, like any real write API, persists what it is asked to do.
+//!
 //! Routes: `POST|PATCH /orders` (201 + Location), `POST /status/{code}` (answers that status),
 //! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes),
 //! `GET /executions` (the counts, with how often each forwarded `Idempotency-Key` executed).
@@ -22,10 +25,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-/// Executions seen so far.
+/// Executions seen so far (and, optionally, where orders are persisted).
 #[derive(Default)]
 pub struct Counts {
     inner: Mutex<Inner>,
+    orders: Option<idem_sqlite::SqliteStore>,
 }
 
 #[derive(Default)]
@@ -68,6 +72,13 @@ pub fn router(counts: Arc<Counts>) -> Router {
 
 async fn create(State(counts): State<Arc<Counts>>, headers: HeaderMap, body: String) -> Response {
     let n = counts.count(&headers);
+    if let Some(orders) = &counts.orders {
+        use idem_store::{Precondition, Store, Ttl};
+        let written = orders.put(&format!("orders/{n}"), body.clone().into(), Precondition::Absent, Ttl::Keep).await;
+        if let Err(e) = written {
+            return (StatusCode::INTERNAL_SERVER_ERROR, format!("could not store order {n}: {e}\n")).into_response();
+        }
+    }
     let location = format!("/orders/{n}");
     let body = serde_json::json!({ "order": n, "received_bytes": body.len() });
     (StatusCode::CREATED, [(header::LOCATION, location)], axum::Json(body)).into_response()
@@ -93,12 +104,12 @@ async fn big(State(counts): State<Arc<Counts>>, Path(bytes): Path<usize>, header
 async fn executions(State(counts): State<Arc<Counts>>) -> Response {
     let Ok(inner) = counts.inner.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
     let max_per_key = inner.by_key.values().copied().max().unwrap_or(0);
-    axum::Json(serde_json::json!({
+    let counts = serde_json::json!({
         "executions": inner.executions,
         "distinct_keys": inner.by_key.len(),
         "max_executions_per_key": max_per_key,
-    }))
-    .into_response()
+    });
+    ([(header::CONTENT_TYPE, "application/json")], format!("{counts}\n")).into_response()
 }
 
 #[allow(dead_code)] // the tests include this file for `router` only
@@ -106,16 +117,27 @@ async fn executions(State(counts): State<Arc<Counts>>) -> Response {
 async fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let mut listen = "127.0.0.1:9000".to_owned();
+    let mut counts = Counts::default();
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--listen", Some(addr)) => listen = addr,
+            ("--sqlite", Some(path)) => {
+                let store = idem_sqlite::SqliteStore::open(&path, idem_store::Limits::default())
+                    .map_err(|e| std::io::Error::other(format!("cannot open {path}: {e}")))?;
+                counts.orders = Some(store);
+            }
             _ => {
-                eprintln!("usage: upstream [--listen ADDR]");
+                eprintln!(
+                    "usage: upstream [--listen ADDR (default 127.0.0.1:9000)] [--sqlite PATH (persist orders)]\n\
+                     routes: POST|PATCH /orders (201 + Location), POST /status/CODE (answers CODE),\n\
+                     \x20       POST /slow/MS (sleeps, then 201), POST /big/BYTES (a body that long),\n\
+                     \x20       GET /executions (counts, per forwarded Idempotency-Key)"
+                );
                 std::process::exit(2);
             }
         }
     }
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     println!("upstream listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(Arc::new(Counts::default()))).await
+    axum::serve(listener, router(Arc::new(counts))).await
 }

@@ -4,8 +4,10 @@ use std::io::Read;
 
 use crate::error::Error;
 
-/// Flags of `idem key`.
+/// Flags of `idem key`. The key is `PREFIX:ID:HASH`: prefix and id are printable ASCII (255 bytes in all with
+/// the 18 of the hash); send it quoted (`--header`) when the id has spaces.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("payload").required(true).args(["json", "data", "no_payload"])))]
 pub struct KeyArgs {
     /// Readable prefix naming the kind of write, e.g. orders (no ':').
     #[arg(long)]
@@ -13,13 +15,17 @@ pub struct KeyArgs {
     /// The stable id of the item the write is about, e.g. 123.
     #[arg(long)]
     id: String,
-    /// The payload as JSON (canonicalised with RFC 8785, so key order and whitespace do not matter);
-    /// @FILE reads a file, @- standard input.
-    #[arg(long, conflicts_with = "data")]
+    /// The payload as JSON (canonicalised with RFC 8785, so key order and whitespace do not matter; must
+    /// parse); @FILE reads a file, @- standard input.
+    #[arg(long)]
     json: Option<String>,
-    /// The payload as raw bytes, hashed as given; @FILE reads a file, @- standard input.
+    /// The payload as bytes: canonicalised like --json when it happens to parse as JSON, else hashed as
+    /// given; @FILE reads a file, @- standard input.
     #[arg(long)]
     data: Option<String>,
+    /// The write has no payload (the key then depends on prefix and id only).
+    #[arg(long)]
+    no_payload: bool,
     /// Print the key as an sf-string field value, ready for an `Idempotency-Key:` header.
     #[arg(long)]
     header: bool,
@@ -52,7 +58,8 @@ pub fn run(args: KeyArgs) -> Result<(), Error> {
         (None, Some(data)) => payload(data)?,
         (None, None) => Vec::new(),
     };
-    let key = idem_core::derive_key(&args.prefix, &args.id, &bytes).map_err(|e| Error::Config(e.to_string()))?;
+    let key = idem_core::derive_key(&args.prefix, &args.id, &bytes)
+        .map_err(|e| Error::Config(format!("--prefix {:?} / --id {:?}: {e}", args.prefix, args.id)))?;
     if args.header {
         println!("{}", key.to_field_value());
     } else {

@@ -13,7 +13,8 @@ use std::io::IsTerminal;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-/// idem makes writes safe to retry: a versioned KV store with compare-and-swap, served over HTTP.
+/// idem makes writes safe to retry: a versioned KV store with compare-and-swap served over HTTP, and a reverse
+/// proxy that makes any HTTP API's POST/PATCH safe to retry with Idempotency-Key.
 #[derive(Debug, Parser)]
 #[command(name = "idem", version, about)]
 struct Cli {

@@ -64,7 +64,7 @@ pub struct ProxyArgs {
     /// renewed every third of it while the request runs) [default: 10s].
     #[arg(long, env = "IDEM_LEASE")]
     lease: Option<String>,
-    /// Answer 400 to covered requests without an Idempotency-Key (env: 1/0, true/false, …).
+    /// Answer 400 to requests of the --methods without an Idempotency-Key (env: 1/0, true/false, yes/no).
     #[arg(long, env = "IDEM_REQUIRE_KEY", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     require_key: bool,
@@ -156,6 +156,22 @@ fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Dura
 
 fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyConfig>, Error> {
     let Some(upstream) = args.upstream.or(file.upstream.take()) else {
+        let given = [
+            ("admin-listen", args.admin_listen.is_some() || file.admin_listen.is_some()),
+            ("retention", args.retention.is_some() || file.retention.is_some()),
+            ("lease", args.lease.is_some() || file.lease.is_some()),
+            ("require-key", args.require_key || file.require_key.is_some()),
+            ("methods", args.methods.is_some() || file.methods.is_some()),
+            ("max-stored-body", args.max_stored_body.is_some() || file.max_stored_body.is_some()),
+            ("max-request-body", args.max_request_body.is_some() || file.max_request_body.is_some()),
+            ("in-flight-wait", args.in_flight_wait.is_some() || file.in_flight_wait.is_some()),
+            ("upstream-timeout", args.upstream_timeout.is_some() || file.upstream_timeout.is_some()),
+            ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
+            ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            return Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL")));
+        }
         return Ok(None);
     };
     let admin_s = args.admin_listen.or(file.admin_listen.take()).unwrap_or_else(|| "127.0.0.1:8081".into());

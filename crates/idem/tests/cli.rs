@@ -155,3 +155,37 @@ async fn kv_client_commands_and_exit_codes() {
     assert!(err.contains("request failed") && err.contains("is `idem serve` running"), "{err}");
     let _ = BIN;
 }
+
+#[test]
+fn idem_key_is_deterministic_and_refuses_what_would_make_a_bad_key() {
+    let (code, a, _) = idem(&["key", "--prefix", "orders", "--id", "123", "--json", r#"{"b": [1, 2], "a": 1}"#], &[]);
+    assert_eq!(code, 0);
+    let (_, b, _) = idem(&["key", "--prefix", "orders", "--id", "123", "--json", r#"{"a":1,"b":[1,2]}"#], &[]);
+    assert_eq!(a, b, "key order and whitespace do not change the key");
+    assert!(a.starts_with("orders:123:") && a.trim_end().len() == "orders:123:".len() + 16, "{a}");
+    let (_, c, _) = idem(&["key", "--prefix", "orders", "--id", "123", "--json", r#"{"a":1,"b":[2,1]}"#], &[]);
+    assert_ne!(a, c, "array order is content");
+    let (_, quoted, _) = idem(&["key", "--prefix", "o", "--id", "a b", "--no-payload", "--header"], &[]);
+    assert!(quoted.starts_with("\"o:a b:"), "{quoted}");
+    for bad in [
+        vec!["key", "--prefix", "orders", "--id", "1"],
+        vec!["key", "--prefix", "a:b", "--id", "1", "--no-payload"],
+        vec!["key", "--prefix", "o", "--id", "1", "--json", "{x"],
+        vec!["key", "--prefix", "o", "--id", "caf\u{e9}", "--no-payload"],
+    ] {
+        let (code, _, err) = idem(&bad, &[]);
+        assert_eq!(code, 2, "{bad:?}: {err}");
+        assert!(err.starts_with("idem: ") && err.trim_end().lines().count() <= 2, "{err}");
+    }
+}
+
+#[test]
+fn proxy_flags_without_an_upstream_are_refused() {
+    let (code, _, err) = idem(&["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--require-key"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--require-key applies to the proxy only"), "{err}");
+    let (code, _, err) =
+        idem(&["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--upstream", "https://example.com"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("the scheme must be http"), "{err}");
+}

@@ -470,3 +470,48 @@ async fn the_proxy_forwards_with_forwarded_and_serves_admin_routes_separately() 
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_hanging_up_at_any_moment_never_leave_a_key_locked() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    // Hang up after 1..=30 ms: before, during and after the claim, and while the upstream runs.
+    let mut tasks = Vec::new();
+    for i in 1..=30u64 {
+        let url = server.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let impatient = reqwest::Client::builder().timeout(Duration::from_millis(i)).build().unwrap();
+            let _ = impatient
+                .post(format!("{url}/slow/200"))
+                .header("idempotency-key", format!("h{i}"))
+                .body("{}")
+                .send()
+                .await;
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Every key answers within a second or two (its execution finishing), never after the 10 s lease.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for i in 1..=30u64 {
+        loop {
+            let resp = client()
+                .post(format!("{}/slow/200", server.url))
+                .header("idempotency-key", format!("h{i}"))
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            if resp.status() == StatusCode::CONFLICT {
+                assert!(Instant::now() < deadline, "key h{i} stayed locked: an orphaned claim");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            assert_eq!(resp.status(), StatusCode::CREATED, "key h{i}");
+            break;
+        }
+        assert_eq!(counts.executions_of(&format!("h{i}")), 1, "key h{i}");
+    }
+}
