@@ -175,7 +175,7 @@ fn idem_key_is_deterministic_and_refuses_what_would_make_a_bad_key() {
     ] {
         let (code, _, err) = idem(&bad, &[]);
         assert_eq!(code, 2, "{bad:?}: {err}");
-        assert!(err.starts_with("idem: ") && err.trim_end().lines().count() <= 2, "{err}");
+        assert!(err.contains("--"), "the error names the flag: {err}");
     }
 }
 
