@@ -228,43 +228,41 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The read-modify-write loop over HTTP: GET, add the items, PUT with `If-Match` (or `If-None-Match: *` when
-/// absent); on 412 back off with full jitter and start again from a fresh GET.
+/// The read-modify-write loop over HTTP, from `idem-client`: GET, add the items, PUT with `If-Match` (or
+/// `If-None-Match: *` when absent); on 412 back off with full jitter and start again from a fresh GET.
 async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) -> Result<(u64, u32), Error> {
     let policy = RetryPolicy::default().with_max_attempts(max_attempts);
-    let path = format!("/v1/kv/{}", encode_key(key));
-    for attempt in 1..=policy.max_attempts() {
-        tokio::time::sleep(policy.backoff(attempt)).await;
-        let resp = c.request(Method::GET, &path).send().await.map_err(failed)?;
-        let (mut set, precondition) = if resp.status() == StatusCode::NOT_FOUND {
-            (Vec::new(), (header::IF_NONE_MATCH, "*".to_owned()))
-        } else {
-            let resp = check(resp, key).await?;
-            let g = generation_of(&resp).ok_or_else(|| Error::Failed("GET answered without an ETag".into()))?;
-            let body = resp.bytes().await.map_err(failed)?;
-            let set: Vec<String> = serde_json::from_slice(&body)
-                .map_err(|_| Error::Failed(format!("the value under {key} is not a JSON array of strings")))?;
-            (set, (header::IF_MATCH, format!("\"{g}\"")))
-        };
-        for i in items {
-            if !set.contains(i) {
-                set.push(i.clone());
-            }
-        }
-        let body = serde_json::to_vec(&set).map_err(|e| Error::Failed(e.to_string()))?;
-        let resp = c
-            .request(Method::PUT, &path)
-            .header(precondition.0, precondition.1)
-            .body(body)
-            .send()
-            .await
-            .map_err(failed)?;
-        if resp.status() == StatusCode::PRECONDITION_FAILED {
-            tracing::debug!(key, attempt, "lost a compare-and-swap race; re-reading");
-            continue;
-        }
-        let resp = check(resp, key).await?;
-        return Ok((generation_of(&resp).unwrap_or(0), attempt));
+    let mut kv = idem_client::KvClient::new(c.http.clone(), c.base.as_str());
+    if let Some(token) = &c.token {
+        kv = kv.bearer_token(token.as_str());
     }
-    Err(Error::PreconditionFailed(format!("{key}: gave up after {max_attempts} attempts lost the race")))
+    let outcome = kv
+        .update(key, &policy, |current| {
+            let mut set: Vec<String> = match current {
+                Some(bytes) => serde_json::from_slice(bytes)?,
+                None => Vec::new(),
+            };
+            let before = set.len();
+            for i in items {
+                if !set.contains(i) {
+                    set.push(i.clone());
+                }
+            }
+            // Nothing new and the set exists: leave it (and its generation) as it is.
+            if set.len() == before && current.is_some() {
+                return Ok(None);
+            }
+            Ok(Some(serde_json::to_vec(&set)?.into()))
+        })
+        .await;
+    match outcome {
+        Ok(done) => Ok(done),
+        Err(idem_client::Error::AttemptsExhausted { .. }) => {
+            Err(Error::PreconditionFailed(format!("{key}: gave up after {max_attempts} attempts lost the race")))
+        }
+        Err(idem_client::Error::Json(_)) => {
+            Err(Error::Failed(format!("the value under {key} is not a JSON array of strings")))
+        }
+        Err(e) => Err(Error::Failed(crate::error::chain(&e))),
+    }
 }

@@ -38,6 +38,10 @@ pub enum Error {
     /// A store operation failed. Exit status 1.
     #[error(transparent)]
     Store(#[from] idem_store::Error),
+    /// `idem send` did not get a success. Exit status 5 for 422 or a non-retryable 409 (the key belongs to
+    /// another payload or state), 6 when attempts ran out, 7 for an unknown outcome, 1 otherwise.
+    #[error(transparent)]
+    Send(idem_client::Error),
 }
 
 impl Error {
@@ -47,6 +51,9 @@ impl Error {
             Error::Config(_) | Error::OpenStore { .. } | Error::Bind { .. } => 2,
             Error::NotFound(_) => 3,
             Error::PreconditionFailed(_) => 4,
+            Error::Send(idem_client::Error::KeyReused { .. } | idem_client::Error::Conflict { .. }) => 5,
+            Error::Send(idem_client::Error::AttemptsExhausted { .. }) => 6,
+            Error::Send(idem_client::Error::OutcomeUnknown { .. }) => 7,
             _ => 1,
         }
     }

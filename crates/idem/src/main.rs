@@ -6,6 +6,7 @@ mod bench;
 mod client;
 mod error;
 mod key;
+mod send;
 mod serve;
 
 use std::io::IsTerminal;
@@ -35,6 +36,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Print the deterministic Idempotency-Key of a logical write: PREFIX:ID:HASH of the canonical payload.
     Key(key::KeyArgs),
+    /// Send one write with a derived Idempotency-Key, retrying safely (same bytes, same key); prints the body.
+    /// Exit 5: key reused with another payload (422) or a conflict; 6: attempts ran out; 7: outcome unknown.
+    Send(send::SendArgs),
 }
 
 fn main() {
@@ -58,6 +62,7 @@ fn main() {
             Command::Kv(args) => client::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Key(args) => key::run(args),
+            Command::Send(args) => send::run(args).await,
         }
     });
     if let Err(e) = result {

@@ -1,0 +1,77 @@
+/// Why a write or a KV call did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `422`: the key was already used with another payload (draft §2.6). Retrying cannot help; a new
+    /// logical write needs a new key.
+    #[error("idempotency key reused with another payload (422): {detail}")]
+    KeyReused {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// A `409` that is not "still in flight" (no `Retry-After`, or another problem type): some servers use 409
+    /// for key reuse, and idem for a stored response too large to replay.
+    #[error("conflict (409): {detail}")]
+    Conflict {
+        /// The server's explanation.
+        detail: String,
+    },
+    /// idem's `outcome-unknown` answer: the request was sent upstream but no complete answer came back, so it
+    /// may or may not have taken effect, and idem will not execute it again under this key.
+    #[error("outcome unknown ({status}): {detail}")]
+    OutcomeUnknown {
+        /// 502 or 504.
+        status: u16,
+        /// The server's explanation.
+        detail: String,
+    },
+    /// A final answer that is not a success: another `4xx`, or a `5xx` the server stored and replays.
+    #[error("the server answered {status}{}: {detail}", if *replayed { " (replayed)" } else { "" })]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// Whether it was a replay of the stored first answer.
+        replayed: bool,
+        /// The server's explanation or body.
+        detail: String,
+    },
+    /// Every attempt failed with a retryable outcome.
+    #[error("gave up after {attempts} attempts; last: {last}")]
+    AttemptsExhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's outcome.
+        last: String,
+    },
+    /// After a replayed `201`, the object at its `Location` is gone: the key outlived what it created.
+    #[error("replayed 201 points at {location}, which now answers {status}")]
+    ReadBackGone {
+        /// The `Location` followed.
+        location: String,
+        /// What the GET answered (404 or 410).
+        status: u16,
+    },
+    /// `412` from the KV API: the precondition did not hold.
+    #[error("precondition failed on {key} (current generation {})", current.map_or("none".to_owned(), |g| g.to_string()))]
+    PreconditionFailed {
+        /// The key.
+        key: String,
+        /// Its current generation (from the ETag), `None` when absent.
+        current: Option<u64>,
+    },
+    /// The request could not be built (bad URL, header, key).
+    #[error("invalid request: {reason}")]
+    InvalidRequest {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The payload could not be serialised, or a KV value is not the JSON expected.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The key could not be derived (prefix with `:`, not printable ASCII, too long).
+    #[error(transparent)]
+    Key(#[from] idem_core::Error),
+    /// A KV call failed at the transport level (the write helpers retry these instead).
+    #[error("request failed")]
+    Transport(#[from] reqwest::Error),
+}

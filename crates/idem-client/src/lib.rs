@@ -1,0 +1,35 @@
+//! The client half of exactly-once: derive one `Idempotency-Key` per logical write before the first attempt,
+//! resend the identical bytes under it after an unknown outcome, and stop on a conflict.
+//!
+//! ```no_run
+//! use idem_client::{Client, WriteRequest, derive_key};
+//! use reqwest::Method;
+//!
+//! # async fn demo() -> Result<(), idem_client::Error> {
+//! let payload = serde_json::json!({ "customer": "c-7", "amount": 1200 });
+//! // The same prefix, id and payload give the same key in any process, so a restarted job resends it.
+//! let key = derive_key("invoices", "42", &serde_json::to_vec(&payload)?)?;
+//! let request = WriteRequest::json(Method::POST, "http://127.0.0.1:8180/invoices", key, &payload)?;
+//! let response = Client::new().send(&request).await?;
+//! println!("{} after {} attempt(s), replayed: {}", response.status(), response.attempts(), response.replayed());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`Client::send`] retries transport errors and timeouts, `409` with `Retry-After` (the first request is still
+//! in flight), `429` and `5xx` answers that were not stored (no `Idempotent-Replayed`), honouring
+//! `Retry-After` and otherwise backing off with full jitter, for at most [`RetryPolicy::max_attempts`]
+//! attempts. It stops at once with a typed [`Error`] on `422` (the key was used for another payload), on a `409`
+//! that is not the in-flight answer, on other `4xx`, on a stored `5xx`, and on idem's `outcome-unknown`
+//! answer. [`KvClient`] offers the KV API of `idem serve`: reads, conditional writes, the read-modify-write
+//! loop on ETags, and the atomic set and counter operations.
+
+mod error;
+mod kv;
+mod send;
+
+pub use error::Error;
+pub use idem_core::{IdempotencyKey, derive_key};
+pub use idem_store::RetryPolicy;
+pub use kv::{CounterOutcome, KvClient, Precondition, SetOutcome};
+pub use send::{Client, Response, WriteRequest};
