@@ -1,6 +1,20 @@
 //! The client half of exactly-once: derive one `Idempotency-Key` per logical write before the first attempt,
 //! resend the identical bytes under it after an unknown outcome, and stop on a conflict.
 //!
+//! ```
+//! use idem_client::derive_key;
+//!
+//! // A crashed and restarted process rebuilds the same key from the same write...
+//! let a = derive_key("invoices", "42", br#"{"amount": 1200, "customer": "c-7"}"#)?;
+//! let b = derive_key("invoices", "42", br#"{"customer":"c-7","amount":1200}"#)?;
+//! assert_eq!(a, b);
+//! // ...and a changed payload is another write, with another key.
+//! assert_ne!(a, derive_key("invoices", "42", br#"{"amount": 1300, "customer": "c-7"}"#)?);
+//! # Ok::<(), idem_client::Error>(())
+//! ```
+//!
+//! Sending it (against `idem serve --upstream` or any server that honours the header):
+//!
 //! ```no_run
 //! use idem_client::{Client, WriteRequest, derive_key};
 //! use reqwest::Method;

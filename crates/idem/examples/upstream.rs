@@ -10,7 +10,7 @@
 //! With `--sqlite PATH`, every order is also written durably (one conditional put acknowledged after fsync, in
 //! idem's embedded store): an upstream that, like any real write API, persists what it is asked to do.
 //!
-//! Routes: `POST|PATCH /orders` (201 + Location), `POST /status/{code}` (answers that status),
+//! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}` (answers that status),
 //! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes),
 //! `GET /executions` (the counts, with how often each forwarded `Idempotency-Key` executed).
 //! Every POST/PATCH counts as one execution when it starts.
@@ -36,6 +36,7 @@ pub struct Counts {
 struct Inner {
     executions: u64,
     by_key: BTreeMap<String, u64>,
+    deleted: std::collections::BTreeSet<u64>,
 }
 
 impl Counts {
@@ -63,6 +64,7 @@ impl Counts {
 pub fn router(counts: Arc<Counts>) -> Router {
     Router::new()
         .route("/orders", post(create).patch(create))
+        .route("/orders/{n}", get(read_order).delete(delete_order))
         .route("/status/{code}", post(status))
         .route("/slow/{ms}", post(slow))
         .route("/big/{bytes}", post(big))
@@ -82,6 +84,20 @@ async fn create(State(counts): State<Arc<Counts>>, headers: HeaderMap, body: Str
     let location = format!("/orders/{n}");
     let body = serde_json::json!({ "order": n, "received_bytes": body.len() });
     (StatusCode::CREATED, [(header::LOCATION, location)], axum::Json(body)).into_response()
+}
+
+async fn read_order(State(counts): State<Arc<Counts>>, Path(n): Path<u64>) -> Response {
+    let Ok(inner) = counts.inner.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
+    if n == 0 || n > inner.executions || inner.deleted.contains(&n) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    format!("order {n}\n").into_response()
+}
+
+async fn delete_order(State(counts): State<Arc<Counts>>, Path(n): Path<u64>) -> Response {
+    let Ok(mut inner) = counts.inner.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
+    inner.deleted.insert(n);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn status(State(counts): State<Arc<Counts>>, Path(code): Path<u16>, headers: HeaderMap) -> Response {
@@ -129,7 +145,8 @@ async fn main() -> std::io::Result<()> {
             _ => {
                 eprintln!(
                     "usage: upstream [--listen ADDR (default 127.0.0.1:9000)] [--sqlite PATH (persist orders)]\n\
-                     routes: POST|PATCH /orders (201 + Location), POST /status/CODE (answers CODE),\n\
+                     routes: POST|PATCH /orders (201 + Location), GET|DELETE /orders/N,\n\
+                     \x20       POST /status/CODE (answers CODE),\n\
                      \x20       POST /slow/MS (sleeps, then 201), POST /big/BYTES (a body that long),\n\
                      \x20       GET /executions (counts, per forwarded Idempotency-Key)"
                 );

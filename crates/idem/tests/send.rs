@@ -259,3 +259,58 @@ async fn idem_send_prints_the_body_and_exits_5_on_422() {
     assert!(err.starts_with("idem: idempotency key reused with another payload (422)"), "{err}");
     assert_eq!(counts.executions(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_back_fails_when_a_replayed_201_points_at_a_deleted_object() {
+    let (up, _counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up);
+    let client = Client::new().retry_policy(fast_retries(3)).read_back(true);
+    let key = idem_client::IdempotencyKey::new("rb").unwrap();
+    let request = WriteRequest::json(Method::POST, &format!("{}/orders", server.url), key, &1).unwrap();
+    assert!(!client.send(&request).await.unwrap().replayed());
+    assert!(client.send(&request).await.unwrap().replayed(), "replayed, and /orders/1 still exists");
+    let deleted = common::client().delete(format!("{}/orders/1", server.url)).send().await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    match client.send(&request).await {
+        Err(Error::ReadBackGone { location, status }) => {
+            assert!(location.ends_with("/orders/1"), "{location}");
+            assert_eq!(status, 404);
+        }
+        other => panic!("expected ReadBackGone, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kv_helpers_update_without_losing_writes_and_dedupe_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::sqlite(&dir.path().join("kv.db"));
+    let kv = idem_client::KvClient::new(reqwest::Client::new(), server.url.clone());
+    let policy = RetryPolicy::new().with_max_attempts(64).with_base_delay(Duration::from_millis(1));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (kv, policy) = (kv.clone(), policy.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                kv.update("count", &policy, |current| {
+                    let n: u64 = current.map_or(Ok(0), serde_json::from_slice)?;
+                    Ok(Some(serde_json::to_vec(&(n + 1))?.into()))
+                })
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (value, _) = kv.get("count").await.unwrap().unwrap();
+    assert_eq!(value, "320", "16 writers x 20 updates, none lost");
+    let first = kv.counter_add("hits", 5, Some("req-1")).await.unwrap();
+    let again = kv.counter_add("hits", 5, Some("req-1")).await.unwrap();
+    assert_eq!((first.value, first.applied, again.value, again.applied), (5, true, 5, false));
+    let set = kv.set_change("tags", &["a", "b"], &[]).await.unwrap();
+    assert_eq!((set.members, set.added), (2, 2));
+    let err = kv.put("count", "x", idem_client::Precondition::Generation(1)).await.unwrap_err();
+    assert!(matches!(err, Error::PreconditionFailed { current: Some(_), .. }), "{err}");
+}
