@@ -106,6 +106,7 @@ impl Response {
 pub struct Client {
     http: reqwest::Client,
     policy: RetryPolicy,
+    max_wait: Duration,
     read_back: bool,
 }
 
@@ -136,12 +137,18 @@ impl Client {
             .with_max_attempts(8)
             .with_base_delay(Duration::from_millis(100))
             .with_max_delay(Duration::from_secs(10));
-        Self { http, policy, read_back: false }
+        Self { http, policy, max_wait: Duration::from_secs(10), read_back: false }
     }
 
     /// How many attempts and how long to back off between them.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// The longest a server's `Retry-After` is waited (default 10 s); longer requests are cut to this.
+    pub fn max_retry_after(mut self, wait: Duration) -> Self {
+        self.max_wait = wait;
         self
     }
 
@@ -164,7 +171,9 @@ impl Client {
         let mut wait = None;
         for attempt in 1..=max {
             let backoff = self.policy.backoff(attempt);
-            let pause: Duration = wait.map_or(backoff, |w: Duration| w.max(backoff));
+            // A server's Retry-After is honoured up to the policy's longest delay: an answer of "a day" must
+            // not park a job for a day (the attempt bound then decides).
+            let pause: Duration = wait.map_or(backoff, |w: Duration| w.min(self.max_wait).max(backoff));
             tokio::time::sleep(pause).await;
             match self.attempt(request, attempt).await {
                 Attempt::Done(response) => return self.check_read_back(request, response).await,
