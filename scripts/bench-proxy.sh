@@ -88,12 +88,15 @@ measure() { # label upstream-args...
   shift
   start_pair "$@"
   local direct="http://127.0.0.1:$up_port" proxied="http://127.0.0.1:$proxy_port" tag="t$RANDOM"
-  local d_first p_first d_replay p_replay
+  local d_first p_first d_replay p_replay d_plain p_plain
+  d_plain=$(run "$label direct-nokey" "$direct" nokey "$DURATION" "n$tag")
+  p_plain=$(run "$label proxy-nokey" "$proxied" nokey "$DURATION" "n$tag")
   d_first=$(run "$label direct-first" "$direct" unique "$DURATION" "d$tag")
   p_first=$(run "$label proxy-first" "$proxied" unique "$DURATION" "p$tag")
   run "$label warm-up (each replay key executed once)" "$proxied" replay 3 "r$tag" >/dev/null
   d_replay=$(run "$label direct-replay" "$direct" replay "$DURATION" "r$tag")
   p_replay=$(run "$label proxy-replay" "$proxied" replay "$DURATION" "r$tag")
+  row "$label, no key (plain forwarding)" "$d_plain" "$p_plain"
   row "$label, first executions (new key each)" "$d_first" "$p_first"
   row "$label, replays ($REPLAY_KEYS keys)" "$d_replay" "$p_replay"
   log "$label upstream counts: $(curl -s "$direct/executions")"

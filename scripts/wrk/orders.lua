@@ -4,6 +4,7 @@
 --
 -- MODE   unique  ->  every request carries a key no other request carried (TAG-<thread>-<counter>): first
 --                    executions through the proxy
+--        nokey   ->  no Idempotency-Key at all: plain forwarding through the proxy, the cost of the extra hop
 --        replay  ->  keys cycle over KEYS keys (TAG-k<0..KEYS-1>) with the same body per key: after a warm-up
 --                    that executed each once, every request through the proxy is a replay
 -- KEYS   number of distinct keys in replay mode (default 1000)
@@ -33,7 +34,10 @@ end
 function request()
   counter = counter + 1
   local key, body
-  if mode == "unique" then
+  if mode == "nokey" then
+    body = '{"sku":"' .. tag .. '-' .. tid .. '-' .. counter .. '","qty":1}'
+    return wrk.format("POST", "/orders", { ["Content-Type"] = "application/json" }, body)
+  elseif mode == "unique" then
     key = tag .. "-" .. tid .. "-" .. counter
     body = '{"sku":"' .. key .. '","qty":1}'
   else
