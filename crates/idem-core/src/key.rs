@@ -118,15 +118,75 @@ fn check_printable(bytes: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The bytes a payload is hashed as: its RFC 8785 canonical form when it parses as JSON (so key order and
-/// whitespace do not matter, array order does), else the bytes themselves.
+/// The bytes a payload is hashed as: its RFC 8785 canonical form when it parses as JSON that the canonical
+/// form represents exactly (so key order and whitespace do not matter, array order does), else the bytes
+/// themselves. Not exact, so hashed raw: duplicate member names (a parser keeps one of them) and integers
+/// beyond ±2^53 (RFC 8785 §3.2.2.3 writes numbers as IEEE 754 doubles, which would merge 9007199254740993 with
+/// 9007199254740992).
 pub fn canonical_payload(payload: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let mut de = serde_json::Deserializer::from_slice(payload);
+    if serde::de::Deserializer::deserialize_any(&mut de, Exact).is_err() || de.end().is_err() {
+        return std::borrow::Cow::Borrowed(payload);
+    }
     match serde_json::from_slice::<serde_json::Value>(payload) {
         Ok(value) => match serde_json_canonicalizer::to_vec(&value) {
             Ok(canonical) => std::borrow::Cow::Owned(canonical),
             Err(_) => std::borrow::Cow::Borrowed(payload),
         },
         Err(_) => std::borrow::Cow::Borrowed(payload),
+    }
+}
+
+/// Walks a JSON document, failing on what the canonical form would not represent exactly.
+struct Exact;
+
+const EXACT_INT: u64 = 1 << 53;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Exact {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Exact {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JSON the canonical form represents exactly")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        if v > EXACT_INT { Err(E::custom("integer beyond 2^53")) } else { Ok(()) }
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        if v.unsigned_abs() > EXACT_INT { Err(E::custom("integer beyond 2^53")) } else { Ok(()) }
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Exact)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key) {
+                return Err(serde::de::Error::custom("duplicate member name"));
+            }
+            map.next_value_seed(Exact)?;
+        }
+        Ok(())
     }
 }
 
@@ -203,6 +263,11 @@ mod tests {
         assert!(a.as_str().starts_with("orders:123:"));
         assert_eq!(a.as_str().len(), "orders:123:".len() + 16);
         assert!(matches!(derive_key("a:b", "1", b""), Err(Error::DerivePrefix { .. })));
+        // Not exactly representable in the canonical form: compared byte for byte instead.
+        let big = |v: &str| derive_key("p", "1", format!(r#"{{"amount": {v}}}"#).as_bytes()).unwrap();
+        assert_ne!(big("9007199254740993"), big("9007199254740992"));
+        assert_eq!(big("9007199254740992"), derive_key("p", "1", br#"{"amount":9007199254740992}"#).unwrap());
+        assert_ne!(derive_key("p", "1", br#"{"a":1,"a":2}"#).unwrap(), derive_key("p", "1", br#"{"a":2}"#).unwrap());
         assert!(matches!(derive_key("p", &"x".repeat(250), b""), Err(Error::KeyTooLong { .. })));
     }
 }

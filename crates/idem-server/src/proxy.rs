@@ -28,8 +28,8 @@ use crate::Problem;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum UpstreamError {
-    /// Not an absolute `http://HOST[:PORT][/PREFIX]` URL.
-    #[error("upstream URL {url:?} is not an absolute http:// URL ({reason})")]
+    /// Not an absolute `http://HOST[:PORT][/PREFIX]` URL (user information, query and fragment refused).
+    #[error("upstream URL {url:?} is not usable: {reason} (expected http://HOST:PORT[/PREFIX])")]
     InvalidUrl {
         /// The URL given.
         url: String,
@@ -61,7 +61,15 @@ impl Upstream {
     /// [`UpstreamError::InvalidUrl`] when `url` is not an absolute `http://` URL (https upstreams would need a
     /// TLS client; put idem next to the service instead) or carries a query.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, UpstreamError> {
-        let invalid = |reason: &str| UpstreamError::InvalidUrl { url: url.to_owned(), reason: reason.to_owned() };
+        // Never repeat a password in an error message.
+        let shown = match url.split_once('@') {
+            Some((head, tail)) => match head.split_once("://") {
+                Some((scheme, _)) => format!("{scheme}://***@{tail}"),
+                None => format!("***@{tail}"),
+            },
+            None => url.to_owned(),
+        };
+        let invalid = |reason: &str| UpstreamError::InvalidUrl { url: shown.clone(), reason: reason.to_owned() };
         let uri: Uri = url.parse().map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
         if uri.scheme() != Some(&Scheme::HTTP) {
             return Err(invalid("the scheme must be http"));
@@ -70,11 +78,22 @@ impl Upstream {
         if uri.query().is_some() {
             return Err(invalid("a query is not allowed"));
         }
+        if authority.as_str().contains('@') {
+            // It would travel in the Host header and the logs; the upstream's credentials belong elsewhere.
+            return Err(invalid("user information (user:password@) is not allowed"));
+        }
+        if authority.as_str().rsplit_once(':').is_some_and(|(_, p)| !p.ends_with(']') && p.parse::<u16>().is_err()) {
+            return Err(invalid("the port must be a number from 0 to 65535"));
+        }
+        if url.contains('#') {
+            return Err(invalid("a fragment is not allowed"));
+        }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e.to_string()))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        // Connecting must fail (as "not sent") before the response timeout would call the outcome unknown.
+        connector.set_connect_timeout(Some((timeout / 2).min(Duration::from_secs(5))));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(256)

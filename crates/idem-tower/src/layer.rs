@@ -7,14 +7,21 @@ use tower::Layer;
 
 use crate::service::Idempotency;
 
-/// Response headers replayed by default (DESIGN.md step 3). `Set-Cookie` is never replayed, even if listed.
-pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 6] = [
+/// Response headers replayed by default: DESIGN.md step 3's list plus the representation and caching headers
+/// without which a replayed body would be misread (`Content-Encoding`: a gzip body replayed without it is
+/// garbage). `Set-Cookie` is never replayed, even if listed; `Content-Type` and `Content-Encoding` always are.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
     header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_DISPOSITION,
     header::LOCATION,
     header::ETAG,
     header::LINK,
     header::CONTENT_LOCATION,
     header::LAST_MODIFIED,
+    header::CACHE_CONTROL,
+    header::VARY,
 ];
 
 /// The store key prefix of records unless [`IdempotencyLayer::record_prefix`] says otherwise.
@@ -59,10 +66,13 @@ pub(crate) struct Config {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) max_stored_body: usize,
     pub(crate) max_request_body: usize,
-    pub(crate) credential_header: HeaderName,
+    pub(crate) credential_headers: Vec<HeaderName>,
     pub(crate) record_prefix: String,
     pub(crate) owner: String,
     pub(crate) unknown_outcome: UnknownOutcome,
+    pub(crate) execution_timeout: Duration,
+    /// Every detached task (executions, outcome writes), so shutdown can wait for them.
+    pub(crate) tracker: tokio_util::task::TaskTracker,
 }
 
 /// Applies Idempotency-Key handling to a service; records live in a [`Store`] under `idempotency/SCOPE/KEY`.
@@ -95,10 +105,12 @@ impl<St: Store> IdempotencyLayer<St> {
                 replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
                 max_stored_body: 1 << 20,
                 max_request_body: 16 << 20,
-                credential_header: header::AUTHORIZATION,
+                credential_headers: vec![header::AUTHORIZATION, HeaderName::from_static("x-api-key")],
                 record_prefix: DEFAULT_RECORD_PREFIX.to_owned(),
                 owner,
                 unknown_outcome: UnknownOutcome::Keep,
+                execution_timeout: Duration::from_secs(120),
+                tracker: tokio_util::task::TaskTracker::new(),
             },
         }
     }
@@ -135,9 +147,16 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// The response headers stored and replayed; `Set-Cookie` is always dropped from the list.
+    /// The response headers stored and replayed; `Set-Cookie` is always dropped from the list, and
+    /// `Content-Type` and `Content-Encoding` always added (the stored body cannot be read without them).
     pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.config.replay_headers = headers.into_iter().filter(|h| h != header::SET_COOKIE).collect();
+        let mut list: Vec<HeaderName> = headers.into_iter().filter(|h| h != header::SET_COOKIE).collect();
+        for required in [header::CONTENT_ENCODING, header::CONTENT_TYPE] {
+            if !list.contains(&required) {
+                list.insert(0, required);
+            }
+        }
+        self.config.replay_headers = list;
         self
     }
 
@@ -156,9 +175,12 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// The header whose value scopes keys to a caller. Default `Authorization`.
-    pub fn credential_header(mut self, header: HeaderName) -> Self {
-        self.config.credential_header = header;
+    /// The headers whose values scope keys to a caller (all present ones, in this order, are hashed together).
+    /// Default `Authorization` and `X-Api-Key`. Requests with none of them share the `anonymous` scope, so an
+    /// API that authenticates some other way (a session cookie) must name its credential here, or callers
+    /// could replay each other's responses.
+    pub fn credential_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.credential_headers = headers.into_iter().collect();
         self
     }
 
@@ -166,6 +188,21 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn record_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.record_prefix = prefix.into();
         self
+    }
+
+    /// The longest a covered request may take, from the call to the end of the part of the response that is
+    /// stored; after it the outcome is unknown (504). Default 120 s.
+    pub fn execution_timeout(mut self, timeout: Duration) -> Self {
+        self.config.execution_timeout = timeout;
+        self
+    }
+
+    /// Waits for every detached execution and outcome write of services made by this layer (and its clones) to
+    /// finish, and lets no new one start. Call it on shutdown after the server stopped accepting requests, so
+    /// an execution whose client hung up is still recorded (else a retry after restart would run it again).
+    pub async fn drain(&self) {
+        self.config.tracker.close();
+        self.config.tracker.wait().await;
     }
 
     /// What to do when the outcome of a sent request is unknown.

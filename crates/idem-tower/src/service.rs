@@ -23,6 +23,12 @@ use crate::problem::problem;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// How long a caller waits for its outcome to be stored before it is answered anyway.
+const ANSWER_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a failing outcome write is retried in the background.
+const STORE_RETRY_FOR: Duration = Duration::from_secs(600);
+
 /// Bytes kept free in a stored record for its JSON head (status, headers, fingerprint).
 const RECORD_HEAD_ROOM: usize = 64 * 1024;
 
@@ -116,7 +122,7 @@ where
         // Detached from the client connection from here on: a client that hangs up while the key is being
         // claimed, or while its request executes, drops this future but not the task, so no claim is left
         // without its execution and completion (DESIGN.md step 4).
-        let task = tokio::spawn(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request));
+        let task = self.config.tracker.spawn(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request));
         ResponseFuture::new(async move {
             match task.await {
                 Ok(answer) => answer,
@@ -170,8 +176,8 @@ where
             ));
         }
     };
-    let scope = Scope::from_credential(request.headers().get(&config.credential_header).map(HeaderValue::as_bytes));
-    let (parts, body) = request.into_parts();
+    let scope = scope_of(request.headers(), &config.credential_headers);
+    let (mut parts, body) = request.into_parts();
     let body = match read_request_body(&parts.headers, body, config.max_request_body).await {
         Ok(body) => body,
         Err(refusal) => return Ok(refusal),
@@ -185,6 +191,9 @@ where
         &body,
     ));
     let record_key = RecordKey::new(&config.record_prefix, &scope, &key);
+    // The body is already here: an `Expect: 100-continue` passed on would make the inner service wait for a
+    // go-ahead nobody sends.
+    parts.headers.remove(header::EXPECT);
     let lease = match decide(&*store, &config, &record_key, &fingerprint).await {
         Ok(lease) => lease,
         Err(answer) => return Ok(*answer),
@@ -192,6 +201,20 @@ where
     metrics::counter!("idem_idempotency_claims_total").increment(1);
     let request = Request::from_parts(parts, Body::from(body));
     execute(inner, store, config, request, lease).await
+}
+
+/// The scope of a request: a hash of every configured credential header it carries (name and value).
+fn scope_of(headers: &HeaderMap, credential_headers: &[HeaderName]) -> Scope {
+    let mut credential = Vec::new();
+    for name in credential_headers {
+        for value in headers.get_all(name) {
+            credential.extend_from_slice(name.as_str().as_bytes());
+            credential.push(0);
+            credential.extend_from_slice(value.as_bytes());
+            credential.push(0);
+        }
+    }
+    if credential.is_empty() { Scope::from_credential(None) } else { Scope::from_credential(Some(&credential)) }
 }
 
 async fn read_request_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Response<Body>>
@@ -321,12 +344,20 @@ where
     ResBody::Error: Into<BoxError>,
     St: Store,
 {
-    let mut keeper = LeaseKeeper { store: &*store, lease, held: true };
-    let response = match keeper.during(inner.call(request)).await {
-        Ok(response) => response,
-        Err(e) => {
+    let mut keeper = LeaseKeeper { store: Arc::clone(&store), lease, held: true };
+    // One deadline for the call and the part of the body that is stored: an upstream that stalls mid-body must
+    // not keep the key in flight (and its lease renewed) forever.
+    let deadline = tokio::time::Instant::now() + config.execution_timeout;
+    let response = match keeper.during(tokio::time::timeout_at(deadline, inner.call(request))).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => {
             keeper.unknown(&config, "the inner service failed").await;
             return Err(e);
+        }
+        Err(_) => {
+            let limit = humantime_secs(config.execution_timeout);
+            keeper.unknown(&config, &format!("no response within {limit}")).await;
+            return Ok(outcome_unknown_now(StatusCode::GATEWAY_TIMEOUT, &limit));
         }
     };
     match response.extensions().get::<UpstreamFailure>().cloned() {
@@ -350,7 +381,11 @@ where
     // A record must fit the store's value limit, or its completion write would fail and the key would free
     // up when the lease lapses, letting a retry execute again: keep room for the record's head.
     let limit = config.max_stored_body.min(store.limits().max_value_bytes().saturating_sub(RECORD_HEAD_ROOM));
-    match keeper.during(read_prefix(body, limit)).await {
+    let read = keeper.during(tokio::time::timeout_at(deadline, read_prefix(body, limit))).await;
+    let read = read.unwrap_or_else(|_| {
+        Prefix::Broken(format!("the response body did not end within {}", humantime_secs(config.execution_timeout)))
+    });
+    match read {
         Prefix::Complete(bytes) => {
             let headers = stored_headers(&parts.headers, &config.replay_headers);
             let stored = StoredResponse { status: status.as_u16(), headers, body: bytes.clone() };
@@ -372,16 +407,17 @@ where
 type WriteFuture<'a> = dyn Future<Output = Result<Option<Generation>, StoreError>> + Send + 'a;
 
 /// Holds a lease while work runs: renews it every third of its length and performs the fenced final write.
-struct LeaseKeeper<'a, St> {
-    store: &'a St,
+struct LeaseKeeper<St> {
+    store: Arc<St>,
     lease: Lease,
     held: bool,
 }
 
-impl<St: Store> LeaseKeeper<'_, St> {
+impl<St: Store> LeaseKeeper<St> {
     async fn during<F: Future>(&mut self, work: F) -> F::Output {
         tokio::pin!(work);
-        let store = self.store;
+        let store = Arc::clone(&self.store);
+        let store = &*store;
         let period = self.lease.length() / 3;
         let mut next = tokio::time::Instant::now() + period;
         // The renewal runs beside the work, not instead of it: a slow store must not stall reading the
@@ -419,7 +455,7 @@ impl<St: Store> LeaseKeeper<'_, St> {
         }
     }
 
-    async fn unknown(&mut self, config: &Config, reason: &str) {
+    async fn unknown(mut self, config: &Arc<Config>, reason: &str) {
         metrics::counter!("idem_idempotency_unknown_outcomes_total").increment(1);
         match config.unknown_outcome {
             UnknownOutcome::Release => self.release().await,
@@ -448,7 +484,7 @@ impl<St: Store> LeaseKeeper<'_, St> {
     async fn release(&mut self) {
         let mut adopted = false;
         loop {
-            match apply(self.store, self.lease.release()).await {
+            match apply(&*self.store, self.lease.release()).await {
                 Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
                 Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => {
                     adopted = true;
@@ -462,29 +498,53 @@ impl<St: Store> LeaseKeeper<'_, St> {
         }
     }
 
-    async fn finish(&mut self, config: &Config, outcome: Outcome) {
+    /// Stores the outcome, fenced. The caller is answered once it is stored, or after [`ANSWER_WAIT`] if the
+    /// store is failing: the writes go on in the background (up to [`STORE_RETRY_FOR`]), since a result that
+    /// is never recorded frees the key when the lease lapses, and a retry would then execute again.
+    async fn finish(self, config: &Arc<Config>, outcome: Outcome) {
+        let config_for_task = Arc::clone(config);
+        let task = config.tracker.spawn(async move { self.store_outcome(&config_for_task, outcome).await });
+        if tokio::time::timeout(ANSWER_WAIT, task).await.is_err() {
+            warn!("the outcome is not stored yet; answering now and retrying the write in the background");
+        }
+    }
+
+    async fn store_outcome(mut self, config: &Config, outcome: Outcome) {
         let key = self.lease.key().as_str().to_owned();
         let now = now_ms();
+        let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
         let mut adopted = false;
         loop {
-            match apply(self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
+            match apply(&*self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
                 Ok(_) => return,
                 Err(e) if e.current_generation() == Some(None) => {
                     // Our lease lapsed and nobody claimed the key since: keep the result, unless someone
                     // claims it first (then the create fails and their record stands).
-                    match apply(self.store, self.lease.complete_lapsed(outcome, now, config.retention)).await {
+                    match apply(&*self.store, self.lease.complete_lapsed(outcome.clone(), now, config.retention)).await
+                    {
                         Ok(_) => info!(key, "stored the outcome after the lease had lapsed"),
-                        Err(e) => self.fenced(&key, &e),
+                        Err(e) if e.is_precondition_failed() => self.fenced(&key, &e),
+                        Err(e) if started.elapsed() < STORE_RETRY_FOR => {
+                            warn!(key, error = %e, "storing the outcome after the lease lapsed failed; retrying");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(2));
+                            continue;
+                        }
+                        Err(e) => error!(key, error = %e, "could not store the outcome; the key is free again"),
                     }
                     return;
                 }
                 Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => adopted = true,
                 Err(e) if e.is_precondition_failed() => return self.fenced(&key, &e),
-                Err(e) if backoff < Duration::from_secs(2) => {
+                Err(e) if e.is_invalid_input() => {
+                    error!(key, error = %e, "the store refuses this outcome; the key frees when its lease lapses");
+                    return;
+                }
+                Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                     warn!(key, error = %e, "storing the outcome failed; retrying");
                     tokio::time::sleep(backoff).await;
-                    backoff *= 2;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
                     error!(key, error = %e, "could not store the outcome; the key frees when its lease lapses");
@@ -597,6 +657,23 @@ fn in_flight() -> Response<Body> {
     );
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
+}
+
+fn humantime_secs(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
+/// The first caller's answer when its own request's outcome became unknown here (timeout).
+fn outcome_unknown_now(status: StatusCode, limit: &str) -> Response<Body> {
+    problem(
+        status,
+        "outcome-unknown",
+        "Outcome unknown",
+        &format!(
+            "no complete answer within {limit}; the request may or may not have taken effect, and it will not be \
+             executed again under this key"
+        ),
+    )
 }
 
 fn outcome_unknown() -> Response<Body> {

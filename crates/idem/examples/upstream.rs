@@ -11,7 +11,8 @@
 //! idem's embedded store): an upstream that, like any real write API, persists what it is asked to do.
 //!
 //! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}` (answers that status),
-//! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes),
+//! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes), `POST /headers`
+//! (representation, caching and cookie headers),
 //! `GET /executions` (the counts, with how often each forwarded `Idempotency-Key` executed).
 //! Every POST/PATCH counts as one execution when it starts.
 
@@ -68,6 +69,7 @@ pub fn router(counts: Arc<Counts>) -> Router {
         .route("/status/{code}", post(status))
         .route("/slow/{ms}", post(slow))
         .route("/big/{bytes}", post(big))
+        .route("/headers", post(with_headers))
         .route("/executions", get(executions))
         .with_state(counts)
 }
@@ -117,6 +119,24 @@ async fn big(State(counts): State<Arc<Counts>>, Path(bytes): Path<usize>, header
     (StatusCode::OK, vec![b'x'; bytes.min(64 << 20)]).into_response()
 }
 
+async fn with_headers(State(counts): State<Arc<Counts>>, headers: HeaderMap) -> Response {
+    let n = counts.count(&headers);
+    let pairs = [
+        ("content-encoding", "identity"),
+        ("vary", "accept-encoding"),
+        ("cache-control", "no-store"),
+        ("set-cookie", "session=secret"),
+        ("x-custom", "not replayed"),
+    ];
+    let mut response = format!("headers {n}\n").into_response();
+    for (name, value) in pairs {
+        if let (Ok(name), Ok(value)) = (header::HeaderName::try_from(name), header::HeaderValue::try_from(value)) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}
+
 async fn executions(State(counts): State<Arc<Counts>>) -> Response {
     let Ok(inner) = counts.inner.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
     let max_per_key = inner.by_key.values().copied().max().unwrap_or(0);
@@ -148,6 +168,7 @@ async fn main() -> std::io::Result<()> {
                      routes: POST|PATCH /orders (201 + Location), GET|DELETE /orders/N,\n\
                      \x20       POST /status/CODE (answers CODE),\n\
                      \x20       POST /slow/MS (sleeps, then 201), POST /big/BYTES (a body that long),\n\
+                     \x20       POST /headers (representation, caching and cookie headers),\n\
                      \x20       GET /executions (counts, per forwarded Idempotency-Key)"
                 );
                 std::process::exit(2);

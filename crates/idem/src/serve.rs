@@ -82,10 +82,12 @@ pub struct ProxyArgs {
     /// e.g. 5s [default: 0s, answer 409 at once].
     #[arg(long, env = "IDEM_IN_FLIGHT_WAIT")]
     in_flight_wait: Option<String>,
-    /// How long to wait for the upstream's response to start; after it the outcome is unknown [default: 60s].
+    /// How long the upstream may take to answer a request (its headers, and for a keyed request also the part
+    /// of the body that is stored); after it the outcome is unknown [default: 60s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     upstream_timeout: Option<String>,
-    /// Header whose value scopes keys to a caller [default: authorization].
+    /// Headers whose values scope keys to a caller, comma-separated; requests with none of them share the
+    /// "anonymous" scope [default: authorization,x-api-key].
     #[arg(long, env = "IDEM_CREDENTIAL_HEADER")]
     credential_header: Option<String>,
     /// Release the key when the outcome is unknown (reset or timeout after sending), so a retry executes again;
@@ -142,7 +144,7 @@ struct ProxyConfig {
     max_request_body: usize,
     in_flight: InFlight,
     upstream_timeout: Duration,
-    credential_header: http::HeaderName,
+    credential_headers: Vec<http::HeaderName>,
     unknown_outcome: UnknownOutcome,
 }
 
@@ -212,9 +214,15 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
     if upstream_timeout.is_zero() {
         return Err(Error::Config("--upstream-timeout must be more than 0s".into()));
     }
-    let header_s = args.credential_header.or(file.credential_header.take()).unwrap_or_else(|| "authorization".into());
-    let credential_header = http::HeaderName::try_from(header_s.as_str())
-        .map_err(|_| Error::Config(format!("--credential-header {header_s:?} is not a header name")))?;
+    let header_s =
+        args.credential_header.or(file.credential_header.take()).unwrap_or_else(|| "authorization,x-api-key".into());
+    let credential_headers = header_s
+        .split(',')
+        .map(|h| {
+            http::HeaderName::try_from(h.trim())
+                .map_err(|_| Error::Config(format!("--credential-header: {h:?} is not a header name")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let require_key = args.require_key || file.require_key.unwrap_or(false);
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {
@@ -228,7 +236,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         max_request_body,
         in_flight,
         upstream_timeout,
-        credential_header,
+        credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
     }))
 }
@@ -363,8 +371,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .max_stored_body(p.max_stored_body)
                 .max_request_body(p.max_request_body)
                 .in_flight(p.in_flight)
-                .credential_header(p.credential_header)
-                .unknown_outcome(p.unknown_outcome);
+                .credential_headers(p.credential_headers)
+                .unknown_outcome(p.unknown_outcome)
+                .execution_timeout(p.upstream_timeout);
+            let drain = layer.clone();
             let proxy = idem_server::proxy(layer, upstream);
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
             println!("idem listening on http://{local} (proxy to {}, store {})", p.upstream, redact(&config.store_url));
@@ -374,6 +384,9 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let admin = idem_server::serve(kv, admin, stop(on_signal.clone()));
             Box::pin(async move {
                 let (a, b) = tokio::join!(main, admin);
+                // Executions whose clients hung up run detached from any connection: record them before the
+                // store closes, or a retry after the restart would execute them again.
+                drain.drain().await;
                 a.and(b)
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>
         }

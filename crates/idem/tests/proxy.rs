@@ -515,3 +515,93 @@ async fn clients_hanging_up_at_any_moment_never_leave_a_key_locked() {
         assert_eq!(counts.executions_of(&format!("h{i}")), 1, "key h{i}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replays_keep_representation_headers_and_never_cookies() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let first = post(&server.url, "/headers", Some("h"), "{}").await;
+    assert_eq!(first.headers()["set-cookie"], "session=secret", "the first caller gets everything");
+    let replay = post(&server.url, "/headers", Some("h"), "{}").await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["content-encoding"], "identity", "a body is unreadable without its encoding");
+    assert_eq!(replay.headers()["vary"], "accept-encoding");
+    assert_eq!(replay.headers()["cache-control"], "no-store");
+    assert!(replay.headers().get("set-cookie").is_none());
+    assert!(replay.headers().get("x-custom").is_none());
+    assert_eq!(counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_key_callers_are_scoped_apart() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    for who in ["alice", "bob", "alice"] {
+        client()
+            .post(format!("{}/orders", server.url))
+            .header("x-api-key", who)
+            .header("idempotency-key", "k")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(counts.executions(), 2, "alice and bob each executed once under the same key");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_that_stalls_past_the_timeout_is_an_unknown_outcome_not_a_key_locked_forever() {
+    // Headers, 10 of 100 promised bytes, then silence.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789").await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--upstream-timeout", "1s"]);
+    let started = Instant::now();
+    let first = post(&server.url, "/x", Some("stall"), "{}").await;
+    assert!(first.status().is_server_error(), "{}", first.status());
+    assert!(first.text().await.unwrap().contains("outcome-unknown"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let retry = post(&server.url, "/x", Some("stall"), "{}").await;
+    assert_eq!(retry.status(), StatusCode::BAD_GATEWAY, "recorded as unknown, not in flight");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_records_executions_whose_clients_hung_up_before_exiting() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let gone = impatient
+        .post(format!("{}/slow/1500", server.url))
+        .header("idempotency-key", "term")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    assert!(gone.is_err());
+    assert_eq!(counts.executions(), 1);
+    // SIGTERM while the execution (whose client is gone) still runs: no connection holds the server open.
+    let pid = server.pid().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = server.terminate_wait();
+    assert!(status.success(), "{status:?}");
+    let server = proxy(&dir, &up, &[]);
+    let retry = post(&server.url, "/slow/1500", Some("term"), "{}").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true", "the drained execution was recorded");
+    assert_eq!(counts.executions(), 1);
+}
