@@ -528,7 +528,7 @@ impl<St: Store> LeaseKeeper<St> {
                         Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                             warn!(key, error = %e, "storing the outcome after the lease lapsed failed; retrying");
                             tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(2));
+                            backoff = (backoff * 2).min(Duration::from_millis(500));
                             continue;
                         }
                         Err(e) => error!(key, error = %e, "could not store the outcome; the key is free again"),
@@ -544,7 +544,9 @@ impl<St: Store> LeaseKeeper<St> {
                 Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                     warn!(key, error = %e, "storing the outcome failed; retrying");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    // Short: once the store is back, every moment before this write lands is a moment in which a
+                    // lapsed lease lets a retry execute again.
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
                 Err(e) => {
                     error!(key, error = %e, "could not store the outcome; the key frees when its lease lapses");

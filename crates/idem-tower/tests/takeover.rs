@@ -59,6 +59,40 @@ impl Store for StallRenewals {
     }
 }
 
+/// A real store whose completion writes (puts of a finished record) fail while `failing` is set, the way they
+/// would while the store is unreachable.
+struct FailCompletions {
+    inner: SqliteStore,
+    failing: Arc<AtomicBool>,
+}
+
+impl Store for FailCompletions {
+    fn limits(&self) -> &Limits {
+        self.inner.limits()
+    }
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, Error> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
+        if self.failing.load(Ordering::SeqCst) && matches!(Record::decode(&value), Ok(Record::Finished { .. })) {
+            return Err(Error::unavailable("store unreachable (test)"));
+        }
+        self.inner.put(key, value, precondition, ttl).await
+    }
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
+        self.inner.delete(key, precondition).await
+    }
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, Error> {
+        self.inner.list(prefix, cursor, limit).await
+    }
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
+        self.inner.set_change(key, change).await
+    }
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
+        self.inner.counter_add(key, delta, dedupe_id).await
+    }
+}
+
 fn request(path: &str) -> Request<Body> {
     Request::post(path).header("idempotency-key", "fenced").body(Body::empty()).unwrap()
 }
@@ -129,5 +163,36 @@ async fn a_renewed_lease_outlives_its_length_and_a_retry_waits_instead_of_taking
     assert_eq!(waited.status(), StatusCode::CREATED);
     assert_eq!(waited.headers()["idempotent-replayed"], "true");
     assert_eq!(first.await.unwrap().unwrap().headers()["location"], "/orders/1");
+    assert_eq!(counts.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outcome_the_store_refused_for_a_while_is_still_recorded_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteStore::open(dir.path().join("idem.db"), Limits::default()).unwrap();
+    let observer = sqlite.clone();
+    let failing = Arc::new(AtomicBool::new(true));
+    let store = FailCompletions { inner: sqlite, failing: Arc::clone(&failing) };
+    let counts = Arc::new(upstream::Counts::default());
+    let app = IdempotencyLayer::new(store).lease(Duration::from_secs(1)).layer(upstream::router(Arc::clone(&counts)));
+    // The caller is answered (after a short wait) although its outcome is not stored yet.
+    let first = app.clone().oneshot(request("/orders")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    // Well past the 1 s lease and the old 3 s give-up, the store still refusing.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    failing.store(false, Ordering::SeqCst);
+    let started = Instant::now();
+    let key = "idempotency/anonymous/fenced";
+    loop {
+        let stored = observer.get(key).await.unwrap().map(|v| Record::decode(v.value()).unwrap());
+        if matches!(stored, Some(Record::Finished { .. })) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the outcome never got recorded: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = app.clone().oneshot(request("/orders")).await.unwrap();
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["location"], "/orders/1");
     assert_eq!(counts.executions(), 1);
 }
