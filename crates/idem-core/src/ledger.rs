@@ -243,11 +243,11 @@ impl ItemClaim {
         }
     }
 
-    /// The attempt the entry read before claiming had started, if it was running: its temporary file is left
-    /// over from a holder that crashed or lost its lease.
-    pub fn previous_running_attempt(&self) -> Option<u32> {
+    /// The owner and attempt of the entry read before claiming, if it was running: the temporary file of that
+    /// attempt is left over from a holder that crashed or lost its lease.
+    pub fn previous_running(&self) -> Option<(String, u32)> {
         match &self.prev {
-            Some((_, Entry::Running { attempt, .. })) => Some(*attempt),
+            Some((_, Entry::Running { owner, attempt, .. })) => Some((owner.clone(), *attempt)),
             _ => None,
         }
     }
@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(plan(Some(&running), LIMIT), Plan::Retry { attempts: 1 });
         let again = ItemClaim::new(keys(), "o2", 2, Duration::from_secs(10), Some((Generation::new(7), running)));
         assert_eq!(again.attempt(), 2);
-        assert_eq!(again.previous_running_attempt(), Some(1));
+        assert_eq!(again.previous_running(), Some(("o1".to_owned(), 1)));
         assert_eq!(again.entry_write().precondition, Precondition::Generation(Generation::new(7)));
     }
 

@@ -4,7 +4,9 @@ mod any_store;
 mod bench;
 mod client;
 mod error;
+mod run;
 mod serve;
+mod shared_sqlite;
 
 use std::io::IsTerminal;
 
@@ -27,6 +29,10 @@ enum Command {
     Kv(client::KvArgs),
     /// Measure durable conditional updates per second against the fsync ceiling.
     Bench(bench::BenchArgs),
+    /// Run a command over work items: done items are skipped, leases keep runners apart, poison items stop.
+    Run(run::RunArgs),
+    /// Inspect or trim the ledger of `idem run`.
+    Runs(run::RunsArgs),
 }
 
 fn main() {
@@ -49,6 +55,9 @@ fn main() {
             Command::Serve(args) => serve::run(args.resolve()?).await,
             Command::Kv(args) => client::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            // The runner's exit status says how the run ended (documented in `idem run --help`).
+            Command::Run(args) => std::process::exit(run::run(args).await?),
+            Command::Runs(args) => std::process::exit(run::runs(args).await?),
         }
     });
     if let Err(e) = result {
