@@ -424,6 +424,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item) -> Result<Final, String> {
     let keys = ItemKeys::new(&ctx.job, &item.id);
     let output = ctx.cfg.output_path(&item.id);
     let mut waiting = false;
+    let mut permit = None;
     let result = loop {
         let read = ctx.store.get(keys.entry()).await.map_err(|e| format!("ledger read failed: {e}"))?;
         let (generation, entry) = match read {
@@ -491,8 +492,14 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item) -> Result<Final, String> {
         if ctx.cfg.dry_run {
             break Final::WouldRun;
         }
-        // It needs running. Wait for a slot, unless the run is stopping.
-        let Ok(permit) = ctx.jobs.acquire().await else { break Final::NotDone { reason: "not_started" } };
+        // It needs running. Wait for a slot, unless the run is stopping. A retry keeps the slot it had, so a
+        // failing item is retried (and found poison) before other items start.
+        if permit.is_none() {
+            match ctx.jobs.acquire().await {
+                Ok(p) => permit = Some(p),
+                Err(_) => break Final::NotDone { reason: "not_started" },
+            }
+        }
         if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
             break Final::NotDone { reason: "not_started" };
         }
@@ -506,7 +513,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item) -> Result<Final, String> {
             Ok(None) => return Err("ledger put returned no generation".into()),
             Err(e) if e.is_precondition_failed() => {
                 // Another runner holds it: look again after a while (it may finish, or its lease may lapse).
-                drop(permit);
+                permit = None;
                 if !waiting {
                     waiting = true;
                     ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
@@ -547,7 +554,6 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item) -> Result<Final, String> {
         let started = Instant::now();
         let outcome = attempt(ctx, &mut held, item, &output).await;
         ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
-        drop(permit);
         match outcome {
             Attempt::Ok(digest) => {
                 let duration = started.elapsed();
@@ -624,6 +630,16 @@ fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
     let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
     let message = if last.is_empty() { ending.clone() } else { format!("{ending}: {last}") };
     Attempt::Failed { ending, stderr, message }
+}
+
+/// Kills the command and everything it started (its process group), then reaps it.
+async fn kill_group(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        // The child leads its own group (`process_group(0)`), so this also reaches the shell's children,
+        // which would otherwise outlive it and keep writing.
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill().await;
 }
 
 fn describe(status: std::process::ExitStatus) -> String {
@@ -720,14 +736,14 @@ async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &
                 match apply(&ctx.store, held.renew()).await {
                     Ok(Some(g)) => { held.renewed(g); last_renewed = Instant::now(); }
                     Err(e) if e.is_precondition_failed() => {
-                        let _ = child.kill().await;
+                        kill_group(&mut child).await;
                         let _ = tokio::fs::remove_file(&temp).await;
                         return Attempt::Lost;
                     }
                     _ => {
                         // The ledger is unreachable: keep trying until the lease would have lapsed anyway.
                         if last_renewed.elapsed() >= lease {
-                            let _ = child.kill().await;
+                            kill_group(&mut child).await;
                             let _ = tokio::fs::remove_file(&temp).await;
                             return Attempt::Lost;
                         }
@@ -736,12 +752,12 @@ async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &
                 next_beat = tokio::time::Instant::now() + beat;
             }
             () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                let _ = child.kill().await;
+                kill_group(&mut child).await;
                 let _ = tokio::fs::remove_file(&temp).await;
                 return failed("timeout", Vec::new());
             }
             () = stopped(&mut stop, 2) => {
-                let _ = child.kill().await;
+                kill_group(&mut child).await;
                 let _ = tokio::fs::remove_file(&temp).await;
                 return Attempt::Interrupted;
             }
