@@ -94,20 +94,20 @@ impl SharedSqlite {
         F: FnOnce(SqliteStore) -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let guard = loop {
-            let guard = self.inner.slot.read().await;
-            if guard.is_some() {
-                break guard;
-            }
-            drop(guard);
+        let read = self.inner.slot.read().await;
+        let guard = if read.is_some() {
+            read
+        } else {
+            drop(read);
             let mut slot = self.inner.slot.write().await;
+            // Another operation of this process may have opened it while we waited for the write guard.
             if slot.is_none() {
                 let store = open_waiting(&self.inner.path, &self.inner.want, self.inner.limits)
                     .await
                     .map_err(StoreError::unavailable)?;
                 *slot = Some(Held { store, since: Instant::now() });
             }
-            break slot.downgrade();
+            slot.downgrade()
         };
         let Some(held) = guard.as_ref() else { return Err(StoreError::Closed) };
         let result = op(held.store.clone()).await;
