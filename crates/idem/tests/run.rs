@@ -516,3 +516,35 @@ async fn overlapping_runners_on_redis_execute_each_item_once() {
         overlapping_on_backend(url).await;
     }
 }
+
+#[test]
+fn first_ctrl_c_drains_second_kills_and_releases_leases() {
+    let ids = ids(20);
+    let job = Job::new(&ids, &format!("sleep 1; {WRITE_JSON}"));
+    // Ctrl-C once: the two running items finish and are recorded; nothing new starts.
+    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "first");
+    wait_for("two items to start", Duration::from_secs(30), || job.log().len() == 2);
+    signal(runner.id(), "INT");
+    let status = runner.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{}", job.stderr_of("first"));
+    assert_eq!(job.log().len(), 2, "an item started after Ctrl-C");
+    assert_eq!(job.out_files().len(), 2, "{:?}", job.out_files());
+
+    // Ctrl-C twice: the running commands are killed and their leases given back.
+    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "second");
+    wait_for("two more items to start", Duration::from_secs(30), || job.log().len() == 4);
+    signal(runner.id(), "INT");
+    std::thread::sleep(Duration::from_millis(100));
+    signal(runner.id(), "INT");
+    let status = runner.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{}", job.stderr_of("second"));
+    assert_eq!(job.out_files().len(), 2, "a killed item left a file: {:?}", job.out_files());
+
+    // With the leases released, a rerun need not wait the 60 s lease out.
+    let started = Instant::now();
+    let (code, _, err) = job.run(&["--jobs", "4", "--lease", "60s"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(40), "the rerun waited for released leases");
+    assert_eq!(job.log().len(), 2 + 2 + 18);
+    assert_outputs_valid(&job, &ids);
+}
