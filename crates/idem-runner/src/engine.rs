@@ -263,6 +263,10 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
 ///
 /// Items are streamed: at most a few hundred are in flight at once whatever the file's size.
 ///
+/// # Panics
+/// On a current-thread tokio runtime: reading the items file uses `block_in_place`, which needs the
+/// multi-thread runtime.
+///
 /// # Errors
 /// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
 /// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
@@ -298,23 +302,41 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
     let mut summary = Summary { total, dry_run: ctx.cfg.dry_run, ..Summary::default() };
     let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
     let mut seen = 0u64;
-    loop {
+    let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
+    let mut more = true;
+    while more {
         if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
             break;
         }
-        while set.len() >= window {
-            if let Some(joined) = set.join_next().await {
-                record(&ctx, &mut summary, joined)?;
+        // Read inline: the reader refills a 256 KiB buffer once per few thousand items, far cheaper than
+        // handing this thread's work elsewhere for every line.
+        while chunk.len() < CHUNK {
+            match reader.next() {
+                Some(item) => chunk.push(item?),
+                None => {
+                    more = false;
+                    break;
+                }
             }
         }
-        let Some(item) = tokio::task::block_in_place(|| reader.next()) else { break };
-        let item = item?;
-        seen += 1;
-        let ctx = ctx.clone();
-        set.spawn(async move {
-            let result = process(&ctx, &item).await;
-            (item, result)
-        });
+        seen += chunk.len() as u64;
+        let settled = settle_done(&ctx, &chunk).await;
+        for (item, done) in chunk.drain(..).zip(settled) {
+            if let Some(digest) = done {
+                record_final(&ctx, &mut summary, &item, Final::Skipped { digest })?;
+                continue;
+            }
+            while set.len() >= window {
+                if let Some(joined) = set.join_next().await {
+                    record(&ctx, &mut summary, joined)?;
+                }
+            }
+            let ctx = ctx.clone();
+            set.spawn(async move {
+                let result = process(&ctx, &item).await;
+                (item, result)
+            });
+        }
     }
     while let Some(joined) = set.join_next().await {
         record(&ctx, &mut summary, joined)?;
@@ -349,6 +371,10 @@ fn record(
         }
     };
     let fin = result.unwrap_or_else(|error| Final::Failed { attempts: 0, error });
+    record_final(ctx, summary, &item, fin)
+}
+
+fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &Item, fin: Final) -> Result<(), Error> {
     let c = &ctx.counters;
     let (status, attempts, error, digest, duration) = match &fin {
         Final::Done { attempts, digest, duration } => {
@@ -399,6 +425,40 @@ fn record(
         })?;
     }
     Ok(())
+}
+
+/// Items judged together: one ledger read and one trip to the blocking pool per chunk.
+const CHUNK: usize = 128;
+
+/// Finds the items of `chunk` that are done (ledger entry done, output with the recorded digest) in one
+/// `get_many` and one batch of file checks, so a resume pass over finished work costs no task per item. The
+/// rest (`None`) go through [`process`], which judges them again one by one.
+async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> Vec<Option<Digest256>> {
+    let none = || vec![None; chunk.len()];
+    let keys: Vec<String> = chunk.iter().map(|i| ItemKeys::new(&ctx.job, &i.id).entry().to_owned()).collect();
+    let Ok(values) = ctx.store.get_many(&keys).await else { return none() };
+    let checks: Vec<Option<(std::path::PathBuf, Digest256)>> = values
+        .iter()
+        .zip(chunk)
+        .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
+            Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_path(&item.id), Digest256 { sha256, size })),
+            _ => None,
+        })
+        .collect();
+    if checks.iter().all(Option::is_none) {
+        return none();
+    }
+    tokio::task::spawn_blocking(move || {
+        checks
+            .into_iter()
+            .map(|check| {
+                let (path, digest) = check?;
+                output::matches(&path, &digest).ok().map(|()| digest)
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_else(|_| none())
 }
 
 /// Why a dry run would execute an item, or `None` when it would not.
@@ -610,7 +670,8 @@ async fn stopped(rx: &mut watch::Receiver<u8>, level: u8) {
 }
 
 fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final {
-    if ctx.cfg.on_poison == OnPoison::Halt {
+    // A dry run lists every item, poison or not.
+    if ctx.cfg.on_poison == OnPoison::Halt && !ctx.cfg.dry_run {
         ctx.halt.store(true, Ordering::SeqCst);
     }
     ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));

@@ -188,6 +188,10 @@ impl Store for SharedSqlite {
         self.with(|s| async move { s.get(key).await }).await
     }
 
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        self.with(|s| async move { s.get_many(keys).await }).await
+    }
+
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         self.with(|s| async move { s.put(key, value, precondition, ttl).await }).await
     }
