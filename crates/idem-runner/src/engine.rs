@@ -320,8 +320,8 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
             }
         }
         seen += chunk.len() as u64;
-        let settled = settle_done(&ctx, &chunk).await;
-        for (item, done) in chunk.drain(..).zip(settled) {
+        let (settled, prefetched) = settle_done(&ctx, &chunk).await;
+        for ((item, done), prefetched) in chunk.drain(..).zip(settled).zip(prefetched) {
             if let Some(digest) = done {
                 record_final(&ctx, &mut summary, &item, Final::Skipped { digest })?;
                 continue;
@@ -333,7 +333,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
             }
             let ctx = ctx.clone();
             set.spawn(async move {
-                let result = process(&ctx, &item).await;
+                let result = process(&ctx, &item, prefetched).await;
                 (item, result)
             });
         }
@@ -432,11 +432,26 @@ const CHUNK: usize = 128;
 
 /// Finds the items of `chunk` that are done (ledger entry done, output with the recorded digest) in one
 /// `get_many` and one batch of file checks, so a resume pass over finished work costs no task per item. The
-/// rest (`None`) go through [`process`], which judges them again one by one.
-async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> Vec<Option<Digest256>> {
-    let none = || vec![None; chunk.len()];
+/// rest (`None`) go through [`process`], which judges them again one by one, starting from the entries read
+/// here.
+async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
     let keys: Vec<String> = chunk.iter().map(|i| ItemKeys::new(&ctx.job, &i.id).entry().to_owned()).collect();
-    let Ok(values) = ctx.store.get_many(&keys).await else { return none() };
+    let Ok(values) = ctx.store.get_many(&keys).await else {
+        return (vec![None; chunk.len()], vec![None; chunk.len()]);
+    };
+    let done = check_done(ctx, chunk, &values).await;
+    (done, values.into_iter().map(Some).collect())
+}
+
+/// An entry read ahead for an item: `Some(read)` saves [`process`] its first ledger read.
+type Prefetched = Option<Option<idem_store::Versioned>>;
+
+async fn check_done<S: Store>(
+    ctx: &Ctx<S>,
+    chunk: &[Item],
+    values: &[Option<idem_store::Versioned>],
+) -> Vec<Option<Digest256>> {
+    let none = || vec![None; chunk.len()];
     let checks: Vec<Option<(std::path::PathBuf, Digest256)>> = values
         .iter()
         .zip(chunk)
@@ -480,13 +495,16 @@ fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>) 
     }
 }
 
-async fn process<S: Store>(ctx: &Ctx<S>, item: &Item) -> Result<Final, String> {
+async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched) -> Result<Final, String> {
     let keys = ItemKeys::new(&ctx.job, &item.id);
     let output = ctx.cfg.output_path(&item.id);
     let mut waiting = false;
     let mut permit = None;
     let result = loop {
-        let read = ctx.store.get(keys.entry()).await.map_err(|e| format!("ledger read failed: {e}"))?;
+        let read = match prefetched.take() {
+            Some(read) => read,
+            None => ctx.store.get(keys.entry()).await.map_err(|e| format!("ledger read failed: {e}"))?,
+        };
         let (generation, entry) = match read {
             Some(v) => {
                 let entry = Entry::decode(v.value()).map_err(|e| format!("ledger entry unreadable: {e}"))?;
