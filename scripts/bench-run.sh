@@ -20,25 +20,34 @@ trap 'rm -rf "$work"' EXIT
 now() { date +%s.%N; }
 secs() { echo "$2 - $1" | bc -l; }
 
-# The same trivial command for both: a shell that writes one small JSON file.
+# The same trivial command for both, one `sh` process per item: idem runs `sh -c SNIPPET`, GNU parallel runs
+# SNIPPET with its shell set to /bin/sh. Each writes one small JSON file.
 seq 1 10000 >"$work/items10k.txt"
-mkdir -p "$work/parallel"
-
-echo "== 10,000 items, 8 jobs"
-t0=$(now)
-"$idem" run --items "$work/items10k.txt" --output "$work/idem/{id}.json" --jobs 8 --quiet \
-  -- sh -c 'echo "{\"n\": $1}" > "$2"' sh '{id}' '{out}'
-t1=$(now)
-parallel --jobs 8 --joblog "$work/joblog" "sh -c 'echo \"{\\\"n\\\": \$1}\" > \"\$2\"' sh {} $work/parallel/{}.json" \
-  <"$work/items10k.txt"
-t2=$(now)
-idem_s=$(secs "$t0" "$t1")
-par_s=$(secs "$t1" "$t2")
-idem_n=$(find "$work/idem" -name '*.json' | wc -l)
-par_n=$(find "$work/parallel" -name '*.json' | wc -l)
-printf 'idem run:     %5d outputs in %6.2f s = %7.1f items/s\n' "$idem_n" "$idem_s" "$(echo "$idem_n / $idem_s" | bc -l)"
-printf 'GNU parallel: %5d outputs in %6.2f s = %7.1f items/s\n' "$par_n" "$par_s" "$(echo "$par_n / $par_s" | bc -l)"
-printf 'ratio (idem / parallel throughput): %.2fx\n' "$(echo "$par_s / $idem_s" | bc -l)"
+ROUNDS="${ROUNDS:-2}"
+best_idem=0
+best_par=0
+echo "== 10,000 items, 8 jobs, $ROUNDS rounds alternating (the machine is shared: the best round of each counts)"
+for round in $(seq 1 "$ROUNDS"); do
+  rm -rf "$work/idem" "$work/parallel" "$work/joblog"
+  mkdir -p "$work/parallel"
+  t0=$(now)
+  "$idem" run --items "$work/items10k.txt" --output "$work/idem/{id}.json" --jobs 8 --quiet \
+    -- sh -c 'echo "{\"n\": $1}" > "$2"' sh '{id}' '{out}' 2>/dev/null
+  t1=$(now)
+  PARALLEL_SHELL=/bin/sh parallel --jobs 8 --joblog "$work/joblog" "echo '{\"n\": {}}' > $work/parallel/{}.json" \
+    <"$work/items10k.txt"
+  t2=$(now)
+  idem_n=$(find "$work/idem" -name '*.json' | wc -l)
+  par_n=$(find "$work/parallel" -name '*.json' | wc -l)
+  idem_rate=$(echo "$idem_n / $(secs "$t0" "$t1")" | bc -l)
+  par_rate=$(echo "$par_n / $(secs "$t1" "$t2")" | bc -l)
+  printf 'round %d: idem run %5d outputs, %7.1f items/s; GNU parallel %5d outputs, %7.1f items/s; ratio %.2fx\n' \
+    "$round" "$idem_n" "$idem_rate" "$par_n" "$par_rate" "$(echo "$idem_rate / $par_rate" | bc -l)"
+  best_idem=$(echo "if ($idem_rate > $best_idem) $idem_rate else $best_idem" | bc -l)
+  best_par=$(echo "if ($par_rate > $best_par) $par_rate else $best_par" | bc -l)
+done
+printf 'best: idem run %.1f items/s, GNU parallel %.1f items/s, ratio %.2fx\n' "$best_idem" "$best_par" \
+  "$(echo "$best_idem / $best_par" | bc -l)"
 
 echo "== resume over 100,000 done items"
 seq 1 100000 >"$work/items100k.txt"

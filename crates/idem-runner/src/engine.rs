@@ -586,6 +586,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             _ => None,
         };
         let claim = ItemClaim::new(keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev);
+        let lease_sent = Instant::now();
         let lease_gen = match apply(&ctx.store, claim.lease_write()).await {
             Ok(Some(g)) => g,
             Ok(None) => return Err("ledger put returned no generation".into()),
@@ -630,17 +631,17 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         ctx.executions.fetch_add(1, Ordering::Relaxed);
         ctx.counters.running.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let outcome = attempt(ctx, &mut held, item, &output).await;
+        let outcome = attempt(ctx, &mut held, lease_sent, item, &output).await;
         ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Attempt::Ok(digest) => {
                 let duration = started.elapsed();
                 let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
-                match apply(&ctx.store, write).await {
-                    Ok(_) => {
-                        let _ = apply(&ctx.store, held.release()).await;
-                        break Final::Done { attempts: held.attempt(), digest, duration };
-                    }
+                // Both fenced and independent, so they share one commit. If the done write is refused, giving
+                // back the lease is still right: it was ours until now.
+                let (done, _) = tokio::join!(apply(&ctx.store, write), apply(&ctx.store, held.release()));
+                match done {
+                    Ok(_) => break Final::Done { attempts: held.attempt(), digest, duration },
                     Err(e) if e.is_precondition_failed() => {
                         tracing::warn!(item = %item.id, "taken over before recording done; judging again");
                         continue;
@@ -757,7 +758,17 @@ fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
 
 /// One attempt at one held item: spawn, heartbeat, wait, verify, then rename into place while still holding
 /// the lease.
-async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &Path) -> Attempt {
+///
+/// `lease_sent` is when the write that last set the lease was sent: the store started the lease's time no
+/// earlier, so until a whole lease has passed on this machine's monotonic clock the lease is still ours (the
+/// usual lease assumption that clocks run at about the same rate; no clock sync is assumed).
+async fn attempt<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    mut lease_sent: Instant,
+    item: &Item,
+    output: &Path,
+) -> Attempt {
     let temp = output::temp_path(output, &ctx.owner, held.attempt());
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty())
         && let Err(e) = tokio::fs::create_dir_all(dir).await
@@ -805,15 +816,15 @@ async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &
     let lease = held.lease();
     let beat = lease / 3;
     let mut next_beat = tokio::time::Instant::now() + beat;
-    let mut last_renewed = Instant::now();
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut stop = ctx.stop.subscribe();
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
             () = tokio::time::sleep_until(next_beat) => {
+                let sent = Instant::now();
                 match apply(&ctx.store, held.renew()).await {
-                    Ok(Some(g)) => { held.renewed(g); last_renewed = Instant::now(); }
+                    Ok(Some(g)) => { held.renewed(g); lease_sent = sent; }
                     Err(e) if e.is_precondition_failed() => {
                         kill_group(&mut child).await;
                         let _ = tokio::fs::remove_file(&temp).await;
@@ -821,7 +832,7 @@ async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &
                     }
                     _ => {
                         // The ledger is unreachable: keep trying until the lease would have lapsed anyway.
-                        if last_renewed.elapsed() >= lease {
+                        if lease_sent.elapsed() >= lease {
                             kill_group(&mut child).await;
                             let _ = tokio::fs::remove_file(&temp).await;
                             return Attempt::Lost;
@@ -870,13 +881,18 @@ async fn attempt<S: Store>(ctx: &Ctx<S>, held: &mut Held, item: &Item, output: &
         let _ = tokio::fs::remove_file(&temp).await;
         return failed(ending, stderr);
     }
-    // The fence: renew the lease right before the rename, so the rename happens with a full lease ahead of it
-    // and a holder that was taken over (its renewal refused) never puts its output in place.
-    match apply(&ctx.store, held.renew()).await {
-        Ok(Some(g)) => held.renewed(g),
-        _ => {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Attempt::Lost;
+    // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
+    // A lease set less than a third of its length ago certainly has (short commands need no extra write);
+    // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
+    // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
+    // slip through; the done write is fenced as well, and the next run would see the digest differ.
+    if lease_sent.elapsed() >= lease / 3 {
+        match apply(&ctx.store, held.renew()).await {
+            Ok(Some(g)) => held.renewed(g),
+            _ => {
+                let _ = tokio::fs::remove_file(&temp).await;
+                return Attempt::Lost;
+            }
         }
     }
     let (from, to) = (temp.clone(), output.to_owned());
