@@ -58,15 +58,23 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
     Ok(out)
 }
 
-/// Deletes the entries (and leases) of `ids` in `job`, so the next run executes them again. Returns how many
-/// entries existed.
+/// Makes `ids` of the job writing `output_template` run again: deletes their ledger entries and leases, and
+/// their outputs (a valid output without an entry would otherwise be adopted rather than redone). Returns how
+/// many entries existed.
 ///
 /// # Errors
-/// [`Error::Store`].
-pub async fn forget<S: Store>(store: &S, job: &str, ids: &[String]) -> Result<u64, Error> {
+/// [`Error::Store`]; [`Error::Io`] when an output exists but cannot be removed.
+pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) -> Result<u64, Error> {
+    let job = crate::job_id(output_template);
     let mut removed = 0;
     for id in ids {
-        let keys = ItemKeys::new(job, id);
+        let keys = ItemKeys::new(&job, id);
+        let output = std::path::PathBuf::from(output_template.replace("{id}", id));
+        match tokio::fs::remove_file(&output).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(Error::Io { what: "cannot remove output", path: output, source }),
+        }
         if store.delete(keys.entry(), Precondition::Any).await?.is_some() {
             removed += 1;
         }

@@ -133,9 +133,10 @@ impl Summary {
         let secs = self.elapsed.as_secs_f64();
         if self.dry_run {
             s.push_str(&format!(
-                "dry run: {} items, {} would run, {} done, {} poison, {} failed for good\n",
+                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} failed for good\n",
                 self.total,
                 self.would_run,
+                self.adopted,
                 self.skipped,
                 self.poison.len(),
                 self.failed
@@ -548,6 +549,9 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         match (&plan, out_state) {
             (Plan::New, Some(Ok(digest))) => {
                 if ctx.cfg.dry_run {
+                    if let Ok(mut out) = ctx.dry_out.lock() {
+                        let _ = writeln!(out, "{}\tadopt: a verified output without a ledger entry", item.id);
+                    }
                     break Final::Adopted { digest };
                 }
                 // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).

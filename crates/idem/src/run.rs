@@ -112,7 +112,7 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job writing --output.
     Status(LedgerArgs),
-    /// Forget items so the next run executes them again.
+    /// Forget items (ledger entries and outputs) so the next run executes them again.
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -254,7 +254,7 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
     let job = idem_runner::job_id(&ledger_args.output);
     let result = match &args.command {
         RunsCommand::Status(_) => status(&ledger, &job).await,
-        RunsCommand::Forget { ids, .. } => forget(&ledger, &job, ids).await,
+        RunsCommand::Forget { ids, .. } => forget(&ledger, &ledger_args.output, ids).await,
     };
     ledger.close().await;
     result
@@ -279,12 +279,12 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
     Ok(0)
 }
 
-async fn forget(ledger: &Ledger, job: &str, ids: &[String]) -> Result<i32, Error> {
+async fn forget(ledger: &Ledger, output: &str, ids: &[String]) -> Result<i32, Error> {
     let removed = match ledger {
-        Ledger::Sqlite(s) => idem_runner::forget(s, job, ids).await,
-        Ledger::Other(s) => idem_runner::forget(s, job, ids).await,
+        Ledger::Sqlite(s) => idem_runner::forget(s, output, ids).await,
+        Ledger::Other(s) => idem_runner::forget(s, output, ids).await,
     }
     .map_err(runner_error)?;
-    println!("forgot {removed} of {} items; the next run executes them again", ids.len());
+    println!("forgot {removed} of {} items (entries and outputs); the next run executes them again", ids.len());
     Ok(0)
 }

@@ -395,9 +395,14 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
     assert_eq!(code, 0);
     assert!(out.contains("forgot 1 of 1"), "{out}");
+    // Forgetting a done item removes its output too, so it is redone rather than adopted.
+    let (code, _, _) = common::idem(&["runs", "forget", "--output", &job.output(), "item-00003"], &[]);
+    assert_eq!(code, 0);
+    assert!(!job.path("out/item-00003.json").exists());
     let (code, _, _) = job.run(&["--on-poison", "skip"]);
     assert_eq!(code, 3);
-    assert_eq!(job.log().len(), 24);
+    assert_eq!(job.log().len(), 25);
+    assert_eq!(job.executions_per_item()["item-00003"], 2);
 }
 
 #[test]
@@ -409,7 +414,7 @@ fn truncated_output_is_redone_and_valid_output_without_entry_is_adopted() {
     let (code, dry, _) = job.run(&["--dry-run"]);
     assert_eq!(code, 0);
     assert!(dry.contains("a\tpartial output at the final path (output is not valid JSON)"), "{dry}");
-    assert!(!dry.contains("b\t"), "{dry}");
+    assert!(dry.contains("b\tadopt: a verified output without a ledger entry"), "{dry}");
     let (code, _, err) = job.run(&["--report", "r.json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(job.executions_per_item(), BTreeMap::from([("a".to_owned(), 1)]));
