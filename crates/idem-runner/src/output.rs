@@ -50,10 +50,10 @@ impl std::fmt::Display for Invalid {
     }
 }
 
-/// Reads `path` whole and checks it (blocking I/O): returns its digest when it verifies.
+/// Reads `path` whole and checks it (blocking I/O): returns its SHA-256 and length when it verifies.
 ///
 /// # Errors
-/// The [`Invalid`] reason.
+/// The [`Invalid`] reason: missing, empty, not JSON, a field missing, unreadable.
 pub fn verify(path: &Path, checks: &Checks) -> Result<Digest256, Invalid> {
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -77,7 +77,10 @@ pub fn verify(path: &Path, checks: &Checks) -> Result<Digest256, Invalid> {
 }
 
 /// Whether `path` still holds exactly the output the ledger recorded (blocking I/O). Cheaper than
-/// [`verify`]: the content was verified when it was recorded, so an equal digest is enough.
+/// [`verify`]: the content was verified when it was recorded, so an equal length and digest are enough.
+///
+/// # Errors
+/// The [`Invalid`] reason: missing, unreadable, or another length or digest.
 pub fn matches(path: &Path, expected: &Digest256) -> Result<(), Invalid> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -110,10 +113,10 @@ pub fn temp_path(output: &Path, owner: &str, attempt: u32) -> PathBuf {
     output.with_file_name(format!(".{name}.{owner}.{attempt}.idem-tmp"))
 }
 
-/// Makes `temp` durable and moves it to `output` atomically, then makes the rename durable (blocking I/O).
+/// Makes the contents of `temp` durable (fsync) before it is renamed into place (blocking I/O).
 ///
 /// # Errors
-/// The I/O error of the fsync or rename.
+/// The I/O error of the open or fsync.
 pub fn sync_file(temp: &Path) -> std::io::Result<()> {
     std::fs::File::open(temp)?.sync_all()
 }
