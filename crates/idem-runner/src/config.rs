@@ -103,6 +103,9 @@ impl RunConfig {
         if self.lease < Duration::from_secs(1) {
             return Err(Error::Config("--lease must be at least 1s".into()));
         }
+        if self.format == ItemFormat::Lines && self.id_field.is_some() {
+            return Err(Error::Config("--id-field needs JSON Lines items, not --format lines".into()));
+        }
         if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
         }

@@ -49,7 +49,7 @@ impl ItemReader {
         let read_err = |source| Error::ReadItems { path: path.to_owned(), source };
         let json = match format {
             ItemFormat::JsonLines => true,
-            ItemFormat::Lines => id_field.is_some(),
+            ItemFormat::Lines => false,
             ItemFormat::Auto => {
                 let first = BufReader::new(File::open(path).map_err(read_err)?)
                     .lines()

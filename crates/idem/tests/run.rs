@@ -457,6 +457,23 @@ fn timeout_kills_the_attempt_with_a_timeout_fingerprint() {
 }
 
 #[test]
+fn verify_command_decides_whether_an_output_counts() {
+    let script = r#"if [ "$1" = good ]; then echo '{"ok": true}' > "$2"; else echo '{"ok": false}' > "$2"; fi"#;
+    let job = Job::new(&["good".to_owned(), "bad".to_owned()], script);
+    let verify = r#"grep -q '"ok": true' {out} || { echo "not ok in $IDEM_OUTPUT" >&2; exit 4; }"#;
+    let (code, _, err) = job.run(&["--retries", "0", "--verify", verify, "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 2);
+    let r = job.report("r.json");
+    let items = r["items"].as_array().unwrap();
+    let bad = items.iter().find(|i| i["id"] == "bad").unwrap();
+    assert_eq!(bad["status"], "failed");
+    assert!(bad["last_error"].as_str().unwrap().starts_with("verify exit 4: not ok in "), "{bad}");
+    assert_eq!(items.iter().find(|i| i["id"] == "good").unwrap()["status"], "done");
+    assert_eq!(job.out_files(), BTreeSet::from(["good.json".to_owned()]));
+}
+
+#[test]
 fn command_sees_its_item_and_tokens() {
     let script = r#"input=$(cat); printf '{"id": "%s", "stdin": %s, "key": "%s", "token": %s}' "$IDEM_ITEM_ID" "$input" "$IDEM_IDEMPOTENCY_KEY" "$IDEM_FENCING_TOKEN" > "$IDEM_OUTPUT""#;
     let job = Job::new(&["k1".to_owned()], script);
