@@ -25,7 +25,8 @@ pub enum Error {
         /// The server's explanation.
         detail: String,
     },
-    /// A final answer that is not a success: another `4xx`, or a `5xx` the server stored and replays.
+    /// A final answer that is not a success: a `3xx` (not followed), another `4xx`, or a `5xx` the server stored
+    /// and replays.
     #[error("the server answered {status}{}: {detail}", if *replayed { " (replayed)" } else { "" })]
     Status {
         /// The HTTP status.
@@ -36,7 +37,7 @@ pub enum Error {
         detail: String,
     },
     /// Every attempt failed with a retryable outcome.
-    #[error("gave up after {attempts} attempts; last: {last}")]
+    #[error("gave up after {attempts} attempt{}; last: {last}", if *attempts == 1 { "" } else { "s" })]
     AttemptsExhausted {
         /// Attempts made.
         attempts: u32,
@@ -59,7 +60,7 @@ pub enum Error {
         /// Its current generation (from the ETag), `None` when absent.
         current: Option<u64>,
     },
-    /// The request could not be built (bad URL, header, key).
+    /// The request could not be built or sent as given (bad URL or scheme, header, key, a redirect loop).
     #[error("invalid request: {reason}")]
     InvalidRequest {
         /// What was wrong.

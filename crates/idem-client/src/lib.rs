@@ -30,11 +30,12 @@
 //! # }
 //! ```
 //!
-//! [`Client::send`] retries transport errors and timeouts, `409` with `Retry-After` (the first request is still
+//! Success is a 2xx answer. [`Client::send`] retries transport errors and timeouts, `409` with `Retry-After` (the first request is still
 //! in flight), `429` and `5xx` answers that were not stored (no `Idempotent-Replayed`), honouring
 //! `Retry-After` and otherwise backing off with full jitter, for at most [`RetryPolicy::max_attempts`]
-//! attempts. It stops at once with a typed [`Error`] on `422` (the key was used for another payload), on a `409`
-//! that is not the in-flight answer, on other `4xx`, on a stored `5xx`, and on idem's `outcome-unknown`
+//! attempts (a `Retry-After` is honoured up to 10 s, [`Client::max_retry_after`]). It stops at once with a typed
+//! [`Error`] on `422` (the key was used for another payload), on a `409` that is not the in-flight answer, on
+//! other `4xx`, on `3xx` (only 307/308 are followed), on a stored `5xx`, and on idem's `outcome-unknown`
 //! answer. [`KvClient`] offers the KV API of `idem serve`: reads, conditional writes, the read-modify-write
 //! loop on ETags, and the atomic set and counter operations.
 

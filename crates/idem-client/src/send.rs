@@ -74,7 +74,7 @@ pub struct Response {
 }
 
 impl Response {
-    /// The HTTP status (1xx-3xx; others are [`Error`]s).
+    /// The HTTP status (2xx; others are [`Error`]s).
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -127,11 +127,22 @@ impl Client {
     /// A client with a 30 s per-attempt timeout and 8 attempts, backing off from 100 ms up to 10 s with full
     /// jitter.
     pub fn new() -> Self {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap_or_default();
+        Self::with_timeout(Duration::from_secs(30))
+    }
+
+    /// As [`Client::new`] with another per-attempt timeout. Redirects are followed only when they keep the
+    /// method and body (307, 308; at most 5): a 301/302/303 would turn the write into a GET of something else.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        let redirects = reqwest::redirect::Policy::custom(|attempt| {
+            let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+            if keeps_body && attempt.previous().len() < 5 { attempt.follow() } else { attempt.stop() }
+        });
+        let http = reqwest::Client::builder().timeout(timeout).redirect(redirects).build().unwrap_or_default();
         Self::with_http(http)
     }
 
-    /// A client over a configured `reqwest::Client` (timeouts, TLS, proxies are its business).
+    /// A client over a configured `reqwest::Client` (timeouts, TLS, proxies, redirects are its business; prefer
+    /// following only 307/308, as [`Client::with_timeout`] does).
     pub fn with_http(http: reqwest::Client) -> Self {
         let policy = RetryPolicy::new()
             .with_max_attempts(8)
@@ -200,6 +211,10 @@ impl Client {
         }
         let response = match builder.send().await {
             Ok(r) => r,
+            // A request that cannot be built, or a redirect loop, will not get better by resending it.
+            Err(e) if e.is_builder() || e.is_redirect() => {
+                return Attempt::Stop(Error::InvalidRequest { reason: describe(&e) });
+            }
             // Connection refused, reset, timed out: the outcome may be unknown, and the key makes the
             // resend safe.
             Err(e) => return Attempt::Retry { reason: describe(&e), wait: None },
@@ -207,23 +222,20 @@ impl Client {
         let status = response.status();
         let headers = response.headers().clone();
         let replayed = headers.get("idempotent-replayed").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-        let retry_after = headers
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after_given = headers.contains_key(RETRY_AFTER);
+        let retry_after = headers.get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
         let body = match response.bytes().await {
             Ok(b) => b,
             Err(e) => return Attempt::Retry { reason: format!("reading the answer: {}", describe(&e)), wait: None },
         };
         let detail = detail_of(&body);
         let problem_type = problem_type_of(&body);
-        if status.is_success() || status.is_redirection() || status.is_informational() {
+        if status.is_success() {
             return Attempt::Done(Response { status, headers, body, replayed, attempts: attempt });
         }
         match status.as_u16() {
             422 => Attempt::Stop(Error::KeyReused { detail }),
-            409 if retry_after.is_some() && problem_type.as_deref() != Some("urn:idem:problem:response-not-stored") => {
+            409 if retry_after_given && problem_type.as_deref() != Some("urn:idem:problem:response-not-stored") => {
                 Attempt::Retry { reason: format!("409 in flight: {detail}"), wait: retry_after }
             }
             409 => Attempt::Stop(Error::Conflict { detail }),
@@ -250,15 +262,35 @@ impl Client {
             .join(location)
             .map_err(|e| Error::InvalidRequest { reason: format!("Location {location:?}: {e}") })?;
         let mut builder = self.http.get(target.clone());
-        for (name, value) in &request.headers {
-            builder = builder.header(name, value);
+        // Credentials go to the write's own origin only.
+        if target.origin() == request.url.origin() {
+            for (name, value) in &request.headers {
+                builder = builder.header(name, value);
+            }
         }
-        let status = builder.send().await?.status();
+        let status = match builder.send().await {
+            Ok(answer) => answer.status(),
+            Err(e) => {
+                // The write itself succeeded; not being able to look is not evidence the object is gone.
+                tracing::warn!(location = %target, error = %describe(&e), "read-back failed; not checked");
+                return Ok(response);
+            }
+        };
         if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
             return Err(Error::ReadBackGone { location: target.to_string(), status: status.as_u16() });
         }
         Ok(response)
     }
+}
+
+/// `Retry-After` (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date; fractional seconds are accepted too.
+fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
 fn describe(e: &reqwest::Error) -> String {

@@ -27,9 +27,13 @@
 mod error;
 mod fingerprint;
 mod key;
+mod ledger;
 mod record;
 
 pub use error::Error;
 pub use fingerprint::{Fingerprint, RequestParts, Scope};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
+pub use ledger::{
+    Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, adopt, entry_prefix, error_fingerprint, plan,
+};
 pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, Write, WriteOp, judge};

@@ -281,6 +281,35 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        for key in keys {
+            self.inner.limits.check_key(key)?;
+        }
+        let keys = keys.to_vec();
+        // One trip to the blocking pool for the whole batch: per-key trips cost more in thread wake-ups than
+        // the point reads themselves.
+        self.read(move |c| {
+            let now = to_i64(now_ms());
+            let mut stmt = c.prepare_cached(
+                "SELECT value, generation, expires_at FROM kv \
+                 WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+            )?;
+            keys.iter()
+                .map(|key| {
+                    stmt.query_row((key, now), |r| {
+                        Ok(Versioned::new(
+                            Bytes::from(r.get::<_, Vec<u8>>(0)?),
+                            Generation::new(to_u64(r.get(1)?)),
+                            r.get::<_, Option<i64>>(2)?.map(|e| millis_to_system_time(to_u64(e))),
+                        ))
+                    })
+                    .optional()
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         self.inner.limits.check_put(key, &value, &ttl)?;
         let key = key.to_owned();

@@ -27,7 +27,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             preconditions_on_put, preconditions_on_delete, expired_keys_read_absent, generations_never_reused,
             ttl_keep_and_clear, list_pages_while_writing, update_under_contention, raw_cas_under_contention, counter_dedupe_under_contention,
-            set_changes_under_contention, limits_refuse_bad_input, matches_btreemap_model);
+            set_changes_under_contention, limits_refuse_bad_input, matches_btreemap_model, get_many_matches_get);
     };
     (@each $make:expr; $($check:ident),*) => {
         $(
@@ -53,6 +53,24 @@ fn gen_of(e: Error) -> Option<Generation> {
 
 async fn ok_put<S: Store>(s: &S, key: &str, v: &str, pre: Precondition, ttl: Ttl) -> Generation {
     s.put(key, Bytes::from(v.to_owned()), pre, ttl).await.expect("put").generation()
+}
+
+/// `get_many` answers what `get` answers for each key, in order: present, absent, repeated, none at all.
+pub async fn get_many_matches_get<S: Store>(s: &S) {
+    let p = prefix("get_many");
+    let keys: Vec<String> = ["a", "b", "missing", "a", "c"].iter().map(|k| format!("{p}{k}")).collect();
+    for k in ["a", "b", "c"] {
+        ok_put(s, &format!("{p}{k}"), k, Precondition::Absent, Ttl::Keep).await;
+    }
+    s.delete(&format!("{p}c"), Precondition::Any).await.unwrap();
+    let many = s.get_many(&keys).await.unwrap();
+    let mut one_by_one = Vec::new();
+    for k in &keys {
+        one_by_one.push(s.get(k).await.unwrap());
+    }
+    assert_eq!(many, one_by_one);
+    assert_eq!(many.iter().filter(|v| v.is_some()).count(), 3);
+    assert!(s.get_many(&[]).await.unwrap().is_empty());
 }
 
 /// Each precondition on put, on a present and on an absent key; `created` tells a create from a replace.

@@ -28,6 +28,23 @@ pub trait Store: Send + Sync + 'static {
     /// [`Error::InvalidKey`]; [`Error::Unavailable`] / [`Error::Backend`] from the backend.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>, Error>> + Send;
 
+    /// Reads the live values under `keys`, in the same order; `None` where absent or expired. Each value is as
+    /// [`Store::get`] would return it, though the reads need not share one snapshot. A backend may answer
+    /// in one round trip (the work runner checks thousands of finished items this way); this default reads
+    /// one key at a time.
+    ///
+    /// # Errors
+    /// As [`Store::get`], for the first key that fails.
+    fn get_many(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Option<Versioned>>, Error>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                out.push(self.get(key).await?);
+            }
+            Ok(out)
+        }
+    }
+
     /// Writes `value` under `key` if `precondition` holds, with the expiry `ttl` says.
     ///
     /// # Errors

@@ -119,6 +119,10 @@ impl Store for AnyStore {
         each!(self, s => s.get(key).await)
     }
 
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        each!(self, s => s.get_many(keys).await)
+    }
+
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         each!(self, s => s.put(key, value, precondition, ttl).await)
     }

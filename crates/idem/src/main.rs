@@ -6,8 +6,10 @@ mod bench;
 mod client;
 mod error;
 mod key;
+mod run;
 mod send;
 mod serve;
+mod shared_sqlite;
 
 use std::io::IsTerminal;
 
@@ -37,8 +39,13 @@ enum Command {
     /// Print the deterministic Idempotency-Key of a logical write: PREFIX:ID:HASH of the canonical payload.
     Key(key::KeyArgs),
     /// Send one write with a derived Idempotency-Key, retrying safely (same bytes, same key); prints the body.
-    /// Exit 5: key reused with another payload (422) or a conflict; 6: attempts ran out; 7: outcome unknown.
+    /// Exit 0: a 2xx answer; 1: another final answer (3xx, 4xx, a stored 5xx); 2: bad usage; 5: key reused with
+    /// another payload (422) or a conflict; 6: attempts ran out; 7: outcome unknown.
     Send(send::SendArgs),
+    /// Run a command over work items: done items are skipped, leases keep runners apart, poison items stop.
+    Run(run::RunArgs),
+    /// Inspect or trim the ledger of `idem run`.
+    Runs(run::RunsArgs),
 }
 
 fn main() {
@@ -63,6 +70,9 @@ fn main() {
             Command::Bench(args) => bench::run(args).await,
             Command::Key(args) => key::run(args),
             Command::Send(args) => send::run(args).await,
+            // The runner's exit status says how the run ended (documented in `idem run --help`).
+            Command::Run(args) => std::process::exit(run::run(args).await?),
+            Command::Runs(args) => std::process::exit(run::runs(args).await?),
         }
     });
     if let Err(e) = result {

@@ -13,7 +13,7 @@ use crate::error::Error;
 #[command(group(clap::ArgGroup::new("payload").required(true).args(["json", "data"])))]
 #[command(group(clap::ArgGroup::new("keying").required(true).args(["key", "key_prefix"])))]
 pub struct SendArgs {
-    /// The method: POST, PATCH, PUT, DELETE.
+    /// The method: POST, PATCH, PUT or DELETE (any method is sent as given).
     method: String,
     /// The URL to send to.
     url: String,
@@ -41,6 +41,9 @@ pub struct SendArgs {
     /// Attempts before giving up.
     #[arg(long, default_value_t = 8)]
     attempts: u32,
+    /// Time limit of each attempt, e.g. 30s; an attempt that times out is retried (the key makes it safe).
+    #[arg(long, default_value = "30s")]
+    timeout: String,
     /// Print the key and exit without sending (store it beside the work item).
     #[arg(long)]
     print_key: bool,
@@ -100,6 +103,13 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
             .ok_or_else(|| Error::Config(format!("--header {header:?} is not \"Name: value\"")))?;
         let name =
             HeaderName::try_from(name.trim()).map_err(|_| Error::Config(format!("bad header name in {header:?}")))?;
+        // These idem send sets itself (or the HTTP library does); a second copy would contradict it.
+        let reserved = ["idempotency-key", "content-type", "content-length", "transfer-encoding", "host"];
+        if reserved.contains(&name.as_str()) {
+            return Err(Error::Config(format!(
+                "--header {name} is set by idem send itself (use --key, --content-type or the body flags)"
+            )));
+        }
         let value = HeaderValue::from_str(value.trim())
             .map_err(|_| Error::Config(format!("bad header value in {header:?}")))?;
         request = request.header(name, value);
@@ -111,7 +121,12 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
         .with_max_attempts(args.attempts)
         .with_base_delay(std::time::Duration::from_millis(100))
         .with_max_delay(std::time::Duration::from_secs(10));
-    let client = Client::new().retry_policy(policy).read_back(args.read_back);
+    let timeout = humantime::parse_duration(&args.timeout)
+        .map_err(|e| Error::Config(format!("--timeout {:?} is not a duration like 30s: {e}", args.timeout)))?;
+    if timeout.is_zero() {
+        return Err(Error::Config("--timeout must be more than 0s".into()));
+    }
+    let client = Client::with_timeout(timeout).retry_policy(policy).read_back(args.read_back);
     let response = client.send(&request).await.map_err(Error::Send)?;
     eprintln!(
         "idem send: {} after {} attempt(s){} (key {})",

@@ -314,3 +314,62 @@ async fn kv_helpers_update_without_losing_writes_and_dedupe_counters() {
     let err = kv.put("count", "x", idem_client::Precondition::Generation(1)).await.unwrap_err();
     assert!(matches!(err, Error::PreconditionFailed { current: Some(_), .. }), "{err}");
 }
+
+/// A server with odd answers: a 302 to a GET-able page, and a 409 whose Retry-After is an HTTP-date.
+async fn odd_server() -> String {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    let busy = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new()
+        .route("/redirect", post(|| async { (StatusCode::FOUND, [(header::LOCATION, "/final")]) }))
+        .route("/final", get(|| async { (StatusCode::CREATED, "not the write\n") }))
+        .route(
+            "/busy",
+            post(move || {
+                let busy = Arc::clone(&busy);
+                async move {
+                    if busy.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let soon = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(2));
+                        (StatusCode::CONFLICT, [(header::RETRY_AFTER, soon)], "in flight\n").into_response()
+                    } else {
+                        (StatusCode::CREATED, "done\n").into_response()
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_302_is_not_a_success_and_an_http_date_retry_after_is_waited_for() {
+    let url = odd_server().await;
+    let client = Client::new().retry_policy(fast_retries(4));
+    let key = idem_client::IdempotencyKey::new("r").unwrap();
+    let redirect = WriteRequest::json(Method::POST, &format!("{url}/redirect"), key.clone(), &1).unwrap();
+    match client.send(&redirect).await {
+        Err(Error::Status { status: 302, .. }) => {}
+        other => panic!("a 302 must not turn the write into a GET of another page: {other:?}"),
+    }
+    let busy = WriteRequest::json(Method::POST, &format!("{url}/busy"), key, &1).unwrap();
+    let started = std::time::Instant::now();
+    let answer = client.send(&busy).await.unwrap();
+    assert_eq!((answer.status().as_u16(), answer.attempts()), (201, 2));
+    assert!(started.elapsed() >= Duration::from_millis(500), "the Retry-After date was waited for");
+    let url2 = url.clone();
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        idem(&["send", "POST", &format!("{url2}/redirect"), "--json", "{}", "--key", "k"], &[])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{err}");
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        idem(&["send", "POST", &format!("{url}/busy"), "--json", "{}", "--key", "k", "-H", "Idempotency-Key: x"], &[])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 2, "a second key header is a usage error: {err}");
+}

@@ -1,0 +1,562 @@
+//! The work ledger of `idem run` and its state machine (DESIGN.md, "Runner contract").
+//!
+//! Each work item has two store keys:
+//!
+//! - its **entry**, `run/{job}/item/{id}`, kept without expiry: who ran it, how many attempts were claimed,
+//!   the fingerprints of its failures and, once done, the SHA-256 of its output;
+//! - its **lease**, `run/{job}/lease/{id}`, whose store TTL is the lease length.
+//!
+//! The lease is a separate key because a lapsed lease must disappear (the store's clock decides, a lapsed key
+//! reads as absent and the next create takes it over) while the attempt count must survive a crashed holder:
+//! attempts are counted when an item is claimed, so a runner killed mid-item still used up one.
+//!
+//! ```text
+//!                 claim: create lease (Absent, TTL = lease), then entry := Running{attempt + 1}
+//!   absent | Failed | Running(lapsed) | Done(output gone) ──────────────────────────────▶ Running
+//!                                                    Running ──done (fenced)──▶ Done{sha256}
+//!                                                    Running ──failed (fenced)─▶ Failed{fingerprints}
+//!                                                    lease ──renew (fenced on the lease generation)──▶ lease
+//! ```
+//!
+//! Every write after the claim is conditional: the entry on the generation the claim gave it (the **fencing
+//! token**, handed to the command as `IDEM_FENCING_TOKEN`), the lease on its own last generation. A runner that
+//! was taken over finds its writes refused. Nothing here performs I/O or reads the clock.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_store::{Generation, Precondition, Ttl};
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Write, WriteOp};
+
+/// The store keys of one item of one job.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ItemKeys {
+    entry: String,
+    lease: String,
+}
+
+impl ItemKeys {
+    /// The keys of item `id` of job `job` (a short hash naming the job, so two jobs share a store safely).
+    pub fn new(job: &str, id: &str) -> Self {
+        Self { entry: format!("{}{id}", entry_prefix(job)), lease: format!("run/{job}/lease/{id}") }
+    }
+
+    /// The entry's store key.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
+    /// The lease's store key.
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+}
+
+/// The prefix under which a job's entries live: list it to see every item the ledger knows.
+pub fn entry_prefix(job: &str) -> String {
+    format!("run/{job}/item/")
+}
+
+/// What the ledger knows about one item.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Entry {
+    /// Claimed by `owner`; the item's lease key says whether the claim is still live.
+    Running {
+        /// The claimant's owner token (unique per process start).
+        owner: String,
+        /// The number of this attempt (1 for the first): attempts are counted when claimed.
+        attempt: u32,
+        /// When it was claimed, in milliseconds since the Unix epoch (informational).
+        started_at_ms: u64,
+        /// Error fingerprints of the earlier failed attempts, oldest first.
+        #[serde(default)]
+        failures: Vec<String>,
+        /// The last error message, if an earlier attempt failed.
+        #[serde(default)]
+        last_error: Option<String>,
+    },
+    /// The last attempt failed.
+    Failed {
+        /// Attempts claimed so far.
+        attempts: u32,
+        /// Error fingerprints of every failed attempt, oldest first.
+        failures: Vec<String>,
+        /// The last attempt's error, for people.
+        last_error: String,
+        /// True when one fingerprint occurred twice: a poison item, never retried until forgotten.
+        poison: bool,
+        /// When it failed, in milliseconds since the Unix epoch.
+        finished_at_ms: u64,
+    },
+    /// Finished: the output was verified, renamed into place and has this digest.
+    Done {
+        /// Attempts it took.
+        attempts: u32,
+        /// Lowercase hex SHA-256 of the output file.
+        sha256: String,
+        /// The output's length, in bytes.
+        size: u64,
+        /// Who finished it (`adopted` when an existing output was taken over without running).
+        owner: String,
+        /// When it finished, in milliseconds since the Unix epoch.
+        finished_at_ms: u64,
+        /// How long the successful attempt ran, in milliseconds.
+        duration_ms: u64,
+    },
+}
+
+impl Entry {
+    /// Encodes as stored (JSON).
+    pub fn encode(&self) -> Bytes {
+        // Serialising strings and integers cannot fail.
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// Decodes what [`Entry::encode`] wrote.
+    ///
+    /// # Errors
+    /// [`Error::RecordCorrupt`] when the bytes are not a ledger entry.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(bytes).map_err(|e| Error::RecordCorrupt { reason: e.to_string() })
+    }
+
+    /// Attempts claimed so far.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Entry::Running { attempt, .. } => *attempt,
+            Entry::Failed { attempts, .. } | Entry::Done { attempts, .. } => *attempts,
+        }
+    }
+
+    /// The last error recorded, if any.
+    pub fn last_error(&self) -> Option<&str> {
+        match self {
+            Entry::Running { last_error, .. } => last_error.as_deref(),
+            Entry::Failed { last_error, .. } => Some(last_error),
+            Entry::Done { .. } => None,
+        }
+    }
+}
+
+/// How many attempts an item gets and what a repeated failure means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryLimit {
+    /// Attempts allowed in total (first run plus retries), at least 1.
+    pub max_attempts: u32,
+}
+
+/// What to do with an item, judged from its entry alone (the runner then looks at the output file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// No entry: run it, unless a verified output is already in place (then adopt it).
+    New,
+    /// Done: skip it if the output still has this digest and length, else run it again.
+    CheckDone {
+        /// Lowercase hex SHA-256 the output must have.
+        sha256: String,
+        /// Length the output must have, in bytes.
+        size: u64,
+    },
+    /// Failed earlier or claimed by a runner whose lease may have lapsed: claim and run it.
+    Retry {
+        /// Attempts claimed so far.
+        attempts: u32,
+    },
+    /// Failed twice the same way: never run again until forgotten.
+    Poison {
+        /// The last error.
+        last_error: String,
+    },
+    /// Used every attempt without succeeding.
+    Exhausted {
+        /// Attempts claimed.
+        attempts: u32,
+        /// The last error.
+        last_error: String,
+    },
+}
+
+/// Judges an item by its entry.
+pub fn plan(entry: Option<&Entry>, limit: RetryLimit) -> Plan {
+    match entry {
+        None => Plan::New,
+        Some(Entry::Done { sha256, size, .. }) => Plan::CheckDone { sha256: sha256.clone(), size: *size },
+        Some(Entry::Failed { poison: true, last_error, .. }) => Plan::Poison { last_error: last_error.clone() },
+        Some(e) if e.attempts() >= limit.max_attempts => {
+            Plan::Exhausted { attempts: e.attempts(), last_error: e.last_error().unwrap_or("crashed").to_owned() }
+        }
+        Some(e) => Plan::Retry { attempts: e.attempts() },
+    }
+}
+
+/// The write that records an output found in place, verified, with no entry: create-only, so it never
+/// overwrites what another runner recorded meanwhile.
+pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64) -> Write {
+    let entry = Entry::Done {
+        attempts: 0,
+        sha256: sha256.to_owned(),
+        size,
+        owner: "adopted".into(),
+        finished_at_ms: now_ms,
+        duration_ms: 0,
+    };
+    Write {
+        key: keys.entry.clone(),
+        op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+        precondition: Precondition::Absent,
+    }
+}
+
+/// A claim about to be made on an item: first [`ItemClaim::lease_write`], then, once the store accepted it,
+/// [`ItemClaim::entry_write`]; both accepted make a [`Held`] item.
+#[derive(Clone, Debug)]
+pub struct ItemClaim {
+    keys: ItemKeys,
+    owner: String,
+    now_ms: u64,
+    lease: Duration,
+    /// The entry read before claiming and its generation; the entry write is conditional on it.
+    prev: Option<(Generation, Entry)>,
+}
+
+impl ItemClaim {
+    /// Prepares a claim by `owner` at `now_ms` (milliseconds since the Unix epoch) with a lease of `lease`
+    /// (at least the store's minimum TTL, 1 s), over the entry `prev` read just before (`None`: no entry).
+    pub fn new(
+        keys: ItemKeys,
+        owner: impl Into<String>,
+        now_ms: u64,
+        lease: Duration,
+        prev: Option<(Generation, Entry)>,
+    ) -> Self {
+        Self { keys, owner: owner.into(), now_ms, lease, prev }
+    }
+
+    /// The attempt number this claim starts. A done item being redone starts again at 1.
+    pub fn attempt(&self) -> u32 {
+        match &self.prev {
+            Some((_, Entry::Done { .. })) | None => 1,
+            Some((_, e)) => e.attempts().saturating_add(1),
+        }
+    }
+
+    /// The owner and attempt of the entry read before claiming, if it was running: the temporary file of that
+    /// attempt is left over from a holder that crashed or lost its lease.
+    pub fn previous_running(&self) -> Option<(String, u32)> {
+        match &self.prev {
+            Some((_, Entry::Running { owner, attempt, .. })) => Some((owner.clone(), *attempt)),
+            _ => None,
+        }
+    }
+
+    /// Step 1: create the lease, only if no live lease exists.
+    pub fn lease_write(&self) -> Write {
+        Write {
+            key: self.keys.lease.clone(),
+            op: WriteOp::Put { value: Bytes::from(self.owner.clone()), ttl: Ttl::After(self.lease) },
+            precondition: Precondition::Absent,
+        }
+    }
+
+    /// Step 2, once the lease is held: count the attempt, conditional on the entry being unchanged since read.
+    pub fn entry_write(&self) -> Write {
+        let (failures, last_error) = match &self.prev {
+            Some((_, Entry::Running { failures, last_error, .. })) => (failures.clone(), last_error.clone()),
+            Some((_, Entry::Failed { failures, last_error, .. })) => (failures.clone(), Some(last_error.clone())),
+            Some((_, Entry::Done { .. })) | None => (Vec::new(), None),
+        };
+        let entry = Entry::Running {
+            owner: self.owner.clone(),
+            attempt: self.attempt(),
+            started_at_ms: self.now_ms,
+            failures,
+            last_error,
+        };
+        Write {
+            key: self.keys.entry.clone(),
+            op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+            precondition: match &self.prev {
+                Some((g, _)) => Precondition::Generation(*g),
+                None => Precondition::Absent,
+            },
+        }
+    }
+
+    /// If the entry write is refused, the lease taken in step 1 is given back with this write.
+    pub fn lease_release(&self, lease_generation: Generation) -> Write {
+        Write {
+            key: self.keys.lease.clone(),
+            op: WriteOp::Delete,
+            precondition: Precondition::Generation(lease_generation),
+        }
+    }
+
+    /// The item held once the store accepted both writes with these generations.
+    pub fn acquired(self, lease_generation: Generation, entry_generation: Generation) -> Held {
+        let failures = match &self.prev {
+            Some((_, Entry::Running { failures, .. } | Entry::Failed { failures, .. })) => failures.clone(),
+            Some((_, Entry::Done { .. })) | None => Vec::new(),
+        };
+        let attempt = self.attempt();
+        Held { claim: self, attempt, failures, lease_generation, entry_generation }
+    }
+}
+
+/// What a failed attempt leaves the item as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureVerdict {
+    /// Attempts remain: run it again.
+    Retry,
+    /// The same fingerprint occurred twice: a poison item.
+    Poison,
+    /// No attempts remain.
+    Exhausted,
+}
+
+/// An item held under a live lease. Every write it produces is fenced.
+#[derive(Clone, Debug)]
+pub struct Held {
+    claim: ItemClaim,
+    attempt: u32,
+    failures: Vec<String>,
+    lease_generation: Generation,
+    entry_generation: Generation,
+}
+
+impl Held {
+    /// The fencing token: the entry generation the claim wrote. Greater than every earlier holder's.
+    pub fn fencing_token(&self) -> Generation {
+        self.entry_generation
+    }
+
+    /// This attempt's number (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The lease length.
+    pub fn lease(&self) -> Duration {
+        self.claim.lease
+    }
+
+    /// Extend the lease by its length from now (the store's now), only if still held.
+    pub fn renew(&self) -> Write {
+        Write {
+            key: self.claim.keys.lease.clone(),
+            op: WriteOp::Put { value: Bytes::from(self.claim.owner.clone()), ttl: Ttl::After(self.claim.lease) },
+            precondition: Precondition::Generation(self.lease_generation),
+        }
+    }
+
+    /// Records the generation the store gave an accepted [`Held::renew`].
+    pub fn renewed(&mut self, lease_generation: Generation) {
+        self.lease_generation = lease_generation;
+    }
+
+    /// Give the lease back (after done or failed, or when interrupted), only if still held.
+    pub fn release(&self) -> Write {
+        self.claim.lease_release(self.lease_generation)
+    }
+
+    /// Record the item done with its output's digest, only if no one took it over.
+    pub fn done(&self, sha256: &str, size: u64, now_ms: u64, duration_ms: u64) -> Write {
+        let entry = Entry::Done {
+            attempts: self.attempt,
+            sha256: sha256.to_owned(),
+            size,
+            owner: self.claim.owner.clone(),
+            finished_at_ms: now_ms,
+            duration_ms,
+        };
+        self.entry(entry)
+    }
+
+    /// Record a failed attempt with its error `fingerprint` and message, only if no one took it over; says
+    /// whether the item may run again under `limit`.
+    pub fn failed(&self, fingerprint: &str, message: &str, now_ms: u64, limit: RetryLimit) -> (Write, FailureVerdict) {
+        let poison = self.failures.iter().any(|f| f == fingerprint);
+        let mut failures = self.failures.clone();
+        failures.push(fingerprint.to_owned());
+        let verdict = if poison {
+            FailureVerdict::Poison
+        } else if self.attempt >= limit.max_attempts {
+            FailureVerdict::Exhausted
+        } else {
+            FailureVerdict::Retry
+        };
+        let entry = Entry::Failed {
+            attempts: self.attempt,
+            failures,
+            last_error: message.to_owned(),
+            poison,
+            finished_at_ms: now_ms,
+        };
+        (self.entry(entry), verdict)
+    }
+
+    fn entry(&self, entry: Entry) -> Write {
+        Write {
+            key: self.claim.keys.entry.clone(),
+            op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+            precondition: Precondition::Generation(self.entry_generation),
+        }
+    }
+}
+
+/// The error fingerprint of a failed attempt: how it ended (`exit 3`, `signal 9`, `timeout`, or a
+/// verification problem) plus the last non-empty line of its standard error with every run of decimal digits
+/// replaced by `N` and every other run of hex digits that contains a digit or is 8 or more long by `H`, so the
+/// same failure with a different timestamp, address or id still matches.
+pub fn error_fingerprint(ending: &str, stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
+    format!("{ending}: {}", normalise(last))
+}
+
+fn normalise(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        // A hex run stands for a number, address or id when it has a digit or is long; words like "bad" stay.
+        if run.chars().all(|c| c.is_ascii_digit()) && !run.is_empty() {
+            out.push('N');
+        } else if run.len() >= 8 || run.chars().any(|c| c.is_ascii_digit()) {
+            out.push('H');
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in line.chars() {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: RetryLimit = RetryLimit { max_attempts: 3 };
+
+    fn keys() -> ItemKeys {
+        ItemKeys::new("job1", "a")
+    }
+
+    #[test]
+    fn keys_are_namespaced_by_job() {
+        assert_eq!(keys().entry(), "run/job1/item/a");
+        assert_eq!(keys().lease(), "run/job1/lease/a");
+        assert!(keys().entry().starts_with(&entry_prefix("job1")));
+        assert_ne!(ItemKeys::new("job2", "a").entry(), keys().entry());
+    }
+
+    #[test]
+    fn fingerprints_ignore_numbers_and_hex_runs() {
+        let a = error_fingerprint("exit 1", b"starting\nerror at 12:00:01 id=deadbeef01 port 8080\n\n");
+        let b = error_fingerprint("exit 1", b"error at 13:59:07 id=0badf00d99 port 9\n");
+        assert_eq!(a, b);
+        assert_eq!(a, "exit 1: error at N:N:N id=H port N");
+        assert_ne!(a, error_fingerprint("exit 2", b"error at 13:59:07 id=0badf00d99 port 9"));
+        assert_eq!(error_fingerprint("signal 9", b""), "signal 9: ");
+        assert_eq!(error_fingerprint("exit 1", b"bad face"), "exit 1: bad face");
+    }
+
+    #[test]
+    fn attempts_are_counted_at_claim_and_carried_over_a_crash() {
+        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        assert_eq!(claim.attempt(), 1);
+        assert_eq!(claim.lease_write().precondition, Precondition::Absent);
+        assert_eq!(claim.entry_write().precondition, Precondition::Absent);
+        let WriteOp::Put { value, ttl } = claim.entry_write().op else { panic!("put") };
+        assert_eq!(ttl, Ttl::Clear);
+        let running = Entry::decode(&value).unwrap();
+        assert_eq!(running.attempts(), 1);
+        // The holder crashed: its lease lapsed but the entry still says attempt 1.
+        assert_eq!(plan(Some(&running), LIMIT), Plan::Retry { attempts: 1 });
+        let again = ItemClaim::new(keys(), "o2", 2, Duration::from_secs(10), Some((Generation::new(7), running)));
+        assert_eq!(again.attempt(), 2);
+        assert_eq!(again.previous_running(), Some(("o1".to_owned(), 1)));
+        assert_eq!(again.entry_write().precondition, Precondition::Generation(Generation::new(7)));
+    }
+
+    #[test]
+    fn every_write_after_the_claim_is_fenced() {
+        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        let mut held = claim.acquired(Generation::new(3), Generation::new(4));
+        assert_eq!(held.fencing_token(), Generation::new(4));
+        assert_eq!(held.renew().precondition, Precondition::Generation(Generation::new(3)));
+        held.renewed(Generation::new(9));
+        assert_eq!(held.renew().precondition, Precondition::Generation(Generation::new(9)));
+        assert_eq!(held.release().precondition, Precondition::Generation(Generation::new(9)));
+        assert_eq!(held.release().op, WriteOp::Delete);
+        let done = held.done("ab", 2, 5, 1);
+        assert_eq!(done.precondition, Precondition::Generation(Generation::new(4)));
+        assert_eq!(done.key, "run/job1/item/a");
+        let (failed, _) = held.failed("exit 1: x", "x", 5, LIMIT);
+        assert_eq!(failed.precondition, Precondition::Generation(Generation::new(4)));
+    }
+
+    #[test]
+    fn the_same_fingerprint_twice_is_poison() {
+        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        let held = claim.acquired(Generation::new(1), Generation::new(2));
+        let (w, verdict) = held.failed("exit 1: boom", "boom", 3, LIMIT);
+        assert_eq!(verdict, FailureVerdict::Retry);
+        let WriteOp::Put { value, .. } = w.op else { panic!("put") };
+        let failed = Entry::decode(&value).unwrap();
+        assert_eq!(plan(Some(&failed), LIMIT), Plan::Retry { attempts: 1 });
+        let second = ItemClaim::new(keys(), "o1", 4, Duration::from_secs(10), Some((Generation::new(5), failed)));
+        let held = second.acquired(Generation::new(6), Generation::new(7));
+        assert_eq!(held.attempt(), 2);
+        let (w, verdict) = held.failed("exit 1: boom", "boom", 8, LIMIT);
+        assert_eq!(verdict, FailureVerdict::Poison);
+        let WriteOp::Put { value, .. } = w.op else { panic!("put") };
+        let poisoned = Entry::decode(&value).unwrap();
+        assert_eq!(plan(Some(&poisoned), LIMIT), Plan::Poison { last_error: "boom".into() });
+    }
+
+    #[test]
+    fn different_failures_exhaust_the_attempts() {
+        let limit = RetryLimit { max_attempts: 2 };
+        let mut prev = None;
+        let mut verdicts = Vec::new();
+        for (i, fp) in ["exit 1: a", "exit 1: b"].iter().enumerate() {
+            let claim = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), prev.take());
+            let held = claim.acquired(Generation::new(1), Generation::new(2 + i as u64));
+            let (w, verdict) = held.failed(fp, fp, 0, limit);
+            verdicts.push(verdict);
+            let WriteOp::Put { value, .. } = w.op else { panic!("put") };
+            prev = Some((Generation::new(10 + i as u64), Entry::decode(&value).unwrap()));
+        }
+        assert_eq!(verdicts, [FailureVerdict::Retry, FailureVerdict::Exhausted]);
+        let (_, last) = prev.unwrap();
+        assert!(matches!(plan(Some(&last), limit), Plan::Exhausted { attempts: 2, .. }));
+    }
+
+    #[test]
+    fn done_items_are_checked_and_redone_from_attempt_one() {
+        let done = Entry::Done {
+            attempts: 2,
+            sha256: "ff".into(),
+            size: 1,
+            owner: "o".into(),
+            finished_at_ms: 0,
+            duration_ms: 0,
+        };
+        assert_eq!(plan(Some(&done), LIMIT), Plan::CheckDone { sha256: "ff".into(), size: 1 });
+        let redo = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), Some((Generation::new(3), done)));
+        assert_eq!(redo.attempt(), 1);
+        let adopt = adopt(&keys(), "ff", 1, 0);
+        assert_eq!(adopt.precondition, Precondition::Absent);
+    }
+}

@@ -1,0 +1,158 @@
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::{Error, ItemFormat};
+
+/// What to do when an item turns out to be poison (the same error fingerprint twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPoison {
+    /// Stop claiming new items; running ones finish; exit with the poison status.
+    Halt,
+    /// Record it and go on with the other items.
+    Skip,
+}
+
+/// How progress is shown on standard error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A progress bar when standard error is a terminal, else a plain line every few seconds.
+    Auto,
+    /// No progress output (the summary is still printed).
+    Off,
+}
+
+/// Everything one `idem run` needs. Build with [`RunConfig::new`] and set the rest.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The items file.
+    pub items: PathBuf,
+    /// How to read it.
+    pub format: ItemFormat,
+    /// The JSON field holding each item's id.
+    pub id_field: Option<String>,
+    /// The output path template; `{id}` is replaced by the item's id.
+    pub output: String,
+    /// The command and its arguments; `{id}`, `{out}` (the temporary path to write) and `{item}` are replaced.
+    pub command: Vec<String>,
+    /// Commands running at once (at least 1).
+    pub jobs: usize,
+    /// Retries after the first attempt; attempts include ones whose runner crashed.
+    pub retries: u32,
+    /// What a poison item does to the run.
+    pub on_poison: OnPoison,
+    /// Top-level fields a JSON output must have.
+    pub expect_fields: Vec<String>,
+    /// A shell command that must exit 0 for an output to count (`{out}` and `$IDEM_OUTPUT` name the file).
+    pub verify: Option<String>,
+    /// Where to write the JSON report.
+    pub report: Option<PathBuf>,
+    /// Longest one attempt may run; the child is then killed.
+    pub timeout: Option<Duration>,
+    /// Lease length (renewed every third of it while the command runs); at least 1 s.
+    pub lease: Duration,
+    /// List what would run and why, run nothing.
+    pub dry_run: bool,
+    /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`).
+    pub key_prefix: String,
+    /// Progress display.
+    pub progress: ProgressMode,
+}
+
+impl RunConfig {
+    /// A configuration with the defaults: 1 job, 3 retries, halt on poison, 10 s lease, no timeout.
+    pub fn new(items: impl Into<PathBuf>, output: impl Into<String>, command: Vec<String>) -> Self {
+        Self {
+            items: items.into(),
+            format: ItemFormat::Auto,
+            id_field: None,
+            output: output.into(),
+            command,
+            jobs: 1,
+            retries: 3,
+            on_poison: OnPoison::Halt,
+            expect_fields: Vec::new(),
+            verify: None,
+            report: None,
+            timeout: None,
+            lease: Duration::from_secs(10),
+            dry_run: false,
+            key_prefix: "run".into(),
+            progress: ProgressMode::Auto,
+        }
+    }
+
+    /// Refuses settings that cannot work.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the problem.
+    pub fn check(&self) -> Result<(), Error> {
+        if !self.output.contains("{id}") {
+            return Err(Error::Config(format!("--output {:?} must contain {{id}}", self.output)));
+        }
+        if self.output.ends_with('/') {
+            return Err(Error::Config(format!("--output {:?} must name a file", self.output)));
+        }
+        if self.command.is_empty() {
+            return Err(Error::Config("no command given after --".into()));
+        }
+        if self.jobs == 0 {
+            return Err(Error::Config("--jobs must be at least 1".into()));
+        }
+        if self.lease < Duration::from_secs(1) {
+            return Err(Error::Config("--lease must be at least 1s".into()));
+        }
+        if self.format == ItemFormat::Lines && self.id_field.is_some() {
+            return Err(Error::Config("--id-field needs JSON Lines items, not --format lines".into()));
+        }
+        if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
+            return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
+        }
+        Ok(())
+    }
+
+    /// The output path of item `id`.
+    pub fn output_path(&self, id: &str) -> PathBuf {
+        PathBuf::from(self.output.replace("{id}", id))
+    }
+}
+
+/// The job's name in the ledger: the first 12 hex digits of the SHA-256 of the output template, so two jobs
+/// writing different outputs never share ledger entries, and the same job finds its entries on every rerun.
+pub fn job_id(output_template: &str) -> String {
+    let digest = Sha256::digest(output_template.as_bytes());
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The directory all of a template's outputs share: its path up to the first component holding a
+/// placeholder (`out/{id}.json` → `out`, `{id}.json` → `.`).
+pub fn output_root(output_template: &str) -> PathBuf {
+    let mut root = PathBuf::new();
+    for part in Path::new(output_template).components() {
+        if part.as_os_str().to_string_lossy().contains('{') {
+            break;
+        }
+        root.push(part);
+    }
+    if root.as_os_str().is_empty() { PathBuf::from(".") } else { root }
+}
+
+/// The default ledger of a template: `<output root>/.idem/ledger.db`, next to the outputs it describes.
+pub fn default_ledger_path(output_template: &str) -> PathBuf {
+    output_root(output_template).join(".idem").join("ledger.db")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ledger_sits_next_to_the_outputs() {
+        assert_eq!(default_ledger_path("out/{id}.json"), PathBuf::from("out/.idem/ledger.db"));
+        assert_eq!(default_ledger_path("a/b/{id}/r.json"), PathBuf::from("a/b/.idem/ledger.db"));
+        assert_eq!(default_ledger_path("{id}.json"), PathBuf::from("./.idem/ledger.db"));
+        assert_ne!(job_id("out/{id}.json"), job_id("out/{id}.txt"));
+        assert_eq!(job_id("x").len(), 12);
+    }
+}

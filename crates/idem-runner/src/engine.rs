@@ -1,0 +1,929 @@
+//! The run itself: stream items, judge each against the ledger and its output, claim, run, verify, rename.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use idem_core::{Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, Write, WriteOp};
+use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::output::{self, Checks, Digest256, Invalid};
+use crate::progress::{Counters, Progress};
+use crate::report::{ItemReport, Report};
+use crate::{Error, Item, ItemReader, OnPoison, RunConfig, job_id};
+
+/// Asks a running [`run`] to stop: the first request stops claiming (running items finish), the second kills
+/// the children and releases their leases. Cheap to clone; all clones share one state.
+#[derive(Clone, Debug)]
+pub struct Stop {
+    tx: Arc<watch::Sender<u8>>,
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stop {
+    /// A stop that has not been requested.
+    pub fn new() -> Self {
+        Self { tx: Arc::new(watch::Sender::new(0)) }
+    }
+
+    /// Requests the next stop level and returns it (1: drain, 2: abort).
+    pub fn request(&self) -> u8 {
+        let mut level = 0;
+        self.tx.send_modify(|l| {
+            *l = l.saturating_add(1).min(2);
+            level = *l;
+        });
+        level
+    }
+
+    /// The level requested so far (0: none).
+    pub fn level(&self) -> u8 {
+        *self.tx.borrow()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u8> {
+        self.tx.subscribe()
+    }
+}
+
+/// How a run ended, in order of precedence; [`RunStatus::exit_code`] is the process exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Every item is done (or, for a dry run, the listing finished).
+    AllDone,
+    /// Some item is not done: it failed every attempt, or the ledger failed.
+    Failed,
+    /// A poison item stopped the run, or was skipped.
+    Poison,
+    /// Ctrl-C (or SIGTERM) stopped the run before every item was done.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// 0 all done, 1 failures, 3 poison, 130 interrupted (2 is kept for bad usage).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            RunStatus::AllDone => 0,
+            RunStatus::Failed => 1,
+            RunStatus::Poison => 3,
+            RunStatus::Interrupted => 130,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Items in the file.
+    pub total: u64,
+    /// Items this run executed to done.
+    pub done: u64,
+    /// Items skipped because the ledger says done and the output still matches.
+    pub skipped: u64,
+    /// Items whose verified output was found in place without a ledger entry and recorded as done.
+    pub adopted: u64,
+    /// Items that used every attempt without succeeding (or whose ledger writes failed).
+    pub failed: u64,
+    /// Poison items: id and error.
+    pub poison: Vec<(String, String)>,
+    /// Items not started or given up because of a stop request or a poison halt.
+    pub not_done: u64,
+    /// Commands executed (attempts started by this run).
+    pub executions: u64,
+    /// Items a dry run would execute.
+    pub would_run: u64,
+    /// A stop was requested.
+    pub interrupted: bool,
+    /// Was this a dry run.
+    pub dry_run: bool,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// How the run ended.
+    pub fn status(&self) -> RunStatus {
+        if self.interrupted && (self.not_done > 0 || self.done + self.skipped + self.adopted < self.total) {
+            RunStatus::Interrupted
+        } else if !self.poison.is_empty() {
+            RunStatus::Poison
+        } else if self.dry_run {
+            RunStatus::AllDone
+        } else if self.failed > 0 || self.not_done > 0 || self.done + self.skipped + self.adopted < self.total {
+            RunStatus::Failed
+        } else {
+            RunStatus::AllDone
+        }
+    }
+
+    /// The one-screen summary printed at the end.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let secs = self.elapsed.as_secs_f64();
+        if self.dry_run {
+            s.push_str(&format!(
+                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} failed for good\n",
+                self.total,
+                self.would_run,
+                self.adopted,
+                self.skipped,
+                self.poison.len(),
+                self.failed
+            ));
+            return s;
+        }
+        if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
+            s.push_str(&format!(
+                "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
+                self.total, self.adopted
+            ));
+        }
+        s.push_str(&format!(
+            "{} items in {:.1}s: {} done now, {} already done, {} adopted, {} failed, {} poison, {} not done; \
+             {} commands ran\n",
+            self.total,
+            secs,
+            self.done,
+            self.skipped,
+            self.adopted,
+            self.failed,
+            self.poison.len(),
+            self.not_done,
+            self.executions
+        ));
+        for (id, error) in self.poison.iter().take(10) {
+            s.push_str(&format!("poison item {id}: {error}\n"));
+        }
+        if self.poison.len() > 10 {
+            s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
+        }
+        let status = self.status();
+        s.push_str(&format!(
+            "exit status {} ({})\n",
+            status.exit_code(),
+            match status {
+                RunStatus::AllDone => "every item done",
+                RunStatus::Failed => "some items failed",
+                RunStatus::Poison => "poison items",
+                RunStatus::Interrupted => "interrupted",
+            }
+        ));
+        s
+    }
+}
+
+/// How one item ended in this run.
+enum Final {
+    Done { attempts: u32, digest: Digest256, duration: Duration },
+    Skipped { digest: Digest256 },
+    Adopted { digest: Digest256 },
+    Failed { attempts: u32, error: String },
+    Poison { attempts: u32, error: String },
+    NotDone { reason: &'static str },
+    WouldRun,
+}
+
+struct Ctx<S> {
+    store: S,
+    cfg: RunConfig,
+    job: String,
+    owner: String,
+    limit: RetryLimit,
+    checks: Checks,
+    jobs: Semaphore,
+    stop: Stop,
+    halt: AtomicBool,
+    counters: Arc<Counters>,
+    executions: AtomicU64,
+    report: Option<Mutex<Report>>,
+    poison: Mutex<Vec<(String, String)>>,
+    dry_out: Mutex<std::io::BufWriter<std::io::Stdout>>,
+}
+
+/// A token unique to this process start: host, process id and 32 random bits.
+pub fn owner_token() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
+    let host = if host.is_empty() { "host".to_owned() } else { host };
+    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+fn now_ms() -> u64 {
+    system_time_to_millis(SystemTime::now())
+}
+
+/// Performs a ledger write; returns the new generation of a put.
+async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, StoreError> {
+    match write.op {
+        WriteOp::Put { value, ttl } => {
+            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
+        }
+        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
+    }
+}
+
+/// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.
+fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
+    use sha2::Digest as _;
+    let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
+    let mut total = 0;
+    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
+        let item = item?;
+        total += 1;
+        let output = cfg.output_path(&item.id);
+        // 128 bits of SHA-256 per path instead of the path itself keeps a million items in ~40 MiB; two paths
+        // colliding by chance is far less likely than a disk error.
+        let digest = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        if let Some(first) = seen.insert(u128::from_le_bytes(key), item.line) {
+            return Err(Error::DuplicateOutput {
+                path: cfg.items.clone(),
+                first,
+                second: item.line,
+                output: output.display().to_string(),
+            });
+        }
+    }
+    Ok(total)
+}
+
+/// Runs `cfg` against the ledger in `store` until every item is done, a poison item halts it, or `stop` is
+/// requested.
+///
+/// Items are streamed: at most a few hundred are in flight at once whatever the file's size.
+///
+/// # Panics
+/// On a current-thread tokio runtime: reading the items file uses `block_in_place`, which needs the
+/// multi-thread runtime.
+///
+/// # Errors
+/// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
+/// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
+pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
+    cfg.check()?;
+    let started = Instant::now();
+    let total = tokio::task::block_in_place(|| precheck(&cfg))?;
+    let report = match &cfg.report {
+        Some(path) => Some(Mutex::new(Report::create(path)?)),
+        None => None,
+    };
+    let counters = Arc::new(Counters::default());
+    let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
+    let ctx = Arc::new(Ctx {
+        job: job_id(&cfg.output),
+        owner: owner_token(),
+        limit: RetryLimit { max_attempts: cfg.retries.saturating_add(1) },
+        checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
+        jobs: Semaphore::new(cfg.jobs),
+        halt: AtomicBool::new(false),
+        counters: counters.clone(),
+        executions: AtomicU64::new(0),
+        report,
+        poison: Mutex::new(Vec::new()),
+        dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
+        store,
+        cfg,
+        stop,
+    });
+    // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
+    let window = (ctx.cfg.jobs * 4).max(256);
+    let mut set = JoinSet::new();
+    let mut summary = Summary { total, dry_run: ctx.cfg.dry_run, ..Summary::default() };
+    let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
+    let mut seen = 0u64;
+    let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
+    let mut more = true;
+    while more {
+        if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+            break;
+        }
+        // Read inline: the reader refills a 256 KiB buffer once per few thousand items, far cheaper than
+        // handing this thread's work elsewhere for every line.
+        while chunk.len() < CHUNK {
+            match reader.next() {
+                Some(item) => chunk.push(item?),
+                None => {
+                    more = false;
+                    break;
+                }
+            }
+        }
+        seen += chunk.len() as u64;
+        let (settled, prefetched) = settle_done(&ctx, &chunk).await;
+        for ((item, done), prefetched) in chunk.drain(..).zip(settled).zip(prefetched) {
+            if let Some(digest) = done {
+                record_final(&ctx, &mut summary, &item, Final::Skipped { digest })?;
+                continue;
+            }
+            while set.len() >= window {
+                if let Some(joined) = set.join_next().await {
+                    record(&ctx, &mut summary, joined)?;
+                }
+            }
+            let ctx = ctx.clone();
+            set.spawn(async move {
+                let result = process(&ctx, &item, prefetched).await;
+                (item, result)
+            });
+        }
+    }
+    while let Some(joined) = set.join_next().await {
+        record(&ctx, &mut summary, joined)?;
+    }
+    summary.not_done += total - seen;
+    summary.interrupted = ctx.stop.level() > 0;
+    summary.executions = ctx.executions.load(Ordering::SeqCst);
+    summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
+    summary.elapsed = started.elapsed();
+    progress.finish().await;
+    if let Ok(mut out) = ctx.dry_out.lock() {
+        let _ = out.flush();
+    }
+    if let Some(report) = &ctx.report {
+        report.lock().unwrap_or_else(|p| p.into_inner()).finish(&summary)?;
+    }
+    Ok(summary)
+}
+
+fn record(
+    ctx: &Ctx<impl Store>,
+    summary: &mut Summary,
+    joined: Result<(Item, Result<Final, String>), tokio::task::JoinError>,
+) -> Result<(), Error> {
+    let (item, result) = match joined {
+        Ok(r) => r,
+        Err(e) => {
+            // A panicking item task is a bug; count it as not done rather than losing the run.
+            tracing::error!("item task failed: {e}");
+            summary.failed += 1;
+            return Ok(());
+        }
+    };
+    let fin = result.unwrap_or_else(|error| Final::Failed { attempts: 0, error });
+    record_final(ctx, summary, &item, fin)
+}
+
+fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &Item, fin: Final) -> Result<(), Error> {
+    let c = &ctx.counters;
+    let (status, attempts, error, digest, duration) = match &fin {
+        Final::Done { attempts, digest, duration } => {
+            summary.done += 1;
+            c.done.fetch_add(1, Ordering::Relaxed);
+            ("done", *attempts, None, Some(digest), Some(*duration))
+        }
+        Final::Skipped { digest } => {
+            summary.skipped += 1;
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            ("skipped", 0, None, Some(digest), None)
+        }
+        Final::Adopted { digest } => {
+            summary.adopted += 1;
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            ("adopted", 0, None, Some(digest), None)
+        }
+        Final::Failed { attempts, error } => {
+            summary.failed += 1;
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            ("failed", *attempts, Some(error.clone()), None, None)
+        }
+        Final::Poison { attempts, error } => {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            ("poison", *attempts, Some(error.clone()), None, None)
+        }
+        Final::NotDone { reason } => {
+            summary.not_done += 1;
+            (*reason, 0, None, None, None)
+        }
+        Final::WouldRun => {
+            summary.would_run += 1;
+            c.done.fetch_add(1, Ordering::Relaxed);
+            ("would_run", 0, None, None, None)
+        }
+    };
+    if let Some(report) = &ctx.report {
+        let output = ctx.cfg.output_path(&item.id);
+        report.lock().unwrap_or_else(|p| p.into_inner()).item(&ItemReport {
+            id: &item.id,
+            line: item.line,
+            status,
+            attempts,
+            last_error: error.as_deref(),
+            sha256: digest.map(|d| d.sha256.as_str()),
+            duration_ms: duration.map(|d| d.as_millis() as u64),
+            output: &output.display().to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Items judged together: one ledger read and one trip to the blocking pool per chunk.
+const CHUNK: usize = 128;
+
+/// Finds the items of `chunk` that are done (ledger entry done, output with the recorded digest) in one
+/// `get_many` and one batch of file checks, so a resume pass over finished work costs no task per item. The
+/// rest (`None`) go through [`process`], which judges them again one by one, starting from the entries read
+/// here.
+async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
+    let keys: Vec<String> = chunk.iter().map(|i| ItemKeys::new(&ctx.job, &i.id).entry().to_owned()).collect();
+    let Ok(values) = ctx.store.get_many(&keys).await else {
+        return (vec![None; chunk.len()], vec![None; chunk.len()]);
+    };
+    let done = check_done(ctx, chunk, &values).await;
+    (done, values.into_iter().map(Some).collect())
+}
+
+/// An entry read ahead for an item: `Some(read)` saves [`process`] its first ledger read.
+type Prefetched = Option<Option<idem_store::Versioned>>;
+
+async fn check_done<S: Store>(
+    ctx: &Ctx<S>,
+    chunk: &[Item],
+    values: &[Option<idem_store::Versioned>],
+) -> Vec<Option<Digest256>> {
+    let none = || vec![None; chunk.len()];
+    let checks: Vec<Option<(std::path::PathBuf, Digest256)>> = values
+        .iter()
+        .zip(chunk)
+        .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
+            Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_path(&item.id), Digest256 { sha256, size })),
+            _ => None,
+        })
+        .collect();
+    if checks.iter().all(Option::is_none) {
+        return none();
+    }
+    tokio::task::spawn_blocking(move || {
+        checks
+            .into_iter()
+            .map(|check| {
+                let (path, digest) = check?;
+                output::matches(&path, &digest).ok().map(|()| digest)
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_else(|_| none())
+}
+
+/// Why a dry run would execute an item, or `None` when it would not.
+fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>) -> Option<String> {
+    match (plan, entry) {
+        (Plan::New, _) => Some(match output {
+            Err(Invalid::Missing) => "new".to_owned(),
+            Err(why) => format!("partial output at the final path ({why})"),
+            Ok(()) => return None,
+        }),
+        (Plan::CheckDone { .. }, _) => output.as_ref().err().map(|why| format!("done, but the output changed: {why}")),
+        (Plan::Retry { attempts }, Some(Entry::Running { owner, .. })) => {
+            Some(format!("claimed by {owner} (attempt {attempts}), runs once its lease lapses"))
+        }
+        (Plan::Retry { attempts }, e) => {
+            Some(format!("failed {attempts} time(s): {}", e.and_then(Entry::last_error).unwrap_or("unknown error")))
+        }
+        (Plan::Poison { .. } | Plan::Exhausted { .. }, _) => None,
+    }
+}
+
+async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched) -> Result<Final, String> {
+    let keys = ItemKeys::new(&ctx.job, &item.id);
+    let output = ctx.cfg.output_path(&item.id);
+    let mut waiting = false;
+    let mut permit = None;
+    let result = loop {
+        let read = match prefetched.take() {
+            Some(read) => read,
+            None => ctx.store.get(keys.entry()).await.map_err(|e| format!("ledger read failed: {e}"))?,
+        };
+        let (generation, entry) = match read {
+            Some(v) => {
+                let entry = Entry::decode(v.value()).map_err(|e| format!("ledger entry unreadable: {e}"))?;
+                (Some(v.generation()), Some(entry))
+            }
+            None => (None, None),
+        };
+        let plan = idem_core::plan(entry.as_ref(), ctx.limit);
+        // What the output at its final path says, where the plan depends on it.
+        let out_state = match &plan {
+            Plan::New => {
+                let (path, checks) = (output.clone(), ctx.checks.clone());
+                match tokio::task::spawn_blocking(move || output::verify(&path, &checks)).await {
+                    Ok(Ok(digest)) => match verify_cmd(ctx, &output).await {
+                        Ok(()) => Some(Ok(digest)),
+                        Err(_) => Some(Err(Invalid::Unreadable("--verify refused it".into()))),
+                    },
+                    Ok(Err(why)) => Some(Err(why)),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Plan::CheckDone { sha256, size } => {
+                let expected = Digest256 { sha256: sha256.clone(), size: *size };
+                let path = output.clone();
+                let got = tokio::task::spawn_blocking(move || output::matches(&path, &expected).map(|()| expected))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Some(got)
+            }
+            _ => None,
+        };
+        if ctx.cfg.dry_run {
+            let unit = out_state.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone));
+            if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(()))) {
+                if let Ok(mut out) = ctx.dry_out.lock() {
+                    let _ = writeln!(out, "{}\t{}", item.id, reason);
+                }
+                break Final::WouldRun;
+            }
+        }
+        match (&plan, out_state) {
+            (Plan::New, Some(Ok(digest))) => {
+                if ctx.cfg.dry_run {
+                    if let Ok(mut out) = ctx.dry_out.lock() {
+                        let _ = writeln!(out, "{}\tadopt: a verified output without a ledger entry", item.id);
+                    }
+                    break Final::Adopted { digest };
+                }
+                // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
+                let write = idem_core::adopt(&keys, &digest.sha256, digest.size, now_ms());
+                match apply(&ctx.store, write).await {
+                    Ok(_) => break Final::Adopted { digest },
+                    Err(e) if e.is_precondition_failed() => continue,
+                    Err(e) => return Err(format!("ledger write failed: {e}")),
+                }
+            }
+            (Plan::CheckDone { .. }, Some(Ok(digest))) => break Final::Skipped { digest },
+            (Plan::Poison { last_error }, _) => {
+                break poisoned(ctx, item, entry.as_ref().map_or(0, Entry::attempts), last_error.clone());
+            }
+            (Plan::Exhausted { attempts, last_error }, _) => {
+                break Final::Failed { attempts: *attempts, error: last_error.clone() };
+            }
+            _ => {}
+        }
+        if ctx.cfg.dry_run {
+            break Final::WouldRun;
+        }
+        // It needs running. Wait for a slot, unless the run is stopping. A retry keeps the slot it had, so a
+        // failing item is retried (and found poison) before other items start.
+        if permit.is_none() {
+            match ctx.jobs.acquire().await {
+                Ok(p) => permit = Some(p),
+                Err(_) => break Final::NotDone { reason: "not_started" },
+            }
+        }
+        if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+            break Final::NotDone { reason: "not_started" };
+        }
+        let prev = match (generation, entry) {
+            (Some(g), Some(e)) => Some((g, e)),
+            _ => None,
+        };
+        let claim = ItemClaim::new(keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev);
+        let lease_sent = Instant::now();
+        let lease_gen = match apply(&ctx.store, claim.lease_write()).await {
+            Ok(Some(g)) => g,
+            Ok(None) => return Err("ledger put returned no generation".into()),
+            Err(e) if e.is_precondition_failed() => {
+                // Another runner holds it: look again after a while (it may finish, or its lease may lapse).
+                permit = None;
+                if !waiting {
+                    waiting = true;
+                    ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
+                }
+                let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+                let mut stop = ctx.stop.subscribe();
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stopped(&mut stop, 1) => break Final::NotDone { reason: "interrupted" },
+                }
+                continue;
+            }
+            Err(e) => return Err(format!("ledger write failed: {e}")),
+        };
+        let entry_gen = match apply(&ctx.store, claim.entry_write()).await {
+            Ok(Some(g)) => g,
+            Ok(None) => return Err("ledger put returned no generation".into()),
+            Err(e) => {
+                // Someone changed the entry between our read and our claim: give the lease back, judge again.
+                let _ = apply(&ctx.store, claim.lease_release(lease_gen)).await;
+                if e.is_precondition_failed() {
+                    continue;
+                }
+                return Err(format!("ledger write failed: {e}"));
+            }
+        };
+        if waiting {
+            waiting = false;
+            ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some((owner, attempt)) = claim.previous_running() {
+            // The previous holder crashed or lost its lease: its temporary file is ours to remove.
+            let _ = tokio::fs::remove_file(output::temp_path(&output, &owner, attempt)).await;
+        }
+        let mut held = claim.acquired(lease_gen, entry_gen);
+        ctx.executions.fetch_add(1, Ordering::Relaxed);
+        ctx.counters.running.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let outcome = attempt(ctx, &mut held, lease_sent, item, &output).await;
+        ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Attempt::Ok(digest) => {
+                let duration = started.elapsed();
+                let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
+                // Both fenced and independent, so they share one commit. If the done write is refused, giving
+                // back the lease is still right: it was ours until now.
+                let (done, _) = tokio::join!(apply(&ctx.store, write), apply(&ctx.store, held.release()));
+                match done {
+                    Ok(_) => break Final::Done { attempts: held.attempt(), digest, duration },
+                    Err(e) if e.is_precondition_failed() => {
+                        tracing::warn!(item = %item.id, "taken over before recording done; judging again");
+                        continue;
+                    }
+                    Err(e) => return Err(format!("ledger write failed: {e}")),
+                }
+            }
+            Attempt::Failed { ending, stderr, message } => {
+                ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
+                let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
+                let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
+                match apply(&ctx.store, write).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_precondition_failed() => continue,
+                    Err(e) => return Err(format!("ledger write failed: {e}")),
+                }
+                let _ = apply(&ctx.store, held.release()).await;
+                match verdict {
+                    FailureVerdict::Retry => continue,
+                    FailureVerdict::Poison => break poisoned(ctx, item, held.attempt(), message),
+                    FailureVerdict::Exhausted => break Final::Failed { attempts: held.attempt(), error: message },
+                }
+            }
+            Attempt::Lost => {
+                tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
+                continue;
+            }
+            Attempt::Interrupted => {
+                let _ = apply(&ctx.store, held.release()).await;
+                break Final::NotDone { reason: "interrupted" };
+            }
+        }
+    };
+    if waiting {
+        ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+    Ok(result)
+}
+
+/// Resolves once the stop level reaches `level` (never, if the stop handle is gone).
+async fn stopped(rx: &mut watch::Receiver<u8>, level: u8) {
+    if rx.wait_for(|l| *l >= level).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final {
+    // A dry run lists every item, poison or not.
+    if ctx.cfg.on_poison == OnPoison::Halt && !ctx.cfg.dry_run {
+        ctx.halt.store(true, Ordering::SeqCst);
+    }
+    ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));
+    Final::Poison { attempts, error }
+}
+
+enum Attempt {
+    Ok(Digest256),
+    Failed { ending: String, stderr: Vec<u8>, message: String },
+    Lost,
+    Interrupted,
+}
+
+fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
+    let ending = ending.into();
+    let text = String::from_utf8_lossy(&stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
+    let message = if last.is_empty() { ending.clone() } else { format!("{ending}: {last}") };
+    Attempt::Failed { ending, stderr, message }
+}
+
+/// Kills the command and everything it started (its process group), then reaps it.
+async fn kill_group(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        // The child leads its own group (`process_group(0)`), so this also reaches the shell's children,
+        // which would otherwise outlive it and keep writing.
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = child.kill().await;
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => "unknown ending".into(),
+    }
+}
+
+/// Keeps only the tail of a child's standard error: the last line is what the fingerprint needs.
+const STDERR_TAIL: usize = 8 * 1024;
+
+async fn read_tail(mut stderr: tokio::process::ChildStderr) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > 2 * STDERR_TAIL {
+            tail.drain(..tail.len() - STDERR_TAIL);
+        }
+    }
+    tail
+}
+
+fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
+    if !arg.contains('{') {
+        return arg.to_owned();
+    }
+    arg.replace("{id}", id).replace("{out}", &out.display().to_string()).replace("{item}", item)
+}
+
+/// One attempt at one held item: spawn, heartbeat, wait, verify, then rename into place while still holding
+/// the lease.
+///
+/// `lease_sent` is when the write that last set the lease was sent: the store started the lease's time no
+/// earlier, so until a whole lease has passed on this machine's monotonic clock the lease is still ours (the
+/// usual lease assumption that clocks run at about the same rate; no clock sync is assumed).
+async fn attempt<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    mut lease_sent: Instant,
+    item: &Item,
+    output: &Path,
+) -> Attempt {
+    let temp = output::temp_path(output, &ctx.owner, held.attempt());
+    // Inline, not on the blocking pool: a stat of an existing directory and an unlink of a file that is
+    // usually absent take microseconds, less than the thread hand-off would.
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        return failed("cannot create the output directory", e.to_string().into_bytes());
+    }
+    let _ = std::fs::remove_file(&temp);
+    let key = match idem_core::derive_key(&ctx.cfg.key_prefix, &item.id, item.raw.as_bytes()) {
+        Ok(k) => k,
+        Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
+    };
+    let argv: Vec<String> = ctx.cfg.command.iter().map(|a| substitute(a, &item.id, &temp, &item.raw)).collect();
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env("IDEM_ITEM_ID", &item.id)
+        .env("IDEM_OUTPUT", &temp)
+        .env("IDEM_FENCING_TOKEN", held.fencing_token().to_string())
+        .env("IDEM_IDEMPOTENCY_KEY", key.as_str())
+        .env("IDEM_ATTEMPT", held.attempt().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group: a terminal's Ctrl-C reaches the runner only, which decides what to do.
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let mut input = item.raw.clone().into_bytes();
+        input.push(b'\n');
+        // A command that never reads its input closes the pipe; that is not an error.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+        });
+    }
+    let stderr_task = child.stderr.take().map(|s| tokio::spawn(read_tail(s)));
+    let stderr = || async {
+        match stderr_task {
+            Some(t) => t.await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    };
+    let lease = held.lease();
+    let beat = lease / 3;
+    let mut next_beat = tokio::time::Instant::now() + beat;
+    let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut stop = ctx.stop.subscribe();
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            () = tokio::time::sleep_until(next_beat) => {
+                let sent = Instant::now();
+                match apply(&ctx.store, held.renew()).await {
+                    Ok(Some(g)) => { held.renewed(g); lease_sent = sent; }
+                    Err(e) if e.is_precondition_failed() => {
+                        kill_group(&mut child).await;
+                        let _ = tokio::fs::remove_file(&temp).await;
+                        return Attempt::Lost;
+                    }
+                    _ => {
+                        // The ledger is unreachable: keep trying until the lease would have lapsed anyway.
+                        if lease_sent.elapsed() >= lease {
+                            kill_group(&mut child).await;
+                            let _ = tokio::fs::remove_file(&temp).await;
+                            return Attempt::Lost;
+                        }
+                    }
+                }
+                next_beat = tokio::time::Instant::now() + beat;
+            }
+            () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                kill_group(&mut child).await;
+                let _ = tokio::fs::remove_file(&temp).await;
+                return failed("timeout", Vec::new());
+            }
+            () = stopped(&mut stop, 2) => {
+                kill_group(&mut child).await;
+                let _ = tokio::fs::remove_file(&temp).await;
+                return Attempt::Interrupted;
+            }
+        }
+    };
+    let stderr = stderr().await;
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => return failed("cannot wait for the command", e.to_string().into_bytes()),
+    };
+    if !status.success() {
+        let _ = tokio::fs::remove_file(&temp).await;
+        return failed(describe(status), stderr);
+    }
+    let (path, checks) = (temp.clone(), ctx.checks.clone());
+    let verified = tokio::task::spawn_blocking(move || {
+        let digest = output::verify(&path, &checks).map_err(|why| why.to_string())?;
+        output::sync_file(&path).map_err(|e| format!("cannot fsync the output: {e}"))?;
+        Ok::<_, String>(digest)
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    let digest = match verified {
+        Ok(d) => d,
+        Err(why) => {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return failed(format!("verify: {why}"), Vec::new());
+        }
+    };
+    if let Err((ending, stderr)) = verify_cmd(ctx, &temp).await {
+        let _ = tokio::fs::remove_file(&temp).await;
+        return failed(ending, stderr);
+    }
+    // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
+    // A lease set less than a third of its length ago certainly has (short commands need no extra write);
+    // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
+    // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
+    // slip through; the done write is fenced as well, and the next run would see the digest differ.
+    if lease_sent.elapsed() >= lease / 3 {
+        match apply(&ctx.store, held.renew()).await {
+            Ok(Some(g)) => held.renewed(g),
+            _ => {
+                let _ = tokio::fs::remove_file(&temp).await;
+                return Attempt::Lost;
+            }
+        }
+    }
+    let (from, to) = (temp.clone(), output.to_owned());
+    match tokio::task::spawn_blocking(move || output::rename_into_place(&from, &to)).await {
+        Ok(Ok(())) => Attempt::Ok(digest),
+        Ok(Err(e)) => failed("cannot rename the output into place", e.to_string().into_bytes()),
+        Err(e) => failed("cannot rename the output into place", e.to_string().into_bytes()),
+    }
+}
+
+/// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
+async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
+    let Some(script) = &ctx.cfg.verify else { return Ok(()) };
+    let script = script.replace("{out}", &path.display().to_string());
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("IDEM_OUTPUT", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ("verify: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
+    if out.status.success() { Ok(()) } else { Err((format!("verify {}", describe(out.status)), out.stderr)) }
+}

@@ -1,0 +1,74 @@
+use std::path::PathBuf;
+
+/// Everything `idem run` can fail with before or around running items. Failures of single items are not
+/// errors: they are counted in the [`Summary`](crate::Summary) and the report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The run's settings are unusable (bad template, no command, zero jobs…). Nothing ran.
+    #[error("{0}")]
+    Config(String),
+    /// The items file could not be read.
+    #[error("cannot read items from {path}")]
+    ReadItems {
+        /// The items file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An item is malformed: not JSON when the file is JSON Lines, or without a usable id. Nothing ran.
+    #[error("{path}:{line}: {reason}")]
+    BadItem {
+        /// The items file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two items map to the same output path, so one would overwrite the other. Nothing ran.
+    #[error("{path}: lines {first} and {second} both write {output}")]
+    DuplicateOutput {
+        /// The items file.
+        path: PathBuf,
+        /// 1-based line of the first item.
+        first: u64,
+        /// 1-based line of the second item.
+        second: u64,
+        /// The output path they share.
+        output: String,
+    },
+    /// The ledger store failed (unreachable, closed, or holding an unreadable entry).
+    #[error("ledger store failed")]
+    Store(#[from] idem_store::Error),
+    /// A ledger entry could not be decoded.
+    #[error("ledger entry {key} is unreadable")]
+    Entry {
+        /// Its store key.
+        key: String,
+        /// Why.
+        #[source]
+        source: idem_core::Error,
+    },
+    /// Writing the report failed.
+    #[error("cannot write report {path}")]
+    Report {
+        /// The report file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file operation of the runner itself failed.
+    #[error("{what} {path}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,69 @@
+//! The JSON report of `--report`, written item by item so a million items never sit in memory.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::{Error, Summary};
+
+/// One item's line of the report.
+#[derive(Serialize)]
+pub(crate) struct ItemReport<'a> {
+    pub id: &'a str,
+    pub line: u64,
+    /// `done`, `skipped`, `adopted`, `failed`, `poison`, `not_started`, `interrupted`, `would_run`.
+    pub status: &'a str,
+    pub attempts: u32,
+    pub last_error: Option<&'a str>,
+    pub sha256: Option<&'a str>,
+    pub duration_ms: Option<u64>,
+    pub output: &'a str,
+}
+
+pub(crate) struct Report {
+    path: PathBuf,
+    out: BufWriter<File>,
+    first: bool,
+}
+
+impl Report {
+    pub(crate) fn create(path: &Path) -> Result<Self, Error> {
+        let err = |source| Error::Report { path: path.to_owned(), source };
+        let mut out = BufWriter::new(File::create(path).map_err(err)?);
+        out.write_all(b"{\"items\":[\n").map_err(err)?;
+        Ok(Self { path: path.to_owned(), out, first: true })
+    }
+
+    pub(crate) fn item(&mut self, item: &ItemReport<'_>) -> Result<(), Error> {
+        let err = |source| Error::Report { path: self.path.clone(), source };
+        if !self.first {
+            self.out.write_all(b",\n").map_err(err)?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.out, item).map_err(|e| err(e.into()))
+    }
+
+    pub(crate) fn finish(&mut self, summary: &Summary) -> Result<(), Error> {
+        let err = |source| Error::Report { path: self.path.clone(), source };
+        let poison: Vec<_> =
+            summary.poison.iter().map(|(id, error)| serde_json::json!({"id": id, "error": error})).collect();
+        let tail = serde_json::json!({
+            "total": summary.total,
+            "done": summary.done,
+            "skipped": summary.skipped,
+            "adopted": summary.adopted,
+            "failed": summary.failed,
+            "poison": poison,
+            "not_done": summary.not_done,
+            "executions": summary.executions,
+            "would_run": summary.would_run,
+            "interrupted": summary.interrupted,
+            "elapsed_ms": summary.elapsed.as_millis() as u64,
+            "exit_status": summary.status().exit_code(),
+        });
+        write!(self.out, "\n],\"summary\":{tail}}}\n").map_err(err)?;
+        self.out.flush().map_err(err)
+    }
+}

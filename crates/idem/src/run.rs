@@ -1,0 +1,290 @@
+//! `idem run` (the idempotent work runner) and `idem runs status|forget` (its ledger).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem_runner::{ItemFormat, OnPoison, ProgressMode, RunConfig, Stop};
+use idem_store::{Limits, Store};
+
+use crate::any_store::AnyStore;
+use crate::error::Error;
+use crate::shared_sqlite::SharedSqlite;
+
+const RUN_AFTER_HELP: &str = "\
+Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
+verified), {item} the item as read. The item is also on standard input, and in the environment: IDEM_ITEM_ID, \
+IDEM_OUTPUT (= {out}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY (the same for \
+every attempt at the same item), IDEM_ATTEMPT.
+
+The ledger is a SQLite file next to the outputs (<output root>/.idem/ledger.db) unless --store names another \
+store; several runners on one PostgreSQL or Redis store (or one SQLite file on one machine) share the work.
+
+Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
+
+Exit status:
+  0    every item is done
+  1    some items are not done: they failed every attempt (see --report), or the ledger failed
+  2    bad usage: nothing ran (bad flags, malformed items, two items with one output path)
+  3    a poison item (the same error twice) stopped the run, or was skipped with --on-poison skip
+  130  interrupted before every item was done";
+
+/// Arguments of `idem run`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = RUN_AFTER_HELP)]
+pub struct RunArgs {
+    /// The work items: JSON Lines, or one item per plain line.
+    #[arg(long)]
+    items: PathBuf,
+    /// Where each item's output goes; must contain {id}. A `.json` output must parse as JSON.
+    #[arg(long)]
+    output: String,
+    /// Commands running at once.
+    #[arg(long, short = 'j', default_value_t = 1)]
+    jobs: usize,
+    /// The ledger store: sqlite:PATH, postgres://…, redis://… or memory: (default: next to the outputs).
+    #[arg(long, env = "IDEM_RUN_STORE")]
+    store: Option<String>,
+    /// PostgreSQL schema / Redis key prefix of the ledger.
+    #[arg(long, env = "IDEM_NAMESPACE", default_value = "idem")]
+    namespace: String,
+    /// Retries after the first attempt (attempts of crashed runners count).
+    #[arg(long, default_value_t = 3)]
+    retries: u32,
+    /// What a poison item (same error fingerprint twice) does: halt the run, or skip it.
+    #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]
+    on_poison: PoisonArg,
+    /// Top-level fields a JSON output must have, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    expect_fields: Vec<String>,
+    /// Shell command that must exit 0 for an output to count ({out} or $IDEM_OUTPUT names the file).
+    #[arg(long)]
+    verify: Option<String>,
+    /// Write a JSON report (per item: status, attempts, last error, output digest, duration).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Longest one attempt may run (e.g. 30s, 5m); the command is then killed and the attempt fails.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// Lease length; renewed every third of it while a command runs. At least 1s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    lease: Duration,
+    /// JSON field holding each item's id (default: a short hash of the canonical item).
+    #[arg(long)]
+    id_field: Option<String>,
+    /// How to read --items.
+    #[arg(long, value_enum, default_value_t = FormatArg::Auto)]
+    format: FormatArg,
+    /// Prefix of IDEM_IDEMPOTENCY_KEY.
+    #[arg(long, default_value = "run")]
+    key_prefix: String,
+    /// List what would run and why; run nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// No progress display (the summary is still printed).
+    #[arg(long)]
+    quiet: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PoisonArg {
+    Halt,
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FormatArg {
+    Auto,
+    Jsonl,
+    Lines,
+}
+
+/// Arguments of `idem runs`.
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    command: RunsCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum RunsCommand {
+    /// Summarise the ledger of the job writing --output.
+    Status(LedgerArgs),
+    /// Forget items (ledger entries and outputs) so the next run executes them again.
+    Forget {
+        #[command(flatten)]
+        ledger: LedgerArgs,
+        /// Item ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct LedgerArgs {
+    /// The job's output template, as given to `idem run` (it names the job and the default ledger).
+    #[arg(long)]
+    output: String,
+    /// The ledger store (default: next to the outputs).
+    #[arg(long, env = "IDEM_RUN_STORE")]
+    store: Option<String>,
+    /// PostgreSQL schema / Redis key prefix of the ledger.
+    #[arg(long, env = "IDEM_NAMESPACE", default_value = "idem")]
+    namespace: String,
+}
+
+/// The ledger store, opened by URL; SQLite files are shared between processes by taking turns.
+#[derive(Clone, Debug)]
+enum Ledger {
+    Sqlite(SharedSqlite),
+    Other(AnyStore),
+}
+
+impl Ledger {
+    async fn open(url: Option<&str>, output: &str, namespace: &str) -> Result<Self, Error> {
+        let url = match url {
+            Some(u) => u.to_owned(),
+            None => format!("sqlite:{}", idem_runner::default_ledger_path(output).display()),
+        };
+        if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+            if path.is_empty() {
+                return Err(Error::Config(format!("store URL {url:?} names no file")));
+            }
+            return SharedSqlite::open(std::path::Path::new(path), Limits::default())
+                .await
+                .map(Ledger::Sqlite)
+                .map_err(|e| Error::OpenStore { url: url.clone(), source: Box::new(e) });
+        }
+        AnyStore::open(&url, namespace, Limits::default()).await.map(Ledger::Other)
+    }
+
+    async fn close(&self) {
+        match self {
+            Ledger::Sqlite(s) => s.close().await,
+            Ledger::Other(s) => s.close().await,
+        }
+    }
+}
+
+fn runner_error(e: idem_runner::Error) -> Error {
+    match e {
+        idem_runner::Error::Config(_)
+        | idem_runner::Error::BadItem { .. }
+        | idem_runner::Error::DuplicateOutput { .. }
+        | idem_runner::Error::ReadItems { .. } => Error::Config(crate::error::chain(&e)),
+        other => Error::Failed(crate::error::chain(&other)),
+    }
+}
+
+/// Runs `idem run`; returns the exit status.
+///
+/// # Errors
+/// Refusals before anything ran (exit status 2) and ledger failures.
+pub async fn run(args: RunArgs) -> Result<i32, Error> {
+    let mut cfg = RunConfig::new(&args.items, &args.output, args.command);
+    cfg.jobs = args.jobs;
+    cfg.retries = args.retries;
+    cfg.on_poison = match args.on_poison {
+        PoisonArg::Halt => OnPoison::Halt,
+        PoisonArg::Skip => OnPoison::Skip,
+    };
+    cfg.expect_fields = args.expect_fields;
+    cfg.verify = args.verify;
+    cfg.report = args.report;
+    cfg.timeout = args.timeout;
+    cfg.lease = args.lease;
+    cfg.id_field = args.id_field;
+    cfg.format = match args.format {
+        FormatArg::Auto => ItemFormat::Auto,
+        FormatArg::Jsonl => ItemFormat::JsonLines,
+        FormatArg::Lines => ItemFormat::Lines,
+    };
+    cfg.key_prefix = args.key_prefix;
+    cfg.dry_run = args.dry_run;
+    cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
+    cfg.check().map_err(runner_error)?;
+    let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
+    let stop = Stop::new();
+    let signals = tokio::spawn(watch_signals(stop.clone()));
+    let result = match &ledger {
+        Ledger::Sqlite(s) => idem_runner::run(s.clone(), cfg, stop).await,
+        Ledger::Other(s) => idem_runner::run(s.clone(), cfg, stop).await,
+    };
+    signals.abort();
+    ledger.close().await;
+    let summary = result.map_err(runner_error)?;
+    eprint!("{}", summary.render());
+    Ok(summary.status().exit_code())
+}
+
+/// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.
+async fn watch_signals(stop: Stop) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = int.recv() => {
+                if stop.request() == 1 {
+                    eprintln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
+                } else {
+                    eprintln!("idem run: killing running commands and releasing their leases");
+                }
+            }
+            _ = term.recv() => {
+                stop.request();
+                stop.request();
+            }
+        }
+    }
+}
+
+/// Runs `idem runs …`; returns the exit status.
+///
+/// # Errors
+/// The store cannot be opened or read.
+pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
+    let ledger_args = match &args.command {
+        RunsCommand::Status(l) | RunsCommand::Forget { ledger: l, .. } => l,
+    };
+    let ledger = Ledger::open(ledger_args.store.as_deref(), &ledger_args.output, &ledger_args.namespace).await?;
+    let job = idem_runner::job_id(&ledger_args.output);
+    let result = match &args.command {
+        RunsCommand::Status(_) => status(&ledger, &job).await,
+        RunsCommand::Forget { ids, .. } => forget(&ledger, &ledger_args.output, ids).await,
+    };
+    ledger.close().await;
+    result
+}
+
+async fn on<S: Store + Clone>(store: &S, job: &str) -> Result<idem_runner::LedgerStatus, Error> {
+    idem_runner::status(store, job).await.map_err(runner_error)
+}
+
+async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
+    let st = match ledger {
+        Ledger::Sqlite(s) => on(s, job).await?,
+        Ledger::Other(s) => on(s, job).await?,
+    };
+    println!(
+        "job {job}: {} done, {} running or abandoned, {} failed, {} poison",
+        st.done, st.running, st.failed, st.poison
+    );
+    for (id, error) in &st.problems {
+        println!("{id}\t{error}");
+    }
+    Ok(0)
+}
+
+async fn forget(ledger: &Ledger, output: &str, ids: &[String]) -> Result<i32, Error> {
+    let removed = match ledger {
+        Ledger::Sqlite(s) => idem_runner::forget(s, output, ids).await,
+        Ledger::Other(s) => idem_runner::forget(s, output, ids).await,
+    }
+    .map_err(runner_error)?;
+    println!("forgot {removed} of {} items (entries and outputs); the next run executes them again", ids.len());
+    Ok(0)
+}

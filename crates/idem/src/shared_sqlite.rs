@@ -1,0 +1,214 @@
+//! One SQLite ledger shared by several `idem run` processes, without weakening the store's one-writer lock.
+//!
+//! `SqliteStore::open` takes an exclusive lock on `<db>.lock` because its writer keeps the next generation in
+//! memory: two processes writing one file at once would hand out the same generations. So processes take
+//! turns instead: each holds the store only while it has ledger work, and gives it up
+//!
+//! - when it has been idle for [`IDLE_RELEASE`] (a runner whose items are all long commands, or a runner that
+//!   is paused between heartbeats, then holds nothing), or
+//! - after holding it [`TURN`] while another process waits (waiters hold a shared lock on `<db>.want`, which
+//!   the holder tests with a non-blocking exclusive lock).
+//!
+//! Every open reads the highest generation on disk, and a close commits and checkpoints everything first, so
+//! generations keep increasing across turns exactly as within one process. A process that dies mid-turn drops
+//! its OS locks with it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idem_sqlite::SqliteStore;
+use idem_store::{
+    CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
+    Versioned, Written,
+};
+use tokio::sync::RwLock;
+
+/// A holder with no ledger operation for this long closes the store so others can open it.
+const IDLE_RELEASE: Duration = Duration::from_millis(100);
+/// A holder that sees another process waiting gives the store up after holding it this long.
+const TURN: Duration = Duration::from_millis(200);
+/// How often a waiting process tries the lock again.
+const RETRY: Duration = Duration::from_millis(5);
+
+/// A SQLite store opened on demand and given up between bursts of use (see the module docs).
+#[derive(Clone, Debug)]
+pub struct SharedSqlite {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    limits: Limits,
+    /// `None` while another process has its turn. Operations hold a read guard for their duration; giving
+    /// the store up takes the write guard, so it waits for running operations and holds off new ones.
+    slot: RwLock<Option<Held>>,
+    /// Milliseconds since `epoch` of the last operation's end.
+    last_used_ms: AtomicU64,
+    epoch: Instant,
+    want: PathBuf,
+}
+
+#[derive(Debug)]
+struct Held {
+    store: SqliteStore,
+    since: Instant,
+}
+
+impl SharedSqlite {
+    /// Opens (and holds) the store at `path` once, so a bad path is reported at start-up, and starts the task
+    /// that gives it up when idle or when another process waits.
+    ///
+    /// # Errors
+    /// What `SqliteStore::open` fails with, except that a store in use by another process is waited for.
+    pub async fn open(path: &Path, limits: Limits) -> Result<Self, idem_sqlite::Error> {
+        let mut want = path.as_os_str().to_owned();
+        want.push(".want");
+        let inner = Arc::new(Inner {
+            path: path.to_owned(),
+            limits,
+            slot: RwLock::new(None),
+            last_used_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            want: PathBuf::from(want),
+        });
+        let store = open_waiting(&inner.path, &inner.want, limits).await?;
+        *inner.slot.write().await = Some(Held { store, since: Instant::now() });
+        tokio::spawn(yield_turns(Arc::downgrade(&inner)));
+        Ok(Self { inner })
+    }
+
+    /// Gives the store up for good (commits, checkpoints, unlocks).
+    pub async fn close(&self) {
+        if let Some(held) = self.inner.slot.write().await.take() {
+            held.store.close().await;
+        }
+    }
+
+    /// Runs `op` on the open store, opening it first (waiting for our turn) if needed.
+    async fn with<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(SqliteStore) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let read = self.inner.slot.read().await;
+        let guard = if read.is_some() {
+            read
+        } else {
+            drop(read);
+            let mut slot = self.inner.slot.write().await;
+            // Another operation of this process may have opened it while we waited for the write guard.
+            if slot.is_none() {
+                let store = open_waiting(&self.inner.path, &self.inner.want, self.inner.limits)
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                *slot = Some(Held { store, since: Instant::now() });
+            }
+            slot.downgrade()
+        };
+        let Some(held) = guard.as_ref() else { return Err(StoreError::Closed) };
+        let result = op(held.store.clone()).await;
+        self.inner.last_used_ms.store(self.inner.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        drop(guard);
+        result
+    }
+}
+
+/// Opens the store, waiting while another process holds it; while waiting, holds a shared lock on `want` so
+/// the holder knows to give it up.
+async fn open_waiting(path: &Path, want: &Path, limits: Limits) -> Result<SqliteStore, idem_sqlite::Error> {
+    let mut flag: Option<std::fs::File> = None;
+    loop {
+        match SqliteStore::open(path, limits) {
+            Ok(store) => return Ok(store),
+            Err(idem_sqlite::Error::InUse { .. }) => {
+                if flag.is_none()
+                    && let Ok(file) =
+                        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(want)
+                    // Fails only during a holder's instant test; the next round tries again.
+                    && file.try_lock_shared().is_ok()
+                {
+                    flag = Some(file);
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// True when some process holds the shared "I am waiting" lock on `want`.
+fn someone_waits(want: &Path) -> bool {
+    let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(want) else {
+        return false;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.unlock();
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+/// Gives the store up when idle or when another process waits; ends when the store is dropped.
+async fn yield_turns(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let (held_for, idle_for) = {
+            let slot = inner.slot.read().await;
+            let Some(held) = slot.as_ref() else { continue };
+            let last = Duration::from_millis(inner.last_used_ms.load(Ordering::Relaxed));
+            (held.since.elapsed(), inner.epoch.elapsed().saturating_sub(last))
+        };
+        let give_up = idle_for >= IDLE_RELEASE || (held_for >= TURN && someone_waits(&inner.want));
+        if give_up {
+            let taken = inner.slot.write().await.take();
+            if let Some(held) = taken {
+                held.store.close().await;
+                // Dropping the last handle releases `<db>.lock`.
+                drop(held);
+                // Let a waiting process in before this one tries again.
+                tokio::time::sleep(RETRY * 4).await;
+            }
+        }
+    }
+}
+
+impl Store for SharedSqlite {
+    fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        self.with(|s| async move { s.get(key).await }).await
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        self.with(|s| async move { s.get_many(keys).await }).await
+    }
+
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
+        self.with(|s| async move { s.put(key, value, precondition, ttl).await }).await
+    }
+
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
+        self.with(|s| async move { s.delete(key, precondition).await }).await
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+        self.with(|s| async move { s.list(prefix, cursor, limit).await }).await
+    }
+
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
+        self.with(|s| async move { s.set_change(key, change).await }).await
+    }
+
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
+        self.with(|s| async move { s.counter_add(key, delta, dedupe_id).await }).await
+    }
+}

@@ -1,0 +1,576 @@
+//! `idem run` with real processes and real files. Every command appends one line per execution to a log opened
+//! with O_APPEND (`>>`), so executions are counted exactly.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::BIN;
+
+/// One job in a temporary directory: items, a command script, the execution log.
+struct Job {
+    dir: tempfile::TempDir,
+    store: Option<String>,
+    namespace: Option<String>,
+}
+
+impl Job {
+    /// A job whose items are `ids` (JSON Lines with an `id` field) and whose command is `script` (sh).
+    fn new(ids: &[String], script: &str) -> Job {
+        let dir = tempfile::tempdir().unwrap();
+        let items: String = ids.iter().map(|id| format!("{{\"id\":\"{id}\",\"n\":{}}}\n", id.len())).collect();
+        std::fs::write(dir.path().join("items.jsonl"), items).unwrap();
+        // One log line per execution: the item and the runner's pid (the shell's parent).
+        let script =
+            format!("#!/bin/sh\necho \"$IDEM_ITEM_ID $PPID\" >> {}\n{script}\n", dir.path().join("log").display());
+        let path = dir.path().join("work.sh");
+        std::fs::write(&path, script).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+        Job { dir, store: None, namespace: None }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn output(&self) -> String {
+        self.path("out/{id}.json").display().to_string()
+    }
+
+    fn command(&self, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run")
+            .args(["--items", &self.path("items.jsonl").display().to_string()])
+            .args(["--output", &self.output()])
+            .args(["--id-field", "id", "--quiet"])
+            .args(extra);
+        if let Some(store) = &self.store {
+            cmd.args(["--store", store]);
+        }
+        if let Some(ns) = &self.namespace {
+            cmd.args(["--namespace", ns]);
+        }
+        cmd.arg("--").arg(self.path("work.sh")).arg("{id}").arg("{out}");
+        cmd.current_dir(self.dir.path()).stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs to completion: (exit code, stdout, stderr).
+    fn run(&self, extra: &[&str]) -> (i32, String, String) {
+        let out = self.command(extra).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Starts in the background, standard error to `name`.err.
+    fn spawn(&self, extra: &[&str], name: &str) -> Child {
+        let err = std::fs::File::create(self.path(&format!("{name}.err"))).unwrap();
+        self.command(extra).stdout(Stdio::null()).stderr(err).spawn().unwrap()
+    }
+
+    fn stderr_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{name}.err"))).unwrap_or_default()
+    }
+
+    /// The execution log: (item id, runner pid) per execution.
+    fn log(&self) -> Vec<(String, u32)> {
+        std::fs::read_to_string(self.path("log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let (id, pid) = l.split_once(' ').unwrap();
+                (id.to_owned(), pid.parse().unwrap())
+            })
+            .collect()
+    }
+
+    fn executions_per_item(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for (id, _) in self.log() {
+            *m.entry(id).or_default() += 1;
+        }
+        m
+    }
+
+    /// Every file under out/ (names only), the ledger directory excluded.
+    fn out_files(&self) -> BTreeSet<String> {
+        match std::fs::read_dir(self.path("out")) {
+            Ok(rd) => {
+                rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n != ".idem").collect()
+            }
+            Err(_) => BTreeSet::new(),
+        }
+    }
+
+    fn report(&self, name: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.path(name)).unwrap()).unwrap()
+    }
+
+    fn ledger_lock(&self) -> PathBuf {
+        self.path("out/.idem/ledger.db.lock")
+    }
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("item-{i:05}")).collect()
+}
+
+/// Writes a valid JSON output slowly enough that a kill can land in the middle.
+const WRITE_JSON: &str = r#"printf '{"id": "%s", ' "$1" > "$2"; printf '"ok": true}' >> "$2""#;
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// The runner's children (each its own process group leader), from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+/// True when no process holds the SQLite ledger's lock file.
+fn lock_is_free(lock: &Path) -> bool {
+    let Ok(f) = std::fs::OpenOptions::new().write(true).open(lock) else { return true };
+    match f.try_lock() {
+        Ok(()) => {
+            f.unlock().unwrap();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+fn assert_outputs_valid(job: &Job, ids: &[String]) {
+    let files = job.out_files();
+    let expected: BTreeSet<String> = ids.iter().map(|id| format!("{id}.json")).collect();
+    assert_eq!(files, expected, "exactly one output per item, no temporary files");
+    for id in ids {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(job.path(&format!("out/{id}.json"))).unwrap())
+            .unwrap_or_else(|e| panic!("{id}.json is not valid JSON: {e}"));
+        assert_eq!(v["id"], id.as_str());
+    }
+}
+
+#[test]
+fn second_run_of_finished_items_executes_nothing_and_says_so() {
+    let ids = ids(1000);
+    let job = Job::new(&ids, WRITE_JSON);
+    let (code, _, err) = job.run(&["--jobs", "8"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 1000);
+    assert!(job.executions_per_item().values().all(|&n| n == 1));
+    let (code, _, err) = job.run(&["--jobs", "8", "--report", "second.json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 1000, "the second run executed something");
+    assert!(err.contains("nothing to do: all 1000 items already done"), "{err}");
+    assert!(err.contains("0 commands ran"), "{err}");
+    let report = job.report("second.json");
+    assert_eq!(report["summary"]["skipped"], 1000);
+    assert_eq!(report["summary"]["executions"], 0);
+    assert_outputs_valid(&job, &ids);
+}
+
+#[test]
+fn runner_killed_mid_item_is_finished_by_the_next_run() {
+    let ids = ids(200);
+    // Each execution writes half its JSON, pauses, then the rest: a kill leaves truncated temporary files.
+    let job = Job::new(&ids, r#"printf '{"id": "%s", ' "$1" > "$2"; sleep 0.2; printf '"ok": true}' >> "$2""#);
+    let mut runner = job.spawn(&["--jobs", "8", "--lease", "2s"], "first");
+    wait_for("40 executions", Duration::from_secs(60), || job.log().len() >= 40);
+    // Freeze the runner so it records nothing more, kill its commands (as a crash of the machine would), then
+    // the runner itself.
+    signal(runner.id(), "STOP");
+    let kids = children(runner.id());
+    assert!(!kids.is_empty(), "no command was running at the kill");
+    for kid in &kids {
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{kid}")]).status();
+    }
+    signal(runner.id(), "KILL");
+    runner.wait().unwrap();
+    let first = job.log().len();
+    let temps = job.out_files().iter().filter(|f| f.ends_with(".idem-tmp")).count();
+    assert!(temps > 0, "the kill left no temporary file, so it tested nothing");
+
+    let (code, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+    assert_eq!(code, 0);
+    let done_before: usize = status.split_whitespace().nth(2).unwrap().parse().unwrap();
+
+    let (code, _, err) = job.run(&["--jobs", "8", "--lease", "2s", "--report", "rerun.json"]);
+    assert_eq!(code, 0, "{err}");
+    let report = job.report("rerun.json");
+    assert_eq!(report["summary"]["executions"], (200 - done_before) as u64, "rerun ran exactly the unfinished items");
+    assert_eq!(job.log().len(), first + 200 - done_before);
+    assert_eq!(job.executions_per_item().len(), 200);
+    assert_outputs_valid(&job, &ids);
+}
+
+fn overlapping_runners(job: &Job) {
+    let a = job.spawn(&["--jobs", "4"], "a");
+    let b = job.spawn(&["--jobs", "4"], "b");
+    let (a_pid, b_pid) = (a.id(), b.id());
+    for (mut child, name) in [(a, "a"), (b, "b")] {
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "runner {name}: {}", job.stderr_of(name));
+    }
+    let log = job.log();
+    assert_eq!(log.len(), 500, "every item executed exactly once in total");
+    assert!(job.executions_per_item().values().all(|&n| n == 1));
+    let by_a = log.iter().filter(|(_, p)| *p == a_pid).count();
+    let by_b = log.iter().filter(|(_, p)| *p == b_pid).count();
+    eprintln!("runner a executed {by_a}, runner b {by_b}");
+    assert_eq!(by_a + by_b, 500);
+    assert!(by_a > 0 && by_b > 0, "the runners did not overlap: a {by_a}, b {by_b}");
+}
+
+const SLOWISH_JSON: &str = r#"sleep 0.02; printf '{"id": "%s", "ok": true}' "$1" > "$2""#;
+
+#[test]
+fn overlapping_runners_on_one_sqlite_ledger_execute_each_item_once() {
+    let ids = ids(500);
+    let job = Job::new(&ids, SLOWISH_JSON);
+    overlapping_runners(&job);
+    assert_outputs_valid(&job, &ids);
+}
+
+#[test]
+fn slow_item_is_kept_by_heartbeats_and_not_taken_by_a_second_runner() {
+    // Three times the lease; renewals every third of it have a whole lease of slack on a loaded machine.
+    let job = Job::new(&["slow".to_owned()], &format!("sleep 6; {WRITE_JSON}"));
+    let mut a = job.spawn(&["--lease", "2s"], "a");
+    wait_for("the slow item to start", Duration::from_secs(30), || job.log().len() == 1);
+    let mut b = job.spawn(&["--lease", "2s", "--report", "b.json"], "b");
+    let (sa, sb) = (a.wait().unwrap(), b.wait().unwrap());
+    assert_eq!(sa.code(), Some(0), "{}", job.stderr_of("a"));
+    assert_eq!(sb.code(), Some(0), "{}", job.stderr_of("b"));
+    assert_eq!(job.log().len(), 1, "the second runner took over a held item");
+    assert_eq!(job.report("b.json")["items"][0]["status"], "skipped");
+    assert_outputs_valid(&job, &["slow".to_owned()]);
+}
+
+#[test]
+fn paused_runner_loses_its_item_and_its_late_result_is_discarded() {
+    // Writes after 3 s, which is after the second runner took the item over (lease 1.5 s).
+    let script = r#"sleep 3; printf '{"id": "%s", "by": %s}' "$1" "$PPID" > "$2""#;
+    let job = Job::new(&["x".to_owned()], script);
+    let mut a = job.spawn(&["--lease", "1500ms", "--report", "a.json"], "a");
+    wait_for("the item to start", Duration::from_secs(30), || job.log().len() == 1);
+    // Pause the runner at a moment it does not hold the SQLite file (it gives it up between heartbeats).
+    loop {
+        signal(a.id(), "STOP");
+        if lock_is_free(&job.ledger_lock()) {
+            break;
+        }
+        signal(a.id(), "CONT");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let mut b = job.spawn(&["--lease", "1500ms", "--report", "b.json"], "b");
+    let sb = b.wait().unwrap();
+    assert_eq!(sb.code(), Some(0), "{}", job.stderr_of("b"));
+    // The paused runner's command finished meanwhile and left its output in its temporary file.
+    assert!(job.out_files().iter().any(|f| f.ends_with(".idem-tmp")), "{:?}", job.out_files());
+    signal(a.id(), "CONT");
+    let sa = a.wait().unwrap();
+    assert_eq!(sa.code(), Some(0), "{}", job.stderr_of("a"));
+    let log = job.log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[0].1, a.id());
+    assert_eq!(log[1].1, b.id());
+    let out: serde_json::Value = serde_json::from_slice(&std::fs::read(job.path("out/x.json")).unwrap()).unwrap();
+    assert_eq!(out["by"], b.id(), "the late result replaced the new holder's");
+    let rb = job.report("b.json");
+    assert_eq!(rb["items"][0]["status"], "done");
+    assert_eq!(rb["items"][0]["attempts"], 2);
+    assert_eq!(job.report("a.json")["items"][0]["status"], "skipped", "{}", job.stderr_of("a"));
+    assert!(job.stderr_of("a").contains("lease lost"), "{}", job.stderr_of("a"));
+    let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+    assert!(status.contains(": 1 done, 0 running or abandoned, 0 failed, 0 poison"), "{status}");
+    assert_outputs_valid(&job, &["x".to_owned()]);
+}
+
+#[test]
+fn exit_0_without_output_is_a_failure() {
+    let job = Job::new(&["a".to_owned()], "exit 0");
+    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 1);
+    let r = job.report("r.json");
+    assert_eq!(r["items"][0]["status"], "failed");
+    assert_eq!(r["items"][0]["last_error"], "verify: no output");
+    assert!(job.out_files().is_empty(), "{:?}", job.out_files());
+}
+
+#[test]
+fn exit_0_with_output_missing_an_expected_field_is_a_failure() {
+    let job = Job::new(&["a".to_owned()], r#"echo '{"other": 1}' > "$2""#);
+    let (code, _, err) = job.run(&["--retries", "0", "--expect-fields", "id,ok", "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 1);
+    let r = job.report("r.json");
+    assert_eq!(r["items"][0]["status"], "failed");
+    assert_eq!(r["items"][0]["last_error"], "verify: output lacks field \"id\"");
+    assert!(job.out_files().is_empty(), "{:?}", job.out_files());
+    let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+    assert!(status.contains("0 done, 0 running or abandoned, 1 failed"), "{status}");
+}
+
+/// The first item fails with a message whose numbers change each time; the `good` others succeed.
+fn poison_job(good: usize) -> (Job, Vec<String>) {
+    let mut all = vec!["bad".to_owned()];
+    all.extend(ids(good));
+    let script = format!(
+        r#"if [ "$1" = bad ]; then echo "connecting to db-$$ at $(date +%s%N): connection refused" >&2; exit 2; fi
+{WRITE_JSON}"#
+    );
+    (Job::new(&all, &script), all)
+}
+
+#[test]
+fn poison_item_halts_the_run_and_the_report_names_it() {
+    // Items reach the job slot in whatever order their checks finish, but the slot is handed out first come
+    // first served and at most 256 items are in flight: the bad item starts among the first 256, so with 300
+    // good items some are still waiting when it turns out poison.
+    let (job, _) = poison_job(300);
+    let (code, _, err) = job.run(&["--jobs", "1", "--report", "r.json"]);
+    assert_eq!(code, 3, "{err}");
+    // With one job, the failing item keeps its slot for its retry, so its two executions are back to back and
+    // nothing starts after them.
+    let log: Vec<String> = job.log().into_iter().map(|(id, _)| id).collect();
+    let first_bad = log.iter().position(|id| id == "bad").unwrap();
+    assert_eq!(&log[first_bad..], ["bad", "bad"], "{log:?}");
+    let good_ran = first_bad;
+    assert!(good_ran < 300, "the run did not stop: {log:?}");
+    assert_eq!(job.executions_per_item().len(), good_ran + 1, "a good item ran twice: {log:?}");
+    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["poison"][0]["id"], "bad");
+    let bad = r["items"].as_array().unwrap().iter().find(|i| i["id"] == "bad").unwrap();
+    assert_eq!(bad["status"], "poison");
+    assert_eq!(bad["attempts"], 2);
+    assert_eq!(r["summary"]["done"], good_ran as u64);
+    assert_eq!(r["summary"]["not_done"], (300 - good_ran) as u64);
+    assert_eq!(job.out_files().len(), good_ran);
+    // A rerun does not run it again: it stays poison until forgotten.
+    let before = job.log().len();
+    let (code, _, _) = job.run(&["--jobs", "4", "--on-poison", "skip"]);
+    assert_eq!(code, 3);
+    assert_eq!(job.log().len(), before + 300 - good_ran, "the rerun ran only the items not done");
+    assert_eq!(job.executions_per_item()["bad"], 2);
+}
+
+#[test]
+fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
+    let (job, all) = poison_job(20);
+    let (code, _, err) = job.run(&["--jobs", "2", "--on-poison", "skip", "--report", "r.json"]);
+    assert_eq!(code, 3, "{err}");
+    let per = job.executions_per_item();
+    assert_eq!(per["bad"], 2);
+    assert_eq!(per.len(), 21);
+    assert_eq!(job.log().len(), 22);
+    assert_outputs_valid(&job, &all[1..]);
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["done"], 20);
+    assert_eq!(r["summary"]["poison"][0]["id"], "bad");
+    // Forgetting it makes it run again (and fail twice again).
+    let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("forgot 1 of 1"), "{out}");
+    // Forgetting a done item removes its output too, so it is redone rather than adopted.
+    let (code, _, _) = common::idem(&["runs", "forget", "--output", &job.output(), "item-00003"], &[]);
+    assert_eq!(code, 0);
+    assert!(!job.path("out/item-00003.json").exists());
+    let (code, _, _) = job.run(&["--on-poison", "skip"]);
+    assert_eq!(code, 3);
+    assert_eq!(job.log().len(), 25);
+    assert_eq!(job.executions_per_item()["item-00003"], 2);
+}
+
+#[test]
+fn truncated_output_is_redone_and_valid_output_without_entry_is_adopted() {
+    let job = Job::new(&["a".to_owned(), "b".to_owned()], WRITE_JSON);
+    std::fs::create_dir_all(job.path("out")).unwrap();
+    std::fs::write(job.path("out/a.json"), r#"{"id": "a", "ok": tr"#).unwrap();
+    std::fs::write(job.path("out/b.json"), r#"{"id": "b", "ok": true}"#).unwrap();
+    let (code, dry, _) = job.run(&["--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(dry.contains("a\tpartial output at the final path (output is not valid JSON)"), "{dry}");
+    assert!(dry.contains("b\tadopt: a verified output without a ledger entry"), "{dry}");
+    let (code, _, err) = job.run(&["--report", "r.json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.executions_per_item(), BTreeMap::from([("a".to_owned(), 1)]));
+    let r = job.report("r.json");
+    let status: BTreeMap<String, String> = r["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap().to_owned(), i["status"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(status, BTreeMap::from([("a".into(), "done".into()), ("b".into(), "adopted".into())]));
+    assert_outputs_valid(&job, &["a".to_owned(), "b".to_owned()]);
+    // A done output damaged later is redone.
+    std::fs::write(job.path("out/a.json"), "{").unwrap();
+    let (code, _, _) = job.run(&[]);
+    assert_eq!(code, 0);
+    assert_eq!(job.executions_per_item()["a"], 2);
+    assert_outputs_valid(&job, &["a".to_owned(), "b".to_owned()]);
+}
+
+#[test]
+fn two_items_with_one_output_path_are_refused_before_anything_runs() {
+    let job = Job::new(&["a".to_owned(), "b".to_owned(), "a".to_owned()], WRITE_JSON);
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("lines 1 and 3 both write"), "{err}");
+    assert!(job.log().is_empty());
+}
+
+#[test]
+fn timeout_kills_the_attempt_with_a_timeout_fingerprint() {
+    let job = Job::new(&["a".to_owned()], "sleep 30");
+    let started = Instant::now();
+    let (code, _, err) = job.run(&["--timeout", "500ms", "--report", "r.json"]);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // Two timeouts in a row are the same fingerprint: poison.
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(job.log().len(), 2);
+    assert_eq!(job.report("r.json")["items"][0]["last_error"], "timeout");
+}
+
+#[test]
+fn verify_command_decides_whether_an_output_counts() {
+    let script = r#"if [ "$1" = good ]; then echo '{"ok": true}' > "$2"; else echo '{"ok": false}' > "$2"; fi"#;
+    let job = Job::new(&["good".to_owned(), "bad".to_owned()], script);
+    let verify = r#"grep -q '"ok": true' {out} || { echo "not ok in $IDEM_OUTPUT" >&2; exit 4; }"#;
+    let (code, _, err) = job.run(&["--retries", "0", "--verify", verify, "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 2);
+    let r = job.report("r.json");
+    let items = r["items"].as_array().unwrap();
+    let bad = items.iter().find(|i| i["id"] == "bad").unwrap();
+    assert_eq!(bad["status"], "failed");
+    assert!(bad["last_error"].as_str().unwrap().starts_with("verify exit 4: not ok in "), "{bad}");
+    assert_eq!(items.iter().find(|i| i["id"] == "good").unwrap()["status"], "done");
+    assert_eq!(job.out_files(), BTreeSet::from(["good.json".to_owned()]));
+}
+
+#[test]
+fn command_sees_its_item_and_tokens() {
+    let script = r#"input=$(cat); printf '{"id": "%s", "stdin": %s, "key": "%s", "token": %s}' "$IDEM_ITEM_ID" "$input" "$IDEM_IDEMPOTENCY_KEY" "$IDEM_FENCING_TOKEN" > "$IDEM_OUTPUT""#;
+    let job = Job::new(&["k1".to_owned()], script);
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(job.path("out/k1.json")).unwrap()).unwrap();
+    assert_eq!(v["stdin"]["id"], "k1");
+    let key = v["key"].as_str().unwrap();
+    assert!(key.starts_with("run:k1:") && key.len() == "run:k1:".len() + 16, "{key}");
+    assert!(v["token"].as_u64().unwrap() > 0);
+}
+
+fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(
+                std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+                "{var} is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+            );
+            eprintln!("skipped: {var} is unset");
+            None
+        }
+    }
+}
+
+async fn cleanup(url: &str, ns: &str) {
+    if url.starts_with("postgres") {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {ns} CASCADE")).await.unwrap();
+    } else {
+        let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{ns}:*")).query_async(&mut conn).await.unwrap();
+        for chunk in keys.chunks(500) {
+            let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+        }
+    }
+}
+
+async fn overlapping_on_backend(url: String) {
+    let ids = ids(500);
+    let mut job = Job::new(&ids, SLOWISH_JSON);
+    let ns = format!("idem_run_{:012x}", rand::random::<u64>() >> 16);
+    job.store = Some(url.clone());
+    job.namespace = Some(ns.clone());
+    tokio::task::block_in_place(|| overlapping_runners(&job));
+    assert_outputs_valid(&job, &ids);
+    cleanup(&url, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_runners_on_postgres_execute_each_item_once() {
+    if let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") {
+        overlapping_on_backend(url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_runners_on_redis_execute_each_item_once() {
+    if let Some(url) = backend_url("IDEM_TEST_REDIS_URL") {
+        overlapping_on_backend(url).await;
+    }
+}
+
+#[test]
+fn first_ctrl_c_drains_second_kills_and_releases_leases() {
+    let ids = ids(20);
+    let job = Job::new(&ids, &format!("sleep 1; {WRITE_JSON}"));
+    // Ctrl-C once: the two running items finish and are recorded; nothing new starts.
+    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "first");
+    wait_for("two items to start", Duration::from_secs(30), || job.log().len() == 2);
+    signal(runner.id(), "INT");
+    let status = runner.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{}", job.stderr_of("first"));
+    assert_eq!(job.log().len(), 2, "an item started after Ctrl-C");
+    assert_eq!(job.out_files().len(), 2, "{:?}", job.out_files());
+
+    // Ctrl-C twice: the running commands are killed and their leases given back.
+    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "second");
+    wait_for("two more items to start", Duration::from_secs(30), || job.log().len() == 4);
+    signal(runner.id(), "INT");
+    std::thread::sleep(Duration::from_millis(100));
+    signal(runner.id(), "INT");
+    let status = runner.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{}", job.stderr_of("second"));
+    assert_eq!(job.out_files().len(), 2, "a killed item left a file: {:?}", job.out_files());
+
+    // With the leases released, a rerun need not wait the 60 s lease out.
+    let started = Instant::now();
+    let (code, _, err) = job.run(&["--jobs", "4", "--lease", "60s"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(40), "the rerun waited for released leases");
+    assert_eq!(job.log().len(), 2 + 2 + 18);
+    assert_outputs_valid(&job, &ids);
+}
