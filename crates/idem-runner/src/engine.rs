@@ -635,7 +635,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         ctx.executions.fetch_add(1, Ordering::Relaxed);
         ctx.counters.running.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let outcome = attempt(ctx, &mut held, lease_sent, item, &output).await;
+        let outcome = attempt(ctx, &mut held, lease_sent, item, &output, &mut permit).await;
         ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Attempt::Ok(digest) => {
@@ -772,6 +772,7 @@ async fn attempt<S: Store>(
     mut lease_sent: Instant,
     item: &Item,
     output: &Path,
+    permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
 ) -> Attempt {
     let temp = output::temp_path(output, &ctx.owner, held.attempt());
     // Inline, not on the blocking pool: a stat of an existing directory and an unlink of a file that is
@@ -868,6 +869,10 @@ async fn attempt<S: Store>(
         let _ = tokio::fs::remove_file(&temp).await;
         return failed(describe(status), stderr);
     }
+    // The command is over: its slot goes to the next item while this output is verified, fsynced and renamed
+    // (`--jobs` counts running commands, as GNU parallel's does). A failed command keeps its slot above, so a
+    // failing item is retried, and found poison, before others start.
+    *permit = None;
     let (path, checks) = (temp.clone(), ctx.checks.clone());
     let verified = tokio::task::spawn_blocking(move || {
         let digest = output::verify(&path, &checks).map_err(|why| why.to_string())?;
