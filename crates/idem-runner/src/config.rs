@@ -120,8 +120,12 @@ impl RunConfig {
 
 /// The job's name in the ledger: the first 12 hex digits of the SHA-256 of the output template, so two jobs
 /// writing different outputs never share ledger entries, and the same job finds its entries on every rerun.
+/// The template is normalised first (`./out//{id}.json` is `out/{id}.json`), so two spellings of one job share
+/// its leases. It is not made absolute: runners on several machines share a job by its relative template.
 pub fn job_id(output_template: &str) -> String {
-    let digest = Sha256::digest(output_template.as_bytes());
+    let normalised: PathBuf =
+        Path::new(output_template).components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
+    let digest = Sha256::digest(normalised.to_string_lossy().as_bytes());
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -153,6 +157,7 @@ mod tests {
         assert_eq!(default_ledger_path("a/b/{id}/r.json"), PathBuf::from("a/b/.idem/ledger.db"));
         assert_eq!(default_ledger_path("{id}.json"), PathBuf::from("./.idem/ledger.db"));
         assert_ne!(job_id("out/{id}.json"), job_id("out/{id}.txt"));
+        assert_eq!(job_id("out/{id}.json"), job_id("./out//{id}.json"));
         assert_eq!(job_id("x").len(), 12);
     }
 }

@@ -342,7 +342,8 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
     while let Some(joined) = set.join_next().await {
         record(&ctx, &mut summary, joined)?;
     }
-    summary.not_done += total - seen;
+    // Lines appended to the items file during the run are seen but were not counted up front.
+    summary.not_done += total.saturating_sub(seen);
     summary.interrupted = ctx.stop.level() > 0;
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
@@ -917,7 +918,9 @@ async fn attempt<S: Store>(
 /// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
 async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
     let Some(script) = &ctx.cfg.verify else { return Ok(()) };
-    let script = script.replace("{out}", &path.display().to_string());
+    // Quoted for the shell: an output path is built from item text, which must never run as code.
+    let quoted = format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
+    let script = script.replace("{out}", &quoted);
     let out = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(&script)

@@ -44,9 +44,19 @@ impl ItemReader {
     /// Opens `path` and decides its format.
     ///
     /// # Errors
-    /// [`Error::ReadItems`] when the file cannot be opened or read.
+    /// [`Error::ReadItems`] when the file cannot be opened or read; [`Error::Config`] when it is not a regular
+    /// file (stdin, a FIFO).
     pub fn open(path: &Path, format: ItemFormat, id_field: Option<&str>) -> Result<Self, Error> {
         let read_err = |source| Error::ReadItems { path: path.to_owned(), source };
+        // The file is read more than once (format, duplicate outputs, the run): a pipe would be empty by the
+        // run, and its items silently lost.
+        if !std::fs::metadata(path).map_err(read_err)?.is_file() {
+            return Err(Error::Config(format!(
+                "--items {} is not a regular file (a pipe or device is read more than once here); save the items \
+                 to a file first",
+                path.display()
+            )));
+        }
         let json = match format {
             ItemFormat::JsonLines => true,
             ItemFormat::Lines => false,

@@ -574,3 +574,29 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     assert_eq!(job.log().len(), 2 + 2 + 18);
     assert_outputs_valid(&job, &ids);
 }
+
+#[test]
+fn items_from_a_pipe_are_refused_instead_of_silently_lost() {
+    let job = Job::new(&["a".to_owned()], WRITE_JSON);
+    let out = Command::new(BIN)
+        .args(["run", "--items", "/dev/stdin", "--output", &job.output(), "--"])
+        .arg(job.path("work.sh"))
+        .args(["{id}", "{out}"])
+        .stdin(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+    assert!(job.log().is_empty());
+}
+
+#[test]
+fn verify_gets_the_output_path_quoted_so_item_text_never_runs_as_code() {
+    let id = "x;touch${IFS}PWNED;y".to_owned();
+    let job = Job::new(std::slice::from_ref(&id), WRITE_JSON);
+    let (code, _, err) = job.run(&["--verify", "test -s {out}"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!job.path("PWNED").exists(), "item text ran as shell code");
+    assert_eq!(job.executions_per_item().get(&id), Some(&1));
+}
