@@ -515,6 +515,25 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             None => (None, None),
         };
         let plan = idem_core::plan(entry.as_ref(), ctx.limit);
+        // Its last allowed attempt may still be running in another runner: "out of attempts" only once that
+        // runner's lease is gone (it crashed), else wait for its result like any held item.
+        if matches!(plan, Plan::Exhausted { .. })
+            && matches!(entry, Some(Entry::Running { .. }))
+            && !ctx.cfg.dry_run
+            && ctx.store.get(keys.lease()).await.map_err(|e| format!("ledger read failed: {e}"))?.is_some()
+        {
+            if !waiting {
+                waiting = true;
+                ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
+            }
+            let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+            let mut stop = ctx.stop.subscribe();
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stopped(&mut stop, 1) => break Final::NotDone { reason: "interrupted" },
+            }
+            continue;
+        }
         // What the output at its final path says, where the plan depends on it.
         let out_state = match &plan {
             Plan::New => {

@@ -600,3 +600,16 @@ fn verify_gets_the_output_path_quoted_so_item_text_never_runs_as_code() {
     assert!(!job.path("PWNED").exists(), "item text ran as shell code");
     assert_eq!(job.executions_per_item().get(&id), Some(&1));
 }
+
+#[test]
+fn a_second_runner_waits_for_a_last_attempt_still_running_elsewhere() {
+    // With --retries 0 the running attempt is the last one allowed: B must wait for A, not call it failed.
+    let job = Job::new(&["last".to_owned()], &format!("sleep 3; {WRITE_JSON}"));
+    let mut a = job.spawn(&["--retries", "0", "--lease", "2s"], "a");
+    wait_for("the item to start", Duration::from_secs(30), || job.log().len() == 1);
+    let mut b = job.spawn(&["--retries", "0", "--lease", "2s"], "b");
+    let (sa, sb) = (a.wait().unwrap(), b.wait().unwrap());
+    assert_eq!(sa.code(), Some(0), "{}", job.stderr_of("a"));
+    assert_eq!(sb.code(), Some(0), "B reported the item failed while A ran it: {}", job.stderr_of("b"));
+    assert_eq!(job.log().len(), 1);
+}
