@@ -522,15 +522,8 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             && !ctx.cfg.dry_run
             && ctx.store.get(keys.lease()).await.map_err(|e| format!("ledger read failed: {e}"))?.is_some()
         {
-            if !waiting {
-                waiting = true;
-                ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
-            }
-            let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
-            let mut stop = ctx.stop.subscribe();
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stopped(&mut stop, 1) => break Final::NotDone { reason: "interrupted" },
+            if wait_for_holder(ctx, &mut waiting).await {
+                break Final::NotDone { reason: "interrupted" };
             }
             continue;
         }
@@ -617,15 +610,8 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             Err(e) if e.is_precondition_failed() => {
                 // Another runner holds it: look again after a while (it may finish, or its lease may lapse).
                 permit = None;
-                if !waiting {
-                    waiting = true;
-                    ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
-                }
-                let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
-                let mut stop = ctx.stop.subscribe();
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    () = stopped(&mut stop, 1) => break Final::NotDone { reason: "interrupted" },
+                if wait_for_holder(ctx, &mut waiting).await {
+                    break Final::NotDone { reason: "interrupted" };
                 }
                 continue;
             }
@@ -703,6 +689,21 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
     Ok(result)
+}
+
+/// Another runner holds the item: counts this one as waiting (once) and pauses a quarter lease (0.1..=2 s)
+/// before the item is judged again. True when the run was interrupted meanwhile.
+async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool) -> bool {
+    if !*waiting {
+        *waiting = true;
+        ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+    let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut stop = ctx.stop.subscribe();
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        () = stopped(&mut stop, 1) => true,
+    }
 }
 
 /// Resolves once the stop level reaches `level` (never, if the stop handle is gone).

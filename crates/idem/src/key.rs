@@ -31,7 +31,8 @@ pub struct KeyArgs {
     header: bool,
 }
 
-fn payload(arg: &str) -> Result<Vec<u8>, Error> {
+/// A flag's bytes: the text itself, `@FILE` a file's contents, `@-` standard input.
+pub(crate) fn payload(arg: &str) -> Result<Vec<u8>, Error> {
     match arg.strip_prefix('@') {
         Some("-") => {
             let mut buf = Vec::new();

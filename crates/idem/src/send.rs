@@ -1,6 +1,6 @@
 //! `idem send`: one logical write with a derived Idempotency-Key, retried safely (curl-like, for scripts).
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use idem_client::{Client, RetryPolicy, WriteRequest};
 use reqwest::Method;
@@ -52,18 +52,6 @@ pub struct SendArgs {
     read_back: bool,
 }
 
-fn read_arg(arg: &str) -> Result<Vec<u8>, Error> {
-    match arg.strip_prefix('@') {
-        Some("-") => {
-            let mut buf = Vec::new();
-            std::io::stdin().read_to_end(&mut buf)?;
-            Ok(buf)
-        }
-        Some(path) => std::fs::read(path).map_err(|e| Error::Config(format!("cannot read {path}: {e}"))),
-        None => Ok(arg.as_bytes().to_vec()),
-    }
-}
-
 /// Sends the write and prints the response body; the replay status and attempts go to standard error.
 ///
 /// # Errors
@@ -71,7 +59,7 @@ fn read_arg(arg: &str) -> Result<Vec<u8>, Error> {
 pub async fn run(args: SendArgs) -> Result<(), Error> {
     let (body, content_type) = match (&args.json, &args.data) {
         (Some(json), _) => {
-            let bytes = read_arg(json)?;
+            let bytes = crate::key::payload(json)?;
             serde_json::from_slice::<serde_json::Value>(&bytes)
                 .map_err(|e| Error::Config(format!("--json is not valid JSON: {e}")))?;
             (bytes, HeaderValue::from_static("application/json"))
@@ -79,7 +67,7 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
         (None, Some(data)) => {
             let ct = HeaderValue::from_str(&args.content_type)
                 .map_err(|_| Error::Config(format!("--content-type {:?} is not a header value", args.content_type)))?;
-            (read_arg(data)?, ct)
+            (crate::key::payload(data)?, ct)
         }
         (None, None) => return Err(Error::Config("give the body with --json or --data".into())),
     };
