@@ -759,20 +759,25 @@ fn describe(status: std::process::ExitStatus) -> String {
 /// Keeps only the tail of a child's standard error: the last line is what the fingerprint needs.
 const STDERR_TAIL: usize = 8 * 1024;
 
-async fn read_tail(mut stderr: tokio::process::ChildStderr) -> Vec<u8> {
-    let mut tail = Vec::new();
+/// Keeps the last bytes of a command's standard error in `tail` (shared, so they can be taken before EOF).
+async fn read_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<std::sync::Mutex<Vec<u8>>>) {
     let mut buf = [0u8; 4096];
     while let Ok(n) = stderr.read(&mut buf).await {
         if n == 0 {
             break;
         }
+        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         tail.extend_from_slice(&buf[..n]);
         if tail.len() > 2 * STDERR_TAIL {
-            tail.drain(..tail.len() - STDERR_TAIL);
+            let excess = tail.len() - STDERR_TAIL;
+            tail.drain(..excess);
         }
     }
-    tail
 }
+
+/// How long standard error may stay open after the command exited: a background process it started can hold
+/// the pipe for ever, and the runner must not wait on it outside its timeout and heartbeat.
+const STDERR_GRACE: Duration = Duration::from_millis(500);
 
 fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
     if !arg.contains('{') {
@@ -834,12 +839,15 @@ async fn attempt<S: Store>(
             let _ = stdin.write_all(&input).await;
         });
     }
-    let stderr_task = child.stderr.take().map(|s| tokio::spawn(read_tail(s)));
+    let tail = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stderr_task = child.stderr.take().map(|s| tokio::spawn(read_tail(s, Arc::clone(&tail))));
     let stderr = || async {
-        match stderr_task {
-            Some(t) => t.await.unwrap_or_default(),
-            None => Vec::new(),
+        if let Some(mut task) = stderr_task
+            && tokio::time::timeout(STDERR_GRACE, &mut task).await.is_err()
+        {
+            task.abort();
         }
+        std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
     };
     let lease = held.lease();
     let beat = lease / 3;

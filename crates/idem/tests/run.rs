@@ -613,3 +613,17 @@ fn a_second_runner_waits_for_a_last_attempt_still_running_elsewhere() {
     assert_eq!(sb.code(), Some(0), "B reported the item failed while A ran it: {}", job.stderr_of("b"));
     assert_eq!(job.log().len(), 1);
 }
+
+#[test]
+fn a_background_process_holding_stderr_does_not_hold_the_item() {
+    // The command exits at once but leaves a child with its standard error open for 23 s.
+    let job = Job::new(&["bg".to_owned()], &format!("sleep 23 & {WRITE_JSON}"));
+    let started = std::time::Instant::now();
+    let (code, _, err) = job.run(&["--timeout", "5s", "--lease", "2s"]);
+    let elapsed = started.elapsed();
+    let _ = Command::new("pkill").args(["-f", "sleep 23"]).status();
+    assert_eq!(code, 0, "{err}");
+    assert!(elapsed < Duration::from_secs(10), "the runner waited {elapsed:?} for the background process");
+    assert_outputs_valid(&job, &["bg".to_owned()]);
+    assert_eq!(job.log().len(), 1);
+}
