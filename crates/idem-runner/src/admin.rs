@@ -59,8 +59,8 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
 }
 
 /// Makes `ids` of the job writing `output_template` run again: deletes their ledger entries and leases, and
-/// their outputs (a valid output without an entry would otherwise be adopted rather than redone). Returns how
-/// many entries existed.
+/// the outputs of those that had an entry (a valid output without an entry would otherwise be adopted rather
+/// than redone); an id without an entry touches no file. Returns how many entries existed.
 ///
 /// # Errors
 /// [`Error::Store`]; [`Error::Io`] when an output exists but cannot be removed.
@@ -69,16 +69,20 @@ pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) 
     let mut removed = 0;
     for id in ids {
         let keys = ItemKeys::new(&job, id);
+        let known = store.delete(keys.entry(), Precondition::Any).await?.is_some();
+        store.delete(keys.lease(), Precondition::Any).await?;
+        if !known {
+            // Not an item of this job: its "output path" is only the template filled with arbitrary text
+            // (`../important`), so nothing on disk is touched.
+            continue;
+        }
+        removed += 1;
         let output = std::path::PathBuf::from(output_template.replace("{id}", id));
         match tokio::fs::remove_file(&output).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => return Err(Error::Io { what: "cannot remove output", path: output, source }),
         }
-        if store.delete(keys.entry(), Precondition::Any).await?.is_some() {
-            removed += 1;
-        }
-        store.delete(keys.lease(), Precondition::Any).await?;
     }
     Ok(removed)
 }

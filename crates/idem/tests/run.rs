@@ -403,6 +403,12 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     let (code, _, _) = common::idem(&["runs", "forget", "--output", &job.output(), "item-00003"], &[]);
     assert_eq!(code, 0);
     assert!(!job.path("out/item-00003.json").exists());
+    // An id the job does not know touches no file, even one the template would place outside its directory.
+    std::fs::write(job.path("important.json"), "{}").unwrap();
+    let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "../important"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("forgot 0 of 1"), "{out}");
+    assert!(job.path("important.json").exists(), "forget deleted a file outside the job");
     let (code, _, _) = job.run(&["--on-poison", "skip"]);
     assert_eq!(code, 3);
     assert_eq!(job.log().len(), 25);
