@@ -3,34 +3,14 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod common;
-#[allow(dead_code, clippy::unwrap_used)]
-#[path = "../examples/upstream.rs"]
-mod upstream;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Server, client};
+use common::upstream::{self, Counts};
+use common::{client, proxy, start_upstream};
 use reqwest::StatusCode;
-use upstream::Counts;
-
-/// The example upstream on a free port, in this test's runtime.
-async fn start_upstream() -> (String, Arc<Counts>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let counts = Arc::new(Counts::default());
-    let app = upstream::router(Arc::clone(&counts));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, counts)
-}
-
-fn proxy(dir: &tempfile::TempDir, upstream: &str, extra: &[&str]) -> Server {
-    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
-    let mut args = vec!["--upstream", upstream, "--admin-listen", "127.0.0.1:0", "--store", &store];
-    args.extend_from_slice(extra);
-    Server::start(&args, &[])
-}
 
 async fn post(url: &str, path: &str, key: Option<&str>, body: &str) -> reqwest::Response {
     let mut req =

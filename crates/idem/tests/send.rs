@@ -3,32 +3,18 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod common;
-#[allow(dead_code, clippy::unwrap_used)]
-#[path = "../examples/upstream.rs"]
-mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Server, idem};
+use common::{Server, idem, start_upstream};
 use idem_client::{Client, Error, RetryPolicy, WriteRequest, derive_key};
 use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use upstream::Counts;
-
-async fn start_upstream() -> (String, Arc<Counts>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let counts = Arc::new(Counts::default());
-    let app = upstream::router(Arc::clone(&counts));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, counts)
-}
 
 fn proxy(dir: &tempfile::TempDir, upstream: &str) -> Server {
-    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
-    Server::start(&["--upstream", upstream, "--admin-listen", "127.0.0.1:0", "--store", &store], &[])
+    common::proxy(dir, upstream, &[])
 }
 
 /// A TCP relay to `target` that, on every second connection, forwards the request, waits for the first

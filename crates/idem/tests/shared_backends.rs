@@ -9,23 +9,13 @@ mod common;
 #[path = "../examples/contention.rs"]
 mod contention;
 
-#[allow(dead_code, clippy::unwrap_used)]
-#[path = "../examples/upstream.rs"]
-mod upstream;
-
-use std::sync::Arc;
-
 use common::Server;
 
 /// Two proxies on one shared store: 100 concurrent identical requests spread over both execute once, and
 /// both replay the stored answer.
 async fn idempotency_across_two_proxies(url: &str) {
     let ns = format!("idem_test_{:012x}", rand::random::<u64>() >> 16);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = format!("http://{}", listener.local_addr().unwrap());
-    let counts = Arc::new(upstream::Counts::default());
-    let app = upstream::router(Arc::clone(&counts));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (up, counts) = common::start_upstream().await;
     let args = ["--store", url, "--namespace", &ns, "--upstream", &up, "--admin-listen", "127.0.0.1:0"];
     let a = Server::start(&args, &[]);
     let b = Server::start(&args, &[]);

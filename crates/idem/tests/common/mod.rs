@@ -9,6 +9,29 @@ use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 
+/// The counting example upstream (`examples/upstream.rs`), for tests that put a proxy in front of it.
+#[allow(dead_code, clippy::unwrap_used)]
+#[path = "../../examples/upstream.rs"]
+pub mod upstream;
+
+/// The example upstream on a free port, in the caller's runtime: its URL and its execution counts.
+pub async fn start_upstream() -> (String, std::sync::Arc<upstream::Counts>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let counts = std::sync::Arc::new(upstream::Counts::default());
+    let app = upstream::router(std::sync::Arc::clone(&counts));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, counts)
+}
+
+/// `idem serve --upstream UPSTREAM` on a SQLite store in `dir`, its admin listener on a free port.
+pub fn proxy(dir: &tempfile::TempDir, upstream: &str, extra: &[&str]) -> Server {
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let mut args = vec!["--upstream", upstream, "--admin-listen", "127.0.0.1:0", "--store", &store];
+    args.extend_from_slice(extra);
+    Server::start(&args, &[])
+}
+
 pub struct Server {
     pub child: Child,
     pub url: String,
