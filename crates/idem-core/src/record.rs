@@ -328,6 +328,11 @@ impl Lease {
         self.claim.length
     }
 
+    /// The fingerprint of the request the lease was claimed for.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.claim.fingerprint
+    }
+
     /// Extend the lease by its length from now (the store's now), only if still held.
     pub fn renew(&self) -> Write {
         Write {

@@ -126,7 +126,7 @@ pub fn job_id(output_template: &str) -> String {
     let normalised: PathBuf =
         Path::new(output_template).components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
     let digest = Sha256::digest(normalised.to_string_lossy().as_bytes());
-    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&digest[..6])
 }
 
 /// The directory all of a template's outputs share: its path up to the first component holding a

@@ -139,7 +139,7 @@ impl Iterator for ItemReader {
 /// The first 16 hex digits (64 bits) of the SHA-256 of `bytes`.
 pub fn short_hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&digest[..8])
 }
 
 /// An id must be usable as a file name and in a store key: 1..=200 printable ASCII characters without spaces,

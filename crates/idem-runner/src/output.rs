@@ -98,12 +98,7 @@ pub fn matches(path: &Path, expected: &Digest256) -> Result<(), Invalid> {
 }
 
 fn digest(bytes: &[u8]) -> Digest256 {
-    let sum = Sha256::digest(bytes);
-    let mut sha256 = String::with_capacity(64);
-    for b in sum {
-        sha256.push_str(&format!("{b:02x}"));
-    }
-    Digest256 { sha256, size: bytes.len() as u64 }
+    Digest256 { sha256: hex::encode(Sha256::digest(bytes)), size: bytes.len() as u64 }
 }
 
 /// The temporary path one attempt writes: hidden, in the output's directory (so the rename stays on one file

@@ -5,6 +5,7 @@ use http::{HeaderName, Method, header};
 use idem_store::Store;
 use tower::Layer;
 
+use crate::cache::ReplayCache;
 use crate::service::Idempotency;
 
 /// Response headers replayed by default: DESIGN.md step 3's list plus the representation and caching headers
@@ -73,6 +74,7 @@ pub(crate) struct Config {
     pub(crate) execution_timeout: Duration,
     /// Every detached task (executions, outcome writes), so shutdown can wait for them.
     pub(crate) tracker: tokio_util::task::TaskTracker,
+    pub(crate) replay_cache: Option<Arc<ReplayCache>>,
 }
 
 /// Applies Idempotency-Key handling to a service; records live in a [`Store`] under `idempotency/SCOPE/KEY`.
@@ -111,6 +113,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 unknown_outcome: UnknownOutcome::Keep,
                 execution_timeout: Duration::from_secs(120),
                 tracker: tokio_util::task::TaskTracker::new(),
+                replay_cache: None,
             },
         }
     }
@@ -203,6 +206,29 @@ impl<St: Store> IdempotencyLayer<St> {
     pub async fn drain(&self) {
         self.config.tracker.close();
         self.config.tracker.wait().await;
+    }
+
+    /// Keeps finished records in memory, up to `max_bytes` bytes of stored responses (bodies, allow-listed
+    /// headers and about 512 bytes per entry), so a replay is answered without reading the store; 0 (the
+    /// default) turns it off. Records that are retried stay, one-off ones are evicted first.
+    ///
+    /// Use it only with a store no other process writes records to, such as the embedded SQLite store (its
+    /// lock file makes it exclusive to one process): a record deleted by another process would go on being
+    /// replayed from here until it expires. Anything in this process that deletes or overwrites a record
+    /// without going through the layer must call [`IdempotencyLayer::invalidate`] for it. Expiry is checked on
+    /// every hit against the store's expiry time, read with this machine's clock.
+    pub fn replay_cache(mut self, max_bytes: u64) -> Self {
+        self.config.replay_cache = (max_bytes > 0).then(|| Arc::new(ReplayCache::new(max_bytes)));
+        self
+    }
+
+    /// Drops the record stored under `record_key` (`{record prefix}{scope}/{key}`, as the store holds it) from
+    /// the replay cache. Call it for every write to the store that does not go through this layer (an
+    /// operator's delete, say), after or while it happens; without a replay cache it does nothing.
+    pub fn invalidate(&self, record_key: &str) {
+        if let Some(cache) = &self.config.replay_cache {
+            cache.invalidate(record_key);
+        }
     }
 
     /// What to do when the outcome of a sent request is unknown.

@@ -28,6 +28,7 @@
 //! [`UpstreamFailure::NotSent`] releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`]
 //! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
 
+mod cache;
 mod future;
 mod layer;
 mod problem;

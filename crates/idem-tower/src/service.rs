@@ -119,11 +119,21 @@ where
             let call = inner.call(request.map(Body::new));
             return ResponseFuture::new(async move { call.await.map(|r| r.map(Body::new)) });
         }
-        // Detached from the client connection from here on: a client that hangs up while the key is being
-        // claimed, or while its request executes, drops this future but not the task, so no claim is left
-        // without its execution and completion (DESIGN.md step 4).
-        let task = self.config.tracker.spawn(handle(inner, Arc::clone(&self.store), Arc::clone(&self.config), request));
+        let (store, config) = (Arc::clone(&self.store), Arc::clone(&self.config));
         ResponseFuture::new(async move {
+            // Nothing here touches the store: a client that hangs up now leaves nothing behind.
+            let keyed = match prepare(&config, request).await {
+                Prepared::PassThrough(request) => return inner.call(request).await.map(|r| r.map(Body::new)),
+                Prepared::Answer(response) => return Ok(response),
+                Prepared::Keyed(keyed) => keyed,
+            };
+            if let Some(answer) = cached_answer(&config, &keyed) {
+                return Ok(answer);
+            }
+            // Detached from the client connection from here on: a client that hangs up while the key is being
+            // claimed, or while its request executes, drops this future but not the task, so no claim is left
+            // without its execution and completion (DESIGN.md step 4).
+            let task = config.tracker.spawn(handle(inner, store, Arc::clone(&config), keyed));
             match task.await {
                 Ok(answer) => answer,
                 Err(_) => Ok(problem(
@@ -137,30 +147,37 @@ where
     }
 }
 
-async fn handle<S, St, ReqBody, ResBody>(
-    mut inner: S,
-    store: Arc<St>,
-    config: Arc<Config>,
-    request: Request<ReqBody>,
-) -> Result<Response<Body>, S::Error>
+/// A covered request, read and judged as far as possible without the store.
+enum Prepared {
+    /// No key, and none required.
+    PassThrough(Request<Body>),
+    /// Refused before any store access (missing, malformed key; body too large or unreadable).
+    Answer(Response<Body>),
+    /// Carries a valid key: its body read, its fingerprint and record key computed.
+    Keyed(Keyed),
+}
+
+struct Keyed {
+    parts: http::request::Parts,
+    body: Bytes,
+    fingerprint: Fingerprint,
+    record_key: RecordKey,
+}
+
+/// Step 1 of DESIGN.md: the key, the scope, the body and the fingerprint.
+async fn prepare<ReqBody>(config: &Config, request: Request<ReqBody>) -> Prepared
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    ResBody::Error: Into<BoxError>,
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
-    St: Store,
 {
     let lines = request.headers().get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
     let key = match IdempotencyKey::from_field_lines(lines) {
         Ok(Some(key)) => key,
         Ok(None) if config.key_policy == KeyPolicy::Optional => {
-            return inner.call(request.map(Body::new)).await.map(|r| r.map(Body::new));
+            return Prepared::PassThrough(request.map(Body::new));
         }
         Ok(None) => {
-            return Ok(problem(
+            return Prepared::Answer(problem(
                 StatusCode::BAD_REQUEST,
                 "idempotency-key-missing",
                 "Idempotency-Key required",
@@ -168,7 +185,7 @@ where
             ));
         }
         Err(e) => {
-            return Ok(problem(
+            return Prepared::Answer(problem(
                 StatusCode::BAD_REQUEST,
                 "idempotency-key-invalid",
                 "Idempotency-Key invalid",
@@ -180,7 +197,7 @@ where
     let (mut parts, body) = request.into_parts();
     let body = match read_request_body(&parts.headers, body, config.max_request_body).await {
         Ok(body) => body,
-        Err(refusal) => return Ok(refusal),
+        Err(refusal) => return Prepared::Answer(refusal),
     };
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let fingerprint = Fingerprint::of_request(&RequestParts::new(
@@ -194,6 +211,30 @@ where
     // The body is already here: an `Expect: 100-continue` passed on would make the inner service wait for a
     // go-ahead nobody sends.
     parts.headers.remove(header::EXPECT);
+    Prepared::Keyed(Keyed { parts, body, fingerprint, record_key })
+}
+
+/// Step 3 from the replay cache: the answer a cached finished record gives, judged like one read from the store.
+fn cached_answer(config: &Config, keyed: &Keyed) -> Option<Response<Body>> {
+    let record = config.replay_cache.as_ref()?.get(keyed.record_key.as_str())?;
+    finished_answer(judge(Some(record), &keyed.fingerprint)).ok()
+}
+
+async fn handle<S, St, ResBody>(
+    inner: S,
+    store: Arc<St>,
+    config: Arc<Config>,
+    keyed: Keyed,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+    St: Store,
+{
+    let Keyed { parts, body, fingerprint, record_key } = keyed;
     let lease = match decide(&*store, &config, &record_key, &fingerprint).await {
         Ok(lease) => lease,
         Err(answer) => return Ok(*answer),
@@ -259,9 +300,21 @@ async fn decide<St: Store>(
     };
     let mut pause = Duration::from_millis(10);
     let mut lost_races = 0;
+    // DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay cache
+    // just missed, so the key is most likely new and the read would be wasted; without a cache a retry is as
+    // likely as a new key, and a read costs every backend less than a refused write.
+    let mut blind = config.replay_cache.is_some();
     loop {
+        if std::mem::take(&mut blind) {
+            match claim(store, config, record_key, fingerprint).await {
+                Ok(lease) => return Ok(lease),
+                Err(e) if e.is_precondition_failed() => continue,
+                Err(e) => return Err(Box::new(store_unavailable(&e))),
+            }
+        }
+        let token = config.replay_cache.as_ref().map(|c| c.token());
         let current = store.get(record_key.as_str()).await.map_err(|e| Box::new(store_unavailable(&e)))?;
-        let record = match current.map(|v| Record::decode(v.value())).transpose() {
+        let record = match current.as_ref().map(|v| Record::decode(v.value())).transpose() {
             Ok(record) => record,
             Err(e) => {
                 error!(key = record_key.as_str(), error = %e, "unreadable idempotency record");
@@ -273,26 +326,14 @@ async fn decide<St: Store>(
                 )));
             }
         };
-        let answer = match judge(record, fingerprint) {
-            Verdict::Claim => {
-                let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
-                match apply(store, claim.write()).await {
-                    Ok(Some(generation)) => return Ok(claim.acquired(generation)),
-                    // Another request created the record between our read and our write: judge what won.
-                    Err(e) if e.is_precondition_failed() && lost_races < 3 => {
-                        lost_races += 1;
-                        continue;
-                    }
-                    Err(e) if e.is_precondition_failed() => in_flight(),
-                    Err(e) => store_unavailable(&e),
-                    Ok(None) => store_unavailable(&StoreError::unavailable("the claim returned no generation")),
-                }
-            }
-            Verdict::Replay(stored) => {
-                metrics::counter!("idem_idempotency_replays_total").increment(1);
-                replay(stored)
-            }
-            Verdict::InFlight => {
+        if let (Some(cache), Some(token), Some(record), Some(current)) =
+            (&config.replay_cache, token, &record, &current)
+        {
+            cache.insert(record_key.as_str(), record, current.expires_at(), token);
+        }
+        let answer = match finished_answer(judge(record, fingerprint)) {
+            Ok(answer) => answer,
+            Err(Verdict::InFlight) => {
                 if let Some(deadline) = deadline
                     && tokio::time::Instant::now() + pause < deadline
                 {
@@ -302,32 +343,70 @@ async fn decide<St: Store>(
                 }
                 in_flight()
             }
-            Verdict::Mismatch => {
-                metrics::counter!("idem_idempotency_mismatches_total").increment(1);
-                problem(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "idempotency-key-reused",
-                    "Idempotency-Key reused",
-                    "this key was already used for a different request (method, path, query, content type or body \
-                     differ); use a new key for a new request",
-                )
+            Err(_claim) => {
+                match claim(store, config, record_key, fingerprint).await {
+                    Ok(lease) => return Ok(lease),
+                    // Another request created the record between our read and our write: judge what won.
+                    Err(e) if e.is_precondition_failed() && lost_races < 3 => {
+                        lost_races += 1;
+                        continue;
+                    }
+                    Err(e) if e.is_precondition_failed() => in_flight(),
+                    Err(e) => store_unavailable(&e),
+                }
             }
-            Verdict::TooLarge { status, limit } => {
-                metrics::counter!("idem_idempotency_replays_total").increment(1);
-                problem(
-                    StatusCode::CONFLICT,
-                    "response-not-stored",
-                    "Response not stored",
-                    &format!(
-                        "the request under this key was executed (status {status}) but its response body was over \
-                         the {limit}-byte stored-body limit, so it cannot be replayed; it will not be executed again"
-                    ),
-                )
-            }
-            Verdict::Unknown => outcome_unknown(),
         };
         return Err(Box::new(answer));
     }
+}
+
+/// Creates the in-flight record if the key has none (the conditional create of DESIGN.md step 2).
+async fn claim<St: Store>(
+    store: &St,
+    config: &Config,
+    record_key: &RecordKey,
+    fingerprint: &Fingerprint,
+) -> Result<Lease, StoreError> {
+    let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
+    match apply(store, claim.write()).await? {
+        Some(generation) => Ok(claim.acquired(generation)),
+        None => Err(StoreError::unavailable("the claim returned no generation")),
+    }
+}
+
+/// The answer for a key whose record is finished, or was used for another request (DESIGN.md step 3);
+/// [`Verdict::Claim`] and [`Verdict::InFlight`] come back as they are: they need the store.
+fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
+    Ok(match verdict {
+        Verdict::Claim | Verdict::InFlight => return Err(verdict),
+        Verdict::Replay(stored) => {
+            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            replay(stored)
+        }
+        Verdict::Mismatch => {
+            metrics::counter!("idem_idempotency_mismatches_total").increment(1);
+            problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key reused",
+                "this key was already used for a different request (method, path, query, content type or body \
+                 differ); use a new key for a new request",
+            )
+        }
+        Verdict::TooLarge { status, limit } => {
+            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            problem(
+                StatusCode::CONFLICT,
+                "response-not-stored",
+                "Response not stored",
+                &format!(
+                    "the request under this key was executed (status {status}) but its response body was over \
+                     the {limit}-byte stored-body limit, so it cannot be replayed; it will not be executed again"
+                ),
+            )
+        }
+        Verdict::Unknown => outcome_unknown(),
+    })
 }
 
 /// Steps 4 to 6: execute once under the lease and record the outcome, fenced by the lease's generation.
@@ -515,15 +594,21 @@ impl<St: Store> LeaseKeeper<St> {
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(50);
         let mut adopted = false;
+        let token = config.replay_cache.as_ref().map(|c| c.token());
         loop {
+            let sent = SystemTime::now();
             match apply(&*self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
-                Ok(_) => return,
+                Ok(_) => return self.remember(config, token, outcome, now, sent),
                 Err(e) if e.current_generation() == Some(None) => {
                     // Our lease lapsed and nobody claimed the key since: keep the result, unless someone
                     // claims it first (then the create fails and their record stands).
+                    let sent = SystemTime::now();
                     match apply(&*self.store, self.lease.complete_lapsed(outcome.clone(), now, config.retention)).await
                     {
-                        Ok(_) => info!(key, "stored the outcome after the lease had lapsed"),
+                        Ok(_) => {
+                            info!(key, "stored the outcome after the lease had lapsed");
+                            self.remember(config, token, outcome, now, sent);
+                        }
                         Err(e) if e.is_precondition_failed() => self.fenced(&key, &e),
                         Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                             warn!(key, error = %e, "storing the outcome after the lease lapsed failed; retrying");
@@ -553,6 +638,15 @@ impl<St: Store> LeaseKeeper<St> {
                     return;
                 }
             }
+        }
+    }
+
+    /// After the outcome is stored: keep it for replays, expiring no later than the stored copy (the store
+    /// starts the retention when the write arrives, after `sent`).
+    fn remember(&self, config: &Config, token: Option<u64>, outcome: Outcome, now_ms: u64, sent: SystemTime) {
+        if let (Some(cache), Some(token)) = (&config.replay_cache, token) {
+            let record = Record::Finished { fingerprint: *self.lease.fingerprint(), outcome, finished_at_ms: now_ms };
+            cache.insert(self.lease.key().as_str(), &record, Some(sent + config.retention), token);
         }
     }
 

@@ -53,6 +53,12 @@ pub fn redact(url: &str) -> String {
 }
 
 impl AnyStore {
+    /// Whether the store a URL names is this process's alone (`sqlite:`, whose lock file keeps other
+    /// processes out, and `memory:`), so nothing else changes its records.
+    pub fn is_exclusive_url(url: &str) -> bool {
+        url.starts_with("sqlite:") || url.starts_with("memory:")
+    }
+
     /// Opens the store a URL names. `namespace` (a lowercase identifier) names the PostgreSQL schema and the
     /// Redis key prefix, so several deployments can share one database.
     ///

@@ -7,8 +7,12 @@ use std::time::Duration;
 use idem_server::Upstream;
 use idem_tower::{IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
 
+use bytes::Bytes;
 use idem_server::ServerConfig;
-use idem_store::Limits;
+use idem_store::{
+    CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
+    Versioned, Written,
+};
 use serde::Deserialize;
 
 use crate::any_store::{AnyStore, redact};
@@ -95,6 +99,12 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_RELEASE_UNKNOWN", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     release_unknown: bool,
+    /// Memory for finished records kept to answer replays without a store read, in bytes; 0 turns it off.
+    /// Only with the embedded store (sqlite: or memory:), which no other process writes; refused with a shared
+    /// store, where another proxy may delete a record this one would go on replaying
+    /// [default: 16777216 (16 MiB) with sqlite: and memory:, 0 otherwise].
+    #[arg(long, env = "IDEM_REPLAY_CACHE")]
+    replay_cache: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -118,6 +128,7 @@ struct FileConfig {
     upstream_timeout: Option<String>,
     credential_header: Option<String>,
     release_unknown: Option<bool>,
+    replay_cache: Option<u64>,
 }
 
 /// The validated configuration of one server.
@@ -146,7 +157,12 @@ struct ProxyConfig {
     upstream_timeout: Duration,
     credential_headers: Vec<http::HeaderName>,
     unknown_outcome: UnknownOutcome,
+    /// `None`: the default for the store.
+    replay_cache: Option<u64>,
 }
+
+/// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
+const DEFAULT_REPLAY_CACHE: u64 = 16 << 20;
 
 fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Duration, Error> {
     match value {
@@ -170,6 +186,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
             ("upstream-timeout", args.upstream_timeout.is_some() || file.upstream_timeout.is_some()),
             ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
             ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
+            ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
             return Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL")));
@@ -238,6 +255,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         upstream_timeout,
         credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
+        replay_cache: args.replay_cache.or(file.replay_cache),
     }))
 }
 
@@ -272,6 +290,16 @@ impl ServeArgs {
         let listen: SocketAddr =
             listen_s.parse().map_err(|_| Error::Config(format!("--listen {listen_s:?} is not an IP:PORT address")))?;
         let store_url = self.store.or(file.store).unwrap_or_else(|| "sqlite:./idem-data/idem.db".into());
+        if let Some(p) = &proxy
+            && p.replay_cache.is_some_and(|bytes| bytes > 0)
+            && !AnyStore::is_exclusive_url(&store_url)
+        {
+            return Err(Error::Config(format!(
+                "--replay-cache needs the embedded store (sqlite: or memory:); with {} another proxy may delete a \
+                 record this one would go on replaying",
+                redact(&store_url)
+            )));
+        }
         let namespace = self.namespace.or(file.namespace).unwrap_or_else(|| "idem".into());
         let valid = namespace.len() <= 63
             && namespace.bytes().next().is_some_and(|b| b == b'_' || b.is_ascii_lowercase())
@@ -353,7 +381,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     if let Some(t) = &config.auth_token {
         server_config = server_config.with_auth_token(t.as_str());
     }
-    let kv = idem_server::app(store.clone(), server_config);
+    let kv_config = server_config;
     // After the signal, in-flight requests get a bounded grace period: a client that stalls mid-request must
     // not keep the process from exiting.
     let (signalled, on_signal) = tokio::sync::watch::channel(false);
@@ -363,6 +391,11 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     let serving = match (config.proxy, admin, upstream) {
         (Some(p), Some(admin), Some(upstream)) => {
             let admin_local = admin.local_addr()?;
+            let replay_cache = match p.replay_cache {
+                Some(bytes) => bytes,
+                None if AnyStore::is_exclusive_url(&config.store_url) => DEFAULT_REPLAY_CACHE,
+                None => 0,
+            };
             let layer = IdempotencyLayer::new(store.clone())
                 .retention(p.retention)
                 .lease(p.lease)
@@ -373,7 +406,11 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .in_flight(p.in_flight)
                 .credential_headers(p.credential_headers)
                 .unknown_outcome(p.unknown_outcome)
-                .execution_timeout(p.upstream_timeout);
+                .execution_timeout(p.upstream_timeout)
+                .replay_cache(replay_cache);
+            // Records deleted or written through the admin listener (records endpoint, KV API) leave the
+            // replay cache as they leave the store.
+            let kv = idem_server::app(Invalidating { store: store.clone(), layer: layer.clone() }, kv_config);
             let drain = layer.clone();
             let proxy = idem_server::proxy(layer, upstream);
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
@@ -391,6 +428,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>
         }
         _ => {
+            let kv = idem_server::app(store.clone(), kv_config);
             println!("idem listening on http://{local} (store {})", redact(&config.store_url));
             tracing::info!(%local, store = %redact(&config.store_url), "listening");
             Box::pin(idem_server::serve(kv, listener, stop(on_signal.clone())))
@@ -416,4 +454,56 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })
+}
+
+/// The store as the admin listener sees it in proxy mode: every write also drops its key from the layer's
+/// replay cache, so an operator's delete of a record is not undone by a cached copy.
+#[derive(Clone)]
+struct Invalidating {
+    store: AnyStore,
+    layer: IdempotencyLayer<AnyStore>,
+}
+
+impl Store for Invalidating {
+    fn limits(&self) -> &Limits {
+        self.store.limits()
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        self.store.get(key).await
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        self.store.get_many(keys).await
+    }
+
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
+        // After the write: a replay that read the old record meanwhile drops its copy then (the cache counts
+        // invalidations for exactly this race); a hit before the write lands answers what the store still holds.
+        let written = self.store.put(key, value, precondition, ttl).await;
+        self.layer.invalidate(key);
+        written
+    }
+
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
+        let deleted = self.store.delete(key, precondition).await;
+        self.layer.invalidate(key);
+        deleted
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+        self.store.list(prefix, cursor, limit).await
+    }
+
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
+        let changed = self.store.set_change(key, change).await;
+        self.layer.invalidate(key);
+        changed
+    }
+
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
+        let added = self.store.counter_add(key, delta, dedupe_id).await;
+        self.layer.invalidate(key);
+        added
+    }
 }

@@ -188,4 +188,21 @@ fn proxy_flags_without_an_upstream_are_refused() {
         idem(&["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--upstream", "https://example.com"], &[]);
     assert_eq!(code, 2);
     assert!(err.contains("the scheme must be http"), "{err}");
+    // The replay cache needs a store no other proxy writes: refused with a shared one, before connecting.
+    let (code, _, err) = idem(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "redis://:hunter2@127.0.0.1:1",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--replay-cache",
+            "1048576",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--replay-cache needs the embedded store") && !err.contains("hunter2"), "{err}");
 }

@@ -585,3 +585,26 @@ async fn sigterm_records_executions_whose_clients_hung_up_before_exiting() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true", "the drained execution was recorded");
     assert_eq!(counts.executions(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn records_deleted_through_the_admin_kv_api_leave_the_replay_cache_too() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The replay cache is on by default with the embedded store; a replay now comes from memory.
+    let server = proxy(&dir, &up, &[]);
+    assert_eq!(post(&server.url, "/orders", Some("kv-del"), "{}").await.status(), 201);
+    assert_eq!(post(&server.url, "/orders", Some("kv-del"), "{}").await.headers()["idempotent-replayed"], "true");
+    let deleted = client().delete(format!("{}/v1/kv/idempotency/anonymous/kv-del", server.admin)).send().await.unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let again = post(&server.url, "/orders", Some("kv-del"), "{}").await;
+    assert_eq!(again.status(), 201);
+    assert!(again.headers().get("idempotent-replayed").is_none(), "a deleted record must not be replayed");
+    assert_eq!(counts.executions(), 2);
+    // With the cache off, the same contract holds from the store alone.
+    drop(server);
+    let dir = tempfile::tempdir().unwrap();
+    let uncached = proxy(&dir, &up, &["--replay-cache", "0"]);
+    assert_eq!(post(&uncached.url, "/orders", Some("kv-del"), "{}").await.status(), 201);
+    assert_eq!(post(&uncached.url, "/orders", Some("kv-del"), "{}").await.headers()["idempotent-replayed"], "true");
+    assert_eq!(counts.executions(), 3);
+}
