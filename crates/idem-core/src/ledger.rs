@@ -361,6 +361,18 @@ impl Held {
         self.claim.lease_release(self.lease_generation)
     }
 
+    /// Undo a claim whose command never started (the run stopped first): the entry goes back to what it was
+    /// before the claim (removed if there was none), only if no one took it over, so the attempt is not counted.
+    /// Give the lease back with [`Held::release`] after it.
+    pub fn unclaim(&self) -> Write {
+        let key = self.claim.keys.entry.clone();
+        let precondition = Precondition::Generation(self.entry_generation);
+        match &self.claim.prev {
+            Some((_, prev)) => Write { key, op: WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear }, precondition },
+            None => Write { key, op: WriteOp::Delete, precondition },
+        }
+    }
+
     /// Record the item done with its output's digest, only if no one took it over.
     pub fn done(&self, sha256: &str, size: u64, now_ms: u64, duration_ms: u64) -> Write {
         let entry = Entry::Done {
@@ -444,6 +456,30 @@ fn normalise(line: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unclaim_puts_back_the_entry_it_replaced_fenced_on_the_claim() {
+        let keys = ItemKeys::new("job", "a");
+        let fresh = ItemClaim::new(keys.clone(), "o1", 1, Duration::from_secs(10), None)
+            .acquired(Generation::new(5), Generation::new(6));
+        let undo = fresh.unclaim();
+        assert_eq!(undo.key, keys.entry());
+        assert_eq!(undo.op, WriteOp::Delete, "a new item goes back to having no entry");
+        assert_eq!(undo.precondition, Precondition::Generation(Generation::new(6)));
+        let failed = Entry::Failed {
+            attempts: 1,
+            failures: vec!["exit 1".into()],
+            last_error: "boom".into(),
+            poison: false,
+            finished_at_ms: 0,
+        };
+        let retry = ItemClaim::new(keys, "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())))
+            .acquired(Generation::new(7), Generation::new(8));
+        assert_eq!(retry.attempt(), 2);
+        let undo = retry.unclaim();
+        assert_eq!(undo.op, WriteOp::Put { value: failed.encode(), ttl: Ttl::Clear }, "attempt 2 is not spent");
+        assert_eq!(undo.precondition, Precondition::Generation(Generation::new(8)));
+    }
+
     use super::*;
 
     const LIMIT: RetryLimit = RetryLimit { max_attempts: 3 };

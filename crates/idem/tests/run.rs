@@ -561,6 +561,9 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     assert_eq!(status.code(), Some(130), "{}", job.stderr_of("first"));
     assert_eq!(job.log().len(), 2, "an item started after Ctrl-C");
     assert_eq!(job.out_files().len(), 2, "{:?}", job.out_files());
+    // Items claimed ahead while the two ran never started: their claims were given back, attempts unspent.
+    let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+    assert!(status.contains(": 2 done, 0 running or abandoned, 0 failed, 0 poison"), "{status}");
 
     // Ctrl-C twice: the running commands are killed and their leases given back.
     let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "second");
