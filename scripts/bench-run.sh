@@ -29,22 +29,26 @@ best_par=0
 ratios=()
 echo "== 10,000 items, 8 jobs, $ROUNDS rounds, each running both tools back to back (the median round's ratio counts)"
 for round in $(seq 1 "$ROUNDS"); do
-  rm -rf "$work/idem" "$work/parallel" "$work/joblog"
-  mkdir -p "$work/parallel"
+  # Fresh directories each round, all removed at the end: deleting 20,000 files just before a timed run made
+  # ext4 scan its recently deleted inodes on every file creation for seconds afterwards (perf:
+  # find_inode_bit, recently_deleted), and with eight commands creating files in one directory the others
+  # spun on its lock; rounds after an rm -rf ran a third slower, for whichever tool ran first.
+  d="$work/round$round"
+  mkdir -p "$d/parallel"
   # Each tool starts on a clean file system: idem's fsyncs would otherwise also commit the metadata of the
-  # other tool's 10,000 unsynced files and of the rm -rf above (ext4 journals them together).
+  # other tool's 10,000 unsynced files (ext4 journals them together).
   sync
   t0=$(now)
-  "$idem" run --items "$work/items10k.txt" --output "$work/idem/{id}.json" --jobs 8 --quiet \
+  "$idem" run --items "$work/items10k.txt" --output "$d/idem/{id}.json" --jobs 8 --quiet \
     -- sh -c 'echo "{\"n\": $1}" > "$2"' sh '{id}' '{out}' 2>/dev/null
   t1=$(now)
   sync
   t1p=$(now)
-  PARALLEL_SHELL=/bin/sh parallel --jobs 8 --joblog "$work/joblog" "echo '{\"n\": {}}' > $work/parallel/{}.json" \
+  PARALLEL_SHELL=/bin/sh parallel --jobs 8 --joblog "$d/joblog" "echo '{\"n\": {}}' > $d/parallel/{}.json" \
     <"$work/items10k.txt"
   t2=$(now)
-  idem_n=$(find "$work/idem" -name '*.json' | wc -l)
-  par_n=$(find "$work/parallel" -name '*.json' | wc -l)
+  idem_n=$(find "$d/idem" -name '*.json' | wc -l)
+  par_n=$(find "$d/parallel" -name '*.json' | wc -l)
   idem_rate=$(echo "$idem_n / $(secs "$t0" "$t1")" | bc -l)
   par_rate=$(echo "$par_n / $(secs "$t1p" "$t2")" | bc -l)
   printf 'round %d: idem run %5d outputs, %7.1f items/s; GNU parallel %5d outputs, %7.1f items/s; ratio %.2fx\n' \

@@ -212,6 +212,7 @@ struct Ctx<S> {
     report: Option<Mutex<Report>>,
     poison: Mutex<Vec<(String, String)>>,
     dry_out: Mutex<std::io::BufWriter<std::io::Stdout>>,
+    renamer: Arc<output::Renamer>,
 }
 
 /// A token unique to this process start: host, process id and 32 random bits.
@@ -297,6 +298,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
         report,
         poison: Mutex::new(Vec::new()),
         dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
+        renamer: Arc::new(output::Renamer::default()),
         store,
         cfg,
         stop,
@@ -846,14 +848,19 @@ async fn attempt<S: Store>(
     permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
 ) -> Attempt {
     let temp = output::temp_path(output, &ctx.owner, held.attempt());
-    // Inline, not on the blocking pool: a stat of an existing directory and an unlink of a file that is
+    // Inline, not on the blocking pool: a stat of an existing directory and a lookup of a file that is
     // usually absent take microseconds, less than the thread hand-off would.
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty())
         && let Err(e) = std::fs::create_dir_all(dir)
     {
         return failed("cannot create the output directory", e.to_string().into_bytes());
     }
-    let _ = std::fs::remove_file(&temp);
+    // The temporary path is unique to this process start and attempt, so it is almost never there: look
+    // before unlinking, as an unlink takes the directory's lock even for a missing name (perf showed the
+    // runner spinning on it while commands created files in the same directory).
+    if std::fs::symlink_metadata(&temp).is_ok() {
+        let _ = std::fs::remove_file(&temp);
+    }
     let key = match idem_core::derive_key(&ctx.cfg.key_prefix, &item.id, item.raw.as_bytes()) {
         Ok(k) => k,
         Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
@@ -980,8 +987,8 @@ async fn attempt<S: Store>(
             }
         }
     }
-    let (from, to) = (temp.clone(), output.to_owned());
-    match tokio::task::spawn_blocking(move || output::rename_into_place(&from, &to)).await {
+    let (from, to, renamer) = (temp.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
+    match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
         Ok(Ok(())) => Attempt::Ok(digest),
         Ok(Err(e)) => failed("cannot rename the output into place", e.to_string().into_bytes()),
         Err(e) => failed("cannot rename the output into place", e.to_string().into_bytes()),
