@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use crate::output::{self, Checks, Digest256, Invalid};
 use crate::progress::{Counters, Progress};
 use crate::report::{ItemReport, Report};
+use crate::watchdog::Watchdog;
 use crate::{Error, Item, ItemReader, OnPoison, RunConfig, job_id};
 
 /// Asks a running [`run`] to stop: the first request stops claiming (running items finish), the second kills
@@ -213,6 +214,7 @@ struct Ctx<S> {
     poison: Mutex<Vec<(String, String)>>,
     dry_out: Mutex<std::io::BufWriter<std::io::Stdout>>,
     renamer: Arc<output::Renamer>,
+    watchdog: Option<Watchdog>,
 }
 
 /// A token unique to this process start: host, process id and 32 random bits.
@@ -299,6 +301,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
         poison: Mutex::new(Vec::new()),
         dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
         renamer: Arc::new(output::Renamer::default()),
+        watchdog: if cfg.dry_run { None } else { Watchdog::start() },
         store,
         cfg,
         stop,
@@ -355,6 +358,9 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     summary.elapsed = started.elapsed();
     progress.finish().await;
+    if let Some(watchdog) = &ctx.watchdog {
+        watchdog.finish();
+    }
     if let Ok(mut out) = ctx.dry_out.lock() {
         let _ = out.flush();
     }
@@ -785,6 +791,29 @@ fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
 }
 
 /// Kills the command and everything it started (its process group), then reaps it.
+/// A command's process group as the watchdog knows it: listed when made, unlisted when dropped.
+struct Watched<'a> {
+    watchdog: Option<&'a Watchdog>,
+    pgid: Option<u32>,
+}
+
+impl<'a> Watched<'a> {
+    fn new(watchdog: Option<&'a Watchdog>, pgid: Option<u32>) -> Self {
+        if let (Some(w), Some(p)) = (watchdog, pgid) {
+            w.started(p);
+        }
+        Self { watchdog, pgid }
+    }
+}
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        if let (Some(w), Some(p)) = (self.watchdog, self.pgid) {
+            w.ended(p);
+        }
+    }
+}
+
 async fn kill_group(child: &mut tokio::process::Child) {
     if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
         // The child leads its own group (`process_group(0)`), so this also reaches the shell's children,
@@ -883,6 +912,8 @@ async fn attempt<S: Store>(
         Ok(c) => c,
         Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
     };
+    // Listed with the watchdog from now until this attempt returns, on every path.
+    let _watched = Watched::new(ctx.watchdog.as_ref(), child.id());
     if let Some(mut stdin) = child.stdin.take() {
         let mut input = item.raw.clone().into_bytes();
         input.push(b'\n');

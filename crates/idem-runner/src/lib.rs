@@ -27,6 +27,7 @@ mod items;
 mod output;
 mod progress;
 mod report;
+mod watchdog;
 
 pub use admin::{LedgerStatus, forget, status};
 pub use config::{OnPoison, ProgressMode, RunConfig, default_ledger_path, job_id, output_root};

@@ -140,7 +140,7 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-/// The runner's children (each its own process group leader), from /proc.
+/// The runner's commands (each its own process group leader), from /proc: its children but the watchdog (awk).
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -150,7 +150,35 @@ fn children(pid: u32) -> Vec<u32> {
             }
         }
     }
+    out.retain(|kid| {
+        let comm = std::fs::read_to_string(format!("/proc/{kid}/comm")).unwrap_or_default();
+        !comm.trim().ends_with("awk")
+    });
     out
+}
+
+/// Whether a process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+#[test]
+fn commands_of_a_runner_killed_with_sigkill_die_with_it() {
+    let ids = ids(3);
+    // Each command starts a grandchild too: the whole process group must go.
+    let job = Job::new(&ids, &format!("sleep 60 & echo $! >> {0}; echo $$ >> {0}; wait", "pids"));
+    let mut runner = job.spawn(&["--jobs", "3", "--lease", "30s"], "killed");
+    let pids = || -> Vec<u32> {
+        std::fs::read_to_string(job.path("pids")).unwrap_or_default().lines().filter_map(|l| l.parse().ok()).collect()
+    };
+    wait_for("three commands with their children", Duration::from_secs(30), || pids().len() == 6);
+    assert!(pids().iter().all(|&p| alive(p)));
+    signal(runner.id(), "KILL");
+    runner.wait().unwrap();
+    wait_for("the commands of the killed runner to be gone", Duration::from_secs(10), || {
+        pids().iter().all(|&p| !alive(p))
+    });
 }
 
 /// True when no process holds the SQLite ledger's lock file.
