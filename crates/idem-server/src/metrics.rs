@@ -36,6 +36,15 @@ pub fn install_recorder() -> PrometheusHandle {
             let handle = recorder.handle();
             // Another recorder may already be installed (an embedding application's); then ours only renders.
             let _ = metrics::set_global_recorder(recorder);
+            // Histogram samples accumulate until drained; without a scrape they grew the proxy by about 20 bytes
+            // a request. The exporter leaves the periodic drain to whoever builds only the recorder.
+            let upkeep = handle.clone();
+            let _ = std::thread::Builder::new().name("idem-metrics-upkeep".into()).spawn(move || {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                }
+            });
             handle
         })
         .clone()

@@ -46,8 +46,15 @@ impl std::fmt::Debug for SqliteStore {
 
 /// Takes the exclusive lock on `<path>.lock`. The writer keeps the next generation in memory, so a second
 /// process writing the same file would hand out generations already used: refuse it instead.
+///
+/// The lock is named after the file's canonical path, so a symlink to the same database (or a path through a
+/// symlinked directory) takes the same lock; a hard link to it is not recognised.
 fn lock_exclusively(path: &Path) -> Result<std::fs::File, Error> {
-    let mut name = path.as_os_str().to_owned();
+    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+    });
+    let mut name = canonical.as_deref().unwrap_or(path).as_os_str().to_owned();
     name.push(".lock");
     let lock = PathBuf::from(name);
     let file = std::fs::OpenOptions::new()

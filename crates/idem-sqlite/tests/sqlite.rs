@@ -81,4 +81,14 @@ async fn a_second_open_of_the_same_file_is_refused_until_the_first_closes() {
     drop(first);
     let again = SqliteStore::open(&path, Limits::default()).unwrap();
     again.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap();
+    // The same file under another name: a symlink to it, and a path through a symlinked directory.
+    let alias = dir.path().join("alias.db");
+    std::os::unix::fs::symlink(&path, &alias).unwrap();
+    let err = SqliteStore::open(&alias, Limits::default()).unwrap_err();
+    assert!(matches!(err, idem_sqlite::Error::InUse { .. }), "{err}");
+    let linked_dir = tempfile::tempdir().unwrap();
+    let through = linked_dir.path().join("d");
+    std::os::unix::fs::symlink(dir.path(), &through).unwrap();
+    let err = SqliteStore::open(through.join("one.db"), Limits::default()).unwrap_err();
+    assert!(matches!(err, idem_sqlite::Error::InUse { .. }), "{err}");
 }

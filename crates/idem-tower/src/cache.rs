@@ -1,7 +1,7 @@
 //! Finished records kept in memory, so a replay is answered without a store read.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use idem_core::Record;
@@ -35,11 +35,15 @@ impl Weighter<String, Arc<Cached>> for ByteWeight {
 /// Only finished records are kept: the layer never changes one (a claim needs the key absent, renewals and
 /// releases are fenced on an in-flight record's generation), so the only ways one stops being true are its
 /// expiry, checked on every hit against the store's own expiry time, and a delete from outside the layer,
-/// which must call [`ReplayCache::invalidate`]. A record read from the store while such a delete runs could
-/// be put back after the delete removed it; `invalidations` catches that (see [`ReplayCache::insert`]).
+/// which must call [`ReplayCache::invalidate`] after it. A record read from the store while such a delete runs
+/// could be put back after the delete removed it: an insert is refused once any invalidation happened since
+/// its token was taken (before the read).
 pub(crate) struct ReplayCache {
     records: Cache<String, Arc<Cached>, ByteWeight>,
     invalidations: AtomicU64,
+    /// Inserts hold it shared (check the token, then insert), invalidations exclusively (count, then remove):
+    /// once an invalidation returned, no copy read before it can be in the cache, not even for a moment.
+    order: RwLock<()>,
 }
 
 impl std::fmt::Debug for ReplayCache {
@@ -56,7 +60,11 @@ impl ReplayCache {
     pub(crate) fn new(max_bytes: u64) -> Self {
         // The estimate only sizes the map up front; the byte bound is what evicts.
         let estimated = usize::try_from(max_bytes / 2048).unwrap_or(usize::MAX).clamp(16, 1 << 20);
-        Self { records: Cache::with_weighter(estimated, max_bytes, ByteWeight), invalidations: AtomicU64::new(0) }
+        Self {
+            records: Cache::with_weighter(estimated, max_bytes, ByteWeight),
+            invalidations: AtomicU64::new(0),
+            order: RwLock::new(()),
+        }
     }
 
     /// The cached finished record under `key`, if any and not expired.
@@ -75,23 +83,21 @@ impl ReplayCache {
     }
 
     /// Keeps `record` (ignored unless finished) if no invalidation happened since `token` was taken.
-    ///
-    /// Insert first, then check: an invalidation that raced with this insert either bumped the counter before
-    /// the check (and the entry is removed here) or removes the entry itself after the insert.
     pub(crate) fn insert(&self, key: &str, record: &Record, expires_at: Option<SystemTime>, token: u64) {
         let weight = match record {
             Record::Finished { outcome, .. } => ENTRY_OVERHEAD + outcome_bytes(outcome),
             Record::InProgress { .. } => return,
         };
         let cached = Arc::new(Cached { record: record.clone(), expires_at, weight });
-        self.records.insert(key.to_owned(), cached);
-        if self.invalidations.load(Ordering::SeqCst) != token {
-            self.records.remove(key);
+        let _shared = self.order.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.invalidations.load(Ordering::SeqCst) == token {
+            self.records.insert(key.to_owned(), cached);
         }
     }
 
     /// Forgets `key`; called for every write to the store from outside the layer.
     pub(crate) fn invalidate(&self, key: &str) {
+        let _exclusive = self.order.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         self.invalidations.fetch_add(1, Ordering::SeqCst);
         self.records.remove(key);
     }
@@ -145,6 +151,29 @@ mod tests {
         cache.insert("a", &finished("fresh"), None, cache.token());
         cache.invalidate("a");
         assert_eq!(cache.get("a"), None);
+    }
+
+    #[test]
+    fn a_copy_read_before_an_invalidation_is_never_visible_after_it() {
+        let cache = Arc::new(ReplayCache::new(1 << 20));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (cache, stop) = (Arc::clone(&cache), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut stale = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    stale += usize::from(cache.get("k").is_some());
+                }
+                stale
+            })
+        };
+        for _ in 0..20_000 {
+            let token = cache.token();
+            cache.invalidate("k");
+            cache.insert("k", &finished("stale"), None, token);
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(reader.join().unwrap(), 0, "a stale copy was visible after its invalidation returned");
     }
 
     #[test]

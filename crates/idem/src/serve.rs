@@ -464,6 +464,27 @@ struct Invalidating {
     layer: IdempotencyLayer<AnyStore>,
 }
 
+impl Invalidating {
+    /// Runs `write`, then drops `key` from the replay cache, as one task: a client that hangs up mid-request
+    /// drops this future, and must not leave the store changed but the cached copy in place. Invalidating only
+    /// after the write: a replay that read the old record meanwhile then drops its copy (the cache refuses
+    /// inserts whose read predates an invalidation), and a hit before the write lands answers what the store
+    /// still holds.
+    async fn then_invalidate<T: Send + 'static>(
+        &self,
+        key: &str,
+        write: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (layer, key) = (self.layer.clone(), key.to_owned());
+        let task = tokio::spawn(async move {
+            let result = write.await;
+            layer.invalidate(&key);
+            result
+        });
+        task.await.unwrap_or_else(|e| Err(StoreError::unavailable(format!("the write's task failed: {e}"))))
+    }
+}
+
 impl Store for Invalidating {
     fn limits(&self) -> &Limits {
         self.store.limits()
@@ -478,17 +499,13 @@ impl Store for Invalidating {
     }
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
-        // After the write: a replay that read the old record meanwhile drops its copy then (the cache counts
-        // invalidations for exactly this race); a hit before the write lands answers what the store still holds.
-        let written = self.store.put(key, value, precondition, ttl).await;
-        self.layer.invalidate(key);
-        written
+        let (store, k) = (self.store.clone(), key.to_owned());
+        self.then_invalidate(key, async move { store.put(&k, value, precondition, ttl).await }).await
     }
 
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
-        let deleted = self.store.delete(key, precondition).await;
-        self.layer.invalidate(key);
-        deleted
+        let (store, k) = (self.store.clone(), key.to_owned());
+        self.then_invalidate(key, async move { store.delete(&k, precondition).await }).await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
@@ -496,14 +513,12 @@ impl Store for Invalidating {
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
-        let changed = self.store.set_change(key, change).await;
-        self.layer.invalidate(key);
-        changed
+        let (store, k) = (self.store.clone(), key.to_owned());
+        self.then_invalidate(key, async move { store.set_change(&k, change).await }).await
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
-        let added = self.store.counter_add(key, delta, dedupe_id).await;
-        self.layer.invalidate(key);
-        added
+        let (store, k, id) = (self.store.clone(), key.to_owned(), dedupe_id.map(str::to_owned));
+        self.then_invalidate(key, async move { store.counter_add(&k, delta, id.as_deref()).await }).await
     }
 }

@@ -608,3 +608,41 @@ async fn records_deleted_through_the_admin_kv_api_leave_the_replay_cache_too() {
     assert_eq!(post(&uncached.url, "/orders", Some("kv-del"), "{}").await.headers()["idempotent-replayed"], "true");
     assert_eq!(counts.executions(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admin_delete_whose_client_hangs_up_still_clears_the_replay_cache() {
+    use tokio::io::AsyncWriteExt as _;
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    let admin = server.admin.trim_start_matches("http://").to_owned();
+    for i in 0..20 {
+        let key = format!("hangup-{i}");
+        assert_eq!(post(&server.url, "/orders", Some(&key), "{}").await.status(), 201);
+        assert_eq!(post(&server.url, "/orders", Some(&key), "{}").await.headers()["idempotent-replayed"], "true");
+        // Send the delete and reset the connection at once: the server may drop the request's future.
+        let mut conn = tokio::net::TcpStream::connect(&admin).await.unwrap();
+        let request = format!("DELETE /v1/idempotency/anonymous/{key} HTTP/1.1\r\nhost: x\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
+        #[allow(deprecated)] // set_zero_linger is not in every tokio this builds with
+        conn.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(conn);
+        let record = format!("{}/v1/idempotency/anonymous/{key}", server.admin);
+        let start = Instant::now();
+        while client().get(&record).send().await.unwrap().status() != StatusCode::NOT_FOUND {
+            if start.elapsed() > Duration::from_secs(1) {
+                // The reset came first: nothing was deleted, which is fine; the stored record still stands.
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let gone = client().get(&record).send().await.unwrap().status() == StatusCode::NOT_FOUND;
+        let next = post(&server.url, "/orders", Some(&key), "{}").await;
+        assert_eq!(
+            next.headers().get("idempotent-replayed").is_none(),
+            gone,
+            "key {key}: record deleted = {gone}, but the next request was answered from the other side"
+        );
+    }
+    assert!(counts.executions() >= 20);
+}
