@@ -654,32 +654,21 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         let previous = claim.previous_running();
         let mut held = claim.acquired(lease_gen, entry_gen);
         if permit.is_none() {
-            match ctx.jobs.acquire().await {
+            match wait_for_slot(ctx, &mut held, &mut lease_sent).await {
                 Ok(p) => permit = Some(p),
-                Err(_) => {
+                Err(()) => {
+                    // Stopping, or the claim was lost while it waited: it never started, so its attempt is
+                    // given back (the undo is fenced on the claim's entry generation, so it changes nothing
+                    // if another runner has claimed the item since).
                     let _ = unclaim(ctx, &held).await;
-                    break Final::NotDone { reason: "not_started" };
+                    drop(ahead);
+                    if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+                        break Final::NotDone { reason: "not_started" };
+                    }
+                    continue;
                 }
             }
             drop(ahead);
-            if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
-                // Claimed, never started: the attempt is given back, not spent.
-                let _ = unclaim(ctx, &held).await;
-                break Final::NotDone { reason: "not_started" };
-            }
-            // Slots free up in command time, but a slow command can keep every slot for longer than a lease:
-            // a claim that waited more than a third of its lease is renewed (fenced) before its command starts,
-            // so a runner that was taken over meanwhile never starts it.
-            if lease_sent.elapsed() >= held.lease() / 3 {
-                let sent = Instant::now();
-                match apply(&ctx.store, held.renew()).await {
-                    Ok(Some(g)) => {
-                        held.renewed(g);
-                        lease_sent = sent;
-                    }
-                    _ => continue,
-                }
-            }
         }
         if let Some((owner, attempt)) = previous {
             // The previous holder crashed or lost its lease: its temporary file is ours to remove.
@@ -736,6 +725,54 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
     Ok(result)
+}
+
+/// Waits for a free slot while holding a claim made ahead, renewing its lease every third of its length (a slow
+/// command can keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost
+/// (taken over, or the ledger unreachable until it lapsed): the caller gives the claim back.
+async fn wait_for_slot<'a, S: Store>(
+    ctx: &'a Ctx<S>,
+    held: &mut Held,
+    lease_sent: &mut Instant,
+) -> Result<tokio::sync::SemaphorePermit<'a>, ()> {
+    let acquire = ctx.jobs.acquire();
+    tokio::pin!(acquire);
+    let mut next = tokio::time::Instant::from_std(*lease_sent) + held.lease() / 3;
+    let permit = loop {
+        tokio::select! {
+            p = &mut acquire => break p.map_err(|_| ())?,
+            () = tokio::time::sleep_until(next) => {
+                let sent = Instant::now();
+                match apply(&ctx.store, held.renew()).await {
+                    Ok(Some(g)) => {
+                        held.renewed(g);
+                        *lease_sent = sent;
+                        next = tokio::time::Instant::from_std(sent) + held.lease() / 3;
+                    }
+                    Err(e) if e.is_precondition_failed() => return Err(()),
+                    _ if lease_sent.elapsed() >= held.lease() => return Err(()),
+                    // The ledger did not answer: try again shortly, while the lease lasts.
+                    _ => next = tokio::time::Instant::now() + Duration::from_millis(200),
+                }
+            }
+        }
+    };
+    if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+        return Err(());
+    }
+    // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
+    // so a runner that was taken over meanwhile never starts the command.
+    if lease_sent.elapsed() >= held.lease() / 3 {
+        let sent = Instant::now();
+        match apply(&ctx.store, held.renew()).await {
+            Ok(Some(g)) => {
+                held.renewed(g);
+                *lease_sent = sent;
+            }
+            _ => return Err(()),
+        }
+    }
+    Ok(permit)
 }
 
 /// Gives back a claim whose command never started: the entry as it was, then the lease.
@@ -934,7 +971,8 @@ async fn attempt<S: Store>(
     };
     let lease = held.lease();
     let beat = lease / 3;
-    let mut next_beat = tokio::time::Instant::now() + beat;
+    // From when the lease was last set, not from now: a claim made ahead may already be a while old.
+    let mut next_beat = tokio::time::Instant::from_std(lease_sent) + beat;
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut stop = ctx.stop.subscribe();
     let status = loop {

@@ -664,3 +664,20 @@ fn a_background_process_holding_stderr_does_not_hold_the_item() {
     assert_outputs_valid(&job, &["bg".to_owned()]);
     assert_eq!(job.log().len(), 1);
 }
+
+#[test]
+fn items_claimed_ahead_keep_their_claim_while_slots_are_busy_for_longer_than_a_lease() {
+    // One slot, commands longer than the lease, no retries: an item claimed while another runs must still be
+    // its own, unspent, when its turn comes (its lease renewed while it waits), not failed without running.
+    let ids = ids(3);
+    let job = Job::new(&ids, &format!("sleep 1.5; {WRITE_JSON}"));
+    let (code, _, err) = job.run(&["--jobs", "1", "--lease", "1s", "--retries", "0", "--report", "r.json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 3);
+    assert!(job.executions_per_item().values().all(|&n| n == 1));
+    let report = job.report("r.json");
+    for item in report["items"].as_array().unwrap() {
+        assert_eq!(item["attempts"], 1, "{item}");
+    }
+    assert_outputs_valid(&job, &ids);
+}
