@@ -491,7 +491,7 @@ async fn check_done<S: Store>(
 }
 
 /// Why a dry run would execute an item, or `None` when it would not.
-fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>) -> Option<String> {
+fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>, held: bool) -> Option<String> {
     match (plan, entry) {
         (Plan::New, _) => Some(match output {
             Err(Invalid::Missing) => "new".to_owned(),
@@ -499,8 +499,11 @@ fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>) 
             Ok(()) => return None,
         }),
         (Plan::CheckDone { .. }, _) => output.as_ref().err().map(|why| format!("done, but the output changed: {why}")),
-        (Plan::Retry { attempts }, Some(Entry::Running { owner, .. })) => {
+        (Plan::Retry { attempts }, Some(Entry::Running { owner, .. })) if held => {
             Some(format!("claimed by {owner} (attempt {attempts}), runs once its lease lapses"))
+        }
+        (Plan::Retry { attempts }, Some(Entry::Running { owner, .. })) => {
+            Some(format!("abandoned by {owner} during attempt {attempts} (no live lease): runs again"))
         }
         (Plan::Retry { attempts }, e) => {
             Some(format!("failed {attempts} time(s): {}", e.and_then(Entry::last_error).unwrap_or("unknown error")))
@@ -564,7 +567,10 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         };
         if ctx.cfg.dry_run {
             let unit = out_state.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone));
-            if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(()))) {
+            // A running entry is only held while its lease lives: a crashed or interrupted holder's is not.
+            let held = matches!(entry, Some(Entry::Running { .. }))
+                && ctx.store.get(keys.lease()).await.map_err(|e| format!("ledger read failed: {e}"))?.is_some();
+            if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(())), held) {
                 if let Ok(mut out) = ctx.dry_out.lock() {
                     let _ = writeln!(out, "{}\t{}", item.id, reason);
                 }

@@ -602,6 +602,11 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     let status = runner.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{}", job.stderr_of("second"));
     assert_eq!(job.out_files().len(), 2, "a killed item left a file: {:?}", job.out_files());
+    // A dry run tells the released items from held ones.
+    let (code, dry, err) = job.run(&["--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(dry.matches("(no live lease): runs again").count(), 2, "{dry}");
+    assert!(!dry.contains("runs once its lease lapses"), "{dry}");
 
     // With the leases released, a rerun need not wait the 60 s lease out.
     let started = Instant::now();
