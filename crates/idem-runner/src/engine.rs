@@ -217,6 +217,13 @@ struct Ctx<S> {
     watchdog: Option<Watchdog>,
 }
 
+impl<S> Ctx<S> {
+    /// No new command may start: Ctrl-C was pressed, or a poison item halts the run.
+    fn stopping(&self) -> bool {
+        self.stop.level() > 0 || self.halt.load(Ordering::SeqCst)
+    }
+}
+
 /// A token unique to this process start: host, process id and 32 random bits.
 pub fn owner_token() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -315,7 +322,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
     let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
     let mut more = true;
     while more {
-        if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+        if ctx.stopping() {
             break;
         }
         // Read inline: the reader refills a 256 KiB buffer once per few thousand items, far cheaper than
@@ -618,7 +625,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         } else {
             None
         };
-        if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+        if ctx.stopping() {
             break Final::NotDone { reason: "not_started" };
         }
         let prev = match (generation, entry) {
@@ -668,7 +675,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                     // if another runner has claimed the item since).
                     let _ = unclaim(ctx, &held).await;
                     drop(ahead);
-                    if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+                    if ctx.stopping() {
                         break Final::NotDone { reason: "not_started" };
                     }
                     continue;
@@ -763,7 +770,7 @@ async fn wait_for_slot<'a, S: Store>(
             }
         }
     };
-    if ctx.stop.level() > 0 || ctx.halt.load(Ordering::SeqCst) {
+    if ctx.stopping() {
         return Err(());
     }
     // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
