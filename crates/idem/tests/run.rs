@@ -686,3 +686,39 @@ fn items_claimed_ahead_keep_their_claim_while_slots_are_busy_for_longer_than_a_l
     }
     assert_outputs_valid(&job, &ids);
 }
+
+#[test]
+fn a_bare_program_name_is_looked_up_in_path_and_keeps_its_name() {
+    // The lookup is done once per run; the command still sees itself under the name it was given (programs
+    // such as busybox act on it), and a name found nowhere fails each attempt with a clear error.
+    let job = Job::new(&["a".to_owned(), "b".to_owned()], WRITE_JSON);
+    let run = |out: &str, report: &str, command: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("run")
+            .args(["--items", &job.path("items.jsonl").display().to_string()])
+            .args(["--output", &job.path(out).display().to_string()])
+            .args(["--report", &job.path(report).display().to_string()])
+            .args(["--id-field", "id", "--quiet", "--retries", "0", "--"])
+            .args(command)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) =
+        run("named/{id}.txt", "named.json", &["sh", "-c", r#"tr '\0' ' ' < /proc/$$/cmdline > "$1""#, "sh", "{out}"]);
+    assert_eq!(code, Some(0), "{err}");
+    for id in ["a", "b"] {
+        let argv = std::fs::read_to_string(job.path(&format!("named/{id}.txt"))).unwrap();
+        assert!(argv.starts_with("sh -c "), "argv[0] changed: {argv:?}");
+    }
+    let (code, err) = run("missing/{id}.txt", "missing.json", &["idem-no-such-program-anywhere"]);
+    assert_eq!(code, Some(1), "{err}");
+    let report = job.report("missing.json");
+    let items = report["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    for item in items {
+        let error = item["last_error"].as_str().unwrap();
+        assert!(error.starts_with("cannot start idem-no-such-program-anywhere"), "{error}");
+    }
+}
