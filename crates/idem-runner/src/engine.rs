@@ -743,7 +743,10 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                 continue;
             }
             Attempt::Interrupted => {
-                let _ = apply(&ctx.store, held.release()).await;
+                // Killed by the operator (a second Ctrl-C), not by its own fault: the attempt is given back, so
+                // interrupting a run never uses up an item's retries (with `--retries 0` it would be failed for
+                // good). A crash still counts its attempts: the item may be what crashes the runner.
+                let _ = unclaim(ctx, &held).await;
                 break Final::NotDone { reason: "interrupted" };
             }
         }

@@ -244,6 +244,13 @@ fn runner_killed_mid_item_is_finished_by_the_next_run() {
     let temps = job.out_files().iter().filter(|f| f.ends_with(".idem-tmp")).count();
     assert!(temps > 0, "the kill left no temporary file, so it tested nothing");
 
+    // Once the 2 s leases lapse, a dry run calls the crashed runner's items abandoned: they run again.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (code, dry, err) = job.run(&["--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(dry.matches("(no live lease): runs again").count() >= kids.len(), "{dry}");
+    assert!(!dry.contains("runs once its lease lapses"), "{dry}");
+
     let (code, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
     assert_eq!(code, 0);
     let done_before: usize = status.split_whitespace().nth(2).unwrap().parse().unwrap();
@@ -593,8 +600,9 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
     assert!(status.contains(": 2 done, 0 running or abandoned, 0 failed, 0 poison"), "{status}");
 
-    // Ctrl-C twice: the running commands are killed and their leases given back.
-    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s"], "second");
+    // Ctrl-C twice: the running commands are killed, their leases given back and their attempts too (with
+    // --retries 0 a counted attempt would leave them failed for good).
+    let mut runner = job.spawn(&["--jobs", "2", "--lease", "60s", "--retries", "0"], "second");
     wait_for("two more items to start", Duration::from_secs(30), || job.log().len() == 4);
     signal(runner.id(), "INT");
     std::thread::sleep(Duration::from_millis(100));
@@ -602,15 +610,16 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     let status = runner.wait().unwrap();
     assert_eq!(status.code(), Some(130), "{}", job.stderr_of("second"));
     assert_eq!(job.out_files().len(), 2, "a killed item left a file: {:?}", job.out_files());
-    // A dry run tells the released items from held ones.
-    let (code, dry, err) = job.run(&["--dry-run"]);
+    let (code, dry, err) = job.run(&["--dry-run", "--retries", "0"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(dry.matches("(no live lease): runs again").count(), 2, "{dry}");
-    assert!(!dry.contains("runs once its lease lapses"), "{dry}");
+    for (killed, _) in &job.log()[2..4] {
+        assert!(dry.contains(&format!("{killed}\tnew\n")), "{killed} not given back: {dry}");
+    }
+    assert!(!dry.contains("abandoned") && !dry.contains("runs once its lease lapses"), "{dry}");
 
     // With the leases released, a rerun need not wait the 60 s lease out.
     let started = Instant::now();
-    let (code, _, err) = job.run(&["--jobs", "4", "--lease", "60s"]);
+    let (code, _, err) = job.run(&["--jobs", "4", "--lease", "60s", "--retries", "0"]);
     assert_eq!(code, 0, "{err}");
     assert!(started.elapsed() < Duration::from_secs(40), "the rerun waited for released leases");
     assert_eq!(job.log().len(), 2 + 2 + 18);
