@@ -218,6 +218,8 @@ struct Ctx<S> {
     /// The command's program found in `PATH` once for the run; `None` when it is a path already, contains a
     /// placeholder, or was not found (then each spawn looks it up, and fails with the usual error).
     program: Option<PathBuf>,
+    /// Set once a command could not start for want of descriptors or processes (warned about once).
+    short_of_resources: AtomicBool,
 }
 
 impl<S> Ctx<S> {
@@ -238,8 +240,13 @@ pub fn owner_token() -> String {
 /// Looks a bare program name up in `PATH` once, as a shell does, instead of for every item: spawning by bare
 /// name tries each `PATH` directory in turn in the child (`posix_spawnp`), nine failed `execve` calls per item
 /// for `sh` with this machine's `PATH`.
+/// `None` as well when a `PATH` entry starts with `~`: `which` expands it, `execvp` and the shells do not.
 fn resolve_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') || name.contains('{') {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    if std::env::split_paths(&path).any(|dir| dir.as_os_str().as_encoded_bytes().starts_with(b"~")) {
         return None;
     }
     which::which(name).ok()
@@ -297,8 +304,11 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
 /// # Errors
 /// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
 /// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
-pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
+pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
     cfg.check()?;
+    if !cfg.dry_run {
+        cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
+    }
     let started = Instant::now();
     let total = tokio::task::block_in_place(|| precheck(&cfg))?;
     let report = match &cfg.report {
@@ -323,6 +333,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
         renamer: Arc::new(output::Renamer::default()),
         watchdog: if cfg.dry_run { None } else { Watchdog::start() },
         program: resolve_program(&cfg.command[0]),
+        short_of_resources: AtomicBool::new(false),
         store,
         cfg,
         stop,
@@ -899,6 +910,38 @@ fn describe(status: std::process::ExitStatus) -> String {
     }
 }
 
+/// Descriptors the runner keeps for itself (ledger connections, runtime, watchdog, standard streams).
+const RUNNER_FDS: u64 = 48;
+/// Descriptors one running command can take at once: its pipes and pidfd, the spawn's own pipe, the output
+/// opened to verify and fsync it, its directory.
+const FDS_PER_JOB: u64 = 8;
+
+/// `--jobs`, lowered (with a warning) to what the open-file limit (`ulimit -n`) leaves room for, as GNU
+/// parallel does: past it, spawns, output checks and ledger reopenings fail with EMFILE, which must not be
+/// blamed on items.
+fn jobs_within_descriptor_limit(jobs: usize) -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    let room = usize::try_from(limit.saturating_sub(RUNNER_FDS) / FDS_PER_JOB).unwrap_or(usize::MAX).max(1);
+    if jobs > room {
+        tracing::warn!(
+            "only enough file descriptors (ulimit -n {limit}) for {room} command(s) at once: running {room}, \
+             not {jobs}"
+        );
+        return room;
+    }
+    jobs
+}
+
+/// How long an attempt keeps trying to start its command while the runner is short of file descriptors or
+/// processes, before it counts as the item's failure (a limit too low for even one command must end the run).
+const SPAWN_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A spawn that failed for want of the runner's resources (descriptors, processes, memory), not the command's.
+fn runner_short_of_resources(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    Errno::from_io_error(e).is_some_and(|n| [Errno::MFILE, Errno::NFILE, Errno::AGAIN, Errno::NOMEM].contains(&n))
+}
+
 /// Keeps only the tail of a child's standard error: the last line is what the fingerprint needs.
 const STDERR_TAIL: usize = 8 * 1024;
 
@@ -962,29 +1005,76 @@ async fn attempt<S: Store>(
         Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
     };
     let argv: Vec<String> = ctx.cfg.command.iter().map(|a| substitute(a, &item.id, &temp, &item.raw)).collect();
-    let mut cmd = match &ctx.program {
-        Some(path) => {
-            let mut cmd = tokio::process::Command::new(path);
-            cmd.arg0(&argv[0]);
-            cmd
-        }
-        None => tokio::process::Command::new(&argv[0]),
+    let lease = held.lease();
+    let (token, attempt_no) = (held.fencing_token().to_string(), held.attempt().to_string());
+    let command = |program: Option<&Path>| {
+        let mut cmd = match program {
+            Some(path) => {
+                let mut cmd = tokio::process::Command::new(path);
+                cmd.arg0(&argv[0]);
+                cmd
+            }
+            None => tokio::process::Command::new(&argv[0]),
+        };
+        cmd.args(&argv[1..])
+            .env("IDEM_ITEM_ID", &item.id)
+            .env("IDEM_OUTPUT", &temp)
+            .env("IDEM_FENCING_TOKEN", &token)
+            .env("IDEM_IDEMPOTENCY_KEY", key.as_str())
+            .env("IDEM_ATTEMPT", &attempt_no)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group: a terminal's Ctrl-C reaches the runner only, which decides what to do.
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd
     };
-    cmd.args(&argv[1..])
-        .env("IDEM_ITEM_ID", &item.id)
-        .env("IDEM_OUTPUT", &temp)
-        .env("IDEM_FENCING_TOKEN", held.fencing_token().to_string())
-        .env("IDEM_IDEMPOTENCY_KEY", key.as_str())
-        .env("IDEM_ATTEMPT", held.attempt().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        // Its own process group: a terminal's Ctrl-C reaches the runner only, which decides what to do.
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
+    let mut cmd = command(ctx.program.as_deref());
+    let mut stop = ctx.stop.subscribe();
+    let mut backoff = Duration::from_millis(20);
+    let patience = Instant::now() + SPAWN_PATIENCE;
+    let mut child = loop {
+        match cmd.spawn() {
+            Ok(c) => break c,
+            // The runner is short of file descriptors or processes (other commands hold them): not the item's
+            // fault, so it must not count towards poison. Keep the slot (which also keeps one command fewer
+            // running) and the claim, and try again as commands finish.
+            Err(e) if runner_short_of_resources(&e) && Instant::now() < patience => {
+                if !ctx.short_of_resources.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "cannot start {}: {e}; waiting for running commands to finish (lower --jobs or raise \
+                         `ulimit -n` / `ulimit -u`)",
+                        argv[0]
+                    );
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = stopped(&mut stop, 1) => return Attempt::Interrupted,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if lease_sent.elapsed() >= lease / 3 {
+                    let sent = Instant::now();
+                    match apply(&ctx.store, held.renew()).await {
+                        Ok(Some(g)) => {
+                            held.renewed(g);
+                            lease_sent = sent;
+                        }
+                        _ => return Attempt::Lost,
+                    }
+                }
+            }
+            // The program found at the start of the run is gone or changed: look it up again, as a shell would.
+            Err(e) if ctx.program.is_some() && !runner_short_of_resources(&e) => {
+                tracing::debug!("cannot start {}: {e}; looking it up in PATH again", argv[0]);
+                cmd = command(None);
+                match cmd.spawn() {
+                    Ok(c) => break c,
+                    Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
+                }
+            }
+            Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
+        }
     };
     // Listed with the watchdog from now until this attempt returns, on every path.
     let _watched = Watched::new(ctx.watchdog.as_ref(), child.id());
@@ -1006,12 +1096,10 @@ async fn attempt<S: Store>(
         }
         std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
     };
-    let lease = held.lease();
     let beat = lease / 3;
     // From when the lease was last set, not from now: a claim made ahead may already be a while old.
     let mut next_beat = tokio::time::Instant::from_std(lease_sent) + beat;
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut stop = ctx.stop.subscribe();
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
@@ -1084,7 +1172,10 @@ async fn attempt<S: Store>(
             let _ = tokio::fs::remove_file(&temp).await;
             return failed(format!("verify: {why}"), Vec::new());
         }
-        Err(Finish::Rename(e)) => return failed("cannot rename the output into place", e.into_bytes()),
+        Err(Finish::Rename(e)) => {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return failed("cannot rename the output into place", e.into_bytes());
+        }
     };
     if let Err((ending, stderr)) = verify_cmd(ctx, &temp).await {
         let _ = tokio::fs::remove_file(&temp).await;
@@ -1105,11 +1196,14 @@ async fn attempt<S: Store>(
         }
     }
     let (from, to, renamer) = (temp.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
-    match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
-        Ok(Ok(())) => Attempt::Ok(digest),
-        Ok(Err(e)) => failed("cannot rename the output into place", e.to_string().into_bytes()),
-        Err(e) => failed("cannot rename the output into place", e.to_string().into_bytes()),
-    }
+    let why = match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
+        Ok(Ok(())) => return Attempt::Ok(digest),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    // A rename that failed (the final path is a directory, say) must not leave the temporary file behind.
+    let _ = tokio::fs::remove_file(&temp).await;
+    failed("cannot rename the output into place", why.into_bytes())
 }
 
 /// Why finishing an output failed on the blocking pool.

@@ -731,3 +731,62 @@ fn a_bare_program_name_is_looked_up_in_path_and_keeps_its_name() {
         assert!(error.starts_with("cannot start idem-no-such-program-anywhere"), "{error}");
     }
 }
+
+#[test]
+fn jobs_are_lowered_to_what_the_open_file_limit_allows_instead_of_failing_items() {
+    // Past `ulimit -n`, spawns and output checks fail with EMFILE: before, this run stopped after 4 commands
+    // with items called poison for the runner's own shortage. Now --jobs is lowered with a warning, and every
+    // item runs exactly once.
+    let ids = ids(60);
+    let job = Job::new(&ids, &format!("sleep 0.05; {WRITE_JSON}"));
+    let run = job.command(&["--jobs", "8"]);
+    let mut args: Vec<String> = vec!["-c".into(), r#"ulimit -n 32 && exec "$0" "$@""#.into()];
+    args.push(run.get_program().to_string_lossy().into_owned());
+    args.extend(run.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let out = Command::new("sh").args(&args).current_dir(job.path("")).stdin(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("only enough file descriptors (ulimit -n 32)"), "{err}");
+    assert_eq!(job.log().len(), 60, "{err}");
+    assert_eq!(job.executions_per_item().len(), 60);
+    assert_outputs_valid(&job, &ids);
+}
+
+#[test]
+fn a_program_gone_from_where_it_was_found_is_looked_up_again() {
+    // Found once per run; if that copy disappears, the next one on PATH runs, as with a shell (before the
+    // fallback the items were called poison for good).
+    let job = Job::new(&ids(6), &format!("sleep 0.2; {WRITE_JSON}"));
+    for dir in ["b1", "b2"] {
+        std::fs::create_dir_all(job.path(dir)).unwrap();
+        std::fs::copy(job.path("work.sh"), job.path(&format!("{dir}/tool"))).unwrap();
+    }
+    let path = format!("{}:{}:{}", job.path("b1").display(), job.path("b2").display(), std::env::var("PATH").unwrap());
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .args(["--items", &job.path("items.jsonl").display().to_string()])
+        .args(["--output", &job.output(), "--id-field", "id", "--quiet", "--jobs", "1"])
+        .args(["--", "tool", "{id}", "{out}"])
+        .env("PATH", &path)
+        .stdin(Stdio::null());
+    let runner = cmd.stderr(Stdio::piped()).spawn().unwrap();
+    wait_for("an item to run", Duration::from_secs(30), || !job.log().is_empty());
+    std::fs::remove_file(job.path("b1/tool")).unwrap();
+    assert!(job.log().len() < 6, "every item ran before the program was removed: the test tested nothing");
+    let out = runner.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.log().len(), 6);
+}
+
+#[test]
+fn a_failed_rename_leaves_no_temporary_file() {
+    // The final path is a directory: the rename fails, the attempt fails, and its temporary file goes.
+    let job = Job::new(&["d".to_owned()], WRITE_JSON);
+    std::fs::create_dir_all(job.path("out/d.json/inside")).unwrap();
+    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    let error = job.report("r.json")["items"][0]["last_error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("cannot rename the output into place"), "{error}");
+    let temps: Vec<_> = job.out_files().into_iter().filter(|f| f.ends_with(".idem-tmp")).collect();
+    assert!(temps.is_empty(), "{temps:?}");
+}
