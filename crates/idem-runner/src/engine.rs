@@ -240,6 +240,7 @@ pub fn owner_token() -> String {
 /// Looks a bare program name up in `PATH` once, as a shell does, instead of for every item: spawning by bare
 /// name tries each `PATH` directory in turn in the child (`posix_spawnp`), nine failed `execve` calls per item
 /// for `sh` with this machine's `PATH`.
+///
 /// `None` as well when a `PATH` entry starts with `~`: `which` expands it, `execvp` and the shells do not.
 fn resolve_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') || name.contains('{') {
@@ -754,7 +755,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                 continue;
             }
             Attempt::Interrupted => {
-                // Killed by the operator (a second Ctrl-C), not by its own fault: the attempt is given back, so
+                // Killed by the operator (a second Ctrl-C, or SIGTERM), not by its own fault: the attempt is given back, so
                 // interrupting a run never uses up an item's retries (with `--retries 0` it would be failed for
                 // good). A crash still counts its attempts: the item may be what crashes the runner.
                 let _ = unclaim(ctx, &held).await;
@@ -803,17 +804,27 @@ async fn wait_for_slot<'a, S: Store>(
     }
     // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
     // so a runner that was taken over meanwhile never starts the command.
-    if lease_sent.elapsed() >= held.lease() / 3 {
-        let sent = Instant::now();
-        match apply(&ctx.store, held.renew()).await {
-            Ok(Some(g)) => {
-                held.renewed(g);
-                *lease_sent = sent;
-            }
-            _ => return Err(()),
-        }
+    if !fence(&ctx.store, held, lease_sent).await {
+        return Err(());
     }
     Ok(permit)
+}
+
+/// Renews the lease if it was set at least a third of its length ago (a fence before a step that needs it);
+/// false when the renewal was refused or failed: the caller no longer holds the item.
+async fn fence<S: Store>(store: &S, held: &mut Held, lease_sent: &mut Instant) -> bool {
+    if lease_sent.elapsed() < held.lease() / 3 {
+        return true;
+    }
+    let sent = Instant::now();
+    match apply(store, held.renew()).await {
+        Ok(Some(g)) => {
+            held.renewed(g);
+            *lease_sent = sent;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Gives back a claim whose command never started: the entry as it was, then the lease.
@@ -1053,15 +1064,8 @@ async fn attempt<S: Store>(
                     () = stopped(&mut stop, 1) => return Attempt::Interrupted,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
-                if lease_sent.elapsed() >= lease / 3 {
-                    let sent = Instant::now();
-                    match apply(&ctx.store, held.renew()).await {
-                        Ok(Some(g)) => {
-                            held.renewed(g);
-                            lease_sent = sent;
-                        }
-                        _ => return Attempt::Lost,
-                    }
+                if !fence(&ctx.store, held, &mut lease_sent).await {
+                    return Attempt::Lost;
                 }
             }
             // The program found at the start of the run is gone or changed: look it up again, as a shell would.
@@ -1150,12 +1154,12 @@ async fn attempt<S: Store>(
     *permit = None;
     // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
     // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
-    let fence = (ctx.cfg.verify.is_none()).then(|| lease_sent + lease / 3);
+    let fence_until = ctx.cfg.verify.is_none().then(|| lease_sent + lease / 3);
     let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let finished = tokio::task::spawn_blocking(move || {
         let digest = output::verify(&path, &checks).map_err(|why| Finish::Verify(why.to_string()))?;
         output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
-        match fence {
+        match fence_until {
             Some(until) if Instant::now() < until => {
                 renamer.rename_into_place(&path, &to).map_err(|e| Finish::Rename(e.to_string()))?;
                 Ok((digest, true))
@@ -1186,14 +1190,9 @@ async fn attempt<S: Store>(
     // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
     // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
-    if lease_sent.elapsed() >= lease / 3 {
-        match apply(&ctx.store, held.renew()).await {
-            Ok(Some(g)) => held.renewed(g),
-            _ => {
-                let _ = tokio::fs::remove_file(&temp).await;
-                return Attempt::Lost;
-            }
-        }
+    if !fence(&ctx.store, held, &mut lease_sent).await {
+        let _ = tokio::fs::remove_file(&temp).await;
+        return Attempt::Lost;
     }
     let (from, to, renamer) = (temp.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let why = match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
