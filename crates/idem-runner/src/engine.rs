@@ -1156,7 +1156,7 @@ async fn attempt<S: Store>(
     // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
     let fence_until = ctx.cfg.verify.is_none().then(|| lease_sent + lease / 3);
     let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
-    let finished = tokio::task::spawn_blocking(move || {
+    let mut finishing = tokio::task::spawn_blocking(move || {
         let digest = output::verify(&path, &checks).map_err(|why| Finish::Verify(why.to_string()))?;
         output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
         match fence_until {
@@ -1166,9 +1166,23 @@ async fn attempt<S: Store>(
             }
             _ => Ok((digest, false)),
         }
-    })
-    .await
-    .unwrap_or_else(|e| Err(Finish::Verify(e.to_string())));
+    });
+    // Heartbeats go on while the output is read, digested and fsynced: a large output on a slow disk takes
+    // longer than a short lease, and losing it there would discard every attempt. A failed renewal is left
+    // to the fence before the rename.
+    let finished = loop {
+        tokio::select! {
+            done = &mut finishing => break done.unwrap_or_else(|e| Err(Finish::Verify(e.to_string()))),
+            () = tokio::time::sleep_until(next_beat) => {
+                let sent = Instant::now();
+                if let Ok(Some(g)) = apply(&ctx.store, held.renew()).await {
+                    held.renewed(g);
+                    lease_sent = sent;
+                }
+                next_beat = tokio::time::Instant::now() + beat;
+            }
+        }
+    };
     let digest = match finished {
         Ok((digest, true)) => return Attempt::Ok(digest),
         Ok((digest, false)) => digest,

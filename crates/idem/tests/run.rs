@@ -790,3 +790,22 @@ fn a_failed_rename_leaves_no_temporary_file() {
     let temps: Vec<_> = job.out_files().into_iter().filter(|f| f.ends_with(".idem-tmp")).collect();
     assert!(temps.is_empty(), "{temps:?}");
 }
+
+#[test]
+fn a_large_output_keeps_its_lease_while_it_is_verified_and_fsynced() {
+    // 400 MB digested and fsynced take longer than a 1 s lease here: without heartbeats during that step the
+    // lease lapsed on every attempt and the item ended "failed" after running four times.
+    let job = Job::new(&["big".to_owned()], "head -c 400000000 /dev/zero > \"$2\"");
+    let out = Command::new(BIN)
+        .arg("run")
+        .args(["--items", &job.path("items.jsonl").display().to_string()])
+        .args(["--output", &job.path("out/{id}.bin").display().to_string()])
+        .args(["--id-field", "id", "--quiet", "--lease", "1s", "--", &job.path("work.sh").display().to_string()])
+        .args(["{id}", "{out}"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(job.log().len(), 1, "the item ran more than once");
+    assert_eq!(std::fs::metadata(job.path("out/big.bin")).unwrap().len(), 400_000_000);
+}
