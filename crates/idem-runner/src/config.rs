@@ -83,7 +83,8 @@ impl RunConfig {
         }
     }
 
-    /// Refuses settings that cannot work.
+    /// Refuses settings that cannot work, including a command whose program cannot be found (a path that is
+    /// not an executable file, or a bare name not in `PATH`), unless it is a dry run.
     ///
     /// # Errors
     /// [`Error::Config`] naming the problem.
@@ -108,6 +109,9 @@ impl RunConfig {
         }
         if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
+        }
+        if !self.dry_run {
+            crate::engine::check_program(&self.command[0])?;
         }
         Ok(())
     }

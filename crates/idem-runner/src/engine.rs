@@ -169,6 +169,10 @@ impl Summary {
         if self.poison.len() > 10 {
             s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
         }
+        if !self.poison.is_empty() {
+            // Poison stays in the ledger across runs (a fixed command does not revive it): say how to.
+            s.push_str("once the cause is fixed, `idem runs forget --output … ID…` makes them run again\n");
+        }
         let status = self.status();
         s.push_str(&format!(
             "exit status {} ({})\n",
@@ -253,6 +257,31 @@ fn resolve_program(name: &str) -> Option<PathBuf> {
     which::which(name).ok()
 }
 
+/// Refuses a program that cannot start before anything runs: a typo in the command is the operator's error,
+/// and as an item failure it would make the first items poison, for good. A name with a placeholder is
+/// checked per item when it runs.
+pub(crate) fn check_program(name: &str) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if name.contains('{') {
+        return Ok(());
+    }
+    if !name.contains('/') {
+        // Without a usual PATH (unset, or with `~` entries `which` reads differently) the spawn decides.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let unusual =
+            path.is_empty() || std::env::split_paths(&path).any(|d| d.as_os_str().as_encoded_bytes().starts_with(b"~"));
+        if unusual || which::which(name).is_ok() {
+            return Ok(());
+        }
+        return Err(Error::Config(format!("cannot start {name}: not found in PATH")));
+    }
+    match std::fs::metadata(name) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(_) => Err(Error::Config(format!("cannot start {name}: not an executable file"))),
+        Err(e) => Err(Error::Config(format!("cannot start {name}: {e}"))),
+    }
+}
+
 fn now_ms() -> u64 {
     system_time_to_millis(SystemTime::now())
 }
@@ -310,6 +339,7 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
     if !cfg.dry_run {
         cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
     }
+    let program = resolve_program(&cfg.command[0]);
     let started = Instant::now();
     let total = tokio::task::block_in_place(|| precheck(&cfg))?;
     let report = match &cfg.report {
@@ -333,7 +363,7 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
         dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
         renamer: Arc::new(output::Renamer::default()),
         watchdog: if cfg.dry_run { None } else { Watchdog::start() },
-        program: resolve_program(&cfg.command[0]),
+        program,
         short_of_resources: AtomicBool::new(false),
         store,
         cfg,

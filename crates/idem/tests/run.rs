@@ -699,7 +699,7 @@ fn items_claimed_ahead_keep_their_claim_while_slots_are_busy_for_longer_than_a_l
 #[test]
 fn a_bare_program_name_is_looked_up_in_path_and_keeps_its_name() {
     // The lookup is done once per run; the command still sees itself under the name it was given (programs
-    // such as busybox act on it), and a name found nowhere fails each attempt with a clear error.
+    // such as busybox act on it).
     let job = Job::new(&["a".to_owned(), "b".to_owned()], WRITE_JSON);
     let run = |out: &str, report: &str, command: &[&str]| {
         let out = Command::new(BIN)
@@ -721,15 +721,15 @@ fn a_bare_program_name_is_looked_up_in_path_and_keeps_its_name() {
         let argv = std::fs::read_to_string(job.path(&format!("named/{id}.txt"))).unwrap();
         assert!(argv.starts_with("sh -c "), "argv[0] changed: {argv:?}");
     }
+    // A command that cannot start is the operator's typo: refused before anything runs (exit 2), instead of
+    // failing the first items as poison for good.
     let (code, err) = run("missing/{id}.txt", "missing.json", &["idem-no-such-program-anywhere"]);
-    assert_eq!(code, Some(1), "{err}");
-    let report = job.report("missing.json");
-    let items = report["items"].as_array().unwrap();
-    assert_eq!(items.len(), 2);
-    for item in items {
-        let error = item["last_error"].as_str().unwrap();
-        assert!(error.starts_with("cannot start idem-no-such-program-anywhere"), "{error}");
-    }
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot start idem-no-such-program-anywhere: not found in PATH"), "{err}");
+    let (code, err) = run("missing/{id}.txt", "missing.json", &["./no-such-script.sh"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot start ./no-such-script.sh: No such file or directory"), "{err}");
+    assert!(!job.path("missing").exists(), "something ran");
 }
 
 #[test]
