@@ -250,6 +250,18 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
     let ledger_args = match &args.command {
         RunsCommand::Status(l) | RunsCommand::Forget { ledger: l, .. } => l,
     };
+    // Status and forget only read what runs wrote: a missing default ledger means nothing ran with this
+    // --output (a typo, say), which must be said rather than answered with zeros from a ledger made for it.
+    if ledger_args.store.is_none() {
+        let path = idem_runner::default_ledger_path(&ledger_args.output);
+        if !path.exists() {
+            return Err(Error::Config(format!(
+                "no ledger at {}: nothing has run with --output {:?} (or its ledger is elsewhere: --store)",
+                path.display(),
+                ledger_args.output
+            )));
+        }
+    }
     let ledger = Ledger::open(ledger_args.store.as_deref(), &ledger_args.output, &ledger_args.namespace).await?;
     let job = idem_runner::job_id(&ledger_args.output);
     let result = match &args.command {

@@ -809,3 +809,15 @@ fn a_large_output_keeps_its_lease_while_it_is_verified_and_fsynced() {
     assert_eq!(job.log().len(), 1, "the item ran more than once");
     assert_eq!(std::fs::metadata(job.path("out/big.bin")).unwrap().len(), 400_000_000);
 }
+
+#[test]
+fn runs_status_and_forget_of_a_job_that_never_ran_say_so_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("typo/{id}.json").display().to_string();
+    for args in [vec!["runs", "status", "--output", &output], vec!["runs", "forget", "--output", &output, "7"]] {
+        let (code, _, err) = common::idem(&args, &[]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("no ledger at") && err.contains("nothing has run"), "{err}");
+    }
+    assert!(!dir.path().join("typo").exists(), "a ledger was created for a job that never ran");
+}
