@@ -245,16 +245,21 @@ pub fn owner_token() -> String {
 /// name tries each `PATH` directory in turn in the child (`posix_spawnp`), nine failed `execve` calls per item
 /// for `sh` with this machine's `PATH`.
 ///
-/// `None` as well when a `PATH` entry starts with `~`: `which` expands it, `execvp` and the shells do not.
+/// `None` as well when `PATH` is not [`searchable`].
 fn resolve_program(name: &str) -> Option<PathBuf> {
-    if name.contains('/') || name.contains('{') {
-        return None;
-    }
-    let path = std::env::var_os("PATH")?;
-    if std::env::split_paths(&path).any(|dir| dir.as_os_str().as_encoded_bytes().starts_with(b"~")) {
+    if name.contains('/') || name.contains('{') || !searchable() {
         return None;
     }
     which::which(name).ok()
+}
+
+/// `PATH` is set, not empty, and has no entry starting with `~`, which `which` expands and `execvp` and the
+/// shells do not: only then does a lookup here find what the spawn would.
+fn searchable() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        !path.is_empty()
+            && !std::env::split_paths(&path).any(|dir| dir.as_os_str().as_encoded_bytes().starts_with(b"~"))
+    })
 }
 
 /// Refuses a program that cannot start before anything runs: a typo in the command is the operator's error,
@@ -266,11 +271,8 @@ pub(crate) fn check_program(name: &str) -> Result<(), Error> {
         return Ok(());
     }
     if !name.contains('/') {
-        // Without a usual PATH (unset, or with `~` entries `which` reads differently) the spawn decides.
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        let unusual =
-            path.is_empty() || std::env::split_paths(&path).any(|d| d.as_os_str().as_encoded_bytes().starts_with(b"~"));
-        if unusual || which::which(name).is_ok() {
+        // Where the lookup cannot tell (an unusual PATH), the spawn decides.
+        if !searchable() || resolve_program(name).is_some() {
             return Ok(());
         }
         return Err(Error::Config(format!("cannot start {name}: not found in PATH")));
