@@ -23,6 +23,7 @@ mod metrics;
 mod problem;
 mod proxy;
 mod records;
+mod upstream_conn;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use idem_store::Store;
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
-pub use proxy::{Upstream, UpstreamError, proxy};
+pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Upstream, UpstreamError, proxy};
 
 /// Settings of the HTTP layer (store settings live with the store).
 #[derive(Clone, Debug, Default)]

@@ -5,24 +5,39 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::TokioExecutor;
 use idem_store::Store;
-use idem_tower::{IdempotencyLayer, UpstreamFailure};
+use idem_tower::{BufferedBody, IdempotencyLayer, UpstreamFailure};
+use tokio::time::Instant as Deadline;
 use tower::Layer;
 
 use axum::response::IntoResponse;
 
 use crate::Problem;
+use crate::upstream_conn::{Facts, ObservingConnector, Unread};
+
+/// The default of [`Upstream::new`]'s `idle_timeout`: a pooled connection idle longer than this is not
+/// reused. Below the shortest keep-alive of common servers (gunicorn 2 s; Node, uvicorn and Apache 5 s;
+/// nginx 75 s), so idem closes its idle connections before the upstream does.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A pass-through request body up to this many bytes, with a known length, is buffered before it is sent so
+/// that it can be sent again when the upstream provably never read it. (Bodies of keyed requests are always
+/// buffered by the layer, up to its `--max-request-body`.)
+const REPLAY_BUFFER: u64 = 64 * 1024;
 
 /// Why an upstream URL was refused.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +60,10 @@ pub enum UpstreamError {
 /// answers 502 / 504 marked [`UpstreamFailure::OutcomeUnknown`], which the layer stores as unknown.
 #[derive(Clone, Debug)]
 pub struct Upstream {
-    client: Client<HttpConnector, Body>,
+    /// Pooled connections, each closed after `idle_timeout` without use.
+    client: Client<ObservingConnector, Body>,
+    /// No pool: the one retry of a request the upstream provably never read goes on a new connection.
+    fresh: Client<ObservingConnector, Body>,
     scheme: Scheme,
     authority: Authority,
     prefix: String,
@@ -55,12 +73,14 @@ pub struct Upstream {
 
 impl Upstream {
     /// An upstream at `url` (`http://HOST:PORT`, optionally with a path prefix every request path is appended
-    /// to), waiting at most `timeout` for a response to start.
+    /// to), waiting at most `timeout` for a response to start, and reusing a pooled connection only while it
+    /// has been idle for less than `idle_timeout` ([`DEFAULT_UPSTREAM_IDLE_TIMEOUT`] unless the upstream keeps
+    /// idle connections open longer; a `Keep-Alive: timeout=N` the upstream announces shortens it).
     ///
     /// # Errors
     /// [`UpstreamError::InvalidUrl`] when `url` is not an absolute `http://` URL (https upstreams would need a
     /// TLS client; put idem next to the service instead) or carries a query.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, UpstreamError> {
+    pub fn new(url: &str, timeout: Duration, idle_timeout: Duration) -> Result<Self, UpstreamError> {
         // Never repeat a password in an error message.
         let shown = match url.split_once('@') {
             Some((head, tail)) => match head.split_once("://") {
@@ -94,11 +114,13 @@ impl Upstream {
         connector.set_nodelay(true);
         // Connecting must fail (as "not sent") before the response timeout would call the outcome unknown.
         connector.set_connect_timeout(Some((timeout / 2).min(Duration::from_secs(5))));
+        let connector = ObservingConnector::new(connector);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(idle_timeout)
             .pool_max_idle_per_host(256)
-            .build(connector);
-        Ok(Self { client, scheme: Scheme::HTTP, authority, prefix, host, timeout })
+            .build(connector.clone());
+        let fresh = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
+        Ok(Self { client, fresh, scheme: Scheme::HTTP, authority, prefix, host, timeout })
     }
 
     fn target(&self, original: &Uri) -> Result<Uri, http::Error> {
@@ -168,8 +190,23 @@ impl tower::Service<Request<Body>> for Upstream {
     }
 }
 
+/// How one attempt to send a request upstream ended.
+enum Sent {
+    Answered(Response<hyper::body::Incoming>),
+    /// No connection could be made: nothing was sent.
+    NotConnected(hyper_util::client::legacy::Error),
+    /// The connection failed before the answer; `unread` says whether the upstream provably never read it.
+    Failed {
+        error: hyper_util::client::legacy::Error,
+        unread: Option<Unread>,
+    },
+    /// No answer began before the deadline.
+    TimedOut,
+}
+
 impl Upstream {
     async fn forward(&self, request: Request<Body>) -> Response<Body> {
+        let deadline = Deadline::now() + self.timeout;
         let (mut parts, body) = request.into_parts();
         let client = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
         let original_host = parts.headers.get(header::HOST).cloned();
@@ -186,61 +223,150 @@ impl Upstream {
         parts.headers.insert(header::HOST, self.host.clone());
         parts.uri = target;
         parts.version = http::Version::HTTP_11;
-        let outgoing = Request::from_parts(parts, body);
+        let (body, replay) = match replayable(&parts, body).await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                return Problem::bad_request("body-unreadable", "Request body unreadable", e.to_string())
+                    .into_response();
+            }
+        };
+        // What a second attempt needs: the head, and the body when it is whole in memory.
+        let again = replay.map(|bytes| {
+            let mut head = Request::new(());
+            *head.method_mut() = parts.method.clone();
+            *head.uri_mut() = parts.uri.clone();
+            *head.version_mut() = parts.version;
+            *head.headers_mut() = parts.headers.clone();
+            (head, bytes)
+        });
         let started = Instant::now();
-        let result = tokio::time::timeout(self.timeout, self.client.request(outgoing)).await;
+        let mut sent = self.send(&self.client, Request::from_parts(parts, body), deadline).await;
+        // RFC 9110 §9.2.2: a request may be retried automatically when it "was never applied"; the connection's
+        // facts prove that only in the cases `upstream_conn` lists. One retry, on a new connection.
+        if let Sent::Failed { unread: Some(unread), error } = &sent {
+            tracing::info!(reason = unread.reason(), error = %crate::error_chain(error), "upstream never read the request");
+            if let Some((head, bytes)) = again {
+                metrics::counter!("idem_upstream_retries_total", "reason" => unread.label()).increment(1);
+                let (head, ()) = head.into_parts();
+                let retry = Request::from_parts(head, Body::from(bytes));
+                sent = match self.send(&self.fresh, retry, deadline).await {
+                    // Neither attempt was read: nothing took effect.
+                    Sent::Failed { unread: Some(unread), error } => {
+                        tracing::info!(reason = unread.reason(), error = %crate::error_chain(&error), "upstream never read the retry");
+                        Sent::Failed { unread: Some(unread), error }
+                    }
+                    other => other,
+                };
+            }
+        }
         metrics::histogram!("idem_upstream_seconds").record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(Ok(response)) => {
+        match sent {
+            Sent::Answered(response) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 // The client's connection has its own version; an HTTP/1.0 upstream must not downgrade it.
                 parts.version = http::Version::HTTP_11;
                 Response::from_parts(parts, Body::new(body))
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Sent::NotConnected(e) => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "connect").increment(1);
                 tracing::warn!(error = %crate::error_chain(&e), "upstream unreachable");
-                let mut response = Problem::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream-unreachable",
-                    "Upstream unreachable",
-                    "the upstream service could not be reached; the request was not sent",
-                )
-                .into_response();
-                response.extensions_mut().insert(UpstreamFailure::NotSent);
-                response
+                not_sent("the upstream service could not be reached; the request was not sent")
             }
-            Ok(Err(e)) => {
+            Sent::Failed { unread: Some(unread), .. } => {
+                metrics::counter!("idem_upstream_errors_total", "kind" => "unread").increment(1);
+                not_sent(&format!("{}; the request was not executed", unread.reason()))
+            }
+            Sent::Failed { error, unread: None } => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "failed").increment(1);
-                let reason = crate::error_chain(&e);
+                let reason = crate::error_chain(&error);
                 tracing::warn!(error = %reason, "upstream failed after the request was sent");
-                let mut response = Problem::new(
+                unknown(
                     StatusCode::BAD_GATEWAY,
-                    "outcome-unknown",
-                    "Outcome unknown",
-                    "the request was sent upstream but the connection failed before a response; it may or may not \
-                     have taken effect",
+                    "the request was sent upstream but the connection failed before a response; it may or may \
+                     not have taken effect"
+                        .to_owned(),
+                    reason,
                 )
-                .into_response();
-                response.extensions_mut().insert(UpstreamFailure::OutcomeUnknown { reason });
-                response
             }
-            Err(_) => {
+            Sent::TimedOut => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "timeout").increment(1);
                 let reason = format!("no response within {}", humantime::format_duration(self.timeout));
-                let mut response = Problem::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "outcome-unknown",
-                    "Outcome unknown",
-                    format!("the upstream sent {reason}; the request may or may not have taken effect"),
-                )
-                .into_response();
-                response.extensions_mut().insert(UpstreamFailure::OutcomeUnknown { reason });
-                response
+                let detail = format!("the upstream sent {reason}; the request may or may not have taken effect");
+                unknown(StatusCode::GATEWAY_TIMEOUT, detail, reason)
             }
         }
     }
+
+    /// One attempt on `client`'s connections, with what the connection saw when it failed.
+    async fn send(
+        &self,
+        client: &Client<ObservingConnector, Body>,
+        mut request: Request<Body>,
+        deadline: Deadline,
+    ) -> Sent {
+        let capture = capture_connection(&mut request);
+        match tokio::time::timeout_at(deadline, client.request(request)).await {
+            Ok(Ok(response)) => {
+                if let Some(facts) = response.extensions().get::<Arc<Facts>>()
+                    && let Some(timeout) = keep_alive_timeout(response.headers())
+                {
+                    facts.announce_keep_alive(timeout);
+                }
+                Sent::Answered(response)
+            }
+            Ok(Err(error)) if error.is_connect() => Sent::NotConnected(error),
+            Ok(Err(error)) => {
+                let facts = capture.connection_metadata().as_ref().and_then(Facts::of);
+                let unread = match facts {
+                    Some(facts) => facts.unread().await,
+                    None => None,
+                };
+                Sent::Failed { error, unread }
+            }
+            Err(_) => Sent::TimedOut,
+        }
+    }
+}
+
+/// The body to send, and its bytes when it can be sent again: the layer's buffered body, or a pass-through body
+/// of known length up to [`REPLAY_BUFFER`] bytes, read here. Longer or chunked bodies stream through once.
+async fn replayable(parts: &http::request::Parts, body: Body) -> Result<(Body, Option<Bytes>), axum::Error> {
+    if let Some(BufferedBody(bytes)) = parts.extensions.get::<BufferedBody>() {
+        return Ok((body, Some(bytes.clone())));
+    }
+    match http_body::Body::size_hint(&body).exact() {
+        Some(length) if length <= REPLAY_BUFFER => {
+            let bytes = body.collect().await?.to_bytes();
+            Ok((Body::from(bytes.clone()), Some(bytes)))
+        }
+        _ => Ok((body, None)),
+    }
+}
+
+/// The `timeout` parameter of a `Keep-Alive` response field (RFC 2068 §19.7.1.1; Node, Apache and others send
+/// it): how long the upstream keeps an idle connection open, in whole seconds.
+fn keep_alive_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("keep-alive")?.to_str().ok()?;
+    value.split(',').find_map(|param| {
+        let (name, seconds) = param.split_once('=')?;
+        name.trim().eq_ignore_ascii_case("timeout").then(|| seconds.trim().parse().ok().map(Duration::from_secs))?
+    })
+}
+
+/// 502 for a request the upstream did not execute: the layer releases the key ([`UpstreamFailure::NotSent`]).
+fn not_sent(detail: &str) -> Response<Body> {
+    let mut response =
+        Problem::new(StatusCode::BAD_GATEWAY, "upstream-unreachable", "Upstream unreachable", detail).into_response();
+    response.extensions_mut().insert(UpstreamFailure::NotSent);
+    response
+}
+
+/// 502 or 504 for a request that may have taken effect: the layer stores it as unknown.
+fn unknown(status: StatusCode, detail: String, reason: String) -> Response<Body> {
+    let mut response = Problem::new(status, "outcome-unknown", "Outcome unknown", detail).into_response();
+    response.extensions_mut().insert(UpstreamFailure::OutcomeUnknown { reason });
+    response
 }
 
 /// The router of the proxy listener: every path and method forwarded to `upstream`, methods the layer covers
@@ -249,10 +375,18 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     metrics::describe_histogram!("idem_upstream_seconds", "Time until the upstream's response headers, in seconds.");
     metrics::describe_counter!(
         "idem_upstream_errors_total",
-        "Upstream calls that failed, by kind (connect, failed, timeout)."
+        "Upstream calls that failed, by kind (connect, unread: provably never read, failed: outcome unknown, \
+         timeout)."
     );
-    for kind in ["connect", "failed", "timeout"] {
+    for kind in ["connect", "unread", "failed", "timeout"] {
         metrics::counter!("idem_upstream_errors_total", "kind" => kind).increment(0);
+    }
+    metrics::describe_counter!(
+        "idem_upstream_retries_total",
+        "Requests sent again on a new connection because the upstream provably never read them, by reason."
+    );
+    for reason in ["not_written", "discarded"] {
+        metrics::counter!("idem_upstream_retries_total", "reason" => reason).increment(0);
     }
     Router::new().fallback_service(layer.layer(upstream)).layer(axum::middleware::from_fn(crate::metrics::track_proxy))
 }

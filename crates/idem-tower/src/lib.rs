@@ -36,4 +36,4 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
-pub use service::{Idempotency, UpstreamFailure};
+pub use service::{BufferedBody, Idempotency, UpstreamFailure};

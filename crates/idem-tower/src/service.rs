@@ -48,6 +48,12 @@ pub enum UpstreamFailure {
     },
 }
 
+/// The whole body of a request the layer forwards, in the request's extensions, so that a service below can
+/// send the request again: the reverse proxy does when the upstream provably never read it (a `Bytes` clone
+/// shares the buffer; nothing is copied).
+#[derive(Clone, Debug)]
+pub struct BufferedBody(pub Bytes);
+
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) produces around `S`.
 pub struct Idempotency<S, St> {
     inner: S,
@@ -234,7 +240,8 @@ where
     ResBody::Error: Into<BoxError>,
     St: Store,
 {
-    let Keyed { parts, body, fingerprint, record_key } = keyed;
+    let Keyed { mut parts, body, fingerprint, record_key } = keyed;
+    parts.extensions.insert(BufferedBody(body.clone()));
     let lease = match decide(&*store, &config, &record_key, &fingerprint).await {
         Ok(lease) => lease,
         Err(answer) => return Ok(*answer),

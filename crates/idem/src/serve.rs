@@ -90,6 +90,11 @@ pub struct ProxyArgs {
     /// of the body that is stored); after it the outcome is unknown [default: 60s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     upstream_timeout: Option<String>,
+    /// A pooled upstream connection idle for longer than this is closed instead of reused; keep it below the
+    /// upstream's keep-alive timeout (a `Keep-Alive: timeout=N` the upstream sends is honoured too) [default:
+    /// 1s].
+    #[arg(long, env = "IDEM_UPSTREAM_IDLE_TIMEOUT")]
+    upstream_idle_timeout: Option<String>,
     /// Headers whose values scope keys to a caller, comma-separated; requests with none of them share the
     /// "anonymous" scope [default: authorization,x-api-key].
     #[arg(long, env = "IDEM_CREDENTIAL_HEADER")]
@@ -126,6 +131,7 @@ struct FileConfig {
     max_request_body: Option<usize>,
     in_flight_wait: Option<String>,
     upstream_timeout: Option<String>,
+    upstream_idle_timeout: Option<String>,
     credential_header: Option<String>,
     release_unknown: Option<bool>,
     replay_cache: Option<u64>,
@@ -155,6 +161,7 @@ struct ProxyConfig {
     max_request_body: usize,
     in_flight: InFlight,
     upstream_timeout: Duration,
+    upstream_idle_timeout: Duration,
     credential_headers: Vec<http::HeaderName>,
     unknown_outcome: UnknownOutcome,
     /// `None`: the default for the store.
@@ -184,6 +191,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
             ("max-request-body", args.max_request_body.is_some() || file.max_request_body.is_some()),
             ("in-flight-wait", args.in_flight_wait.is_some() || file.in_flight_wait.is_some()),
             ("upstream-timeout", args.upstream_timeout.is_some() || file.upstream_timeout.is_some()),
+            ("upstream-idle-timeout", args.upstream_idle_timeout.is_some() || file.upstream_idle_timeout.is_some()),
             ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
             ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
             ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
@@ -231,6 +239,12 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
     if upstream_timeout.is_zero() {
         return Err(Error::Config("--upstream-timeout must be more than 0s".into()));
     }
+    // Zero is allowed: every request then gets a new connection.
+    let upstream_idle_timeout = duration(
+        "upstream-idle-timeout",
+        args.upstream_idle_timeout.or(file.upstream_idle_timeout.take()),
+        idem_server::DEFAULT_UPSTREAM_IDLE_TIMEOUT,
+    )?;
     let header_s =
         args.credential_header.or(file.credential_header.take()).unwrap_or_else(|| "authorization,x-api-key".into());
     let credential_headers = header_s
@@ -253,6 +267,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         max_request_body,
         in_flight,
         upstream_timeout,
+        upstream_idle_timeout,
         credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
         replay_cache: args.replay_cache.or(file.replay_cache),
@@ -372,7 +387,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         None => None,
     };
     let upstream = match &config.proxy {
-        Some(p) => Some(Upstream::new(&p.upstream, p.upstream_timeout).map_err(|e| Error::Config(e.to_string()))?),
+        Some(p) => Some(
+            Upstream::new(&p.upstream, p.upstream_timeout, p.upstream_idle_timeout)
+                .map_err(|e| Error::Config(e.to_string()))?,
+        ),
         None => None,
     };
     let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;

@@ -646,3 +646,261 @@ async fn an_admin_delete_whose_client_hangs_up_still_clears_the_replay_cache() {
     }
     assert!(counts.executions() >= 20);
 }
+
+/// What one sweep saw: requests sent, 2xx answers, unknown outcomes, and executions per key upstream.
+#[derive(Debug, Default)]
+struct Sweep {
+    sent: usize,
+    ok: usize,
+    unknown: Vec<String>,
+    other: Vec<(String, u16)>,
+    executions: std::collections::BTreeMap<String, u64>,
+    /// Requests the proxies sent again because the upstream provably never read them.
+    retries: u64,
+}
+
+/// Starts a test upstream from `tests/peers` (`program script arg`), which prints its port first.
+fn start_peer(program: &str, script: &str, arg: &str) -> Option<(std::process::Child, String)> {
+    let path = format!("{}/tests/peers/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut child = match std::process::Command::new(program)
+        .args([&path, arg])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: {program} is not installed (CI requires it)");
+            return None;
+        }
+        Err(e) => panic!("cannot start {program}: {e}"),
+    };
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("{program} {script} printed {line:?}"));
+    Some((child, format!("http://127.0.0.1:{port}")))
+}
+
+/// Issue 12 case 1: POSTs one at a time through `proxies` proxies, each with a fresh key, with idle gaps swept
+/// across the upstream's keep-alive timeout (`from` to `from + 40 ms` in 1 ms steps), `per_proxy` requests each.
+async fn sweep_keepalive(up: &str, proxies: usize, per_proxy: usize, from: Duration, extra: &[&str]) -> Sweep {
+    let dirs: Vec<_> = (0..proxies).map(|_| tempfile::tempdir().unwrap()).collect();
+    let servers: Vec<_> = dirs.iter().map(|dir| proxy(dir, up, extra)).collect();
+    let mut tasks = Vec::new();
+    for (p, server) in servers.iter().enumerate() {
+        let url = server.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = client();
+            let mut seen = Vec::new();
+            for i in 0..per_proxy {
+                // Each proxy walks the 41 gaps from its own offset, so together they cover each gap often.
+                let gap = from + Duration::from_millis(((i + p * 5) % 41) as u64);
+                let key = format!("sweep-{p}-{i}");
+                let response = client
+                    .post(format!("{url}/orders"))
+                    .header("content-type", "application/json")
+                    .header("idempotency-key", &key)
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                let body = response.text().await.unwrap();
+                seen.push((key, status, body));
+                tokio::time::sleep(gap).await;
+            }
+            seen
+        }));
+    }
+    let mut sweep = Sweep::default();
+    for task in tasks {
+        for (key, status, body) in task.await.unwrap() {
+            sweep.sent += 1;
+            if (200..300).contains(&status) {
+                sweep.ok += 1;
+            } else if body.contains("urn:idem:problem:outcome-unknown") {
+                sweep.unknown.push(key);
+            } else {
+                sweep.other.push((key, status));
+            }
+        }
+    }
+    let counts: std::collections::BTreeMap<String, u64> =
+        client().get(format!("{up}/executions")).send().await.unwrap().json().await.unwrap();
+    sweep.executions = counts;
+    for server in &servers {
+        let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+        sweep.retries += metrics
+            .lines()
+            .filter(|l| l.starts_with("idem_upstream_retries_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    sweep
+}
+
+/// The sweep's verdict, with the counts printed for the record (`--nocapture`).
+fn assert_sweep(name: &str, sweep: &Sweep, expected: usize) {
+    let never_received: Vec<_> =
+        sweep.unknown.iter().filter(|k| sweep.executions.get(*k).copied().unwrap_or(0) == 0).collect();
+    let twice: Vec<_> = sweep.executions.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "{name}: sent {}, 2xx {}, unknown outcomes {} (never received upstream: {}), other {:?}, keys executed {}, \
+         executed more than once {}, sent again (provably unread) {}",
+        sweep.sent,
+        sweep.ok,
+        sweep.unknown.len(),
+        never_received.len(),
+        sweep.other,
+        sweep.executions.len(),
+        twice.len(),
+        sweep.retries
+    );
+    assert_eq!(sweep.sent, expected);
+    assert!(never_received.is_empty(), "{name}: unknown outcomes for requests never received: {never_received:?}");
+    assert!(twice.is_empty(), "{name}: keys executed more than once: {twice:?}");
+    assert_eq!(sweep.ok, expected, "{name}: every request answered 2xx (unknown: {:?})", sweep.unknown);
+    assert_eq!(sweep.executions.len(), expected, "{name}: every key executed once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_upstream_closing_idle_connections_at_1s_never_turns_a_request_into_an_unknown_outcome() {
+    let Some((mut peer, up)) = start_peer("python3", "keepalive_upstream.py", "1.0") else { return };
+    let sweep = sweep_keepalive(&up, 8, 50, Duration::from_millis(980), &[]).await;
+    let _ = peer.kill();
+    assert_sweep("python http.server, timeout 1 s, default pool", &sweep, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_upstream_at_1s_with_a_long_pool_idle_timeout_is_retried_only_when_provably_unread() {
+    // Pooled connections outlive the upstream's keep-alive: every race at the boundary happens, and only the
+    // retry rule (a request the upstream provably never read goes again on a fresh connection) saves it.
+    let Some((mut peer, up)) = start_peer("python3", "keepalive_upstream.py", "1.0") else { return };
+    let sweep = sweep_keepalive(&up, 8, 50, Duration::from_millis(980), &["--upstream-idle-timeout", "1h"]).await;
+    let _ = peer.kill();
+    assert_sweep("python http.server, timeout 1 s, pool idle 1 h", &sweep, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_upstream_with_a_1s_keep_alive_timeout_never_turns_a_request_into_an_unknown_outcome() {
+    let Some((mut peer, up)) = start_peer("node", "keepalive_upstream.js", "1000") else { return };
+    let sweep = sweep_keepalive(&up, 8, 25, Duration::from_millis(980), &["--upstream-idle-timeout", "1h"]).await;
+    let _ = peer.kill();
+    assert_sweep("node http, keepAliveTimeout 1000 ms, pool idle 1 h", &sweep, 200);
+}
+
+/// What a raw upstream does with the second request on its first connection (the first is answered with
+/// keep-alive, so the proxy reuses the connection for the second).
+#[derive(Clone, Copy, Debug)]
+enum SecondRequest {
+    /// Reads it whole, counts it, closes normally (FIN) without answering: it may have taken effect.
+    ReadThenClose,
+    /// Reads it whole, counts it, resets the connection (SO_LINGER 0: RST, no FIN): it may have taken effect.
+    ReadThenReset,
+    /// Waits until it has arrived, then closes its side (FIN) and the socket without reading it (RST for the
+    /// unread bytes, RFC 9293 §3.6.1 / RFC 1122 §4.2.2.13): it provably never read the request.
+    CloseUnread,
+}
+
+/// Reads one HTTP/1.1 request (head and Content-Length body); `None` at end of stream.
+fn read_request(stream: &mut std::net::TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    let length: usize =
+        head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(head)
+}
+
+fn key_of(head: &str) -> String {
+    head.lines().find_map(|l| l.strip_prefix("idempotency-key:")).unwrap_or("").trim().to_owned()
+}
+
+/// A raw HTTP/1.1 upstream that counts executions per key; see [`SecondRequest`].
+fn raw_upstream(second: SecondRequest) -> (String, Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let executions = Arc::clone(&counts);
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let mut stream = stream.unwrap();
+            let executions = Arc::clone(&executions);
+            std::thread::spawn(move || {
+                let count = |head: &str| *executions.lock().unwrap().entry(key_of(head)).or_insert(0) += 1;
+                let answer = |stream: &mut std::net::TcpStream| {
+                    stream
+                        .write_all(b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}")
+                        .unwrap();
+                };
+                for i in 0.. {
+                    if n == 0 && i == 1 {
+                        match second {
+                            SecondRequest::ReadThenClose | SecondRequest::ReadThenReset => {
+                                let Some(head) = read_request(&mut stream) else { return };
+                                count(&head);
+                                if matches!(second, SecondRequest::ReadThenReset) {
+                                    socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)).unwrap();
+                                }
+                            }
+                            SecondRequest::CloseUnread => {
+                                let mut probe = [0u8; 1];
+                                while stream.peek(&mut probe).unwrap() == 0 {}
+                                stream.shutdown(std::net::Shutdown::Write).unwrap();
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                        }
+                        return;
+                    }
+                    let Some(head) = read_request(&mut stream) else { return };
+                    count(&head);
+                    answer(&mut stream);
+                }
+            });
+        }
+    });
+    (url, counts)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_read_by_the_upstream_before_it_closes_a_reused_connection_stays_an_unknown_outcome() {
+    for second in [SecondRequest::ReadThenClose, SecondRequest::ReadThenReset] {
+        let (up, counts) = raw_upstream(second);
+        let dir = tempfile::tempdir().unwrap();
+        let server = proxy(&dir, &up, &[]);
+        assert_eq!(post(&server.url, "/orders", Some("a"), "{}").await.status(), StatusCode::CREATED);
+        let second_answer = post(&server.url, "/orders", Some("b"), "{}").await;
+        assert_eq!(second_answer.status(), StatusCode::BAD_GATEWAY, "{second:?}");
+        assert!(second_answer.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"), "{second:?}");
+        let retry = post(&server.url, "/orders", Some("b"), "{}").await;
+        assert_eq!(retry.status(), StatusCode::BAD_GATEWAY, "{second:?}");
+        assert!(retry.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"), "{second:?}");
+        let counts = counts.lock().unwrap().clone();
+        assert_eq!(counts.get("b"), Some(&1), "{second:?}: the request it read is never sent again: {counts:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_the_upstream_provably_never_read_goes_again_on_a_fresh_connection() {
+    let (up, counts) = raw_upstream(SecondRequest::CloseUnread);
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    assert_eq!(post(&server.url, "/orders", Some("a"), "{}").await.status(), StatusCode::CREATED);
+    let second = post(&server.url, "/orders", Some("b"), "{}").await;
+    assert_eq!(second.status(), StatusCode::CREATED, "{:?}", second.text().await);
+    let replay = post(&server.url, "/orders", Some("b"), "{}").await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.get("a"), Some(&1));
+    assert_eq!(counts.get("b"), Some(&1), "executed once, on the fresh connection: {counts:?}");
+    let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("idem_upstream_retries_total") && l.ends_with(" 1")), "{metrics}");
+}
