@@ -1,4 +1,4 @@
-//! The work ledger of `idem run` and its state machine (DESIGN.md, "Runner contract").
+//! The work ledger of `idem run` and its state machine (docs/DESIGN.md, "Runner contract").
 //!
 //! Each work item has two store keys:
 //!

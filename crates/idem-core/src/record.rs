@@ -1,4 +1,4 @@
-//! The idempotency record and its state machine (DESIGN.md, Idempotency-Key steps 2 to 6).
+//! The idempotency record and its state machine (docs/DESIGN.md, Idempotency-Key steps 2 to 6).
 //!
 //! ```text
 //!            claim (create if absent, TTL = lease)
@@ -192,7 +192,7 @@ impl Record {
     }
 }
 
-/// What to do with a request, given the record its key already has (draft §2.6 and DESIGN.md step 3).
+/// What to do with a request, given the record its key already has (draft §2.6 and docs/DESIGN.md step 3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// No live record: claim the key and execute.

@@ -1,4 +1,4 @@
-//! The KV API (DESIGN.md "HTTP contract — KV API").
+//! The KV API (docs/DESIGN.md, "HTTP contract — KV API").
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
-//! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (DESIGN.md,
-//! admin listener). The key is percent-encoded like KV keys; the scope is `anonymous` or the 32 hex digits the
-//! layer derives from a credential (see `idem_core::Scope`).
+//! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (docs/DESIGN.md,
+//! "The admin listener and the record endpoint"). The key is percent-encoded like KV keys; the scope is
+//! `anonymous` or the 32 hex digits the layer derives from a credential (see `idem_core::Scope`).
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The KV HTTP contract (DESIGN.md), driven through the router without a socket.
+//! The KV HTTP contract (docs/DESIGN.md), driven through the router without a socket.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::sync::Arc;

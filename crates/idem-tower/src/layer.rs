@@ -8,8 +8,8 @@ use tower::Layer;
 use crate::cache::ReplayCache;
 use crate::service::Idempotency;
 
-/// Response headers replayed by default: DESIGN.md step 3's list plus the representation and caching headers
-/// without which a replayed body would be misread (`Content-Encoding`: a gzip body replayed without it is
+/// Response headers replayed by default (docs/DESIGN.md step 3), the representation and caching headers among
+/// them without which a replayed body would be misread (`Content-Encoding`: a gzip body replayed without it is
 /// garbage). `Set-Cookie` is never replayed, even if listed; `Content-Type` and `Content-Encoding` always are.
 pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
     header::CONTENT_TYPE,

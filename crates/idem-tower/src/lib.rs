@@ -23,8 +23,8 @@
 //!     );
 //! ```
 //!
-//! The outcome policy (DESIGN.md step 5): a response is stored and replayed (5xx included), except 429 and
-//! 503, which release the key so a retry executes; an inner service that marks its response with
+//! The outcome policy (docs/DESIGN.md step 5): a response is stored and replayed (5xx included), except 429
+//! and 503, which release the key so a retry executes; an inner service that marks its response with
 //! [`UpstreamFailure::NotSent`] releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`]
 //! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
 

@@ -1,5 +1,5 @@
 //! RFC 9457 problem details for the layer's own answers. Types are `urn:idem:problem:<slug>`, the scheme the
-//! KV API uses, so clients branch on one namespace. Details never contain another request's data (DESIGN.md
+//! KV API uses, so clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md
 //! step 7).
 
 use axum::body::Body;

@@ -36,7 +36,7 @@ static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Marks a response of the inner service that did not come from a completed execution, so the layer applies
-/// DESIGN.md step 5. Insert it into the response's extensions (the reverse proxy does).
+/// docs/DESIGN.md step 5. Insert it into the response's extensions (the reverse proxy does).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UpstreamFailure {
     /// The request never left (connection refused, DNS failure): the key is released and a retry executes.
@@ -138,7 +138,7 @@ where
             }
             // Detached from the client connection from here on: a client that hangs up while the key is being
             // claimed, or while its request executes, drops this future but not the task, so no claim is left
-            // without its execution and completion (DESIGN.md step 4).
+            // without its execution and completion (docs/DESIGN.md step 4).
             let task = config.tracker.spawn(handle(inner, store, Arc::clone(&config), keyed));
             match task.await {
                 Ok(answer) => answer,
@@ -170,7 +170,7 @@ struct Keyed {
     record_key: RecordKey,
 }
 
-/// Step 1 of DESIGN.md: the key, the scope, the body and the fingerprint.
+/// Step 1 of docs/DESIGN.md: the key, the scope, the body and the fingerprint.
 async fn prepare<ReqBody>(config: &Config, request: Request<ReqBody>) -> Prepared
 where
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
@@ -294,7 +294,7 @@ where
     }
 }
 
-/// Steps 2 and 3 of DESIGN.md: claim the key, or answer from the record that holds it.
+/// Steps 2 and 3 of docs/DESIGN.md: claim the key, or answer from the record that holds it.
 async fn decide<St: Store>(
     store: &St,
     config: &Config,
@@ -307,9 +307,9 @@ async fn decide<St: Store>(
     };
     let mut pause = Duration::from_millis(10);
     let mut lost_races = 0;
-    // DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay cache
-    // just missed, so the key is most likely new and the read would be wasted; without a cache a retry is as
-    // likely as a new key, and a read costs every backend less than a refused write.
+    // docs/DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay
+    // cache just missed, so the key is most likely new and the read would be wasted; without a cache a retry
+    // is as likely as a new key, and a read costs every backend less than a refused write.
     let mut blind = config.replay_cache.is_some();
     loop {
         if std::mem::take(&mut blind) {
@@ -367,7 +367,7 @@ async fn decide<St: Store>(
     }
 }
 
-/// Creates the in-flight record if the key has none (the conditional create of DESIGN.md step 2).
+/// Creates the in-flight record if the key has none (the conditional create of docs/DESIGN.md step 2).
 async fn claim<St: Store>(
     store: &St,
     config: &Config,
@@ -381,7 +381,7 @@ async fn claim<St: Store>(
     }
 }
 
-/// The answer for a key whose record is finished, or was used for another request (DESIGN.md step 3);
+/// The answer for a key whose record is finished, or was used for another request (docs/DESIGN.md step 3);
 /// [`Verdict::Claim`] and [`Verdict::InFlight`] come back as they are: they need the store.
 fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
     Ok(match verdict {
@@ -459,7 +459,7 @@ where
     }
     let status = response.status();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        // The upstream asked to be retried later: it did not do the work (DESIGN.md step 5).
+        // The upstream asked to be retried later: it did not do the work (docs/DESIGN.md step 5).
         keeper.release().await;
         return Ok(response.map(Body::new));
     }

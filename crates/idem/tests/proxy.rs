@@ -1,5 +1,5 @@
-//! `idem serve --upstream`: the Idempotency-Key contract (DESIGN.md steps 1-7) end to end, through a real
-//! proxy process, a real SQLite store and a real upstream that counts its executions.
+//! `idem serve --upstream`: the Idempotency-Key contract (docs/DESIGN.md steps 1-7) end to end, through a
+//! real proxy process, a real SQLite store and a real upstream that counts its executions.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod common;
