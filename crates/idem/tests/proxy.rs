@@ -826,6 +826,14 @@ fn key_of(head: &str) -> String {
 
 /// A raw HTTP/1.1 upstream that counts executions per key; see [`SecondRequest`].
 fn raw_upstream(second: SecondRequest) -> (String, Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>) {
+    raw_upstream_announcing(second, "")
+}
+
+/// [`raw_upstream`] whose answers carry `extra_header` (a full `name: value\r\n` line, or empty).
+fn raw_upstream_announcing(
+    second: SecondRequest,
+    extra_header: &'static str,
+) -> (String, Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
@@ -837,9 +845,11 @@ fn raw_upstream(second: SecondRequest) -> (String, Arc<std::sync::Mutex<std::col
             std::thread::spawn(move || {
                 let count = |head: &str| *executions.lock().unwrap().entry(key_of(head)).or_insert(0) += 1;
                 let answer = |stream: &mut std::net::TcpStream| {
-                    stream
-                        .write_all(b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}")
-                        .unwrap();
+                    let head = format!(
+                        "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n{extra_header}content-length: 11\r\n\r\n"
+                    );
+                    stream.write_all(head.as_bytes()).unwrap();
+                    stream.write_all(b"{\"ok\":true}").unwrap();
                 };
                 for i in 0.. {
                     if n == 0 && i == 1 {
@@ -903,4 +913,20 @@ async fn a_request_the_upstream_provably_never_read_goes_again_on_a_fresh_connec
     assert_eq!(counts.get("b"), Some(&1), "executed once, on the fresh connection: {counts:?}");
     let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.lines().any(|l| l.starts_with("idem_upstream_retries_total") && l.ends_with(" 1")), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_idle_near_the_keep_alive_the_upstream_announced_is_not_reused() {
+    // The upstream announces `Keep-Alive: timeout=1` and would read-then-drop a second request on the same
+    // connection. After 900 ms idle (within the pool's 1 s, but within a fifth of the announced second), the
+    // proxy must not write to that connection: the request goes on a new one and executes once.
+    let (up, counts) = raw_upstream_announcing(SecondRequest::ReadThenClose, "keep-alive: timeout=1\r\n");
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &[]);
+    assert_eq!(post(&server.url, "/orders", Some("a"), "{}").await.status(), StatusCode::CREATED);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let second = post(&server.url, "/orders", Some("b"), "{}").await;
+    assert_eq!(second.status(), StatusCode::CREATED, "{:?}", second.text().await);
+    let counts = counts.lock().unwrap().clone();
+    assert_eq!(counts.get("b"), Some(&1), "{counts:?}");
 }
