@@ -23,7 +23,7 @@ use crate::keypath::{decode_key, encode_key};
 
 const PREFIX: &str = "/v1/kv/";
 /// Largest JSON body for set and counter operations, in bytes.
-const MAX_OP_BODY: usize = 1024 * 1024;
+pub(crate) const MAX_OP_BODY: usize = 1024 * 1024;
 
 type Shared<S> = State<Arc<S>>;
 

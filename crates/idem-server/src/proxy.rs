@@ -17,7 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_store::Store;
-use idem_tower::{IdempotencyLayer, UpstreamFailure};
+use idem_tower::{DrainLayer, IdempotencyLayer, UpstreamFailure};
 use tower::Layer;
 
 use axum::response::IntoResponse;
@@ -254,5 +254,10 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     for kind in ["connect", "failed", "timeout"] {
         metrics::counter!("idem_upstream_errors_total", "kind" => kind).increment(0);
     }
-    Router::new().fallback_service(layer.layer(upstream)).layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+    // A body refused by the layer's limit is drained before the 413 goes out (see `DrainLayer`).
+    let drain = DrainLayer::new(layer.request_body_limit() as u64);
+    Router::new()
+        .fallback_service(layer.layer(upstream))
+        .layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+        .layer(drain)
 }
