@@ -12,16 +12,18 @@ use axum::routing::{any, get};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_store::{Error as StoreError, ListItem, SetChange, Store, Ttl, millis_to_system_time};
+use idem_store::{
+    Error as StoreError, ListItem, Precondition, RetryPolicy, SetChange, Store, Ttl, millis_to_system_time,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::Problem;
-use crate::headers::{etag, read_precondition, write_precondition};
+use crate::headers::{Conditions, Evaluation, etag};
 use crate::keypath::{decode_key, encode_key};
 
 const PREFIX: &str = "/v1/kv/";
 /// Largest JSON body for set and counter operations, in bytes.
-const MAX_OP_BODY: usize = 1024 * 1024;
+pub(crate) const MAX_OP_BODY: usize = 1024 * 1024;
 
 type Shared<S> = State<Arc<S>>;
 
@@ -54,17 +56,73 @@ fn raw_key(uri: &Uri) -> &str {
     uri.path().strip_prefix(PREFIX).unwrap_or_default()
 }
 
-/// Awaits a store operation, recording its latency and failed preconditions.
-async fn timed<T>(op: &'static str, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, Problem> {
+/// Awaits a store operation, recording its latency.
+async fn timed_raw<T>(op: &'static str, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
     let started = Instant::now();
     let r = fut.await;
     metrics::histogram!("idem_store_op_seconds", "op" => op).record(started.elapsed().as_secs_f64());
-    if let Err(e) = &r
-        && e.is_precondition_failed()
-    {
+    r
+}
+
+/// Awaits a store operation, recording its latency and failed preconditions.
+async fn timed<T>(op: &'static str, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, Problem> {
+    timed_raw(op, fut).await.map_err(|e| refused(op, e))
+}
+
+/// The problem for a store error, counting failed preconditions.
+fn refused(op: &'static str, e: StoreError) -> Problem {
+    if e.is_precondition_failed() {
         metrics::counter!("idem_precondition_failures_total", "op" => op).increment(1);
     }
-    r.map_err(Problem::from)
+    Problem::from(e)
+}
+
+/// How often a write under a list precondition re-evaluates it after losing a race (see [`conditional`]).
+const CONDITIONAL_ATTEMPTS: u32 = 8;
+
+/// Performs `write` only if `conditions` pass (RFC 9110 §13.2.2), atomically with the write.
+///
+/// When the fields amount to one store precondition (none, `*`, a single `If-Match` tag), that is the write's
+/// precondition and the store's compare-and-swap decides alone. A list (`If-Match: "7", "1"`, or an
+/// `If-None-Match` naming generations) has no such precondition: the store can compare with one generation, not
+/// a set. It is reduced soundly instead: read the current generation g, evaluate the fields on g, and if they
+/// pass, write conditioned on exactly g (or on absence). The write then succeeds only while the current
+/// generation is still the one judged, so a concurrent write can never slip in between the judgement and the
+/// write, on any backend. If it did move, the refusal carries the new current generation (atomically with the
+/// refused check), and the fields are judged again on that one, up to [`CONDITIONAL_ATTEMPTS`] times with the
+/// jittered backoff of [`RetryPolicy`]; every lost round means some other write succeeded, so the loop only
+/// spins while the key is being written. An `If-Match` list stops after one lost round in practice, since a
+/// new generation is larger than any the client could have seen.
+async fn conditional<T, F, Fut>(
+    store: &impl Store,
+    key: &str,
+    conditions: &Conditions,
+    op: &'static str,
+    mut write: F,
+) -> Result<T, Problem>
+where
+    F: FnMut(Precondition) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    if let Some(precondition) = conditions.as_precondition() {
+        return timed(op, write(precondition)).await;
+    }
+    let mut current = timed("get", store.get(key)).await?.map(|v| v.generation());
+    let policy = RetryPolicy::default();
+    for attempt in 1..=CONDITIONAL_ATTEMPTS {
+        if conditions.evaluate(current) != Evaluation::Proceed {
+            return Err(refused(op, StoreError::PreconditionFailed { current }));
+        }
+        if attempt > 1 {
+            tokio::time::sleep(policy.backoff(attempt)).await;
+        }
+        let exactly = current.map_or(Precondition::Absent, Precondition::Generation);
+        match timed_raw(op, write(exactly)).await {
+            Err(StoreError::PreconditionFailed { current: now }) => current = now,
+            other => return other.map_err(|e| refused(op, e)),
+        }
+    }
+    Err(refused(op, StoreError::UpdateExhausted { attempts: CONDITIONAL_ATTEMPTS }))
 }
 
 fn header_value(s: &str) -> HeaderValue {
@@ -77,11 +135,19 @@ fn rfc3339(ms: u64) -> String {
 
 async fn get_key<S: Store>(State(store): Shared<S>, uri: Uri, headers: HeaderMap) -> Result<Response, Problem> {
     let key = decode_key(raw_key(&uri))?;
-    let not_modified_if = read_precondition(&headers)?;
+    let conditions = Conditions::parse(&headers)?;
+    // A 404 ignores the preconditions (RFC 9110 §13.2.1: only a 2xx or 412 answer is conditional).
     let value = timed("get", store.get(&key)).await?.ok_or_else(Problem::not_found_key)?;
     let tag = etag(value.generation());
-    if not_modified_if.is_some_and(|p| p.check(Some(value.generation())).is_ok()) {
-        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, tag)]).into_response());
+    match conditions.evaluate(Some(value.generation())) {
+        Evaluation::Proceed => {}
+        // RFC 9110 §13.1.2: 304 for GET and HEAD (axum answers HEAD with this handler).
+        Evaluation::IfNoneMatchMatched => {
+            return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, tag)]).into_response());
+        }
+        Evaluation::IfMatchFailed => {
+            return Err(refused("get", StoreError::PreconditionFailed { current: Some(value.generation()) }));
+        }
     }
     let mut resp = (
         StatusCode::OK,
@@ -157,12 +223,12 @@ async fn put_key<S: Store>(
     let raw = raw_key(&uri);
     let key = decode_key(raw)?;
     store.limits().check_key(&key)?;
-    let precondition = write_precondition(&headers)?;
+    let conditions = Conditions::parse(&headers)?;
     let q: PutQuery = parse_query(query)?;
     let ttl = parse_ttl(q.ttl.as_deref())?;
     store.limits().check_ttl(&ttl)?;
     let value = read_limited(&headers, body, store.limits().max_value_bytes()).await?;
-    let written = timed("put", store.put(&key, value, precondition, ttl)).await?;
+    let written = conditional(&*store, &key, &conditions, "put", |p| store.put(&key, value.clone(), p, ttl)).await?;
     let status = if written.created() { StatusCode::CREATED } else { StatusCode::OK };
     let mut resp = (
         status,
@@ -178,8 +244,8 @@ async fn put_key<S: Store>(
 
 async fn delete_key<S: Store>(State(store): Shared<S>, uri: Uri, headers: HeaderMap) -> Result<Response, Problem> {
     let key = decode_key(raw_key(&uri))?;
-    let precondition = write_precondition(&headers)?;
-    timed("delete", store.delete(&key, precondition)).await?;
+    let conditions = Conditions::parse(&headers)?;
+    conditional(&*store, &key, &conditions, "delete", |p| store.delete(&key, p)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use idem_store::Store;
+use idem_tower::DrainLayer;
 
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
@@ -58,8 +59,14 @@ impl ServerConfig {
 
 /// The router: the KV API under `/v1/kv`, idempotency records under `/v1/idempotency/{scope}/{key}` (`GET`,
 /// `DELETE`), `/healthz`, `/metrics`, and problem+json for unknown routes.
+///
+/// A request body left unread by an answer (413 over the value limit, 401, 400) is read and discarded first,
+/// up to the largest accepted body (the store's value limit or the 1 MiB set/counter body) plus
+/// [`DRAIN_SLACK_BYTES`](idem_tower::DRAIN_SLACK_BYTES), so a client that writes its whole body before
+/// reading sees the answer (see [`DrainLayer`](idem_tower::DrainLayer) for the bounds).
 pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
     let handle = install_recorder();
+    let largest_body = store.limits().max_value_bytes().max(kv::MAX_OP_BODY);
     let store = Arc::new(store);
     let kv = kv::routes(Arc::clone(&store))
         .merge(records::routes(store))
@@ -73,6 +80,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
         )
         .fallback(|| async { Problem::not_found_route() })
         .layer(axum::middleware::from_fn(metrics::track))
+        .layer(DrainLayer::new(largest_body as u64))
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and waits for in-flight

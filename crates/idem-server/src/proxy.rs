@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::TokioExecutor;
 use idem_store::Store;
-use idem_tower::{BufferedBody, IdempotencyLayer, UpstreamFailure};
+use idem_tower::{BufferedBody, DrainLayer, IdempotencyLayer, UpstreamFailure};
 use tokio::time::Instant as Deadline;
 use tower::Layer;
 
@@ -388,5 +388,10 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     for reason in ["not_written", "discarded"] {
         metrics::counter!("idem_upstream_retries_total", "reason" => reason).increment(0);
     }
-    Router::new().fallback_service(layer.layer(upstream)).layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+    // A body refused by the layer's limit is drained before the 413 goes out (see `DrainLayer`).
+    let drain = DrainLayer::new(layer.request_body_limit() as u64);
+    Router::new()
+        .fallback_service(layer.layer(upstream))
+        .layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+        .layer(drain)
 }

@@ -172,10 +172,18 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The largest request body accepted on a keyed request, in bytes (it is buffered to fingerprint it);
-    /// larger ones get 413. Default 16 MiB.
+    /// larger ones get 413. Default 16 MiB. Wrap the service in a [`DrainLayer`](crate::DrainLayer) built
+    /// from [`request_body_limit`](Self::request_body_limit) so that a client that writes its whole body
+    /// before reading gets that 413 rather than a reset connection.
     pub fn max_request_body(mut self, bytes: usize) -> Self {
         self.config.max_request_body = bytes;
         self
+    }
+
+    /// The largest request body accepted on a keyed request, in bytes (see
+    /// [`max_request_body`](Self::max_request_body)).
+    pub fn request_body_limit(&self) -> usize {
+        self.config.max_request_body
     }
 
     /// The headers whose values scope keys to a caller (all present ones, in this order, are hashed together).

@@ -424,6 +424,33 @@ async fn a_response_over_the_stored_body_limit_is_never_re_executed() {
     assert_eq!(counts.executions(), 2);
 }
 
+/// `--max-request-body`: a client that writes its whole body before reading (Python's `http.client` does)
+/// reads the 413, not a reset connection; the body is drained up to the limit + 8 MiB (`DrainLayer`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_over_max_request_body_gets_its_413_even_when_the_client_writes_before_reading() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--max-request-body", "1048576"]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let len = 8 << 20;
+        let head = format!(
+            "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"k\"\r\nConnection: close\r\nContent-Length: {len}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(&vec![b'x'; len]).unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap_or_else(|e| panic!("reading the answer: {e}"));
+        String::from_utf8(answer).unwrap()
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(60), answer).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains("urn:idem:problem:request-too-large") && answer.contains("1048576"), "{answer}");
+    assert_eq!(counts.executions(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_proxy_forwards_with_forwarded_and_serves_admin_routes_separately() {
     let (up, _counts) = start_upstream().await;
