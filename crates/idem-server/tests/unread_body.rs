@@ -30,7 +30,9 @@ fn kv() -> Router {
 /// The proxy with the default request-body limit, in front of an upstream that is never reached (every
 /// request here is refused first).
 fn proxy_app() -> Router {
-    let upstream = Upstream::new("http://127.0.0.1:9", Duration::from_secs(5)).unwrap();
+    let upstream =
+        Upstream::new("http://127.0.0.1:9", Duration::from_secs(5), idem_server::DEFAULT_UPSTREAM_IDLE_TIMEOUT)
+            .unwrap();
     proxy(IdempotencyLayer::new(MemoryStore::new()), upstream)
 }
 
