@@ -96,6 +96,8 @@ pub struct Summary {
     pub adopted: u64,
     /// Items that used every attempt without succeeding (or whose ledger writes failed).
     pub failed: u64,
+    /// The items among `failed` that used every attempt they were allowed.
+    pub out_of_attempts: OutOfAttempts,
     /// Poison items: id and error.
     pub poison: Vec<(String, String)>,
     /// Items not started or given up because of a stop request or a poison halt.
@@ -110,6 +112,51 @@ pub struct Summary {
     pub dry_run: bool,
     /// Wall time.
     pub elapsed: Duration,
+    /// The run's `--retries`.
+    pub retries: u32,
+    /// The run's output template, which names the job (`idem runs forget --output`).
+    pub output: String,
+}
+
+/// Items out of attempts: each used every attempt it was allowed (`--retries` + 1 in all, counted across runs),
+/// or more, when an earlier run allowed more.
+#[derive(Clone, Debug, Default)]
+pub struct OutOfAttempts {
+    /// How many.
+    pub count: u64,
+    /// The most attempts one of them used: a rerun with `--retries` this high gives each at least one more.
+    pub most_attempts: u32,
+    /// The first [`OutOfAttempts::SHOWN`] of them in the items file, in its order.
+    pub first: Vec<FailedItem>,
+}
+
+/// An item out of attempts, as the summary names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedItem {
+    /// Its 1-based line in the items file.
+    pub line: u64,
+    /// Its id.
+    pub id: String,
+    /// The attempts it used, counted across runs.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub error: String,
+}
+
+impl OutOfAttempts {
+    /// How many of them [`OutOfAttempts::first`] keeps (the report has them all).
+    pub const SHOWN: usize = 10;
+
+    fn add(&mut self, item: FailedItem) {
+        self.count += 1;
+        self.most_attempts = self.most_attempts.max(item.attempts);
+        // Items end in whatever order their commands finish; kept by line, the summary reads the same every run.
+        let at = self.first.partition_point(|f| f.line < item.line);
+        if at < Self::SHOWN {
+            self.first.insert(at, item);
+            self.first.truncate(Self::SHOWN);
+        }
+    }
 }
 
 impl Summary {
@@ -128,13 +175,27 @@ impl Summary {
         }
     }
 
+    /// `idem runs forget` for this job and `ids` (all of them when `complete`, else the placeholder), quoted
+    /// for a POSIX shell.
+    fn forget_command<'a>(&self, ids: impl Iterator<Item = &'a str>, complete: bool) -> String {
+        let quote = |w: &str| shlex::try_quote(w).map(|q| q.into_owned());
+        let ids: Result<Vec<String>, _> = if complete { ids.map(quote).collect() } else { Ok(Vec::new()) };
+        let ids = match ids {
+            Ok(ids) if !ids.is_empty() => ids.join(" "),
+            // Too many to list, or one no shell word can carry (a NUL): the ids are in the report.
+            _ => "ID…".to_owned(),
+        };
+        let output = quote(&self.output).unwrap_or_else(|_| "…".to_owned());
+        format!("idem runs forget --output {output} {ids}")
+    }
+
     /// The one-screen summary printed at the end.
     pub fn render(&self) -> String {
         let mut s = String::new();
         let secs = self.elapsed.as_secs_f64();
         if self.dry_run {
             s.push_str(&format!(
-                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} failed for good\n",
+                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
                 self.total,
                 self.would_run,
                 self.adopted,
@@ -163,6 +224,28 @@ impl Summary {
             self.not_done,
             self.executions
         ));
+        let failed = &self.out_of_attempts;
+        for FailedItem { id, attempts, error, .. } in &failed.first {
+            let plural = if *attempts == 1 { "" } else { "s" };
+            s.push_str(&format!("failed item {id} after {attempts} attempt{plural}: {error}\n"));
+        }
+        let unshown = failed.count.saturating_sub(failed.first.len() as u64);
+        if unshown > 0 {
+            s.push_str(&format!("… and {unshown} more items out of attempts (see --report)\n"));
+        }
+        if failed.count > 0 {
+            // Attempts are counted across runs and the limit is the current run's: raising it is what gives
+            // more (the smallest value that gives every one of them another), forgetting starts from zero.
+            s.push_str(&format!(
+                "{} items out of attempts (--retries {} allows {} in all, counted across runs): rerun with \
+                 --retries {} to give each one more, or start their count afresh with `{}`\n",
+                failed.count,
+                self.retries,
+                self.retries.saturating_add(1),
+                failed.most_attempts,
+                self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
+            ));
+        }
         for (id, error) in self.poison.iter().take(10) {
             s.push_str(&format!("poison item {id}: {error}\n"));
         }
@@ -188,12 +271,14 @@ impl Summary {
     }
 }
 
-/// How one item ended in this run.
+/// How one item ended in this run. `Failed`: out of attempts; `Error`: the runner could not judge or record it
+/// (the ledger failed), which is not the item's doing.
 enum Final {
     Done { attempts: u32, digest: Digest256, duration: Duration },
     Skipped { digest: Digest256 },
     Adopted { digest: Digest256 },
     Failed { attempts: u32, error: String },
+    Error { error: String },
     Poison { attempts: u32, error: String },
     NotDone { reason: &'static str },
     WouldRun,
@@ -374,7 +459,13 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
     // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
     let window = (ctx.cfg.jobs * 4).max(256);
     let mut set = JoinSet::new();
-    let mut summary = Summary { total, dry_run: ctx.cfg.dry_run, ..Summary::default() };
+    let mut summary = Summary {
+        total,
+        dry_run: ctx.cfg.dry_run,
+        retries: ctx.cfg.retries,
+        output: ctx.cfg.output.clone(),
+        ..Summary::default()
+    };
     let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
     let mut seen = 0u64;
     let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
@@ -449,7 +540,7 @@ fn record(
             return Ok(());
         }
     };
-    let fin = result.unwrap_or_else(|error| Final::Failed { attempts: 0, error });
+    let fin = result.unwrap_or_else(|error| Final::Error { error });
     record_final(ctx, summary, &item, fin)
 }
 
@@ -473,8 +564,19 @@ fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &Item, fin: 
         }
         Final::Failed { attempts, error } => {
             summary.failed += 1;
+            summary.out_of_attempts.add(FailedItem {
+                line: item.line,
+                id: item.id.clone(),
+                attempts: *attempts,
+                error: error.clone(),
+            });
             c.failed.fetch_add(1, Ordering::Relaxed);
             ("failed", *attempts, Some(error.clone()), None, None)
+        }
+        Final::Error { error } => {
+            summary.failed += 1;
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            ("failed", 0, Some(error.clone()), None, None)
         }
         Final::Poison { attempts, error } => {
             c.failed.fetch_add(1, Ordering::Relaxed);

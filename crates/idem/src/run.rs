@@ -21,6 +21,9 @@ store; several runners on one PostgreSQL or Redis store (or one SQLite file on o
 
 Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
 
+Attempts are counted across runs: an item out of attempts runs again when a rerun raises --retries, or after \
+`idem runs forget --output … ID…` starts its count afresh; the summary names such items and both commands.
+
 Exit status:
   0    every item is done
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
@@ -47,8 +50,9 @@ pub struct RunArgs {
     /// PostgreSQL schema / Redis key prefix of the ledger.
     #[arg(long, env = "IDEM_NAMESPACE", default_value = "idem")]
     namespace: String,
-    /// Retries after the first attempt (attempts of crashed runners count).
-    #[arg(long, default_value_t = 3)]
+    /// Retries after the first attempt: an item gets at most N+1 attempts in all, counted across runs (a
+    /// crashed runner's too), so a rerun with a higher N gives items out of attempts more.
+    #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
     /// What a poison item (same error fingerprint twice) does: halt the run, or skip it.
     #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]

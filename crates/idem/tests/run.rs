@@ -450,6 +450,74 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     assert_eq!(job.executions_per_item()["item-00003"], 2);
 }
 
+/// The command the summary suggests between backticks after `start their count afresh with`, run by `sh` with
+/// this build's binary for `idem`: what a user would paste.
+fn run_suggested_forget(summary: &str) -> (i32, String) {
+    let (_, tail) = summary.split_once("start their count afresh with `").expect(summary);
+    let (command, _) = tail.split_once('`').unwrap();
+    let command = command.strip_prefix("idem ").expect(command);
+    let out = Command::new("sh").arg("-c").arg(format!("{BIN} {command}")).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
+    // Items 1..=50; the multiples of 11 fail with another exit status on every attempt (never poison).
+    let ids: Vec<String> = (1..=50).map(|i| i.to_string()).collect();
+    let script = format!(
+        r#"if [ $(($1 % 11)) -eq 0 ]; then echo "failure number $IDEM_ATTEMPT" >&2; exit $((10 + IDEM_ATTEMPT)); fi
+{WRITE_JSON}"#
+    );
+    let job = Job::new(&ids, &script);
+    let failing = ["11", "22", "33", "44"];
+    let attempts_of = |job: &Job| failing.map(|id| job.executions_per_item()[id]);
+    // The default --retries 3 allows 4 attempts in all.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 46 + 4 * 4, "{err}");
+    assert_eq!(attempts_of(&job), [4; 4]);
+    assert!(err.contains(": 46 done now, 0 already done, 0 adopted, 4 failed, 0 poison, 0 not done; 62 commands ran"));
+    assert!(err.contains("failed item 11 after 4 attempts: exit 14: failure number 4\n"), "{err}");
+    let hint = format!(
+        "4 items out of attempts (--retries 3 allows 4 in all, counted across runs): rerun with --retries 4 to give \
+         each one more, or start their count afresh with `idem runs forget --output '{}' 11 22 33 44`\n",
+        job.output()
+    );
+    assert!(err.contains(&hint), "{err}");
+    // The same limit again: nothing runs, and the summary says the same.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 62);
+    assert!(err.contains(&hint), "{err}");
+    // --retries 6 allows 7 in all: exactly 3 more each.
+    let (code, _, err) = job.run(&["--jobs", "4", "--retries", "6"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 62 + 4 * 3);
+    assert_eq!(attempts_of(&job), [7; 4]);
+    assert!(err.contains(": 0 done now, 46 already done, 0 adopted, 4 failed, 0 poison, 0 not done; 12 commands ran"));
+    assert!(err.contains("failed item 44 after 7 attempts: exit 17: failure number 7\n"), "{err}");
+    assert!(err.contains("(--retries 6 allows 7 in all, counted across runs): rerun with --retries 7 to"), "{err}");
+    // Lowering the limit resets nothing: still 7 used, and --retries 7 is still the value that gives more.
+    let (code, _, err) = job.run(&["--retries", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 74);
+    assert!(err.contains("(--retries 1 allows 2 in all, counted across runs): rerun with --retries 7 to"), "{err}");
+    // The suggested forget, pasted into a shell, starts the count afresh: --retries 0 then gives one attempt each.
+    let (code, out) = run_suggested_forget(&err);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "forgot 4 of 4 items (entries and outputs); the next run executes them again\n")
+    );
+    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 74 + 4);
+    assert_eq!(attempts_of(&job), [8; 4]);
+    assert!(err.contains("failed item 33 after 1 attempt: exit 11: failure number 1\n"), "{err}");
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["failed"], 4);
+    assert_eq!(r["summary"]["skipped"], 46);
+}
+
 #[test]
 fn truncated_output_is_redone_and_valid_output_without_entry_is_adopted() {
     let job = Job::new(&["a".to_owned(), "b".to_owned()], WRITE_JSON);
