@@ -5,7 +5,8 @@ use sha2::{Digest, Sha256};
 
 use crate::{Error, ItemFormat};
 
-/// What to do when an item turns out to be poison (the same error fingerprint twice).
+/// What to do when an item turns poison in this run (the same error fingerprint twice). An item an earlier run
+/// found poison is skipped either way: it is a known fact, not a new failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnPoison {
     /// Stop claiming new items; running ones finish; exit with the poison status.
@@ -40,7 +41,7 @@ pub struct RunConfig {
     pub jobs: usize,
     /// Retries after the first attempt; attempts include ones whose runner crashed.
     pub retries: u32,
-    /// What a poison item does to the run.
+    /// What an item turning poison does to the run.
     pub on_poison: OnPoison,
     /// Top-level fields a JSON output must have.
     pub expect_fields: Vec<String>,

@@ -102,6 +102,8 @@ pub struct Summary {
     pub poison: Vec<(String, String)>,
     /// Items not started or given up because of a stop request or a poison halt.
     pub not_done: u64,
+    /// An item turned poison in this run and `--on-poison halt` stopped it from starting anything new.
+    pub halted: bool,
     /// Commands executed (attempts started by this run).
     pub executions: u64,
     /// Items a dry run would execute.
@@ -253,8 +255,21 @@ impl Summary {
             s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
         }
         if !self.poison.is_empty() {
-            // Poison stays in the ledger across runs (a fixed command does not revive it): say how to.
-            s.push_str("once the cause is fixed, `idem runs forget --output … ID…` makes them run again\n");
+            // Poison stays in the ledger across runs (neither a fixed command nor --retries revives it): say how.
+            let complete = self.poison.len() <= 10;
+            s.push_str(&format!(
+                "poison items (the same error twice) are not run again: once the cause is fixed, `{}` retries \
+                 them\n",
+                self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
+            ));
+        }
+        if self.halted && self.not_done > 0 {
+            s.push_str(&format!(
+                "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
+                 (poison items found earlier are skipped, not halted on), or add --on-poison skip to go on past \
+                 new ones\n",
+                self.not_done
+            ));
         }
         let status = self.status();
         s.push_str(&format!(
@@ -510,6 +525,7 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
     // Lines appended to the items file during the run are seen but were not counted up front.
     summary.not_done += total.saturating_sub(seen);
     summary.interrupted = ctx.stop.level() > 0;
+    summary.halted = ctx.halt.load(Ordering::SeqCst);
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     summary.elapsed = started.elapsed();
@@ -880,7 +896,15 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                 let _ = apply(&ctx.store, held.release()).await;
                 match verdict {
                     FailureVerdict::Retry => continue,
-                    FailureVerdict::Poison => break poisoned(ctx, item, held.attempt(), message),
+                    FailureVerdict::Poison => {
+                        // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
+                        // earlier run (`Plan::Poison` above) halts nothing: it is a known fact, not a new failure,
+                        // and halting every rerun before it ran anything would leave the rest undone for good.
+                        if ctx.cfg.on_poison == OnPoison::Halt {
+                            ctx.halt.store(true, Ordering::SeqCst);
+                        }
+                        break poisoned(ctx, item, held.attempt(), message);
+                    }
                     FailureVerdict::Exhausted => break Final::Failed { attempts: held.attempt(), error: message },
                 }
             }
@@ -989,11 +1013,9 @@ async fn stopped(rx: &mut watch::Receiver<u8>, level: u8) {
     }
 }
 
+/// Records a poison item: one that turned poison in this run, or one an earlier run found poison, which is not
+/// run again (only the first halts the run: see the `FailureVerdict::Poison` arm of [`process`]).
 fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final {
-    // A dry run lists every item, poison or not.
-    if ctx.cfg.on_poison == OnPoison::Halt && !ctx.cfg.dry_run {
-        ctx.halt.store(true, Ordering::SeqCst);
-    }
     ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));
     Final::Poison { attempts, error }
 }

@@ -22,13 +22,15 @@ store; several runners on one PostgreSQL or Redis store (or one SQLite file on o
 Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
 
 Attempts are counted across runs: an item out of attempts runs again when a rerun raises --retries, or after \
-`idem runs forget --output … ID…` starts its count afresh; the summary names such items and both commands.
+`idem runs forget --output … ID…` starts its count afresh; the summary names such items and both commands. A \
+poison item runs again only after `idem runs forget`; a rerun skips it, runs the rest and exits 3.
 
 Exit status:
   0    every item is done
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
   2    bad usage: nothing ran (bad flags, malformed items, two items with one output path)
-  3    a poison item (the same error twice) stopped the run, or was skipped with --on-poison skip
+  3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
+       with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
   130  interrupted before every item was done";
 
 /// Arguments of `idem run`.
@@ -54,7 +56,8 @@ pub struct RunArgs {
     /// crashed runner's too), so a rerun with a higher N gives items out of attempts more.
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
-    /// What a poison item (same error fingerprint twice) does: halt the run, or skip it.
+    /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new
+    /// starts; a rerun skips it and does the rest), or skip it. Poison items from earlier runs are always skipped.
     #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]
     on_poison: PoisonArg,
     /// Top-level fields a JSON output must have, comma-separated.

@@ -450,6 +450,70 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     assert_eq!(job.executions_per_item()["item-00003"], 2);
 }
 
+#[test]
+fn a_rerun_skips_known_poison_items_and_does_the_rest() {
+    // One poison item first, 49 good ones that take a moment, so the halt comes long before they are all done.
+    let mut all = vec!["bad".to_owned()];
+    all.extend(ids(49));
+    let script = format!(
+        r#"if [ "$1" = bad ]; then echo "connecting to db-$$: connection refused" >&2; exit 2; fi
+sleep 0.1; {WRITE_JSON}"#
+    );
+    let job = Job::new(&all, &script);
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 3, "{err}");
+    let per = job.executions_per_item();
+    assert_eq!(per["bad"], 2);
+    let good_ran = per.len() - 1;
+    assert!(good_ran < 49, "the run did not halt: {err}");
+    assert_eq!(job.log().len(), good_ran + 2);
+    let forget = format!("`idem runs forget --output '{}' bad` retries them\n", job.output());
+    assert!(err.contains(&format!(
+        ": {good_ran} done now, 0 already done, 0 adopted, 0 failed, 1 poison, {} not done; {} commands ran\n",
+        49 - good_ran,
+        good_ran + 2
+    )));
+    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains(&forget), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the run halted when an item turned poison, leaving {} items not done: run it again to do them (poison \
+             items found earlier are skipped, not halted on), or add --on-poison skip to go on past new ones\n",
+            49 - good_ran
+        )),
+        "{err}"
+    );
+    // The default --on-poison halt again: the known poison item is skipped, exactly the rest run, exit 3.
+    let (code, _, err) = job.run(&["--jobs", "4", "--report", "r.json"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(job.log().len(), good_ran + 2 + (49 - good_ran), "{err}");
+    assert_eq!(job.executions_per_item()["bad"], 2);
+    assert!(err.contains(&format!(
+        ": {} done now, {good_ran} already done, 0 adopted, 0 failed, 1 poison, 0 not done; {} commands ran\n",
+        49 - good_ran,
+        49 - good_ran
+    )));
+    assert!(err.contains("poison item bad: exit 2: connecting to db-") && err.contains(&forget), "{err}");
+    assert!(!err.contains("halted"), "{err}");
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["poison"][0]["id"], "bad");
+    assert_eq!(r["summary"]["not_done"], 0);
+    assert_outputs_valid(&job, &all[1..]);
+    // Nothing left but the poison item: nothing runs, still exit 3.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!((code, job.log().len()), (3, 51), "{err}");
+    // Its cause fixed and the suggested forget run, it runs once more and the job is done.
+    let fixed =
+        format!("#!/bin/sh\necho \"$IDEM_ITEM_ID $PPID\" >> {}\nsleep 0.1; {WRITE_JSON}\n", job.path("log").display());
+    std::fs::write(job.path("work.sh"), fixed).unwrap();
+    let (code, out, err) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 52);
+    assert_outputs_valid(&job, &all);
+}
+
 /// The command the summary suggests between backticks after `start their count afresh with`, run by `sh` with
 /// this build's binary for `idem`: what a user would paste.
 fn run_suggested_forget(summary: &str) -> (i32, String) {
