@@ -17,7 +17,7 @@ use crate::output::{self, Checks, Digest256, Invalid};
 use crate::progress::{Counters, Progress};
 use crate::report::{ItemReport, Report};
 use crate::watchdog::Watchdog;
-use crate::{Error, Item, ItemReader, OnPoison, RunConfig, job_id};
+use crate::{CheckedConfig, Error, Item, ItemReader, OnPoison, RunConfig, job_id};
 
 /// Asks a running [`run`] to stop: the first request stops claiming (running items finish), the second kills
 /// the children and releases their leases. Cheap to clone; all clones share one state.
@@ -399,7 +399,7 @@ async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, 
 }
 
 /// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.
-fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
+pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     use sha2::Digest as _;
     let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
     let mut total = 0;
@@ -436,14 +436,23 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
 /// # Errors
 /// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
 /// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
-pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
-    cfg.check()?;
+pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
+    let checked = tokio::task::block_in_place(|| cfg.checked())?;
+    run_checked(store, checked, stop).await
+}
+
+/// [`run`] with a configuration checked already ([`RunConfig::checked`]): a caller that checks before it opens
+/// or creates the ledger leaves none behind when the run is refused.
+///
+/// # Errors
+/// [`Error::ReadItems`] when the items file went away since it was checked, and report write failures.
+pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, stop: Stop) -> Result<Summary, Error> {
+    let CheckedConfig { mut cfg, total } = checked;
     if !cfg.dry_run {
         cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
     }
     let program = resolve_program(&cfg.command[0]);
     let started = Instant::now();
-    let total = tokio::task::block_in_place(|| precheck(&cfg))?;
     let report = match &cfg.report {
         Some(path) => Some(Mutex::new(Report::create(path)?)),
         None => None,
@@ -1313,7 +1322,8 @@ async fn attempt<S: Store>(
     let fence_until = ctx.cfg.verify.is_none().then(|| lease_sent + lease / 3);
     let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let mut finishing = tokio::task::spawn_blocking(move || {
-        let digest = output::verify(&path, &checks).map_err(|why| Finish::Verify(why.to_string()))?;
+        let digest =
+            output::verify(&path, &checks).map_err(|why| Finish::Verify(format!("{why}: {}", why.remedy())))?;
         output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
         match fence_until {
             Some(until) if Instant::now() < until => {

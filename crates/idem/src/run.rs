@@ -28,7 +28,7 @@ poison item runs again only after `idem runs forget`; a rerun skips it, runs the
 Exit status:
   0    every item is done
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
-  2    bad usage: nothing ran (bad flags, malformed items, two items with one output path)
+  2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path)
   3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
        with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
   130  interrupted before every item was done";
@@ -119,7 +119,8 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job writing --output.
     Status(LedgerArgs),
-    /// Forget items (ledger entries and outputs) so the next run executes them again.
+    /// Forget items (ledger entries and outputs) so the next run executes them again. Exit status 3 when an id is
+    /// not in the job's ledger (the others are forgotten).
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -211,13 +212,15 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.key_prefix = args.key_prefix;
     cfg.dry_run = args.dry_run;
     cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
-    cfg.check().map_err(runner_error)?;
+    // Everything that can refuse the run (flags, the command, every item) is checked before the ledger is opened:
+    // a refused run must leave no ledger, which `idem runs status` would report as a run with nothing in it.
+    let checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
     let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
     let stop = Stop::new();
     let signals = tokio::spawn(watch_signals(stop.clone()));
     let result = match &ledger {
-        Ledger::Sqlite(s) => idem_runner::run(s.clone(), cfg, stop).await,
-        Ledger::Other(s) => idem_runner::run(s.clone(), cfg, stop).await,
+        Ledger::Sqlite(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
+        Ledger::Other(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
     };
     signals.abort();
     ledger.close().await;
@@ -299,11 +302,24 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
 }
 
 async fn forget(ledger: &Ledger, output: &str, ids: &[String]) -> Result<i32, Error> {
-    let removed = match ledger {
+    let unknown = match ledger {
         Ledger::Sqlite(s) => idem_runner::forget(s, output, ids).await,
         Ledger::Other(s) => idem_runner::forget(s, output, ids).await,
     }
     .map_err(runner_error)?;
-    println!("forgot {removed} of {} items (entries and outputs); the next run executes them again", ids.len());
+    let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let forgotten = given - unknown.len();
+    if forgotten > 0 {
+        println!("forgot {forgotten} of {given} items (entries and outputs); the next run executes them again");
+    }
+    if !unknown.is_empty() {
+        // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.
+        let (these, them) = if unknown.len() == 1 { ("id", "it") } else { ("ids", "them") };
+        return Err(Error::NotFound(format!(
+            "{these} {} in the ledger of --output {output:?} (nothing done for {them}); check the {these} (as the \
+             run's summary or --report gives {them}) and --output",
+            unknown.join(", ")
+        )));
+    }
     Ok(0)
 }

@@ -355,7 +355,13 @@ fn exit_0_without_output_is_a_failure() {
     assert_eq!(job.log().len(), 1);
     let r = job.report("r.json");
     assert_eq!(r["items"][0]["status"], "failed");
-    assert_eq!(r["items"][0]["last_error"], "verify: no output");
+    // What went wrong and what to do: the command printed nothing to {out}.
+    assert_eq!(
+        r["items"][0]["last_error"],
+        "verify: no output: the command must write its result to {out} (also in $IDEM_OUTPUT), the temporary path; \
+         its standard output is discarded"
+    );
+    assert!(err.contains("failed item a after 1 attempt: verify: no output: the command must write"), "{err}");
     assert!(job.out_files().is_empty(), "{:?}", job.out_files());
 }
 
@@ -367,7 +373,10 @@ fn exit_0_with_output_missing_an_expected_field_is_a_failure() {
     assert_eq!(job.log().len(), 1);
     let r = job.report("r.json");
     assert_eq!(r["items"][0]["status"], "failed");
-    assert_eq!(r["items"][0]["last_error"], "verify: output lacks field \"id\"");
+    assert_eq!(
+        r["items"][0]["last_error"],
+        "verify: output lacks field \"id\": write the field, or leave it out of --expect-fields"
+    );
     assert!(job.out_files().is_empty(), "{:?}", job.out_files());
     let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
     assert!(status.contains("0 done, 0 running or abandoned, 1 failed"), "{status}");
@@ -434,16 +443,26 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
     assert_eq!(code, 0);
     assert!(out.contains("forgot 1 of 1"), "{out}");
-    // Forgetting a done item removes its output too, so it is redone rather than adopted.
-    let (code, _, _) = common::idem(&["runs", "forget", "--output", &job.output(), "item-00003"], &[]);
-    assert_eq!(code, 0);
-    assert!(!job.path("out/item-00003.json").exists());
-    // An id the job does not know touches no file, even one the template would place outside its directory.
+    // Forgetting a done item removes its output too, so it is redone rather than adopted. An id the job does not
+    // know touches no file, even one the template would place outside its directory, and is named: exit 3.
     std::fs::write(job.path("important.json"), "{}").unwrap();
-    let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "../important"], &[]);
-    assert_eq!(code, 0);
-    assert!(out.contains("forgot 0 of 1"), "{out}");
+    let forget = ["runs", "forget", "--output", &job.output(), "item-00003", "../important", "item-00003"];
+    let (code, out, err) = common::idem(&forget, &[]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert_eq!(out, "forgot 1 of 2 items (entries and outputs); the next run executes them again\n");
+    assert_eq!(
+        err,
+        format!(
+            "idem: not found: id ../important in the ledger of --output {:?} (nothing done for it); check the id \
+             (as the run's summary or --report gives it) and --output\n",
+            job.output()
+        )
+    );
+    assert!(!job.path("out/item-00003.json").exists());
     assert!(job.path("important.json").exists(), "forget deleted a file outside the job");
+    let (code, out, err) = common::idem(&["runs", "forget", "--output", &job.output(), "nope", "item-00003"], &[]);
+    assert_eq!((code, out.as_str()), (3, ""), "{err}");
+    assert!(err.starts_with("idem: not found: ids nope, item-00003 in the ledger of --output"), "{err}");
     let (code, _, _) = job.run(&["--on-poison", "skip"]);
     assert_eq!(code, 3);
     assert_eq!(job.log().len(), 25);
@@ -618,6 +637,40 @@ fn two_items_with_one_output_path_are_refused_before_anything_runs() {
     let (code, _, err) = job.run(&[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("lines 1 and 3 both write"), "{err}");
+    assert!(job.log().is_empty());
+}
+
+#[test]
+fn a_refused_run_leaves_no_ledger() {
+    let job = Job::new(&ids(3), WRITE_JSON);
+    let items = job.path("items.jsonl");
+    let no_ledger = |job: &Job, why: &str| {
+        assert!(!job.path("out").exists(), "{why}: a refused run created {:?}", job.path("out/.idem"));
+        let (code, _, err) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+        assert_eq!(code, 2, "{why}: {err}");
+        assert!(err.contains("no ledger at"), "{why}: {err}");
+    };
+    for (content, extra, needle) in [
+        ("{\"id\":\"a\"}\nnot json\n", vec![], "items.jsonl:2: "),
+        ("{\"id\":\"a\"}\n{\"n\":1}\n", vec![], "items.jsonl:2: "),
+        ("{\"id\":\"a\"}\n{\"id\":\"a\"}\n", vec![], "lines 1 and 2 both write"),
+        (
+            "{\"id\":\"a\"}\n",
+            vec!["--report", "no/such/dir/r.json"],
+            "--report no/such/dir/r.json: no directory no/such/dir",
+        ),
+    ] {
+        std::fs::write(&items, content).unwrap();
+        let (code, _, err) = job.run(&extra);
+        assert_eq!(code, 2, "{content:?}: {err}");
+        assert!(err.contains(needle), "{content:?}: {err}");
+        no_ledger(&job, content);
+    }
+    std::fs::remove_file(&items).unwrap();
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot read items from"), "{err}");
+    no_ledger(&job, "no items file");
     assert!(job.log().is_empty());
 }
 
