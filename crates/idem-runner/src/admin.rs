@@ -60,23 +60,25 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
 
 /// Makes `ids` of the job writing `output_template` run again: deletes their ledger entries and leases, and
 /// the outputs of those that had an entry (a valid output without an entry would otherwise be adopted rather
-/// than redone); an id without an entry touches no file. Returns how many entries existed.
+/// than redone); an id without an entry touches no file. Returns the ids that had no entry, in the order given
+/// (each id once).
 ///
 /// # Errors
 /// [`Error::Store`]; [`Error::Io`] when an output exists but cannot be removed.
-pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) -> Result<u64, Error> {
+pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) -> Result<Vec<String>, Error> {
     let job = crate::job_id(output_template);
-    let mut removed = 0;
-    for id in ids {
+    let mut unknown = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
         let keys = ItemKeys::new(&job, id);
         let known = store.delete(keys.entry(), Precondition::Any).await?.is_some();
         store.delete(keys.lease(), Precondition::Any).await?;
         if !known {
             // Not an item of this job: its "output path" is only the template filled with arbitrary text
             // (`../important`), so nothing on disk is touched.
+            unknown.push(id.clone());
             continue;
         }
-        removed += 1;
         let output = std::path::PathBuf::from(output_template.replace("{id}", id));
         match tokio::fs::remove_file(&output).await {
             Ok(()) => {}
@@ -84,5 +86,5 @@ pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) 
             Err(source) => return Err(Error::Io { what: "cannot remove output", path: output, source }),
         }
     }
-    Ok(removed)
+    Ok(unknown)
 }

@@ -5,7 +5,8 @@ use sha2::{Digest, Sha256};
 
 use crate::{Error, ItemFormat};
 
-/// What to do when an item turns out to be poison (the same error fingerprint twice).
+/// What to do when an item turns poison in this run (the same error fingerprint twice). An item an earlier run
+/// found poison is skipped either way: it is a known fact, not a new failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnPoison {
     /// Stop claiming new items; running ones finish; exit with the poison status.
@@ -40,7 +41,7 @@ pub struct RunConfig {
     pub jobs: usize,
     /// Retries after the first attempt; attempts include ones whose runner crashed.
     pub retries: u32,
-    /// What a poison item does to the run.
+    /// What an item turning poison does to the run.
     pub on_poison: OnPoison,
     /// Top-level fields a JSON output must have.
     pub expect_fields: Vec<String>,
@@ -110,15 +111,62 @@ impl RunConfig {
         if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
         }
+        if let Some(report) = &self.report {
+            // Created only once the run starts, after the ledger: a report that cannot be created must be
+            // refused here, or the refused run would leave a ledger behind.
+            let dir = report.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if report.is_dir() {
+                return Err(Error::Config(format!("--report {} is a directory; name a file", report.display())));
+            }
+            if !dir.is_dir() {
+                return Err(Error::Config(format!(
+                    "--report {}: no directory {} to write it in; create it first",
+                    report.display(),
+                    dir.display()
+                )));
+            }
+        }
         if !self.dry_run {
             crate::engine::check_program(&self.command[0])?;
         }
         Ok(())
     }
 
+    /// [`RunConfig::check`], then every item of the file: readable, with an id, and with an output path no
+    /// other item has. Reads the whole items file (blocking I/O) and writes nothing, so a caller can refuse a
+    /// run before it opens or creates a ledger.
+    ///
+    /// # Errors
+    /// [`Error::Config`], [`Error::ReadItems`], [`Error::BadItem`], [`Error::DuplicateOutput`].
+    pub fn checked(self) -> Result<CheckedConfig, Error> {
+        self.check()?;
+        let total = crate::engine::precheck(&self)?;
+        Ok(CheckedConfig { cfg: self, total })
+    }
+
     /// The output path of item `id`.
     pub fn output_path(&self, id: &str) -> PathBuf {
         PathBuf::from(self.output.replace("{id}", id))
+    }
+}
+
+/// A [`RunConfig`] whose settings and items passed [`RunConfig::checked`], for
+/// [`run_checked`](crate::run_checked).
+#[derive(Clone, Debug)]
+pub struct CheckedConfig {
+    pub(crate) cfg: RunConfig,
+    pub(crate) total: u64,
+}
+
+impl CheckedConfig {
+    /// The configuration.
+    pub fn config(&self) -> &RunConfig {
+        &self.cfg
+    }
+
+    /// How many items the file held when it was checked.
+    pub fn items(&self) -> u64 {
+        self.total
     }
 }
 

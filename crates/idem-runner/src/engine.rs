@@ -17,7 +17,7 @@ use crate::output::{self, Checks, Digest256, Invalid};
 use crate::progress::{Counters, Progress};
 use crate::report::{ItemReport, Report};
 use crate::watchdog::Watchdog;
-use crate::{Error, Item, ItemReader, OnPoison, RunConfig, job_id};
+use crate::{CheckedConfig, Error, Item, ItemReader, OnPoison, RunConfig, job_id};
 
 /// Asks a running [`run`] to stop: the first request stops claiming (running items finish), the second kills
 /// the children and releases their leases. Cheap to clone; all clones share one state.
@@ -96,10 +96,14 @@ pub struct Summary {
     pub adopted: u64,
     /// Items that used every attempt without succeeding (or whose ledger writes failed).
     pub failed: u64,
+    /// The items among `failed` that used every attempt they were allowed.
+    pub out_of_attempts: OutOfAttempts,
     /// Poison items: id and error.
     pub poison: Vec<(String, String)>,
     /// Items not started or given up because of a stop request or a poison halt.
     pub not_done: u64,
+    /// An item turned poison in this run and `--on-poison halt` stopped it from starting anything new.
+    pub halted: bool,
     /// Commands executed (attempts started by this run).
     pub executions: u64,
     /// Items a dry run would execute.
@@ -110,6 +114,51 @@ pub struct Summary {
     pub dry_run: bool,
     /// Wall time.
     pub elapsed: Duration,
+    /// The run's `--retries`.
+    pub retries: u32,
+    /// The run's output template, which names the job (`idem runs forget --output`).
+    pub output: String,
+}
+
+/// Items out of attempts: each used every attempt it was allowed (`--retries` + 1 in all, counted across runs),
+/// or more, when an earlier run allowed more.
+#[derive(Clone, Debug, Default)]
+pub struct OutOfAttempts {
+    /// How many.
+    pub count: u64,
+    /// The most attempts one of them used: a rerun with `--retries` this high gives each at least one more.
+    pub most_attempts: u32,
+    /// The first [`OutOfAttempts::SHOWN`] of them in the items file, in its order.
+    pub first: Vec<FailedItem>,
+}
+
+/// An item out of attempts, as the summary names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedItem {
+    /// Its 1-based line in the items file.
+    pub line: u64,
+    /// Its id.
+    pub id: String,
+    /// The attempts it used, counted across runs.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub error: String,
+}
+
+impl OutOfAttempts {
+    /// How many of them [`OutOfAttempts::first`] keeps (the report has them all).
+    pub const SHOWN: usize = 10;
+
+    fn add(&mut self, item: FailedItem) {
+        self.count += 1;
+        self.most_attempts = self.most_attempts.max(item.attempts);
+        // Items end in whatever order their commands finish; kept by line, the summary reads the same every run.
+        let at = self.first.partition_point(|f| f.line < item.line);
+        if at < Self::SHOWN {
+            self.first.insert(at, item);
+            self.first.truncate(Self::SHOWN);
+        }
+    }
 }
 
 impl Summary {
@@ -128,13 +177,27 @@ impl Summary {
         }
     }
 
+    /// `idem runs forget` for this job and `ids` (all of them when `complete`, else the placeholder), quoted
+    /// for a POSIX shell.
+    fn forget_command<'a>(&self, ids: impl Iterator<Item = &'a str>, complete: bool) -> String {
+        let quote = |w: &str| shlex::try_quote(w).map(|q| q.into_owned());
+        let ids: Result<Vec<String>, _> = if complete { ids.map(quote).collect() } else { Ok(Vec::new()) };
+        let ids = match ids {
+            Ok(ids) if !ids.is_empty() => ids.join(" "),
+            // Too many to list, or one no shell word can carry (a NUL): the ids are in the report.
+            _ => "ID…".to_owned(),
+        };
+        let output = quote(&self.output).unwrap_or_else(|_| "…".to_owned());
+        format!("idem runs forget --output {output} {ids}")
+    }
+
     /// The one-screen summary printed at the end.
     pub fn render(&self) -> String {
         let mut s = String::new();
         let secs = self.elapsed.as_secs_f64();
         if self.dry_run {
             s.push_str(&format!(
-                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} failed for good\n",
+                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
                 self.total,
                 self.would_run,
                 self.adopted,
@@ -163,6 +226,28 @@ impl Summary {
             self.not_done,
             self.executions
         ));
+        let failed = &self.out_of_attempts;
+        for FailedItem { id, attempts, error, .. } in &failed.first {
+            let plural = if *attempts == 1 { "" } else { "s" };
+            s.push_str(&format!("failed item {id} after {attempts} attempt{plural}: {error}\n"));
+        }
+        let unshown = failed.count.saturating_sub(failed.first.len() as u64);
+        if unshown > 0 {
+            s.push_str(&format!("… and {unshown} more items out of attempts (see --report)\n"));
+        }
+        if failed.count > 0 {
+            // Attempts are counted across runs and the limit is the current run's: raising it is what gives
+            // more (the smallest value that gives every one of them another), forgetting starts from zero.
+            s.push_str(&format!(
+                "{} items out of attempts (--retries {} allows {} in all, counted across runs): rerun with \
+                 --retries {} to give each one more, or start their count afresh with `{}`\n",
+                failed.count,
+                self.retries,
+                self.retries.saturating_add(1),
+                failed.most_attempts,
+                self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
+            ));
+        }
         for (id, error) in self.poison.iter().take(10) {
             s.push_str(&format!("poison item {id}: {error}\n"));
         }
@@ -170,8 +255,21 @@ impl Summary {
             s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
         }
         if !self.poison.is_empty() {
-            // Poison stays in the ledger across runs (a fixed command does not revive it): say how to.
-            s.push_str("once the cause is fixed, `idem runs forget --output … ID…` makes them run again\n");
+            // Poison stays in the ledger across runs (neither a fixed command nor --retries revives it): say how.
+            let complete = self.poison.len() <= 10;
+            s.push_str(&format!(
+                "poison items (the same error twice) are not run again: once the cause is fixed, `{}` retries \
+                 them\n",
+                self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
+            ));
+        }
+        if self.halted && self.not_done > 0 {
+            s.push_str(&format!(
+                "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
+                 (poison items found earlier are skipped, not halted on), or add --on-poison skip to go on past \
+                 new ones\n",
+                self.not_done
+            ));
         }
         let status = self.status();
         s.push_str(&format!(
@@ -188,12 +286,14 @@ impl Summary {
     }
 }
 
-/// How one item ended in this run.
+/// How one item ended in this run. `Failed`: out of attempts; `Error`: the runner could not judge or record it
+/// (the ledger failed), which is not the item's doing.
 enum Final {
     Done { attempts: u32, digest: Digest256, duration: Duration },
     Skipped { digest: Digest256 },
     Adopted { digest: Digest256 },
     Failed { attempts: u32, error: String },
+    Error { error: String },
     Poison { attempts: u32, error: String },
     NotDone { reason: &'static str },
     WouldRun,
@@ -299,7 +399,7 @@ async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, 
 }
 
 /// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.
-fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
+pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     use sha2::Digest as _;
     let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
     let mut total = 0;
@@ -336,14 +436,23 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
 /// # Errors
 /// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
 /// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
-pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
-    cfg.check()?;
+pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
+    let checked = tokio::task::block_in_place(|| cfg.checked())?;
+    run_checked(store, checked, stop).await
+}
+
+/// [`run`] with a configuration checked already ([`RunConfig::checked`]): a caller that checks before it opens
+/// or creates the ledger leaves none behind when the run is refused.
+///
+/// # Errors
+/// [`Error::ReadItems`] when the items file went away since it was checked, and report write failures.
+pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, stop: Stop) -> Result<Summary, Error> {
+    let CheckedConfig { mut cfg, total } = checked;
     if !cfg.dry_run {
         cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
     }
     let program = resolve_program(&cfg.command[0]);
     let started = Instant::now();
-    let total = tokio::task::block_in_place(|| precheck(&cfg))?;
     let report = match &cfg.report {
         Some(path) => Some(Mutex::new(Report::create(path)?)),
         None => None,
@@ -374,7 +483,13 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
     // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
     let window = (ctx.cfg.jobs * 4).max(256);
     let mut set = JoinSet::new();
-    let mut summary = Summary { total, dry_run: ctx.cfg.dry_run, ..Summary::default() };
+    let mut summary = Summary {
+        total,
+        dry_run: ctx.cfg.dry_run,
+        retries: ctx.cfg.retries,
+        output: ctx.cfg.output.clone(),
+        ..Summary::default()
+    };
     let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
     let mut seen = 0u64;
     let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
@@ -419,6 +534,7 @@ pub async fn run<S: Store + Clone>(store: S, mut cfg: RunConfig, stop: Stop) -> 
     // Lines appended to the items file during the run are seen but were not counted up front.
     summary.not_done += total.saturating_sub(seen);
     summary.interrupted = ctx.stop.level() > 0;
+    summary.halted = ctx.halt.load(Ordering::SeqCst);
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     summary.elapsed = started.elapsed();
@@ -449,7 +565,7 @@ fn record(
             return Ok(());
         }
     };
-    let fin = result.unwrap_or_else(|error| Final::Failed { attempts: 0, error });
+    let fin = result.unwrap_or_else(|error| Final::Error { error });
     record_final(ctx, summary, &item, fin)
 }
 
@@ -473,8 +589,19 @@ fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &Item, fin: 
         }
         Final::Failed { attempts, error } => {
             summary.failed += 1;
+            summary.out_of_attempts.add(FailedItem {
+                line: item.line,
+                id: item.id.clone(),
+                attempts: *attempts,
+                error: error.clone(),
+            });
             c.failed.fetch_add(1, Ordering::Relaxed);
             ("failed", *attempts, Some(error.clone()), None, None)
+        }
+        Final::Error { error } => {
+            summary.failed += 1;
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            ("failed", 0, Some(error.clone()), None, None)
         }
         Final::Poison { attempts, error } => {
             c.failed.fetch_add(1, Ordering::Relaxed);
@@ -778,7 +905,15 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                 let _ = apply(&ctx.store, held.release()).await;
                 match verdict {
                     FailureVerdict::Retry => continue,
-                    FailureVerdict::Poison => break poisoned(ctx, item, held.attempt(), message),
+                    FailureVerdict::Poison => {
+                        // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
+                        // earlier run (`Plan::Poison` above) halts nothing: it is a known fact, not a new failure,
+                        // and halting every rerun before it ran anything would leave the rest undone for good.
+                        if ctx.cfg.on_poison == OnPoison::Halt {
+                            ctx.halt.store(true, Ordering::SeqCst);
+                        }
+                        break poisoned(ctx, item, held.attempt(), message);
+                    }
                     FailureVerdict::Exhausted => break Final::Failed { attempts: held.attempt(), error: message },
                 }
             }
@@ -887,11 +1022,9 @@ async fn stopped(rx: &mut watch::Receiver<u8>, level: u8) {
     }
 }
 
+/// Records a poison item: one that turned poison in this run, or one an earlier run found poison, which is not
+/// run again (only the first halts the run: see the `FailureVerdict::Poison` arm of [`process`]).
 fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final {
-    // A dry run lists every item, poison or not.
-    if ctx.cfg.on_poison == OnPoison::Halt && !ctx.cfg.dry_run {
-        ctx.halt.store(true, Ordering::SeqCst);
-    }
     ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));
     Final::Poison { attempts, error }
 }
@@ -1189,7 +1322,8 @@ async fn attempt<S: Store>(
     let fence_until = ctx.cfg.verify.is_none().then(|| lease_sent + lease / 3);
     let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let mut finishing = tokio::task::spawn_blocking(move || {
-        let digest = output::verify(&path, &checks).map_err(|why| Finish::Verify(why.to_string()))?;
+        let digest =
+            output::verify(&path, &checks).map_err(|why| Finish::Verify(format!("{why}: {}", why.remedy())))?;
         output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
         match fence_until {
             Some(until) if Instant::now() < until => {

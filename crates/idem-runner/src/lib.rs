@@ -30,7 +30,7 @@ mod report;
 mod watchdog;
 
 pub use admin::{LedgerStatus, forget, status};
-pub use config::{OnPoison, ProgressMode, RunConfig, default_ledger_path, job_id, output_root};
-pub use engine::{RunStatus, Stop, Summary, owner_token, run};
+pub use config::{CheckedConfig, OnPoison, ProgressMode, RunConfig, default_ledger_path, job_id, output_root};
+pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
 pub use error::Error;
 pub use items::{Item, ItemFormat, ItemReader, short_hash};

@@ -39,6 +39,26 @@ pub enum Invalid {
     MissingField(String),
     /// Could not be read.
     Unreadable(String),
+    /// Not what the ledger recorded as done (another length or digest).
+    Changed(String),
+}
+
+impl Invalid {
+    /// What the command's author can do about it, in one clause (for an attempt's error; `{out}` is the
+    /// placeholder of the temporary path in the command).
+    pub fn remedy(&self) -> &'static str {
+        match self {
+            Invalid::Missing => {
+                "the command must write its result to {out} (also in $IDEM_OUTPUT), the temporary path; its \
+                 standard output is discarded"
+            }
+            Invalid::Empty => "the command must write its result to {out}; an empty file does not count",
+            Invalid::NotJson => "an --output ending in .json must hold JSON: write JSON to {out}, or name it otherwise",
+            Invalid::MissingField(_) => "write the field, or leave it out of --expect-fields",
+            Invalid::Unreadable(_) => "the runner must be able to read what the command writes to {out}",
+            Invalid::Changed(_) => "the item runs again",
+        }
+    }
 }
 
 impl std::fmt::Display for Invalid {
@@ -49,6 +69,7 @@ impl std::fmt::Display for Invalid {
             Invalid::NotJson => f.write_str("output is not valid JSON"),
             Invalid::MissingField(name) => write!(f, "output lacks field {name:?}"),
             Invalid::Unreadable(e) => write!(f, "output unreadable: {e}"),
+            Invalid::Changed(how) => f.write_str(how),
         }
     }
 }
@@ -83,7 +104,7 @@ pub fn verify(path: &Path, checks: &Checks) -> Result<Digest256, Invalid> {
 /// [`verify`]: the content was verified when it was recorded, so an equal length and digest are enough.
 ///
 /// # Errors
-/// The [`Invalid`] reason: missing, unreadable, or another length or digest.
+/// The [`Invalid`] reason: missing, unreadable, or changed (another length or digest).
 pub fn matches(path: &Path, expected: &Digest256) -> Result<(), Invalid> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
@@ -91,11 +112,11 @@ pub fn matches(path: &Path, expected: &Digest256) -> Result<(), Invalid> {
         Err(e) => return Err(Invalid::Unreadable(e.to_string())),
     };
     if meta.len() != expected.size {
-        return Err(Invalid::Unreadable(format!("length {} instead of {}", meta.len(), expected.size)));
+        return Err(Invalid::Changed(format!("length {} instead of the {} recorded", meta.len(), expected.size)));
     }
     let bytes = std::fs::read(path).map_err(|e| Invalid::Unreadable(e.to_string()))?;
     if digest(&bytes).sha256 != expected.sha256 {
-        return Err(Invalid::Unreadable("content differs from the recorded SHA-256".into()));
+        return Err(Invalid::Changed("content differs from the recorded SHA-256".into()));
     }
     Ok(())
 }

@@ -69,7 +69,11 @@ impl Problem {
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "Unauthorized",
-            "this server requires Authorization: Bearer <token>",
+            // RFC 9457 §3.1.4: the detail helps the client correct the problem, so it says where the token
+            // comes from and how idem's own client presents it.
+            "this server requires Authorization: Bearer <token> (missing or wrong here), the token being the \
+             contents of the file its --auth-token-file names; `idem kv` sends it with --token-file FILE or \
+             IDEM_AUTH_TOKEN_FILE",
         );
         p.www_authenticate = true;
         p

@@ -1,5 +1,6 @@
 //! `idem kv`: a client for a running server's KV API.
 
+use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use crate::error::Error;
 /// Connection flags shared by every `idem kv` command.
 #[derive(Debug, clap::Args)]
 pub struct KvArgs {
-    /// Base URL of the server.
+    /// Base URL of the server; without a scheme, http:// (as curl does: 127.0.0.1:8080).
     #[arg(long, global = true, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
     /// File holding the bearer token to present.
@@ -70,6 +71,36 @@ enum KvCommand {
 }
 
 use idem_server::encode_key;
+
+/// A server address as curl takes one: without `scheme://` it means `http://`, so `127.0.0.1:8080` and
+/// `localhost:8080/api` work (parsed as they are, the first is a relative URL and the second has the scheme
+/// `localhost`). A scheme is what RFC 3986 §3.1 allows before `://`: a letter, then letters, digits, `+-.`.
+pub(crate) fn with_default_scheme(given: &str) -> Cow<'_, str> {
+    let has_scheme = given.split_once("://").is_some_and(|(scheme, _)| {
+        let mut chars = scheme.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    if has_scheme { Cow::Borrowed(given) } else { Cow::Owned(format!("http://{given}")) }
+}
+
+/// `given` (the value of `flag`) as an HTTP server's URL: [`with_default_scheme`], then an `http` or `https` URL
+/// with a host.
+///
+/// # Errors
+/// [`Error::Config`]: one line naming `flag`, the value (password hidden) and the form to use.
+pub(crate) fn server_url(flag: &str, given: &str) -> Result<reqwest::Url, Error> {
+    let shown = crate::any_store::redact(given);
+    let refuse = |why: String| Error::Config(format!("{flag} {shown:?} {why}; give http://HOST:PORT (or HOST:PORT)"));
+    let url = reqwest::Url::parse(&with_default_scheme(given)).map_err(|e| refuse(format!("is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(refuse(format!("has the scheme {}, not http or https", url.scheme())));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(refuse("names no host".into()));
+    }
+    Ok(url)
+}
 
 struct Client {
     http: reqwest::Client,
@@ -140,6 +171,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
              use curl --path-as-is with /v1/kv/%2E or choose another key"
         )));
     }
+    let base = server_url("--url", &args.url)?;
     let token = match &args.token_file {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -153,7 +185,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| Error::Failed(format!("cannot build HTTP client: {e}")))?;
-    let c = Client { http, base: args.url, token };
+    let c = Client { http, base: base.into(), token };
     let mut out = std::io::stdout().lock();
     match args.command {
         KvCommand::Get { key } => {

@@ -21,11 +21,16 @@ store; several runners on one PostgreSQL or Redis store (or one SQLite file on o
 
 Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
 
+Attempts are counted across runs: an item out of attempts runs again when a rerun raises --retries, or after \
+`idem runs forget --output … ID…` starts its count afresh; the summary names such items and both commands. A \
+poison item runs again only after `idem runs forget`; a rerun skips it, runs the rest and exits 3.
+
 Exit status:
   0    every item is done
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
-  2    bad usage: nothing ran (bad flags, malformed items, two items with one output path)
-  3    a poison item (the same error twice) stopped the run, or was skipped with --on-poison skip
+  2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path)
+  3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
+       with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
   130  interrupted before every item was done";
 
 /// Arguments of `idem run`.
@@ -47,10 +52,12 @@ pub struct RunArgs {
     /// PostgreSQL schema / Redis key prefix of the ledger.
     #[arg(long, env = "IDEM_NAMESPACE", default_value = "idem")]
     namespace: String,
-    /// Retries after the first attempt (attempts of crashed runners count).
-    #[arg(long, default_value_t = 3)]
+    /// Retries after the first attempt: an item gets at most N+1 attempts in all, counted across runs (a
+    /// crashed runner's too), so a rerun with a higher N gives items out of attempts more.
+    #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
-    /// What a poison item (same error fingerprint twice) does: halt the run, or skip it.
+    /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new
+    /// starts; a rerun skips it and does the rest), or skip it. Poison items from earlier runs are always skipped.
     #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]
     on_poison: PoisonArg,
     /// Top-level fields a JSON output must have, comma-separated.
@@ -112,7 +119,8 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job writing --output.
     Status(LedgerArgs),
-    /// Forget items (ledger entries and outputs) so the next run executes them again.
+    /// Forget items (ledger entries and outputs) so the next run executes them again. Exit status 3 when an id is
+    /// not in the job's ledger (the others are forgotten).
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -204,13 +212,15 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.key_prefix = args.key_prefix;
     cfg.dry_run = args.dry_run;
     cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
-    cfg.check().map_err(runner_error)?;
+    // Everything that can refuse the run (flags, the command, every item) is checked before the ledger is opened:
+    // a refused run must leave no ledger, which `idem runs status` would report as a run with nothing in it.
+    let checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
     let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
     let stop = Stop::new();
     let signals = tokio::spawn(watch_signals(stop.clone()));
     let result = match &ledger {
-        Ledger::Sqlite(s) => idem_runner::run(s.clone(), cfg, stop).await,
-        Ledger::Other(s) => idem_runner::run(s.clone(), cfg, stop).await,
+        Ledger::Sqlite(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
+        Ledger::Other(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
     };
     signals.abort();
     ledger.close().await;
@@ -292,11 +302,24 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
 }
 
 async fn forget(ledger: &Ledger, output: &str, ids: &[String]) -> Result<i32, Error> {
-    let removed = match ledger {
+    let unknown = match ledger {
         Ledger::Sqlite(s) => idem_runner::forget(s, output, ids).await,
         Ledger::Other(s) => idem_runner::forget(s, output, ids).await,
     }
     .map_err(runner_error)?;
-    println!("forgot {removed} of {} items (entries and outputs); the next run executes them again", ids.len());
+    let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let forgotten = given - unknown.len();
+    if forgotten > 0 {
+        println!("forgot {forgotten} of {given} items (entries and outputs); the next run executes them again");
+    }
+    if !unknown.is_empty() {
+        // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.
+        let (these, them) = if unknown.len() == 1 { ("id", "it") } else { ("ids", "them") };
+        return Err(Error::NotFound(format!(
+            "{these} {} in the ledger of --output {output:?} (nothing done for {them}); check the {these} (as the \
+             run's summary or --report gives {them}) and --output",
+            unknown.join(", ")
+        )));
+    }
     Ok(0)
 }

@@ -15,7 +15,7 @@ use crate::error::Error;
 pub struct SendArgs {
     /// The method: POST, PATCH, PUT or DELETE (any method is sent as given).
     method: String,
-    /// The URL to send to.
+    /// The URL to send to; without a scheme, http:// (as curl does: 127.0.0.1:8080/orders).
     url: String,
     /// The body as JSON, sent as application/json; @FILE reads a file, @- standard input.
     #[arg(long)]
@@ -83,8 +83,9 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
     }
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| Error::Config(format!("{:?} is not an HTTP method", args.method)))?;
+    let url = crate::client::server_url("URL", &args.url)?;
     let mut request =
-        WriteRequest::bytes(method, &args.url, key, content_type, body).map_err(|e| Error::Config(e.to_string()))?;
+        WriteRequest::bytes(method, url.as_str(), key, content_type, body).map_err(|e| Error::Config(e.to_string()))?;
     for header in &args.headers {
         let (name, value) = header
             .split_once(':')

@@ -54,7 +54,7 @@ pub struct ServeArgs {
 /// look-up move to `--admin-listen`.
 #[derive(Debug, clap::Args)]
 pub struct ProxyArgs {
-    /// Forward every request to this upstream (http://HOST:PORT[/PREFIX]).
+    /// Forward every request to this upstream (http://HOST:PORT[/PREFIX]; HOST:PORT means http://).
     #[arg(long, env = "IDEM_UPSTREAM")]
     upstream: Option<String>,
     /// With --upstream: address of the admin listener (KV API, /metrics, /healthz, records)
@@ -201,6 +201,8 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         }
         return Ok(None);
     };
+    // HOST:PORT means http://HOST:PORT, as for `idem kv --url` and curl.
+    let upstream = crate::client::with_default_scheme(&upstream).into_owned();
     let admin_s = args.admin_listen.or(file.admin_listen.take()).unwrap_or_else(|| "127.0.0.1:8081".into());
     let admin_listen: SocketAddr =
         admin_s.parse().map_err(|_| Error::Config(format!("--admin-listen {admin_s:?} is not an IP:PORT address")))?;

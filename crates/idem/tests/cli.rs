@@ -156,6 +156,52 @@ async fn kv_client_commands_and_exit_codes() {
     let _ = BIN;
 }
 
+#[tokio::test]
+async fn server_urls_without_a_scheme_mean_http_as_in_curl_and_bad_ones_name_the_flag() {
+    let server = Server::start(&["--store", "memory:"], &[]);
+    let hostport = server.url.strip_prefix("http://").unwrap().to_owned();
+    assert_eq!(idem(&["kv", "put", "a", "v", "--url", &hostport], &[]), (0, "1\n".into(), String::new()));
+    // Parsed as it is, `localhost:PORT` is a URL whose scheme is "localhost": it too means http://.
+    let localhost = hostport.replace("127.0.0.1", "localhost");
+    assert_eq!(idem(&["kv", "get", "a"], &[("IDEM_URL", localhost.as_str())]).1, "v");
+    let (code, _, err) = idem(&["send", "PUT", &format!("{hostport}/v1/kv/sent"), "--data", "hi", "--key", "k1"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(idem(&["kv", "get", "sent", "--url", &hostport], &[]).1, "hi");
+    // The proxy's --upstream, the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = common::proxy(&dir, &hostport, &[]);
+    let got = client().get(format!("{}/v1/kv/a", proxy.url)).send().await.unwrap();
+    assert_eq!(got.text().await.unwrap(), "v");
+    for (args, needle) in [
+        (vec!["kv", "get", "a", "--url", "ftp://127.0.0.1:1"], r#"--url "ftp://127.0.0.1:1" has the scheme ftp, not"#),
+        (vec!["kv", "get", "a", "--url", "127.0.0.1:99999"], r#"--url "127.0.0.1:99999" is not a URL: invalid port"#),
+        (vec!["kv", "get", "a", "--url", "http://"], r#"--url "http://" is not a URL: empty host"#),
+        (vec!["send", "POST", "http://u:hunter2@[::1", "--json", "{}", "--key", "k"], r#"URL "http://u:***@[::1" is"#),
+    ] {
+        let (code, _, err) = idem(&args, &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle) && err.contains("; give http://HOST:PORT (or HOST:PORT)"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(!err.contains("hunter2"), "password leaked: {err}");
+    }
+}
+
+#[test]
+fn a_401_says_how_to_present_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0k3n\n").unwrap();
+    let token = token.to_str().unwrap();
+    let s = Server::start(&["--store", "memory:", "--auth-token-file", token], &[]);
+    let (code, _, err) = idem(&["kv", "get", "k", "--url", &s.url], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("401 Unauthorized: this server requires Authorization: Bearer <token>"), "{err}");
+    assert!(err.contains("`idem kv` sends it with --token-file FILE or IDEM_AUTH_TOKEN_FILE"), "{err}");
+    // Doing what it says works: the key is simply not there (exit 3).
+    assert_eq!(idem(&["kv", "get", "k", "--url", &s.url, "--token-file", token], &[]).0, 3);
+    assert_eq!(idem(&["kv", "get", "k", "--url", &s.url], &[("IDEM_AUTH_TOKEN_FILE", token)]).0, 3);
+}
+
 #[test]
 fn idem_key_is_deterministic_and_refuses_what_would_make_a_bad_key() {
     let (code, a, _) = idem(&["key", "--prefix", "orders", "--id", "123", "--json", r#"{"b": [1, 2], "a": 1}"#], &[]);

@@ -355,7 +355,13 @@ fn exit_0_without_output_is_a_failure() {
     assert_eq!(job.log().len(), 1);
     let r = job.report("r.json");
     assert_eq!(r["items"][0]["status"], "failed");
-    assert_eq!(r["items"][0]["last_error"], "verify: no output");
+    // What went wrong and what to do: the command printed nothing to {out}.
+    assert_eq!(
+        r["items"][0]["last_error"],
+        "verify: no output: the command must write its result to {out} (also in $IDEM_OUTPUT), the temporary path; \
+         its standard output is discarded"
+    );
+    assert!(err.contains("failed item a after 1 attempt: verify: no output: the command must write"), "{err}");
     assert!(job.out_files().is_empty(), "{:?}", job.out_files());
 }
 
@@ -367,7 +373,10 @@ fn exit_0_with_output_missing_an_expected_field_is_a_failure() {
     assert_eq!(job.log().len(), 1);
     let r = job.report("r.json");
     assert_eq!(r["items"][0]["status"], "failed");
-    assert_eq!(r["items"][0]["last_error"], "verify: output lacks field \"id\"");
+    assert_eq!(
+        r["items"][0]["last_error"],
+        "verify: output lacks field \"id\": write the field, or leave it out of --expect-fields"
+    );
     assert!(job.out_files().is_empty(), "{:?}", job.out_files());
     let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
     assert!(status.contains("0 done, 0 running or abandoned, 1 failed"), "{status}");
@@ -434,20 +443,162 @@ fn poison_item_is_skipped_with_on_poison_skip_and_the_others_finish() {
     let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
     assert_eq!(code, 0);
     assert!(out.contains("forgot 1 of 1"), "{out}");
-    // Forgetting a done item removes its output too, so it is redone rather than adopted.
-    let (code, _, _) = common::idem(&["runs", "forget", "--output", &job.output(), "item-00003"], &[]);
-    assert_eq!(code, 0);
-    assert!(!job.path("out/item-00003.json").exists());
-    // An id the job does not know touches no file, even one the template would place outside its directory.
+    // Forgetting a done item removes its output too, so it is redone rather than adopted. An id the job does not
+    // know touches no file, even one the template would place outside its directory, and is named: exit 3.
     std::fs::write(job.path("important.json"), "{}").unwrap();
-    let (code, out, _) = common::idem(&["runs", "forget", "--output", &job.output(), "../important"], &[]);
-    assert_eq!(code, 0);
-    assert!(out.contains("forgot 0 of 1"), "{out}");
+    let forget = ["runs", "forget", "--output", &job.output(), "item-00003", "../important", "item-00003"];
+    let (code, out, err) = common::idem(&forget, &[]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert_eq!(out, "forgot 1 of 2 items (entries and outputs); the next run executes them again\n");
+    assert_eq!(
+        err,
+        format!(
+            "idem: not found: id ../important in the ledger of --output {:?} (nothing done for it); check the id \
+             (as the run's summary or --report gives it) and --output\n",
+            job.output()
+        )
+    );
+    assert!(!job.path("out/item-00003.json").exists());
     assert!(job.path("important.json").exists(), "forget deleted a file outside the job");
+    let (code, out, err) = common::idem(&["runs", "forget", "--output", &job.output(), "nope", "item-00003"], &[]);
+    assert_eq!((code, out.as_str()), (3, ""), "{err}");
+    assert!(err.starts_with("idem: not found: ids nope, item-00003 in the ledger of --output"), "{err}");
     let (code, _, _) = job.run(&["--on-poison", "skip"]);
     assert_eq!(code, 3);
     assert_eq!(job.log().len(), 25);
     assert_eq!(job.executions_per_item()["item-00003"], 2);
+}
+
+#[test]
+fn a_rerun_skips_known_poison_items_and_does_the_rest() {
+    // One poison item first, 49 good ones that take a moment, so the halt comes long before they are all done.
+    let mut all = vec!["bad".to_owned()];
+    all.extend(ids(49));
+    let script = format!(
+        r#"if [ "$1" = bad ]; then echo "connecting to db-$$: connection refused" >&2; exit 2; fi
+sleep 0.1; {WRITE_JSON}"#
+    );
+    let job = Job::new(&all, &script);
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 3, "{err}");
+    let per = job.executions_per_item();
+    assert_eq!(per["bad"], 2);
+    let good_ran = per.len() - 1;
+    assert!(good_ran < 49, "the run did not halt: {err}");
+    assert_eq!(job.log().len(), good_ran + 2);
+    let forget = format!("`idem runs forget --output '{}' bad` retries them\n", job.output());
+    assert!(err.contains(&format!(
+        ": {good_ran} done now, 0 already done, 0 adopted, 0 failed, 1 poison, {} not done; {} commands ran\n",
+        49 - good_ran,
+        good_ran + 2
+    )));
+    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains(&forget), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the run halted when an item turned poison, leaving {} items not done: run it again to do them (poison \
+             items found earlier are skipped, not halted on), or add --on-poison skip to go on past new ones\n",
+            49 - good_ran
+        )),
+        "{err}"
+    );
+    // The default --on-poison halt again: the known poison item is skipped, exactly the rest run, exit 3.
+    let (code, _, err) = job.run(&["--jobs", "4", "--report", "r.json"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(job.log().len(), good_ran + 2 + (49 - good_ran), "{err}");
+    assert_eq!(job.executions_per_item()["bad"], 2);
+    assert!(err.contains(&format!(
+        ": {} done now, {good_ran} already done, 0 adopted, 0 failed, 1 poison, 0 not done; {} commands ran\n",
+        49 - good_ran,
+        49 - good_ran
+    )));
+    assert!(err.contains("poison item bad: exit 2: connecting to db-") && err.contains(&forget), "{err}");
+    assert!(!err.contains("halted"), "{err}");
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["poison"][0]["id"], "bad");
+    assert_eq!(r["summary"]["not_done"], 0);
+    assert_outputs_valid(&job, &all[1..]);
+    // Nothing left but the poison item: nothing runs, still exit 3.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!((code, job.log().len()), (3, 51), "{err}");
+    // Its cause fixed and the suggested forget run, it runs once more and the job is done.
+    let fixed =
+        format!("#!/bin/sh\necho \"$IDEM_ITEM_ID $PPID\" >> {}\nsleep 0.1; {WRITE_JSON}\n", job.path("log").display());
+    std::fs::write(job.path("work.sh"), fixed).unwrap();
+    let (code, out, err) = common::idem(&["runs", "forget", "--output", &job.output(), "bad"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 52);
+    assert_outputs_valid(&job, &all);
+}
+
+/// The command the summary suggests between backticks after `start their count afresh with`, run by `sh` with
+/// this build's binary for `idem`: what a user would paste.
+fn run_suggested_forget(summary: &str) -> (i32, String) {
+    let (_, tail) = summary.split_once("start their count afresh with `").expect(summary);
+    let (command, _) = tail.split_once('`').unwrap();
+    let command = command.strip_prefix("idem ").expect(command);
+    let out = Command::new("sh").arg("-c").arg(format!("{BIN} {command}")).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
+    // Items 1..=50; the multiples of 11 fail with another exit status on every attempt (never poison).
+    let ids: Vec<String> = (1..=50).map(|i| i.to_string()).collect();
+    let script = format!(
+        r#"if [ $(($1 % 11)) -eq 0 ]; then echo "failure number $IDEM_ATTEMPT" >&2; exit $((10 + IDEM_ATTEMPT)); fi
+{WRITE_JSON}"#
+    );
+    let job = Job::new(&ids, &script);
+    let failing = ["11", "22", "33", "44"];
+    let attempts_of = |job: &Job| failing.map(|id| job.executions_per_item()[id]);
+    // The default --retries 3 allows 4 attempts in all.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 46 + 4 * 4, "{err}");
+    assert_eq!(attempts_of(&job), [4; 4]);
+    assert!(err.contains(": 46 done now, 0 already done, 0 adopted, 4 failed, 0 poison, 0 not done; 62 commands ran"));
+    assert!(err.contains("failed item 11 after 4 attempts: exit 14: failure number 4\n"), "{err}");
+    let hint = format!(
+        "4 items out of attempts (--retries 3 allows 4 in all, counted across runs): rerun with --retries 4 to give \
+         each one more, or start their count afresh with `idem runs forget --output '{}' 11 22 33 44`\n",
+        job.output()
+    );
+    assert!(err.contains(&hint), "{err}");
+    // The same limit again: nothing runs, and the summary says the same.
+    let (code, _, err) = job.run(&["--jobs", "4"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 62);
+    assert!(err.contains(&hint), "{err}");
+    // --retries 6 allows 7 in all: exactly 3 more each.
+    let (code, _, err) = job.run(&["--jobs", "4", "--retries", "6"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 62 + 4 * 3);
+    assert_eq!(attempts_of(&job), [7; 4]);
+    assert!(err.contains(": 0 done now, 46 already done, 0 adopted, 4 failed, 0 poison, 0 not done; 12 commands ran"));
+    assert!(err.contains("failed item 44 after 7 attempts: exit 17: failure number 7\n"), "{err}");
+    assert!(err.contains("(--retries 6 allows 7 in all, counted across runs): rerun with --retries 7 to"), "{err}");
+    // Lowering the limit resets nothing: still 7 used, and --retries 7 is still the value that gives more.
+    let (code, _, err) = job.run(&["--retries", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 74);
+    assert!(err.contains("(--retries 1 allows 2 in all, counted across runs): rerun with --retries 7 to"), "{err}");
+    // The suggested forget, pasted into a shell, starts the count afresh: --retries 0 then gives one attempt each.
+    let (code, out) = run_suggested_forget(&err);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "forgot 4 of 4 items (entries and outputs); the next run executes them again\n")
+    );
+    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(job.log().len(), 74 + 4);
+    assert_eq!(attempts_of(&job), [8; 4]);
+    assert!(err.contains("failed item 33 after 1 attempt: exit 11: failure number 1\n"), "{err}");
+    let r = job.report("r.json");
+    assert_eq!(r["summary"]["failed"], 4);
+    assert_eq!(r["summary"]["skipped"], 46);
 }
 
 #[test]
@@ -486,6 +637,40 @@ fn two_items_with_one_output_path_are_refused_before_anything_runs() {
     let (code, _, err) = job.run(&[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("lines 1 and 3 both write"), "{err}");
+    assert!(job.log().is_empty());
+}
+
+#[test]
+fn a_refused_run_leaves_no_ledger() {
+    let job = Job::new(&ids(3), WRITE_JSON);
+    let items = job.path("items.jsonl");
+    let no_ledger = |job: &Job, why: &str| {
+        assert!(!job.path("out").exists(), "{why}: a refused run created {:?}", job.path("out/.idem"));
+        let (code, _, err) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+        assert_eq!(code, 2, "{why}: {err}");
+        assert!(err.contains("no ledger at"), "{why}: {err}");
+    };
+    for (content, extra, needle) in [
+        ("{\"id\":\"a\"}\nnot json\n", vec![], "items.jsonl:2: "),
+        ("{\"id\":\"a\"}\n{\"n\":1}\n", vec![], "items.jsonl:2: "),
+        ("{\"id\":\"a\"}\n{\"id\":\"a\"}\n", vec![], "lines 1 and 2 both write"),
+        (
+            "{\"id\":\"a\"}\n",
+            vec!["--report", "no/such/dir/r.json"],
+            "--report no/such/dir/r.json: no directory no/such/dir",
+        ),
+    ] {
+        std::fs::write(&items, content).unwrap();
+        let (code, _, err) = job.run(&extra);
+        assert_eq!(code, 2, "{content:?}: {err}");
+        assert!(err.contains(needle), "{content:?}: {err}");
+        no_ledger(&job, content);
+    }
+    std::fs::remove_file(&items).unwrap();
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot read items from"), "{err}");
+    no_ledger(&job, "no items file");
     assert!(job.log().is_empty());
 }
 
