@@ -39,15 +39,31 @@ pub use problem::Problem;
 pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Upstream, UpstreamError, proxy};
 
 /// Settings of the HTTP layer (store settings live with the store).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ServerConfig {
     auth_token: Option<Arc<str>>,
+    record_prefix: Arc<str>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { auth_token: None, record_prefix: idem_tower::DEFAULT_RECORD_PREFIX.into() }
+    }
 }
 
 impl ServerConfig {
-    /// No authentication.
+    /// No authentication; records looked up under the layer's default prefix
+    /// ([`idem_tower::DEFAULT_RECORD_PREFIX`]).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The store key prefix of the idempotency records that `/v1/idempotency/{scope}/{key}` reads and deletes.
+    /// Pass the prefix of the layer that writes them ([`idem_tower::IdempotencyLayer::record_key_prefix`]);
+    /// with any other the look-up finds nothing.
+    pub fn with_record_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.record_prefix = prefix.into();
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on every KV request (RFC 6750 §2.1); 401 without it.
@@ -69,7 +85,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
     let largest_body = store.limits().max_value_bytes().max(kv::MAX_OP_BODY);
     let store = Arc::new(store);
     let kv = kv::routes(Arc::clone(&store))
-        .merge(records::routes(store))
+        .merge(records::routes(store, Arc::clone(&config.record_prefix)))
         .layer(axum::middleware::from_fn_with_state(config, auth::require_token));
     Router::new()
         .merge(kv)

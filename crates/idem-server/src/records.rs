@@ -18,16 +18,25 @@ use crate::keypath::decode_key;
 
 const PREFIX: &str = "/v1/idempotency/";
 
-pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
+/// The store and the key prefix its records live under: the layer's, handed over in `ServerConfig`, so the
+/// look-up names the keys the layer wrote.
+struct Records<S> {
+    store: Arc<S>,
+    prefix: Arc<str>,
+}
+
+type Shared<S> = State<Arc<Records<S>>>;
+
+pub(crate) fn routes<S: Store>(store: Arc<S>, prefix: Arc<str>) -> Router {
     Router::new()
         .route(
             "/v1/idempotency/{*rest}",
             get(look_up::<S>).delete(remove::<S>).fallback(|| async { crate::kv::method_not_allowed("GET, DELETE") }),
         )
-        .with_state(store)
+        .with_state(Arc::new(Records { store, prefix }))
 }
 
-fn record_key(uri: &Uri) -> Result<RecordKey, Problem> {
+fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
     let rest = uri.path().strip_prefix(PREFIX).unwrap_or_default();
     let usage = || {
         Problem::bad_request(
@@ -40,12 +49,12 @@ fn record_key(uri: &Uri) -> Result<RecordKey, Problem> {
     let scope = Scope::parse(scope).map_err(|_| usage())?;
     let key = IdempotencyKey::new(decode_key(key)?)
         .map_err(|e| Problem::bad_request("idempotency-key-invalid", "Idempotency-Key invalid", e.to_string()))?;
-    Ok(RecordKey::new(idem_tower::DEFAULT_RECORD_PREFIX, &scope, &key))
+    Ok(RecordKey::new(prefix, &scope, &key))
 }
 
-async fn look_up<S: Store>(State(store): State<Arc<S>>, uri: Uri) -> Result<Response, Problem> {
-    let key = record_key(&uri)?;
-    let value = store.get(key.as_str()).await?.ok_or_else(Problem::not_found_key)?;
+async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Response, Problem> {
+    let key = record_key(&records.prefix, &uri)?;
+    let value = records.store.get(key.as_str()).await?.ok_or_else(Problem::not_found_key)?;
     let record = Record::decode(value.value()).map_err(|e| {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,9 +88,9 @@ async fn look_up<S: Store>(State(store): State<Arc<S>>, uri: Uri) -> Result<Resp
     Ok(axum::Json(view).into_response())
 }
 
-async fn remove<S: Store>(State(store): State<Arc<S>>, uri: Uri) -> Result<Response, Problem> {
-    let key = record_key(&uri)?;
-    match store.delete(key.as_str(), Precondition::Any).await? {
+async fn remove<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Response, Problem> {
+    let key = record_key(&records.prefix, &uri)?;
+    match records.store.delete(key.as_str(), Precondition::Any).await? {
         Some(_) => Ok(StatusCode::NO_CONTENT.into_response()),
         None => Err(Problem::not_found_key()),
     }

@@ -201,6 +201,13 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    /// The store key prefix this layer keeps its records under (set by [`IdempotencyLayer::record_prefix`]):
+    /// give it to whatever else reads the records, such as the admin look-up
+    /// (`idem_server::ServerConfig::with_record_prefix`), so both name the same keys.
+    pub fn record_key_prefix(&self) -> &str {
+        &self.config.record_prefix
+    }
+
     /// The longest a covered request may take, from the call to the end of the part of the response that is
     /// stored; after it the outcome is unknown (504). Default 120 s.
     pub fn execution_timeout(mut self, timeout: Duration) -> Self {

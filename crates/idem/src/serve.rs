@@ -429,7 +429,8 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .execution_timeout(p.upstream_timeout)
                 .replay_cache(replay_cache);
             // Records deleted or written through the admin listener (records endpoint, KV API) leave the
-            // replay cache as they leave the store.
+            // replay cache as they leave the store. The look-up reads records under the layer's own prefix.
+            let kv_config = kv_config.with_record_prefix(layer.record_key_prefix());
             let kv = idem_server::app(Invalidating { store: store.clone(), layer: layer.clone() }, kv_config);
             let drain = layer.clone();
             let proxy = idem_server::proxy(layer, upstream);
