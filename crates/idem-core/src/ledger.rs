@@ -15,8 +15,16 @@
 //!   absent | Failed | Running(lapsed) | Done(output gone) ──────────────────────────────▶ Running
 //!                                                    Running ──done (fenced)──▶ Done{sha256}
 //!                                                    Running ──failed (fenced)─▶ Failed{fingerprints}
+//!                       Running, command never started ──unclaim (fenced)─▶ the entry before the claim
+//!                     Running, command started, stopped ──interrupted (fenced)─▶ Interrupted{attempt}
 //!                                                    lease ──renew (fenced on the lease generation)──▶ lease
 //! ```
+//!
+//! Only an item without an entry may have a file at its final path **adopted** (recorded done without running):
+//! every entry says that an attempt ran or may have run, and a command may write its final path itself, so a
+//! file there after a crash (a lapsed `Running`), a failure (`Failed`) or an interruption (`Interrupted`) is
+//! never taken for its output; the item runs again and its new, verified output replaces the file. That is why
+//! an attempt whose command started is given back as [`Entry::Interrupted`], never by removing the entry.
 //!
 //! Every write after the claim is conditional: the entry on the generation the claim gave it (the **fencing
 //! token**, handed to the command as `IDEM_FENCING_TOKEN`), the lease on its own last generation. A runner that
@@ -91,6 +99,25 @@ pub enum Entry {
         /// When it failed, in milliseconds since the Unix epoch.
         finished_at_ms: u64,
     },
+    /// An attempt whose command started was stopped by the operator (a second Ctrl-C, or SIGTERM) and given
+    /// back. It is not counted (an interruption is not the item's failure, so even with no retries left the
+    /// item runs again), but it is remembered: the command may have written the item's final path itself, so
+    /// a file there is never adopted.
+    Interrupted {
+        /// Who ran the interrupted attempt (its temporary file is named after the owner and the attempt).
+        owner: String,
+        /// The number the interrupted attempt ran as; it was not counted, so the next claim runs as this
+        /// number again.
+        attempt: u32,
+        /// When it was given back, in milliseconds since the Unix epoch.
+        interrupted_at_ms: u64,
+        /// Error fingerprints of the earlier failed attempts, oldest first.
+        #[serde(default)]
+        failures: Vec<String>,
+        /// The last error message, if an earlier attempt failed.
+        #[serde(default)]
+        last_error: Option<String>,
+    },
     /// Finished: the output was verified, renamed into place and has this digest.
     Done {
         /// Attempts it took.
@@ -127,6 +154,7 @@ impl Entry {
     pub fn attempts(&self) -> u32 {
         match self {
             Entry::Running { attempt, .. } => *attempt,
+            Entry::Interrupted { attempt, .. } => attempt.saturating_sub(1),
             Entry::Failed { attempts, .. } | Entry::Done { attempts, .. } => *attempts,
         }
     }
@@ -134,7 +162,7 @@ impl Entry {
     /// The last error recorded, if any.
     pub fn last_error(&self) -> Option<&str> {
         match self {
-            Entry::Running { last_error, .. } => last_error.as_deref(),
+            Entry::Running { last_error, .. } | Entry::Interrupted { last_error, .. } => last_error.as_deref(),
             Entry::Failed { last_error, .. } => Some(last_error),
             Entry::Done { .. } => None,
         }
@@ -151,7 +179,8 @@ pub struct RetryLimit {
 /// What to do with an item, judged from its entry alone (the runner then looks at the output file).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
-    /// No entry: run it, unless a verified output is already in place (then adopt it).
+    /// No entry: no attempt ever ran (or `idem runs forget` removed its output with its entry). Run it,
+    /// unless a verified output is already in place: then adopt it. The only plan that may adopt a file.
     New,
     /// Done: skip it if the output still has this digest and length, else run it again.
     CheckDone {
@@ -160,7 +189,8 @@ pub enum Plan {
         /// Length the output must have, in bytes.
         size: u64,
     },
-    /// Failed earlier or claimed by a runner whose lease may have lapsed: claim and run it.
+    /// Failed earlier, interrupted, or claimed by a runner whose lease may have lapsed: claim and run it (a
+    /// file at its final path may be from that attempt, so it is replaced, never adopted).
     Retry {
         /// Attempts claimed so far.
         attempts: u32,
@@ -243,12 +273,27 @@ impl ItemClaim {
         }
     }
 
-    /// The owner and attempt of the entry read before claiming, if it was running: the temporary file of that
-    /// attempt is left over from a holder that crashed or lost its lease.
-    pub fn previous_running(&self) -> Option<(String, u32)> {
+    /// The owner and attempt of the entry read before claiming, if it was running or interrupted: the
+    /// temporary file of that attempt may be left over from a holder that crashed or lost its lease, or have
+    /// been recreated after an interruption by a process that left the command's process group.
+    pub fn previous_attempt(&self) -> Option<(String, u32)> {
         match &self.prev {
-            Some((_, Entry::Running { owner, attempt, .. })) => Some((owner.clone(), *attempt)),
+            Some((_, Entry::Running { owner, attempt, .. } | Entry::Interrupted { owner, attempt, .. })) => {
+                Some((owner.clone(), *attempt))
+            }
             _ => None,
+        }
+    }
+
+    /// The failure fingerprints and last error the entry read before claiming carries over to this attempt.
+    fn carried(&self) -> (Vec<String>, Option<String>) {
+        match &self.prev {
+            Some((
+                _,
+                Entry::Running { failures, last_error, .. } | Entry::Interrupted { failures, last_error, .. },
+            )) => (failures.clone(), last_error.clone()),
+            Some((_, Entry::Failed { failures, last_error, .. })) => (failures.clone(), Some(last_error.clone())),
+            Some((_, Entry::Done { .. })) | None => (Vec::new(), None),
         }
     }
 
@@ -263,11 +308,7 @@ impl ItemClaim {
 
     /// Step 2, once the lease is held: count the attempt, conditional on the entry being unchanged since read.
     pub fn entry_write(&self) -> Write {
-        let (failures, last_error) = match &self.prev {
-            Some((_, Entry::Running { failures, last_error, .. })) => (failures.clone(), last_error.clone()),
-            Some((_, Entry::Failed { failures, last_error, .. })) => (failures.clone(), Some(last_error.clone())),
-            Some((_, Entry::Done { .. })) | None => (Vec::new(), None),
-        };
+        let (failures, last_error) = self.carried();
         let entry = Entry::Running {
             owner: self.owner.clone(),
             attempt: self.attempt(),
@@ -296,12 +337,9 @@ impl ItemClaim {
 
     /// The item held once the store accepted both writes with these generations.
     pub fn acquired(self, lease_generation: Generation, entry_generation: Generation) -> Held {
-        let failures = match &self.prev {
-            Some((_, Entry::Running { failures, .. } | Entry::Failed { failures, .. })) => failures.clone(),
-            Some((_, Entry::Done { .. })) | None => Vec::new(),
-        };
+        let (failures, last_error) = self.carried();
         let attempt = self.attempt();
-        Held { claim: self, attempt, failures, lease_generation, entry_generation }
+        Held { claim: self, attempt, failures, last_error, lease_generation, entry_generation }
     }
 }
 
@@ -322,6 +360,7 @@ pub struct Held {
     claim: ItemClaim,
     attempt: u32,
     failures: Vec<String>,
+    last_error: Option<String>,
     lease_generation: Generation,
     entry_generation: Generation,
 }
@@ -364,6 +403,9 @@ impl Held {
     /// Undo a claim whose command never started (the run stopped first): the entry goes back to what it was
     /// before the claim (removed if there was none), only if no one took it over, so the attempt is not counted.
     /// Give the lease back with [`Held::release`] after it.
+    ///
+    /// Only for a command that never started: once it has, the attempt is given back with
+    /// [`Held::interrupted`], since removing the entry would let its partial output be adopted.
     pub fn unclaim(&self) -> Write {
         let key = self.claim.keys.entry.clone();
         let precondition = Precondition::Generation(self.entry_generation);
@@ -371,6 +413,21 @@ impl Held {
             Some((_, prev)) => Write { key, op: WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear }, precondition },
             None => Write { key, op: WriteOp::Delete, precondition },
         }
+    }
+
+    /// Give back an attempt whose command started and was stopped by the operator (a second Ctrl-C, or
+    /// SIGTERM), only if no one took it over: [`Entry::Interrupted`], which does not count the attempt (so
+    /// `--retries 0` still runs the item again) but keeps that it ran, since its command may have written the
+    /// item's final path: [`plan`] then says [`Plan::Retry`], never [`Plan::New`], and that file is never
+    /// adopted. Give the lease back with [`Held::release`] after it.
+    pub fn interrupted(&self, now_ms: u64) -> Write {
+        self.entry(Entry::Interrupted {
+            owner: self.claim.owner.clone(),
+            attempt: self.attempt,
+            interrupted_at_ms: now_ms,
+            failures: self.failures.clone(),
+            last_error: self.last_error.clone(),
+        })
     }
 
     /// Record the item done with its output's digest, only if no one took it over.
@@ -521,7 +578,7 @@ mod tests {
         assert_eq!(plan(Some(&running), LIMIT), Plan::Retry { attempts: 1 });
         let again = ItemClaim::new(keys(), "o2", 2, Duration::from_secs(10), Some((Generation::new(7), running)));
         assert_eq!(again.attempt(), 2);
-        assert_eq!(again.previous_running(), Some(("o1".to_owned(), 1)));
+        assert_eq!(again.previous_attempt(), Some(("o1".to_owned(), 1)));
         assert_eq!(again.entry_write().precondition, Precondition::Generation(Generation::new(7)));
     }
 
@@ -579,6 +636,108 @@ mod tests {
         assert!(matches!(plan(Some(&last), limit), Plan::Exhausted { attempts: 2, .. }));
     }
 
+    fn decoded(write: &Write) -> Entry {
+        let WriteOp::Put { value, ttl } = &write.op else { panic!("put") };
+        assert_eq!(*ttl, Ttl::Clear, "entries never expire");
+        Entry::decode(value).unwrap()
+    }
+
+    #[test]
+    fn an_interrupted_attempt_is_not_counted_and_its_file_is_never_adopted() {
+        // `--retries 0`: one attempt in all.
+        let once = RetryLimit { max_attempts: 1 };
+        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
+            .acquired(Generation::new(3), Generation::new(4));
+        let write = held.interrupted(9);
+        assert_eq!(write.key, keys().entry());
+        assert_eq!(write.precondition, Precondition::Generation(Generation::new(4)), "fenced on the claim");
+        let entry = decoded(&write);
+        assert_eq!(
+            entry,
+            Entry::Interrupted {
+                owner: "o1".into(),
+                attempt: 1,
+                interrupted_at_ms: 9,
+                failures: Vec::new(),
+                last_error: None
+            }
+        );
+        assert_eq!(entry.attempts(), 0, "the interrupted attempt is not counted");
+        // Not New (which may adopt a file at the final path) and not out of attempts: it runs again.
+        assert_eq!(plan(Some(&entry), once), Plan::Retry { attempts: 0 });
+        assert_eq!(Entry::decode(&entry.encode()).unwrap(), entry);
+
+        // The next claim runs as the same attempt number and sweeps the interrupted attempt's temporary file.
+        let next = ItemClaim::new(keys(), "o2", 10, Duration::from_secs(10), Some((Generation::new(5), entry.clone())));
+        assert_eq!(next.attempt(), 1);
+        assert_eq!(next.previous_attempt(), Some(("o1".to_owned(), 1)));
+        assert_eq!(next.entry_write().precondition, Precondition::Generation(Generation::new(5)));
+        // If that claim's command never starts, undoing it keeps the mark.
+        let undo = next.acquired(Generation::new(6), Generation::new(7)).unclaim();
+        assert_eq!(decoded(&undo), entry);
+        assert_eq!(undo.precondition, Precondition::Generation(Generation::new(7)));
+    }
+
+    #[test]
+    fn an_interrupted_retry_keeps_the_failures_before_it() {
+        let failed = Entry::Failed {
+            attempts: 1,
+            failures: vec!["exit 1: boom".into()],
+            last_error: "boom".into(),
+            poison: false,
+            finished_at_ms: 0,
+        };
+        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(2), failed)))
+            .acquired(Generation::new(3), Generation::new(4));
+        assert_eq!(held.attempt(), 2);
+        let entry = decoded(&held.interrupted(5));
+        assert_eq!(entry.attempts(), 1, "the earlier failure still counts, the interruption does not");
+        assert_eq!(entry.last_error(), Some("boom"));
+        assert_eq!(plan(Some(&entry), RetryLimit { max_attempts: 2 }), Plan::Retry { attempts: 1 });
+        assert_eq!(
+            plan(Some(&entry), RetryLimit { max_attempts: 1 }),
+            Plan::Exhausted { attempts: 1, last_error: "boom".into() }
+        );
+        // The same failure after the interruption is still the second occurrence: poison.
+        let again = ItemClaim::new(keys(), "o2", 6, Duration::from_secs(10), Some((Generation::new(5), entry)))
+            .acquired(Generation::new(6), Generation::new(7));
+        assert_eq!(again.attempt(), 2);
+        let (_, verdict) = again.failed("exit 1: boom", "boom", 8, LIMIT);
+        assert_eq!(verdict, FailureVerdict::Poison);
+    }
+
+    /// Every way an attempt can end short of done, from an item with no entry: only a claim whose command never
+    /// started leaves no entry behind, so only then may a file found at the final path be adopted.
+    #[test]
+    fn only_an_attempt_that_never_started_leaves_the_item_adoptable() {
+        let held = || {
+            ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
+                .acquired(Generation::new(1), Generation::new(2))
+        };
+        let running = decoded(&ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None).entry_write());
+        let endings: Vec<(&str, Entry)> = vec![
+            // kill -9, a crash, a lost lease (taken over or the ledger unreachable): the claim's entry stays.
+            ("crashed or lost its lease", running),
+            // A failed command, a timeout, a spawn that failed for want of resources for 30 s.
+            ("failed", decoded(&held().failed("timeout: ", "timeout", 3, LIMIT).0)),
+            (
+                "failed with no attempts left",
+                decoded(&held().failed("timeout: ", "timeout", 3, RetryLimit { max_attempts: 1 }).0),
+            ),
+            // A second Ctrl-C or SIGTERM while the command ran.
+            ("interrupted", decoded(&held().interrupted(3))),
+        ];
+        for (how, entry) in &endings {
+            for limit in [RetryLimit { max_attempts: 1 }, LIMIT] {
+                let plan = plan(Some(entry), limit);
+                assert!(!matches!(plan, Plan::New | Plan::CheckDone { .. }), "{how}: {plan:?} may adopt a file");
+            }
+        }
+        // Stopped before its command started: nothing ran, the item is as it was.
+        assert_eq!(held().unclaim().op, WriteOp::Delete);
+        assert_eq!(plan(None, LIMIT), Plan::New);
+    }
+
     #[test]
     fn done_items_are_checked_and_redone_from_attempt_one() {
         let done = Entry::Done {
@@ -592,6 +751,9 @@ mod tests {
         assert_eq!(plan(Some(&done), LIMIT), Plan::CheckDone { sha256: "ff".into(), size: 1 });
         let redo = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), Some((Generation::new(3), done)));
         assert_eq!(redo.attempt(), 1);
+        // A redo interrupted does not put the old digest back: the file may be the interrupted command's.
+        let interrupted = decoded(&redo.clone().acquired(Generation::new(4), Generation::new(5)).interrupted(6));
+        assert_eq!(plan(Some(&interrupted), LIMIT), Plan::Retry { attempts: 0 });
         let adopt = adopt(&keys(), "ff", 1, 0);
         assert_eq!(adopt.precondition, Precondition::Absent);
     }

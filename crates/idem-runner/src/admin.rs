@@ -12,6 +12,8 @@ pub struct LedgerStatus {
     pub done: u64,
     /// Entries claimed (running now, or left by a runner that died; its lease says which).
     pub running: u64,
+    /// Entries whose last attempt was interrupted (a second Ctrl-C or SIGTERM) and not counted: they run again.
+    pub interrupted: u64,
     /// Entries whose last attempt failed (excluding poison).
     pub failed: u64,
     /// Poison entries.
@@ -37,6 +39,7 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
             match &entry {
                 Entry::Done { .. } => out.done += 1,
                 Entry::Running { .. } => out.running += 1,
+                Entry::Interrupted { .. } => out.interrupted += 1,
                 Entry::Failed { poison, last_error, .. } => {
                     if *poison {
                         out.poison += 1;

@@ -697,6 +697,11 @@ fn dry_reason(entry: Option<&Entry>, plan: &Plan, output: &Result<(), Invalid>, 
         (Plan::Retry { attempts }, Some(Entry::Running { owner, .. })) => {
             Some(format!("abandoned by {owner} during attempt {attempts} (no live lease): runs again"))
         }
+        // Said whatever the file at the final path looks like: the interrupted command may have written it.
+        (Plan::Retry { .. }, Some(Entry::Interrupted { owner, attempt, .. })) => Some(format!(
+            "attempt {attempt} interrupted (run by {owner}; not counted, and a file at the final path is not \
+             adopted): runs again"
+        )),
         (Plan::Retry { attempts }, e) => {
             Some(format!("failed {attempts} time(s): {}", e.and_then(Entry::last_error).unwrap_or("unknown error")))
         }
@@ -849,7 +854,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             waiting = false;
             ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        let previous = claim.previous_running();
+        let previous = claim.previous_attempt();
         let mut held = claim.acquired(lease_gen, entry_gen);
         if permit.is_none() {
             match wait_for_slot(ctx, &mut held, &mut lease_sent).await {
@@ -869,7 +874,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             drop(ahead);
         }
         if let Some((owner, attempt)) = previous {
-            // The previous holder crashed or lost its lease: its temporary file is ours to remove.
+            // The previous holder crashed, lost its lease or was interrupted: its temporary file is ours to remove.
             let _ = tokio::fs::remove_file(output::temp_path(&output, &owner, attempt)).await;
         }
         ctx.executions.fetch_add(1, Ordering::Relaxed);
@@ -921,11 +926,20 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
                 tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
                 continue;
             }
-            Attempt::Interrupted => {
-                // Killed by the operator (a second Ctrl-C, or SIGTERM), not by its own fault: the attempt is given back, so
-                // interrupting a run never uses up an item's retries (with `--retries 0` it would be failed for
-                // good). A crash still counts its attempts: the item may be what crashes the runner.
+            Attempt::NotStarted => {
+                // Stopped while it waited to start (the runner short of resources): nothing ran, so the claim is
+                // undone as if it had never been made.
                 let _ = unclaim(ctx, &held).await;
+                break Final::NotDone { reason: "interrupted" };
+            }
+            Attempt::Interrupted => {
+                // Killed by the operator (a second Ctrl-C, or SIGTERM), not by its own fault: the attempt is not
+                // counted, so interrupting a run never uses up an item's retries (with `--retries 0` it would be
+                // failed for good). But the entry says it was interrupted rather than going back to what it was:
+                // the command may have written the final path itself, and with no entry that file would be
+                // adopted as done. A crash still counts its attempts: the item may be what crashes the runner.
+                let _ = apply(&ctx.store, held.interrupted(now_ms())).await;
+                let _ = apply(&ctx.store, held.release()).await;
                 break Final::NotDone { reason: "interrupted" };
             }
         }
@@ -994,7 +1008,8 @@ async fn fence<S: Store>(store: &S, held: &mut Held, lease_sent: &mut Instant) -
     }
 }
 
-/// Gives back a claim whose command never started: the entry as it was, then the lease.
+/// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
+/// started is given back with [`Held::interrupted`] instead.)
 async fn unclaim<S: Store>(ctx: &Ctx<S>, held: &Held) -> Result<(), StoreError> {
     apply(&ctx.store, held.unclaim()).await?;
     apply(&ctx.store, held.release()).await.map(|_| ())
@@ -1031,8 +1046,15 @@ fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final
 
 enum Attempt {
     Ok(Digest256),
-    Failed { ending: String, stderr: Vec<u8>, message: String },
+    Failed {
+        ending: String,
+        stderr: Vec<u8>,
+        message: String,
+    },
     Lost,
+    /// The run stopped before the command could start: nothing ran.
+    NotStarted,
+    /// The command ran and was killed by a second Ctrl-C or SIGTERM: it may have written anything.
     Interrupted,
 }
 
@@ -1226,7 +1248,7 @@ async fn attempt<S: Store>(
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = stopped(&mut stop, 1) => return Attempt::Interrupted,
+                    () = stopped(&mut stop, 1) => return Attempt::NotStarted,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 if !fence(&ctx.store, held, &mut lease_sent).await {

@@ -292,8 +292,8 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
         Ledger::Other(s) => on(s, job).await?,
     };
     println!(
-        "job {job}: {} done, {} running or abandoned, {} failed, {} poison",
-        st.done, st.running, st.failed, st.poison
+        "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted",
+        st.done, st.running, st.failed, st.poison, st.interrupted
     );
     for (id, error) in &st.problems {
         println!("{id}\t{error}");

@@ -16,6 +16,8 @@ struct Job {
     dir: tempfile::TempDir,
     store: Option<String>,
     namespace: Option<String>,
+    /// The output template, relative to the job's directory.
+    template: &'static str,
 }
 
 impl Job {
@@ -32,7 +34,7 @@ impl Job {
         let mut perms = std::fs::metadata(&path).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
         std::fs::set_permissions(&path, perms).unwrap();
-        Job { dir, store: None, namespace: None }
+        Job { dir, store: None, namespace: None, template: "out/{id}.json" }
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -40,7 +42,7 @@ impl Job {
     }
 
     fn output(&self) -> String {
-        self.path("out/{id}.json").display().to_string()
+        self.path(self.template).display().to_string()
     }
 
     fn command(&self, extra: &[&str]) -> Command {
@@ -798,7 +800,8 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     let (code, dry, err) = job.run(&["--dry-run", "--retries", "0"]);
     assert_eq!(code, 0, "{err}");
     for (killed, _) in &job.log()[2..4] {
-        assert!(dry.contains(&format!("{killed}\tnew\n")), "{killed} not given back: {dry}");
+        // Given back uncounted, and remembered as interrupted (its command may have written its final path).
+        assert!(dry.contains(&format!("{killed}\tattempt 1 interrupted (")), "{killed} not given back: {dry}");
     }
     assert!(!dry.contains("abandoned") && !dry.contains("runs once its lease lapses"), "{dry}");
 
@@ -809,6 +812,103 @@ fn first_ctrl_c_drains_second_kills_and_releases_leases() {
     assert!(started.elapsed() < Duration::from_secs(40), "the rerun waited for released leases");
     assert_eq!(job.log().len(), 2 + 2 + 18);
     assert_outputs_valid(&job, &ids);
+}
+
+/// A command that writes its final path itself, not only `{out}`: half of it, then (the first time only) a pause
+/// in which the runner is stopped, then the rest, and a copy to `{out}` for the runner to verify and rename.
+const WRITES_ITS_FINAL_PATH: &str = r#"printf 'first half\n' > "out/$1.txt"
+if [ ! -e paused ]; then touch paused; sleep 60; fi
+printf 'second half\n' >> "out/$1.txt"
+cp "out/$1.txt" "$2""#;
+
+/// How a test stops a runner, the lease it runs with, and the retries its rerun needs.
+struct Stopping<F> {
+    stop: F,
+    lease: &'static str,
+    /// The runner's exit status (`None`: killed by a signal).
+    code: Option<i32>,
+    /// `0` where the stop spends no attempt (an interruption), `1` where it does (a kill -9).
+    retries: &'static str,
+    /// How the dry run afterwards explains the item.
+    dry: &'static str,
+}
+
+/// Stops a runner while the command above pauses, with its half-written file at the final path; the next run
+/// must run the item again and end with the whole output, never adopt the half.
+fn a_half_written_final_path_is_redone_after(how: Stopping<impl FnOnce(&Job, &mut Child)>) {
+    let Stopping { stop, lease, code, retries, dry: reason } = how;
+    let mut job = Job::new(&["a".to_owned()], WRITES_ITS_FINAL_PATH);
+    job.template = "out/{id}.txt";
+    std::fs::create_dir_all(job.path("out")).unwrap();
+    let mut runner = job.spawn(&["--lease", lease], "first");
+    wait_for("the command to pause", Duration::from_secs(30), || job.path("paused").exists());
+    stop(&job, &mut runner);
+    let status = runner.wait().unwrap();
+    assert_eq!(status.code(), code, "{}", job.stderr_of("first"));
+    let final_path = job.path("out/a.txt");
+    assert_eq!(std::fs::read_to_string(&final_path).unwrap(), "first half\n", "nothing half-written to test with");
+    // Once a killed runner's lease lapsed, the dry run and the rerun see the same.
+    wait_for("the runner's lease to lapse", Duration::from_secs(30), || {
+        let (_, dry, _) = job.run(&["--dry-run", "--retries", retries]);
+        !dry.contains("runs once its lease lapses")
+    });
+    let (code, dry, err) = job.run(&["--dry-run", "--retries", retries]);
+    assert_eq!(code, 0, "{err}");
+    assert!(dry.starts_with(&format!("a\t{reason}")) && dry.trim_end().ends_with("runs again"), "{dry}");
+
+    let (code, _, err) = job.run(&["--retries", retries, "--lease", lease, "--report", "r.json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.report("r.json")["items"][0]["status"], "done", "{err}");
+    assert_eq!(job.log().len(), 2, "the item was not run again");
+    assert_eq!(std::fs::read_to_string(&final_path).unwrap(), "first half\nsecond half\n");
+    assert_eq!(job.out_files(), BTreeSet::from(["a.txt".to_owned()]), "a temporary file was left");
+}
+
+/// What a dry run says of an attempt given back after a second Ctrl-C or SIGTERM.
+const INTERRUPTED: &str = "attempt 1 interrupted (";
+
+#[test]
+fn a_file_half_written_at_the_final_path_before_sigterm_is_redone_not_adopted() {
+    let stop = |_: &Job, runner: &mut Child| signal(runner.id(), "TERM");
+    a_half_written_final_path_is_redone_after(Stopping {
+        stop,
+        lease: "60s",
+        code: Some(130),
+        retries: "0",
+        dry: INTERRUPTED,
+    });
+}
+
+#[test]
+fn a_file_half_written_at_the_final_path_before_a_second_ctrl_c_is_redone_not_adopted() {
+    let twice = |job: &Job, runner: &mut Child| {
+        signal(runner.id(), "INT");
+        // Two signals sent at once may arrive as one: the second waits for the runner to take the first.
+        wait_for("the first Ctrl-C to be taken", Duration::from_secs(10), || {
+            job.stderr_of("first").contains("idem run: stopping")
+        });
+        signal(runner.id(), "INT");
+    };
+    a_half_written_final_path_is_redone_after(Stopping {
+        stop: twice,
+        lease: "60s",
+        code: Some(130),
+        retries: "0",
+        dry: INTERRUPTED,
+    });
+}
+
+#[test]
+fn a_file_half_written_at_the_final_path_before_kill_9_is_redone_not_adopted() {
+    // A kill counts the attempt (the item may be what killed the runner): one retry is needed.
+    let stop = |_: &Job, runner: &mut Child| signal(runner.id(), "KILL");
+    a_half_written_final_path_is_redone_after(Stopping {
+        stop,
+        lease: "1s",
+        code: None,
+        retries: "1",
+        dry: "abandoned by ",
+    });
 }
 
 #[test]
