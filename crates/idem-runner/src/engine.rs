@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::heartbeat::Heartbeat;
 use crate::output::{self, Checks, Digest256, Invalid};
 use crate::progress::{Counters, Progress};
 use crate::report::{ItemReport, Report};
@@ -389,7 +390,7 @@ fn now_ms() -> u64 {
 }
 
 /// Performs a ledger write; returns the new generation of a put.
-async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, StoreError> {
+pub(crate) async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, StoreError> {
     match write.op {
         WriteOp::Put { value, ttl } => {
             store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
@@ -823,7 +824,7 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
             _ => None,
         };
         let claim = ItemClaim::new(keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev);
-        let mut lease_sent = Instant::now();
+        let lease_sent = Instant::now();
         let lease_gen = match apply(&ctx.store, claim.lease_write()).await {
             Ok(Some(g)) => g,
             Ok(None) => return Err("ledger put returned no generation".into()),
@@ -856,13 +857,15 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         }
         let previous = claim.previous_attempt();
         let mut held = claim.acquired(lease_gen, entry_gen);
+        let mut heartbeat = Heartbeat::new(&ctx.store, ctx.cfg.lease, lease_sent);
         if permit.is_none() {
-            match wait_for_slot(ctx, &mut held, &mut lease_sent).await {
+            match wait_for_slot(ctx, &mut held, &mut heartbeat).await {
                 Ok(p) => permit = Some(p),
                 Err(()) => {
                     // Stopping, or the claim was lost while it waited: it never started, so its attempt is
                     // given back (the undo is fenced on the claim's entry generation, so it changes nothing
                     // if another runner has claimed the item since).
+                    heartbeat.settle(&mut held).await;
                     let _ = unclaim(ctx, &held).await;
                     drop(ahead);
                     if ctx.stopping() {
@@ -880,8 +883,10 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
         ctx.executions.fetch_add(1, Ordering::Relaxed);
         ctx.counters.running.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let outcome = attempt(ctx, &mut held, lease_sent, item, &output, &mut permit).await;
+        let outcome = attempt(ctx, &mut held, &mut heartbeat, item, &output, &mut permit).await;
         ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
+        // A renewal still in flight is answered first: the release below is fenced on its generation.
+        heartbeat.settle(&mut held).await;
         match outcome {
             Attempt::Ok(digest) => {
                 let duration = started.elapsed();
@@ -950,62 +955,27 @@ async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, mut prefetched: Prefetched
     Ok(result)
 }
 
-/// Waits for a free slot while holding a claim made ahead, renewing its lease every third of its length (a slow
-/// command can keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost
-/// (taken over, or the ledger unreachable until it lapsed): the caller gives the claim back.
+/// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
+/// keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost (taken over,
+/// or the ledger unreachable until it lapsed): the caller gives the claim back.
 async fn wait_for_slot<'a, S: Store>(
     ctx: &'a Ctx<S>,
     held: &mut Held,
-    lease_sent: &mut Instant,
+    heartbeat: &mut Heartbeat<'_, S>,
 ) -> Result<tokio::sync::SemaphorePermit<'a>, ()> {
-    let acquire = ctx.jobs.acquire();
-    tokio::pin!(acquire);
-    let mut next = tokio::time::Instant::from_std(*lease_sent) + held.lease() / 3;
-    let permit = loop {
-        tokio::select! {
-            p = &mut acquire => break p.map_err(|_| ())?,
-            () = tokio::time::sleep_until(next) => {
-                let sent = Instant::now();
-                match apply(&ctx.store, held.renew()).await {
-                    Ok(Some(g)) => {
-                        held.renewed(g);
-                        *lease_sent = sent;
-                        next = tokio::time::Instant::from_std(sent) + held.lease() / 3;
-                    }
-                    Err(e) if e.is_precondition_failed() => return Err(()),
-                    _ if lease_sent.elapsed() >= held.lease() => return Err(()),
-                    // The ledger did not answer: try again shortly, while the lease lasts.
-                    _ => next = tokio::time::Instant::now() + Duration::from_millis(200),
-                }
-            }
-        }
+    let permit = tokio::select! {
+        p = ctx.jobs.acquire() => p.map_err(|_| ())?,
+        () = heartbeat.until_lost(held) => return Err(()),
     };
     if ctx.stopping() {
         return Err(());
     }
     // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
     // so a runner that was taken over meanwhile never starts the command.
-    if !fence(&ctx.store, held, lease_sent).await {
+    if !heartbeat.fence(held).await {
         return Err(());
     }
     Ok(permit)
-}
-
-/// Renews the lease if it was set at least a third of its length ago (a fence before a step that needs it);
-/// false when the renewal was refused or failed: the caller no longer holds the item.
-async fn fence<S: Store>(store: &S, held: &mut Held, lease_sent: &mut Instant) -> bool {
-    if lease_sent.elapsed() < held.lease() / 3 {
-        return true;
-    }
-    let sent = Instant::now();
-    match apply(store, held.renew()).await {
-        Ok(Some(g)) => {
-            held.renewed(g);
-            *lease_sent = sent;
-            true
-        }
-        _ => false,
-    }
 }
 
 /// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
@@ -1170,16 +1140,12 @@ fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
     arg.replace("{id}", id).replace("{out}", &out.display().to_string()).replace("{item}", item)
 }
 
-/// One attempt at one held item: spawn, heartbeat, wait, verify, then rename into place while still holding
-/// the lease.
-///
-/// `lease_sent` is when the write that last set the lease was sent: the store started the lease's time no
-/// earlier, so until a whole lease has passed on this machine's monotonic clock the lease is still ours (the
-/// usual lease assumption that clocks run at about the same rate; no clock sync is assumed).
+/// One attempt at one held item: spawn, wait, verify, then rename into place while still holding the lease,
+/// which `heartbeat` renews beside each of those steps.
 async fn attempt<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
-    mut lease_sent: Instant,
+    heartbeat: &mut Heartbeat<'_, S>,
     item: &Item,
     output: &Path,
     permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
@@ -1251,7 +1217,7 @@ async fn attempt<S: Store>(
                     () = stopped(&mut stop, 1) => return Attempt::NotStarted,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
-                if !fence(&ctx.store, held, &mut lease_sent).await {
+                if !heartbeat.fence(held).await {
                     return Attempt::Lost;
                 }
             }
@@ -1287,43 +1253,26 @@ async fn attempt<S: Store>(
         }
         std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
     };
-    let beat = lease / 3;
-    // From when the lease was last set, not from now: a claim made ahead may already be a while old.
-    let mut next_beat = tokio::time::Instant::from_std(lease_sent) + beat;
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            () = tokio::time::sleep_until(next_beat) => {
-                let sent = Instant::now();
-                match apply(&ctx.store, held.renew()).await {
-                    Ok(Some(g)) => { held.renewed(g); lease_sent = sent; }
-                    Err(e) if e.is_precondition_failed() => {
-                        kill_group(&mut child).await;
-                        let _ = tokio::fs::remove_file(&temp).await;
-                        return Attempt::Lost;
-                    }
-                    _ => {
-                        // The ledger is unreachable: keep trying until the lease would have lapsed anyway.
-                        if lease_sent.elapsed() >= lease {
-                            kill_group(&mut child).await;
-                            let _ = tokio::fs::remove_file(&temp).await;
-                            return Attempt::Lost;
-                        }
-                    }
-                }
-                next_beat = tokio::time::Instant::now() + beat;
-            }
-            () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                kill_group(&mut child).await;
-                let _ = tokio::fs::remove_file(&temp).await;
-                return failed("timeout", Vec::new());
-            }
-            () = stopped(&mut stop, 2) => {
-                kill_group(&mut child).await;
-                let _ = tokio::fs::remove_file(&temp).await;
-                return Attempt::Interrupted;
-            }
+    // The lease is renewed beside the wait (not inside an arm of it), so a slow ledger never delays noticing
+    // the command's exit, its timeout or a second Ctrl-C.
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = heartbeat.until_lost(held) => {
+            // Taken over, or the ledger unreachable until the lease lapsed: the item is no longer ours.
+            kill_group(&mut child).await;
+            let _ = tokio::fs::remove_file(&temp).await;
+            return Attempt::Lost;
+        }
+        () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+            kill_group(&mut child).await;
+            let _ = tokio::fs::remove_file(&temp).await;
+            return failed("timeout", Vec::new());
+        }
+        () = stopped(&mut stop, 2) => {
+            kill_group(&mut child).await;
+            let _ = tokio::fs::remove_file(&temp).await;
+            return Attempt::Interrupted;
         }
     };
     let stderr = stderr().await;
@@ -1341,7 +1290,7 @@ async fn attempt<S: Store>(
     *permit = None;
     // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
     // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
-    let fence_until = ctx.cfg.verify.is_none().then(|| lease_sent + lease / 3);
+    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent() + lease / 3);
     let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let mut finishing = tokio::task::spawn_blocking(move || {
         let digest =
@@ -1356,21 +1305,13 @@ async fn attempt<S: Store>(
         }
     });
     // Heartbeats go on while the output is read, digested and fsynced: a large output on a slow disk takes
-    // longer than a short lease, and losing it there would discard every attempt. A failed renewal is left
-    // to the fence before the rename.
-    let finished = loop {
-        tokio::select! {
-            done = &mut finishing => break done.unwrap_or_else(|e| Err(Finish::Verify(e.to_string()))),
-            () = tokio::time::sleep_until(next_beat) => {
-                let sent = Instant::now();
-                if let Ok(Some(g)) = apply(&ctx.store, held.renew()).await {
-                    held.renewed(g);
-                    lease_sent = sent;
-                }
-                next_beat = tokio::time::Instant::now() + beat;
-            }
-        }
-    };
+    // longer than a short lease, and losing it there would discard every attempt. The blocking work cannot be
+    // called off: a lease lost meanwhile is left to the fence before the rename, which then refuses.
+    let finished = tokio::select! {
+        done = &mut finishing => done,
+        () = heartbeat.until_lost(held) => finishing.await,
+    }
+    .unwrap_or_else(|e| Err(Finish::Verify(e.to_string())));
     let digest = match finished {
         Ok((digest, true)) => return Attempt::Ok(digest),
         Ok((digest, false)) => digest,
@@ -1383,16 +1324,28 @@ async fn attempt<S: Store>(
             return failed("cannot rename the output into place", e.into_bytes());
         }
     };
-    if let Err((ending, stderr)) = verify_cmd(ctx, &temp).await {
-        let _ = tokio::fs::remove_file(&temp).await;
-        return failed(ending, stderr);
+    // `--verify` runs beside the heartbeat too; a lease lost meanwhile ends it (killed on drop).
+    let verified = tokio::select! {
+        verified = verify_cmd(ctx, &temp) => Some(verified),
+        () = heartbeat.until_lost(held) => None,
+    };
+    match verified {
+        Some(Ok(())) => {}
+        Some(Err((ending, stderr))) => {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return failed(ending, stderr);
+        }
+        None => {
+            let _ = tokio::fs::remove_file(&temp).await;
+            return Attempt::Lost;
+        }
     }
     // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
     // A lease set less than a third of its length ago certainly has (short commands need no extra write);
     // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
     // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
-    if !fence(&ctx.store, held, &mut lease_sent).await {
+    if !heartbeat.fence(held).await {
         let _ = tokio::fs::remove_file(&temp).await;
         return Attempt::Lost;
     }

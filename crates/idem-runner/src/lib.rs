@@ -23,6 +23,7 @@ mod admin;
 mod config;
 mod engine;
 mod error;
+mod heartbeat;
 mod items;
 mod output;
 mod progress;
