@@ -1,7 +1,9 @@
-//! The `idem` command as a user runs it: serve flags and config, refusals, graceful shutdown, the kv client.
+//! The `idem` command as a user runs it: serve flags and config, refusals, graceful shutdown, the kv client,
+//! and the README's examples (`readme/mod.rs`).
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod common;
+mod readme;
 
 use std::time::Duration;
 
