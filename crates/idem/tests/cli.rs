@@ -233,7 +233,21 @@ fn proxy_flags_without_an_upstream_are_refused() {
     assert_eq!(code, 2);
     assert!(err.contains("--require-key applies to the proxy only"), "{err}");
     let (code, _, err) =
-        idem(&["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--upstream", "https://example.com"], &[]);
+        // Its own admin port: the default 8081 may be taken by another test or program on the machine.
+        idem(
+            &[
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--store",
+                "memory:",
+                "--upstream",
+                "https://example.com",
+            ],
+            &[],
+        );
     assert_eq!(code, 2);
     assert!(err.contains("the scheme must be http"), "{err}");
     // The replay cache needs a store no other proxy writes: refused with a shared one, before connecting.
