@@ -319,7 +319,7 @@ impl Upstream {
             Ok(Err(error)) => {
                 let facts = capture.connection_metadata().as_ref().and_then(Facts::of);
                 let unread = match facts {
-                    Some(facts) => facts.unread().await,
+                    Some(facts) => facts.unread(),
                     None => None,
                 };
                 Sent::Failed { error, unread }
@@ -385,9 +385,7 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
         "idem_upstream_retries_total",
         "Requests sent again on a new connection because the upstream provably never read them, by reason."
     );
-    for reason in ["not_written", "discarded"] {
-        metrics::counter!("idem_upstream_retries_total", "reason" => reason).increment(0);
-    }
+    metrics::counter!("idem_upstream_retries_total", "reason" => "not_written").increment(0);
     // A body refused by the layer's limit is drained before the 413 goes out (see `DrainLayer`).
     let drain = DrainLayer::new(layer.request_body_limit() as u64);
     Router::new()

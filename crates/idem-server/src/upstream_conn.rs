@@ -33,18 +33,12 @@ use tokio::net::TcpStream;
 /// written to it (one non-blocking `recv(MSG_PEEK)`); busier connections skip the system call.
 const PEEK_AFTER_IDLE: Duration = Duration::from_millis(50);
 
-/// How long a failed request waits for the reset that follows an upstream's FIN when the request was written
-/// before the FIN arrived (one round trip on a real network; on loopback it has always arrived already).
-const LATE_RESET_WAIT: Duration = Duration::from_millis(50);
-
 /// Why a request is known not to have been read by the upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Unread {
     /// Refused before a byte was written: the connection was closed, reset, carried unrequested bytes, or had
     /// been idle past the keep-alive the upstream announced.
     NotWritten(&'static str),
-    /// The upstream closed its side before answering and then discarded bytes of the request (FIN, then RST).
-    Discarded,
 }
 
 impl Unread {
@@ -52,7 +46,6 @@ impl Unread {
     pub(crate) fn reason(self) -> &'static str {
         match self {
             Unread::NotWritten(why) => why,
-            Unread::Discarded => "the upstream closed the connection without reading the request (FIN, then RST)",
         }
     }
 
@@ -60,7 +53,6 @@ impl Unread {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Unread::NotWritten(_) => "not_written",
-            Unread::Discarded => "discarded",
         }
     }
 }
@@ -114,34 +106,12 @@ impl Facts {
         self.lock().keep_alive = Some(timeout);
     }
 
-    /// Whether the current request on this connection provably never reached the upstream's application
-    /// whole. Waits up to [`LATE_RESET_WAIT`] for a reset that may still follow an end of stream.
-    pub(crate) async fn unread(&self) -> Option<Unread> {
-        let deadline = Instant::now() + LATE_RESET_WAIT;
-        loop {
-            {
-                let mut state = self.lock();
-                if let Some(why) = state.refused {
-                    return Some(Unread::NotWritten(why));
-                }
-                if !state.eof || state.response_bytes > 0 {
-                    return None;
-                }
-                if !state.reset_after_eof
-                    && let Some(socket) = &self.socket
-                    && is_reset(socket.take_error().ok().flatten().as_ref())
-                {
-                    state.reset_after_eof = true;
-                }
-                if state.reset_after_eof {
-                    return Some(Unread::Discarded);
-                }
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+    /// Whether the current request on this connection was provably never sent: refused before its first
+    /// byte. An upstream FIN before any answer byte followed by a reset is recorded but is *not* proof: an
+    /// upstream that acted on the head and closed with the body unread (Python's socketserver after a handler
+    /// raises) sends exactly that (docs/DESIGN.md, "Upstream connections").
+    pub(crate) fn unread(&self) -> Option<Unread> {
+        self.lock().refused.map(Unread::NotWritten)
     }
 }
 
