@@ -7,14 +7,11 @@
 //! [`Observed`], which records per request the facts that decide it:
 //! - whether this wrapper refused to write the request at all (the upstream had already closed, sent bytes no
 //!   request asked for, or outlived the keep-alive it announced): nothing was sent;
-//! - whether the upstream closed its side (FIN) before any byte of the answer **and then reset** the
-//!   connection (RST). A TCP sends that reset when its application closes with received data unread, or when
-//!   data arrives after the close (RFC 9293 §3.6.1, RFC 1122 §4.2.2.13): the upstream abandoned the connection
-//!   without answering and discarded bytes of the request, so it never read the request whole.
+//! - whether the upstream closed its side (FIN) before any byte of the answer and then reset the connection
+//!   (RST). This is recorded for logs but is **not** proof: it shows only that part of the request was left
+//!   unread, and an upstream that acted on the head and closed with the body unread sends exactly that.
 //!
-//! What is *not* proof: an end of stream without the reset (the upstream may have read and executed the
-//! request, then crashed), and a reset without a preceding FIN (an abortive close, `SO_LINGER 0`, also follows
-//! a request that was read).
+//! Only the first is proof; any failure after writing is an unknown outcome.
 
 use std::io;
 use std::os::fd::AsFd;
