@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Ur
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_store::Store;
 use idem_tower::{BufferedBody, DrainLayer, IdempotencyLayer, UpstreamFailure};
 use tokio::time::Instant as Deadline;
@@ -117,6 +117,10 @@ impl Upstream {
         let connector = ObservingConnector::new(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(idle_timeout)
+            // Without a timer hyper-util checks the idle timeout only when it next takes a connection from the
+            // pool: an idle connection stayed open (and, once the upstream closed it, in CLOSE_WAIT) until
+            // then. With one, a reaper closes connections idle past the timeout.
+            .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(256)
             .build(connector.clone());
         let fresh = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);

@@ -4,17 +4,15 @@
 //! An HTTP/1.1 server may close an idle keep-alive connection at any moment (RFC 9112 §9.6), and a request
 //! written just as it does is lost with it. RFC 9110 §9.2.2 lets a client retry a non-idempotent request only
 //! when it can "detect that the original request was never applied". Each connection here is wrapped in
-//! [`Observed`], which records per request the facts that decide it:
-//! - whether this wrapper refused to write the request at all (the upstream had already closed, sent bytes no
-//!   request asked for, or outlived the keep-alive it announced): nothing was sent;
-//! - whether the upstream closed its side (FIN) before any byte of the answer and then reset the connection
-//!   (RST). This is recorded for logs but is **not** proof: it shows only that part of the request was left
-//!   unread, and an upstream that acted on the head and closed with the body unread sends exactly that.
+//! [`Observed`], which records per request whether it refused to write the request at all (the upstream had
+//! already closed, sent bytes no request asked for, or outlived the keep-alive it announced): nothing was sent.
 //!
-//! Only the first is proof; any failure after writing is an unknown outcome.
+//! That is the only proof. Any failure after the first byte is written is an unknown outcome: even the
+//! upstream's FIN before any answer byte followed by a reset shows only that part of the request was left
+//! unread, and an upstream that acted on the head and closed with the body unread sends exactly that.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -56,12 +54,13 @@ impl Unread {
 
 /// What one connection has seen, shared by its [`Observed`] I/O and the proxy (through hyper-util's
 /// connection metadata, see [`Facts::of`]).
-#[derive(Debug)]
+///
+/// It holds no descriptor of the socket: hyper-util keeps these facts (in the response's connection
+/// metadata) after the connection itself is gone, and a descriptor kept here would keep a socket the upstream
+/// closed open in `CLOSE_WAIT` for as long.
+#[derive(Debug, Default)]
 pub(crate) struct Facts {
     state: Mutex<State>,
-    /// A second descriptor for the same socket, to read a pending error after hyper has given the connection
-    /// up (the late reset). Closing it is what finally closes the socket after hyper's descriptor.
-    socket: Option<std::net::TcpStream>,
 }
 
 #[derive(Debug, Default)]
@@ -70,18 +69,12 @@ struct State {
     requests: u64,
     /// A request is being written or answered (the last operation with data was a write).
     in_request: bool,
-    /// Response bytes read since the current request began.
-    response_bytes: u64,
     /// When the last response byte arrived: the connection's idle age before the next request.
     last_read: Option<Instant>,
     /// The keep-alive timeout the upstream announced (`Keep-Alive: timeout=N`, RFC 2068 §19.7.1.1).
     keep_alive: Option<Duration>,
     /// This wrapper refused to write the current request.
     refused: Option<&'static str>,
-    /// The upstream's FIN came before any byte of the answer to the current request.
-    eof: bool,
-    /// ... and a reset followed it.
-    reset_after_eof: bool,
 }
 
 impl Facts {
@@ -104,17 +97,12 @@ impl Facts {
     }
 
     /// Whether the current request on this connection was provably never sent: refused before its first
-    /// byte. An upstream FIN before any answer byte followed by a reset is recorded but is *not* proof: an
-    /// upstream that acted on the head and closed with the body unread (Python's socketserver after a handler
-    /// raises) sends exactly that (docs/DESIGN.md, "Upstream connections").
+    /// byte. Nothing seen after writing is proof: an upstream that acted on the head and closed with the body
+    /// unread (Python's socketserver after a handler raises) sends a FIN and then a reset, just like one that
+    /// never read the request (docs/DESIGN.md, "Upstream connections").
     pub(crate) fn unread(&self) -> Option<Unread> {
         self.lock().refused.map(Unread::NotWritten)
     }
-}
-
-/// A reset as Linux reports it: `ECONNRESET`, or `EPIPE` when it arrives after the peer's FIN (`CLOSE_WAIT`).
-fn is_reset(error: Option<&io::Error>) -> bool {
-    error.is_some_and(|e| matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe))
 }
 
 /// A TCP connection that records [`Facts`] as hyper reads and writes it.
@@ -139,11 +127,10 @@ impl Observed {
         if idle < PEEK_AFTER_IDLE {
             return None;
         }
-        let socket = self.facts.socket.as_ref()?;
-        let mut probe = [0u8; 1];
-        // The descriptor shares tokio's non-blocking file description: an open, quiet connection answers
-        // `WouldBlock` at once.
-        match socket.peek(&mut probe) {
+        let mut probe = [MaybeUninit::<u8>::uninit(); 1];
+        // A system call, not tokio's cached readiness, which lags a FIN that has just arrived. The socket is
+        // non-blocking (tokio's): an open, quiet connection answers `WouldBlock` at once.
+        match socket2::SockRef::from(&self.io).peek(&mut probe) {
             Ok(0) => Some("the upstream had closed the idle connection"),
             Ok(_) => Some("the upstream sent bytes on the idle connection that no request asked for"),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
@@ -157,21 +144,11 @@ impl Observed {
         if !state.in_request {
             state.in_request = true;
             state.requests += 1;
-            state.response_bytes = 0;
-            state.eof = false;
-            state.reset_after_eof = false;
             state.refused = if state.requests > 1 { self.refuse_reuse(&state) } else { None };
         }
         match state.refused {
             Some(why) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)),
             None => Ok(()),
-        }
-    }
-
-    fn after_write_error(&self, error: &io::Error) {
-        let mut state = self.facts.lock();
-        if state.eof && state.response_bytes == 0 && is_reset(Some(error)) {
-            state.reset_after_eof = true;
         }
     }
 }
@@ -181,30 +158,12 @@ impl AsyncRead for Observed {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        match &polled {
-            Poll::Ready(Ok(())) if read > 0 => {
-                let mut state = self.facts.lock();
-                state.in_request = false;
-                state.response_bytes += read as u64;
-                state.last_read = Some(Instant::now());
-            }
-            Poll::Ready(Ok(())) => {
-                let mut state = self.facts.lock();
-                if state.in_request && state.response_bytes == 0 {
-                    state.eof = true;
-                    // On loopback the reset for our unread bytes has usually arrived with the FIN.
-                    if is_reset(self.io.take_error().ok().flatten().as_ref()) {
-                        state.reset_after_eof = true;
-                    }
-                }
-            }
-            Poll::Ready(Err(e)) => {
-                let mut state = self.facts.lock();
-                if state.eof && state.response_bytes == 0 && is_reset(Some(e)) {
-                    state.reset_after_eof = true;
-                }
-            }
-            Poll::Pending => {}
+        if let Poll::Ready(Ok(())) = &polled
+            && read > 0
+        {
+            let mut state = self.facts.lock();
+            state.in_request = false;
+            state.last_read = Some(Instant::now());
         }
         polled
     }
@@ -213,11 +172,7 @@ impl AsyncRead for Observed {
 impl AsyncWrite for Observed {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.before_write()?;
-        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Err(e)) = &polled {
-            self.after_write_error(e);
-        }
-        polled
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -226,11 +181,7 @@ impl AsyncWrite for Observed {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.before_write()?;
-        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Err(e)) = &polled {
-            self.after_write_error(e);
-        }
-        polled
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -242,15 +193,6 @@ impl AsyncWrite for Observed {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        {
-            let state = self.facts.lock();
-            if state.eof && state.response_bytes == 0 && !state.reset_after_eof {
-                // Our FIN would reach an upstream that has shut down its side but not yet closed its socket,
-                // and its close would then discard our unread request without the reset that proves it. The
-                // socket closes when the last descriptor does, after the proxy has looked for that reset.
-                return Poll::Ready(Ok(()));
-            }
-        }
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
@@ -286,10 +228,7 @@ impl tower::Service<Uri> for ObservingConnector {
         let connecting = self.inner.call(uri);
         Box::pin(async move {
             let io = connecting.await?.into_inner();
-            // Without the second descriptor the proxy only loses the late-reset check and the idle peek.
-            let socket = io.as_fd().try_clone_to_owned().ok().map(std::net::TcpStream::from);
-            let facts = Arc::new(Facts { state: Mutex::new(State::default()), socket });
-            Ok(TokioIo::new(Observed { io, facts }))
+            Ok(TokioIo::new(Observed { io, facts: Arc::default() }))
         })
     }
 }

@@ -946,3 +946,74 @@ async fn a_connection_idle_near_the_keep_alive_the_upstream_announced_is_not_reu
     let counts = counts.lock().unwrap().clone();
     assert_eq!(counts.get("b"), Some(&1), "{counts:?}");
 }
+
+/// Client sockets on this machine connected to 127.0.0.1:`port`, in TCP state `state` as `/proc/net/tcp`
+/// writes it (`01` ESTABLISHED, `08` CLOSE_WAIT). Only the proxies under test connect to a test upstream.
+fn sockets_to(port: u16, state: &str) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| l.split_whitespace().nth(2) == Some(&remote))
+        .filter(|l| l.split_whitespace().nth(3) == Some(state))
+        .count()
+}
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// Sends `n` POSTs at once, so the proxy opens several upstream connections.
+async fn concurrent_posts(url: &str, n: usize) {
+    let posts = (0..n).map(|i| {
+        let url = url.to_owned();
+        tokio::spawn(async move { post(&url, "/orders", Some(&format!("c{i}")), "{}").await.status() })
+    });
+    for post in posts.collect::<Vec<_>>() {
+        assert_eq!(post.await.unwrap(), StatusCode::CREATED);
+    }
+}
+
+/// Polls `count` until it is 0, for at most 5 s; the last count otherwise.
+async fn drained(count: impl Fn() -> usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = count();
+        if n == 0 || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_the_upstream_closed_are_closed_by_the_proxy_too() {
+    // Anything holding an upstream socket beyond hyper's connection (the connection's facts outlive it in
+    // hyper-util's metadata) would keep each connection the upstream closed in CLOSE_WAIT on the proxy's side,
+    // one descriptor each, without bound. The pool's idle timeout (60 s here) must not be what closes them.
+    let Some((mut peer, up)) = start_peer("python3", "keepalive_upstream.py", "0.3") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--upstream-idle-timeout", "60s"]);
+    concurrent_posts(&server.url, 8).await;
+    let port = port_of(&up);
+    assert!(sockets_to(port, "01") + sockets_to(port, "08") > 0, "no upstream connection to watch");
+    let left = drained(|| sockets_to(port, "01") + sockets_to(port, "08")).await;
+    let _ = peer.kill();
+    assert_eq!(left, 0, "proxy sockets still open 5 s after the upstream closed them (CLOSE_WAIT or not)");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_upstream_connections_are_closed_after_the_idle_timeout() {
+    // hyper-util checks the pool's idle timeout only when it takes a connection out, unless it has a timer:
+    // without one, connections idle past --upstream-idle-timeout stayed open until the next request.
+    let Some((mut peer, up)) = start_peer("python3", "keepalive_upstream.py", "600") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = proxy(&dir, &up, &["--upstream-idle-timeout", "300ms"]);
+    concurrent_posts(&server.url, 8).await;
+    let port = port_of(&up);
+    assert!(sockets_to(port, "01") > 0, "no upstream connection to watch");
+    let left = drained(|| sockets_to(port, "01")).await;
+    let _ = peer.kill();
+    assert_eq!(left, 0, "upstream connections still open 5 s after a 300 ms idle timeout");
+}
