@@ -308,7 +308,8 @@ async fn post_op<S: Store>(
     let bytes = read_limited(&headers, body, MAX_OP_BODY).await?;
     if op == "set" {
         let b: SetBody = parse_json(&bytes)?;
-        let out = timed("set", store.set_change(&key, SetChange { add: b.add, remove: b.remove })).await?;
+        let out =
+            timed("set", store.set_change(&key, SetChange { add: b.add, remove: b.remove, dedupe_id: None })).await?;
         let mut resp = axum::Json(out).into_response();
         if let Some(g) = out.generation {
             resp.headers_mut().insert(header::ETAG, etag(g));
