@@ -4,9 +4,10 @@ use crate::Error;
 
 /// Versioned migrations; `{schema}` is replaced by the (validated) schema name. Never edit a released one:
 /// add the next.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        r#"
 CREATE SEQUENCE {schema}.generation AS bigint;
 CREATE TABLE {schema}.kv (
     key text COLLATE "C" PRIMARY KEY,
@@ -25,7 +26,30 @@ CREATE TABLE {schema}.counter_dedupe (
 );
 CREATE INDEX counter_dedupe_expires_at ON {schema}.counter_dedupe (expires_at);
 "#,
-)];
+    ),
+    // Dedupe records remember their payload, so an id reused with another payload is refused. A NULL `delta`
+    // is a record written before this migration (or by an older server still running beside a newer one),
+    // which kept no payload: it matches any delta, as those versions answered. `set_dedupe.generation` is
+    // NULL when the change left no set.
+    (
+        2,
+        r#"
+ALTER TABLE {schema}.counter_dedupe ADD COLUMN delta bigint;
+CREATE TABLE {schema}.set_dedupe (
+    key text COLLATE "C" NOT NULL,
+    dedupe_id text COLLATE "C" NOT NULL,
+    fingerprint text NOT NULL,
+    generation bigint,
+    members bigint NOT NULL,
+    added bigint NOT NULL,
+    removed bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (key, dedupe_id)
+);
+CREATE INDEX set_dedupe_expires_at ON {schema}.set_dedupe (expires_at);
+"#,
+    ),
+];
 
 /// Checks that a schema name needs no quoting: it is pasted into statements.
 pub(crate) fn validate(schema: &str) -> Result<(), Error> {

@@ -63,8 +63,11 @@ struct Sql {
     list: String,
     dedupe_get: String,
     dedupe_put: String,
+    set_dedupe_get: String,
+    set_dedupe_put: String,
     sweep_kv: String,
     sweep_dedupe: String,
+    sweep_set_dedupe: String,
 }
 
 impl Sql {
@@ -109,12 +112,29 @@ impl Sql {
                  AND {LIVE} ORDER BY k.key LIMIT $3"
             ),
             dedupe_get: format!(
-                "SELECT value, generation FROM {s}.counter_dedupe WHERE key = $1 AND dedupe_id = $2 AND expires_at > now()"
+                "SELECT value, generation, delta FROM {s}.counter_dedupe \
+                 WHERE key = $1 AND dedupe_id = $2 AND expires_at > now()"
             ),
             dedupe_put: format!(
-                "INSERT INTO {s}.counter_dedupe (key, dedupe_id, value, generation, expires_at) \
-                 VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 millisecond') ON CONFLICT (key, dedupe_id) \
-                 DO UPDATE SET value = excluded.value, generation = excluded.generation, expires_at = excluded.expires_at"
+                "INSERT INTO {s}.counter_dedupe (key, dedupe_id, value, generation, expires_at, delta) \
+                 VALUES ($1, $2, $3, $4, now() + $5::float8 * interval '1 millisecond', $6) \
+                 ON CONFLICT (key, dedupe_id) DO UPDATE SET value = excluded.value, \
+                 generation = excluded.generation, expires_at = excluded.expires_at, delta = excluded.delta"
+            ),
+            set_dedupe_get: format!(
+                "SELECT fingerprint, generation, members, added, removed FROM {s}.set_dedupe \
+                 WHERE key = $1 AND dedupe_id = $2 AND expires_at > now()"
+            ),
+            // Takes the id only when it is free or its record expired; no row back means a concurrent change
+            // under the same id committed first.
+            set_dedupe_put: format!(
+                "INSERT INTO {s}.set_dedupe AS d \
+                 (key, dedupe_id, fingerprint, generation, members, added, removed, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::float8 * interval '1 millisecond') \
+                 ON CONFLICT (key, dedupe_id) DO UPDATE SET fingerprint = excluded.fingerprint, \
+                 generation = excluded.generation, members = excluded.members, added = excluded.added, \
+                 removed = excluded.removed, expires_at = excluded.expires_at WHERE d.expires_at <= now() \
+                 RETURNING true"
             ),
             sweep_kv: format!(
                 "DELETE FROM {s}.kv WHERE ctid IN (SELECT ctid FROM {s}.kv WHERE expires_at <= now() LIMIT 1000)"
@@ -122,6 +142,10 @@ impl Sql {
             sweep_dedupe: format!(
                 "DELETE FROM {s}.counter_dedupe WHERE ctid IN \
                  (SELECT ctid FROM {s}.counter_dedupe WHERE expires_at <= now() LIMIT 1000)"
+            ),
+            sweep_set_dedupe: format!(
+                "DELETE FROM {s}.set_dedupe WHERE ctid IN \
+                 (SELECT ctid FROM {s}.set_dedupe WHERE expires_at <= now() LIMIT 1000)"
             ),
         }
     }
@@ -153,6 +177,10 @@ fn gen_of(n: i64) -> Generation {
     Generation::new(u64::try_from(n).unwrap_or(0))
 }
 
+fn to_usize(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -181,7 +209,8 @@ impl PostgresStore {
         drop(client);
         let sql = Sql::new(schema);
         let sweeper = {
-            let (pool, sweeps) = (pool.clone(), [sql.sweep_kv.clone(), sql.sweep_dedupe.clone()]);
+            let sweeps = [sql.sweep_kv.clone(), sql.sweep_dedupe.clone(), sql.sweep_set_dedupe.clone()];
+            let pool = pool.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(SWEEP_EVERY).await;
@@ -384,10 +413,25 @@ impl Store for PostgresStore {
         let limits = self.inner.limits;
         limits.check_set_change(key, &change)?;
         let sql = &self.inner.sql;
+        let dedupe = change.dedupe_id.as_deref().map(|id| (id, change.fingerprint()));
         let mut c = self.inner.pool.get().await.map_err(pool_err)?;
         for _ in 0..CREATE_RACES {
             let tx = c.transaction().await.map_err(pg_err)?;
             let current = lock_row(&tx, sql, key).await?;
+            if let Some((id, fingerprint)) = &dedupe
+                && let Some(row) = tx.query_opt(&sql.set_dedupe_get, &[&key, id]).await.map_err(pg_err)?
+            {
+                if row.get::<_, String>(0) != *fingerprint {
+                    return Err(StoreError::DedupeIdReused { key: key.to_owned(), dedupe_id: (*id).to_owned() });
+                }
+                return Ok(SetOutcome {
+                    generation: row.get::<_, Option<i64>>(1).map(gen_of),
+                    members: to_usize(row.get(2)),
+                    added: to_usize(row.get(3)),
+                    removed: to_usize(row.get(4)),
+                    applied: false,
+                });
+            }
             let applied = apply_set(current.as_ref().map(|c| c.value.as_slice()), &change)?;
             let mut generation = current.as_ref().map(|c| c.generation);
             if applied.changed {
@@ -405,13 +449,27 @@ impl Store for PostgresStore {
                     }
                 }
             }
-            tx.commit().await.map_err(pg_err)?;
-            return Ok(SetOutcome {
+            let outcome = SetOutcome {
                 generation,
                 members: applied.members,
                 added: applied.added,
                 removed: applied.removed,
-            });
+                applied: true,
+            };
+            if let Some((id, fingerprint)) = &dedupe {
+                // A change that alters nothing takes no row lock, so two changes under one id can both get
+                // here; the id's primary key decides, and the loser rolls back and looks again.
+                let g = generation.map(|g| i64::try_from(g.get()).unwrap_or(i64::MAX));
+                let counts = [outcome.members, outcome.added, outcome.removed].map(|n| i64::try_from(n).unwrap_or(0));
+                let retention = ms(limits.dedupe_retention());
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                    [&key, id, fingerprint, &g, &counts[0], &counts[1], &counts[2], &retention];
+                if tx.query_opt(&sql.set_dedupe_put, &params).await.map_err(pg_err)?.is_none() {
+                    continue;
+                }
+            }
+            tx.commit().await.map_err(pg_err)?;
+            return Ok(outcome);
         }
         Err(StoreError::backend("set change kept racing with concurrent creates"))
     }
@@ -429,6 +487,11 @@ impl Store for PostgresStore {
             if let Some(id) = dedupe_id
                 && let Some(row) = tx.query_opt(&sql.dedupe_get, &[&key, &id]).await.map_err(pg_err)?
             {
+                // A NULL delta is a record written before migration 2, which kept no payload: it matches any
+                // delta, as those versions answered.
+                if row.get::<_, Option<i64>>(2).is_some_and(|seen| seen != delta) {
+                    return Err(StoreError::DedupeIdReused { key: key.to_owned(), dedupe_id: id.to_owned() });
+                }
                 return Ok(CounterOutcome { value: row.get(0), generation: gen_of(row.get(1)), applied: false });
             }
             let applied = apply_counter(current.as_ref().map(|c| c.value.as_slice()), delta)?;
@@ -436,7 +499,9 @@ impl Store for PostgresStore {
             if let Some(id) = dedupe_id {
                 let g_i64 = i64::try_from(g.get()).unwrap_or(i64::MAX);
                 let retention = ms(limits.dedupe_retention());
-                tx.execute(&sql.dedupe_put, &[&key, &id, &applied.value, &g_i64, &retention]).await.map_err(pg_err)?;
+                tx.execute(&sql.dedupe_put, &[&key, &id, &applied.value, &g_i64, &retention, &delta])
+                    .await
+                    .map_err(pg_err)?;
             }
             tx.commit().await.map_err(pg_err)?;
             return Ok(CounterOutcome { value: applied.value, generation: g, applied: true });

@@ -199,6 +199,10 @@ impl RedisStore {
         format!("{}d:{}:{key}:{id}", self.inner.prefix, key.len())
     }
 
+    fn set_dedupe_key(&self, key: &str, id: &str) -> String {
+        format!("{}sd:{}:{key}:{id}", self.inner.prefix, key.len())
+    }
+
     fn conn(&self) -> ConnectionManager {
         self.inner.conn.clone()
     }
@@ -310,11 +314,18 @@ impl Store for RedisStore {
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
         let limits = self.inner.limits;
         limits.check_set_change(key, &change)?;
+        let id = change.dedupe_id.as_deref().unwrap_or("");
+        let fingerprint = change.dedupe_id.as_ref().map(|_| change.fingerprint()).unwrap_or_default();
+        let retention_ms = u64::try_from(limits.dedupe_retention().as_millis()).unwrap_or(u64::MAX);
         let mut inv = self.inner.scripts.set.key(self.value_key(key));
         inv.key(self.generation_key())
             .key(self.index_key())
+            .key(self.set_dedupe_key(key, id))
             .arg(limits.max_value_bytes())
             .arg(key)
+            .arg(id)
+            .arg(fingerprint)
+            .arg(retention_ms)
             .arg(change.add.len());
         for m in change.add.iter().chain(&change.remove) {
             inv.arg(m);
@@ -325,11 +336,15 @@ impl Store for RedisStore {
             [code] if int(code)? == -2 => {
                 Err(StoreError::ValueTooLarge { size: limits.max_value_bytes() + 1, max: limits.max_value_bytes() })
             }
-            [g, members, added, removed] => Ok(SetOutcome {
+            [code] if int(code)? == -3 => {
+                Err(StoreError::DedupeIdReused { key: key.to_owned(), dedupe_id: id.to_owned() })
+            }
+            [g, members, added, removed, applied] => Ok(SetOutcome {
                 generation: generation(int(g)?),
                 members: usize::try_from(int(members)?).unwrap_or(0),
                 added: usize::try_from(int(added)?).unwrap_or(0),
                 removed: usize::try_from(int(removed)?).unwrap_or(0),
+                applied: int(applied)? == 1,
             }),
             _ => Err(unexpected("set")),
         }
@@ -356,10 +371,13 @@ impl Store for RedisStore {
             .map_err(redis_err)?;
         let r = array(r)?;
         if let [code] = r.as_slice() {
-            return Err(if int(code)? == -2 {
-                StoreError::CounterOverflow
-            } else {
-                StoreError::WrongType { expected: "counter" }
+            return Err(match int(code)? {
+                -2 => StoreError::CounterOverflow,
+                -3 => StoreError::DedupeIdReused {
+                    key: key.to_owned(),
+                    dedupe_id: dedupe_id.unwrap_or_default().to_owned(),
+                },
+                _ => StoreError::WrongType { expected: "counter" },
             });
         }
         let mut it = r.into_iter();

@@ -41,3 +41,35 @@ async fn store() -> Option<(RedisStore, DropPrefix)> {
 }
 
 idem_store::conformance_tests!(store);
+
+/// Dedupe records written before records kept their payload (a hash with only `v` and `g`) keep working: they
+/// replay for any delta, as the code that wrote them answered; records written now refuse another delta.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_dedupe_records_replay_for_any_delta() {
+    use idem_store::{Error, Store};
+    let Some((store, guard)) = store().await else { return };
+    let client = redis::Client::open(guard.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let p = &guard.prefix;
+    // The layout as the old code wrote it: value hash, generation counter, index, dedupe record.
+    let _: () = redis::pipe()
+        .hset_multiple(format!("{p}k:balance"), &[("v", "5"), ("g", "7")])
+        .set(format!("{p}generation"), 7)
+        .zadd(format!("{p}index"), "balance", 0)
+        .hset_multiple(format!("{p}d:7:balance:pay-1"), &[("v", "5"), ("g", "7")])
+        .pexpire(format!("{p}d:7:balance:pay-1"), 3_600_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for delta in [5, 7] {
+        let out = store.counter_add("balance", delta, Some("pay-1")).await.unwrap();
+        assert_eq!((out.value, out.generation.get(), out.applied), (5, 7, false), "delta {delta}");
+    }
+    let fresh = store.counter_add("balance", 2, Some("pay-2")).await.unwrap();
+    assert_eq!((fresh.value, fresh.generation.get(), fresh.applied), (7, 8, true));
+    assert!(matches!(
+        store.counter_add("balance", 3, Some("pay-2")).await,
+        Err(Error::DedupeIdReused { ref key, ref dedupe_id }) if key == "balance" && dedupe_id == "pay-2"
+    ));
+    assert_eq!(store.get("balance").await.unwrap().unwrap().value().as_ref(), b"7");
+}

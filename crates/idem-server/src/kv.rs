@@ -263,6 +263,7 @@ struct SetBody {
     add: Vec<String>,
     #[serde(default)]
     remove: Vec<String>,
+    dedupe_id: Option<String>,
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
@@ -308,10 +309,14 @@ async fn post_op<S: Store>(
     let bytes = read_limited(&headers, body, MAX_OP_BODY).await?;
     if op == "set" {
         let b: SetBody = parse_json(&bytes)?;
-        let out = timed("set", store.set_change(&key, SetChange { add: b.add, remove: b.remove })).await?;
+        let change = SetChange { add: b.add, remove: b.remove, dedupe_id: b.dedupe_id };
+        let out = timed("set", store.set_change(&key, change)).await?;
         let mut resp = axum::Json(out).into_response();
         if let Some(g) = out.generation {
             resp.headers_mut().insert(header::ETAG, etag(g));
+        }
+        if !out.applied {
+            resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
         }
         return Ok(resp);
     }

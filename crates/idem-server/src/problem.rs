@@ -113,6 +113,17 @@ impl From<StoreError> for Problem {
             e @ StoreError::InvalidArgument { .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument", "Invalid argument", e.to_string())
             }
+            // Like the layer's 422 for a reused Idempotency-Key (draft §2.7): the request is well-formed but
+            // conflicts with what the id already stands for. Only this caller's own key and id are named.
+            StoreError::DedupeIdReused { key, dedupe_id } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "dedupe-id-reused",
+                "Dedupe id reused",
+                format!(
+                    "dedupe id {dedupe_id:?} was already used on key {key:?} for a different payload; the same \
+                     payload again gets the first result, a new payload needs a new dedupe id"
+                ),
+            ),
             e @ StoreError::WrongType { .. } => {
                 Self::new(StatusCode::CONFLICT, "wrong-type", "Wrong type", e.to_string())
             }

@@ -578,6 +578,77 @@ async fn set_and_counter_operations() {
     assert_eq!(r.json()["value"], -7);
 }
 
+/// Idem issue 12, case 4, as reported: `{"delta":5,"dedupe_id":"pay-1"}` then `{"delta":7,"dedupe_id":"pay-1"}`
+/// on `balance`. The same payload again replays; the other payload is 422 naming the key and the id, and the
+/// balance and its generation stay as the first add left them.
+#[tokio::test]
+async fn counter_dedupe_id_reused_with_another_delta_is_422() {
+    let (store, app) = setup();
+    let uri = "/v1/kv/balance/counter";
+    let r = call(&app, Method::POST, uri, &[], r#"{"delta":5,"dedupe_id":"pay-1"}"#).await;
+    assert_eq!(
+        (r.status, r.json()["value"].as_i64(), r.json()["applied"].as_bool()),
+        (StatusCode::OK, Some(5), Some(true))
+    );
+    assert!(r.headers.get("idempotent-replayed").is_none());
+    let first_etag = r.etag().unwrap().to_owned();
+    let before = snapshot(&store).await;
+
+    let r = call(&app, Method::POST, uri, &[], r#"{"delta":7,"dedupe_id":"pay-1"}"#).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(r.problem_type(), "dedupe-id-reused");
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("\"pay-1\"") && detail.contains("\"balance\""), "{detail}");
+    assert!(r.headers.get("idempotent-replayed").is_none() && r.etag().is_none());
+    assert_eq!(snapshot(&store).await, before, "a refused add changed something");
+
+    // The original payload, with its fields in another order, still replays the first result.
+    let r = call(&app, Method::POST, uri, &[], r#"{"dedupe_id":"pay-1","delta":5}"#).await;
+    assert_eq!(
+        (r.status, r.json()["value"].as_i64(), r.json()["applied"].as_bool()),
+        (StatusCode::OK, Some(5), Some(false))
+    );
+    assert_eq!((r.headers["idempotent-replayed"].to_str().unwrap(), r.etag()), ("true", Some(first_etag.as_str())));
+    assert_eq!(snapshot(&store).await, before);
+}
+
+/// Set changes take a `dedupe_id` too: a retry listing the same members in another order replays with
+/// `Idempotent-Replayed: true` and `applied: false`; another change under the id is 422 and writes nothing.
+#[tokio::test]
+async fn set_dedupe_id_replays_and_refuses_another_change() {
+    let (store, app) = setup();
+    let uri = "/v1/kv/tags/set";
+    let r = call(&app, Method::POST, uri, &[], r#"{"add":["b","a"],"dedupe_id":"tag-1"}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let first = r.json();
+    assert_eq!((first["added"].as_u64(), first["applied"].as_bool()), (Some(2), Some(true)));
+    assert!(r.headers.get("idempotent-replayed").is_none());
+    let first_etag = r.etag().unwrap().to_owned();
+    let before = snapshot(&store).await;
+
+    let r = call(&app, Method::POST, uri, &[], r#"{"dedupe_id":"tag-1","add":["a","b","a"],"remove":[]}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["idempotent-replayed"], "true");
+    assert_eq!(r.etag(), Some(first_etag.as_str()));
+    let mut want = first.clone();
+    want["applied"] = false.into();
+    assert_eq!(r.json(), want);
+
+    for body in [r#"{"add":["c"],"dedupe_id":"tag-1"}"#, r#"{"add":["a","b"],"remove":["a"],"dedupe_id":"tag-1"}"#] {
+        let r = call(&app, Method::POST, uri, &[], body).await;
+        assert_eq!((r.status, r.problem_type()), (StatusCode::UNPROCESSABLE_ENTITY, "dedupe-id-reused".to_owned()));
+        let detail = r.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("\"tag-1\"") && detail.contains("\"tags\""), "{detail}");
+    }
+    assert_eq!(snapshot(&store).await, before, "a refused change wrote");
+    let r = call(&app, Method::POST, uri, &[], r#"{"add":["c"],"dedupe_id":""}"#).await;
+    assert_eq!((r.status, r.problem_type()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument".to_owned()));
+    // Without an id, nothing is remembered: the same change is applied each time (here adding nothing new).
+    let r = call(&app, Method::POST, uri, &[], r#"{"add":["a"]}"#).await;
+    assert_eq!((r.json()["applied"].as_bool(), r.json()["added"].as_u64()), (Some(true), Some(0)));
+    assert!(r.headers.get("idempotent-replayed").is_none());
+}
+
 #[tokio::test]
 async fn bearer_token_guards_every_kv_request() {
     let store = MemoryStore::new();

@@ -5,7 +5,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::Error;
 
 /// Newest schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// Expiry times and the generation counter are plain integers: milliseconds since the Unix epoch and the last
 /// generation handed out. The counter lives in `meta` and is written in the same transaction as the values it
@@ -31,6 +31,28 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT NOT NULL PRIMARY KEY, value INTEGER N
 INSERT OR IGNORE INTO meta (name, value) VALUES ('generation', 0), ('schema_version', 1);
 ";
 
+/// Version 2: dedupe records remember their payload, so an id reused with another payload is refused
+/// (`Error::DedupeIdReused`). `counter_dedupe.delta` is the add's delta; rows from version 1 keep NULL there and
+/// are taken as matching any delta, which is what version 1 answered. `set_dedupe` holds set changes under a
+/// dedupe id: the change's fingerprint (`SetChange::fingerprint`) and its outcome (`generation` NULL when the
+/// change left no set). Applied in one transaction with the version bump, so a crash leaves version 1 intact.
+const MIGRATE_V1_TO_V2: &str = "
+ALTER TABLE counter_dedupe ADD COLUMN delta INTEGER;
+CREATE TABLE set_dedupe (
+    key TEXT NOT NULL,
+    dedupe_id TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    generation INTEGER,
+    members INTEGER NOT NULL,
+    added INTEGER NOT NULL,
+    removed INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (key, dedupe_id)
+) WITHOUT ROWID;
+CREATE INDEX set_dedupe_expires_at ON set_dedupe (expires_at);
+UPDATE meta SET value = 2 WHERE name = 'schema_version';
+";
+
 fn open_err(path: &Path) -> impl FnOnce(rusqlite::Error) -> Error + '_ {
     move |source| Error::Open { path: path.to_owned(), source }
 }
@@ -50,11 +72,19 @@ pub(crate) fn open_writer(path: &Path) -> Result<(Connection, u64), Error> {
     if version > SCHEMA_VERSION {
         return Err(Error::SchemaTooNew { path: path.to_owned(), found: version, known: SCHEMA_VERSION });
     }
-    // Never start below a generation already on disk, whatever `meta` says.
+    if version < 2 {
+        let tx = conn.unchecked_transaction().map_err(open_err(path))?;
+        tx.execute_batch(MIGRATE_V1_TO_V2).map_err(open_err(path))?;
+        tx.commit().map_err(open_err(path))?;
+        tracing::info!(path = %path.display(), "migrated the database to schema version 2");
+    }
+    // Never start below a generation already on disk, whatever `meta` says: every table holding generations
+    // counts.
     let generation: i64 = conn
         .query_row(
             "SELECT max((SELECT value FROM meta WHERE name = 'generation'), \
-             coalesce((SELECT max(generation) FROM kv), 0), coalesce((SELECT max(generation) FROM counter_dedupe), 0))",
+             coalesce((SELECT max(generation) FROM kv), 0), coalesce((SELECT max(generation) FROM counter_dedupe), 0), \
+             coalesce((SELECT max(generation) FROM set_dedupe), 0))",
             [],
             |r| r.get(0),
         )

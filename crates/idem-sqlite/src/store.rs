@@ -82,6 +82,10 @@ fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
+fn to_usize(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
 fn sql_err(e: rusqlite::Error) -> StoreError {
     StoreError::backend(e)
 }
@@ -400,7 +404,34 @@ impl Store for SqliteStore {
         let limits = self.inner.limits;
         limits.check_set_change(key, &change)?;
         let key = key.to_owned();
+        let fingerprint = change.dedupe_id.as_ref().map(|_| change.fingerprint());
         self.write(move |ctx| {
+            if let (Some(id), Some(fingerprint)) = (&change.dedupe_id, &fingerprint) {
+                let seen = ctx
+                    .tx
+                    .prepare_cached(
+                        "SELECT fingerprint, generation, members, added, removed FROM set_dedupe \
+                         WHERE key = ?1 AND dedupe_id = ?2 AND expires_at > ?3",
+                    )?
+                    .query_row((&key, id, to_i64(ctx.now_ms)), |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            SetOutcome {
+                                generation: r.get::<_, Option<i64>>(1)?.map(|g| Generation::new(to_u64(g))),
+                                members: to_usize(r.get(2)?),
+                                added: to_usize(r.get(3)?),
+                                removed: to_usize(r.get(4)?),
+                                applied: false,
+                            },
+                        ))
+                    })
+                    .optional()?;
+                match seen {
+                    Some((seen, first)) if seen == *fingerprint => return Ok(Ok(first)),
+                    Some(_) => return Ok(Err(StoreError::DedupeIdReused { key, dedupe_id: id.clone() })),
+                    None => {}
+                }
+            }
             let current = live_row(ctx, &key)?;
             let applied = match apply_set(current.as_ref().map(|c| c.value.as_slice()), &change) {
                 Ok(a) => a,
@@ -423,7 +454,34 @@ impl Store for SqliteStore {
                     }
                 }
             }
-            Ok(Ok(SetOutcome { generation, members: applied.members, added: applied.added, removed: applied.removed }))
+            let outcome = SetOutcome {
+                generation,
+                members: applied.members,
+                added: applied.added,
+                removed: applied.removed,
+                applied: true,
+            };
+            if let (Some(id), Some(fingerprint)) = (&change.dedupe_id, &fingerprint) {
+                let until = ctx.now_ms.saturating_add(limits.dedupe_retention().as_millis() as u64);
+                // Replaces only an expired record (the lookup above found no live one).
+                ctx.tx
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO set_dedupe \
+                         (key, dedupe_id, fingerprint, generation, members, added, removed, expires_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    )?
+                    .execute((
+                        &key,
+                        id,
+                        fingerprint,
+                        generation.map(|g| to_i64(g.get())),
+                        to_i64(outcome.members as u64),
+                        to_i64(outcome.added as u64),
+                        to_i64(outcome.removed as u64),
+                        to_i64(until),
+                    ))?;
+            }
+            Ok(Ok(outcome))
         })
         .await
     }
@@ -438,19 +496,27 @@ impl Store for SqliteStore {
                 let seen = ctx
                     .tx
                     .prepare_cached(
-                        "SELECT value, generation FROM counter_dedupe \
+                        "SELECT value, generation, delta FROM counter_dedupe \
                          WHERE key = ?1 AND dedupe_id = ?2 AND expires_at > ?3",
                     )?
                     .query_row((&key, id, to_i64(ctx.now_ms)), |r| {
-                        Ok(CounterOutcome {
-                            value: r.get(0)?,
-                            generation: Generation::new(to_u64(r.get(1)?)),
-                            applied: false,
-                        })
+                        Ok((
+                            CounterOutcome {
+                                value: r.get(0)?,
+                                generation: Generation::new(to_u64(r.get(1)?)),
+                                applied: false,
+                            },
+                            r.get::<_, Option<i64>>(2)?,
+                        ))
                     })
                     .optional()?;
-                if let Some(first) = seen {
-                    return Ok(Ok(first));
+                match seen {
+                    // A NULL delta is a record written by schema version 1, which kept no payload: it matches
+                    // any delta, as version 1 answered (such records are gone 24 h after the upgrade).
+                    Some((first, None)) => return Ok(Ok(first)),
+                    Some((first, Some(seen))) if seen == delta => return Ok(Ok(first)),
+                    Some(_) => return Ok(Err(StoreError::DedupeIdReused { key, dedupe_id: id.clone() })),
+                    None => {}
                 }
             }
             let current = live_row(ctx, &key)?;
@@ -464,11 +530,12 @@ impl Store for SqliteStore {
                 let until = ctx.now_ms.saturating_add(limits.dedupe_retention().as_millis() as u64);
                 ctx.tx
                     .prepare_cached(
-                        "INSERT INTO counter_dedupe (key, dedupe_id, value, generation, expires_at) \
-                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (key, dedupe_id) DO UPDATE SET \
-                         value = excluded.value, generation = excluded.generation, expires_at = excluded.expires_at",
+                        "INSERT INTO counter_dedupe (key, dedupe_id, value, generation, expires_at, delta) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key, dedupe_id) DO UPDATE SET \
+                         value = excluded.value, generation = excluded.generation, \
+                         expires_at = excluded.expires_at, delta = excluded.delta",
                     )?
-                    .execute((&key, id, applied.value, to_i64(g.get()), to_i64(until)))?;
+                    .execute((&key, id, applied.value, to_i64(g.get()), to_i64(until), delta))?;
             }
             Ok(Ok(CounterOutcome { value: applied.value, generation: g, applied: true }))
         })

@@ -148,11 +148,17 @@ fn sweep(conn: &mut Connection) -> Result<bool, rusqlite::Error> {
              (SELECT key, dedupe_id FROM counter_dedupe WHERE expires_at <= ?1 LIMIT ?2)",
         )?
         .execute((now, SWEEP_ROWS))?;
+    let set_ids = tx
+        .prepare_cached(
+            "DELETE FROM set_dedupe WHERE (key, dedupe_id) IN \
+             (SELECT key, dedupe_id FROM set_dedupe WHERE expires_at <= ?1 LIMIT ?2)",
+        )?
+        .execute((now, SWEEP_ROWS))?;
     tx.commit()?;
-    if values + ids > 0 {
-        metrics::counter!("idem_sqlite_swept_total").increment((values + ids) as u64);
-        tracing::debug!(values, dedupe_ids = ids, "swept expired rows");
+    if values + ids + set_ids > 0 {
+        metrics::counter!("idem_sqlite_swept_total").increment((values + ids + set_ids) as u64);
+        tracing::debug!(values, dedupe_ids = ids + set_ids, "swept expired rows");
     }
     let full = usize::try_from(SWEEP_ROWS).unwrap_or(usize::MAX);
-    Ok(values >= full || ids >= full)
+    Ok(values >= full || ids >= full || set_ids >= full)
 }

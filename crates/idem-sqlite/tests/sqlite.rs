@@ -24,11 +24,16 @@ async fn sweeper_removes_expired_rows_in_the_background() {
     }
     store.put("long", "v".into(), Precondition::Any, Ttl::Keep).await.unwrap();
     store.counter_add("c", 1, Some("id-1")).await.unwrap();
-    assert_eq!(rows(&path, "SELECT count(*) FROM kv"), 52);
+    let tags = idem_store::SetChange { add: vec!["a".into()], dedupe_id: Some("id-1".into()), ..Default::default() };
+    store.set_change("tags", tags).await.unwrap();
+    assert_eq!(rows(&path, "SELECT count(*) FROM kv"), 53);
     assert_eq!(rows(&path, "SELECT count(*) FROM counter_dedupe"), 1);
+    assert_eq!(rows(&path, "SELECT count(*) FROM set_dedupe"), 1);
     // No reads or writes from here on: only the background sweep can remove rows.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while rows(&path, "SELECT count(*) FROM kv") != 2 || rows(&path, "SELECT count(*) FROM counter_dedupe") != 0 {
+    let dedupe_rows =
+        || rows(&path, "SELECT count(*) FROM counter_dedupe") + rows(&path, "SELECT count(*) FROM set_dedupe");
+    while rows(&path, "SELECT count(*) FROM kv") != 3 || dedupe_rows() != 0 {
         assert!(std::time::Instant::now() < deadline, "expired rows were never swept");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -91,4 +96,94 @@ async fn a_second_open_of_the_same_file_is_refused_until_the_first_closes() {
     std::os::unix::fs::symlink(dir.path(), &through).unwrap();
     let err = SqliteStore::open(through.join("one.db"), Limits::default()).unwrap_err();
     assert!(matches!(err, idem_sqlite::Error::InUse { .. }), "{err}");
+}
+
+/// The version 1 schema exactly as released, to build the databases an upgrade meets.
+const SCHEMA_V1: &str = "
+CREATE TABLE kv (key TEXT NOT NULL PRIMARY KEY, value BLOB NOT NULL, generation INTEGER NOT NULL, expires_at INTEGER);
+CREATE INDEX kv_expires_at ON kv (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE counter_dedupe (
+    key TEXT NOT NULL, dedupe_id TEXT NOT NULL, value INTEGER NOT NULL, generation INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL, PRIMARY KEY (key, dedupe_id)
+) WITHOUT ROWID;
+CREATE INDEX counter_dedupe_expires_at ON counter_dedupe (expires_at);
+CREATE TABLE meta (name TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO meta (name, value) VALUES ('generation', 0), ('schema_version', 1);
+";
+
+/// A database written by schema version 1 (a counter at 5 under dedupe id `pay-1`, generation 7) opens,
+/// migrates to version 2, and its old dedupe record keeps working: with no delta kept, it replays for any
+/// delta, as version 1 did. New records remember their delta and refuse another one; generations go on.
+#[tokio::test]
+async fn a_version_1_database_migrates_and_keeps_its_dedupe_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(SCHEMA_V1).unwrap();
+        let until = i64::try_from(idem_store::system_time_to_millis(std::time::SystemTime::now())).unwrap() + 3_600_000;
+        c.execute("INSERT INTO kv (key, value, generation) VALUES ('balance', X'35', 7)", []).unwrap();
+        c.execute(
+            "INSERT INTO counter_dedupe (key, dedupe_id, value, generation, expires_at) VALUES ('balance', 'pay-1', 5, 7, ?1)",
+            [until],
+        )
+        .unwrap();
+        c.execute("UPDATE meta SET value = 7 WHERE name = 'generation'", []).unwrap();
+    }
+    let store = SqliteStore::open(&path, Limits::default()).unwrap();
+    assert_eq!(rows(&path, "SELECT value FROM meta WHERE name = 'schema_version'"), 2);
+    for delta in [5, 7] {
+        let out = store.counter_add("balance", delta, Some("pay-1")).await.unwrap();
+        assert_eq!((out.value, out.generation.get(), out.applied), (5, 7, false), "delta {delta}");
+    }
+    let fresh = store.counter_add("balance", 2, Some("pay-2")).await.unwrap();
+    assert!(fresh.applied && fresh.value == 7 && fresh.generation.get() > 7);
+    assert!(matches!(
+        store.counter_add("balance", 3, Some("pay-2")).await,
+        Err(Error::DedupeIdReused { ref key, ref dedupe_id }) if key == "balance" && dedupe_id == "pay-2"
+    ));
+    let set = idem_store::SetChange { add: vec!["a".into()], dedupe_id: Some("s-1".into()), ..Default::default() };
+    let first = store.set_change("tags", set.clone()).await.unwrap();
+    assert!(first.applied);
+    assert!(!store.set_change("tags", set).await.unwrap().applied);
+    store.close().await;
+    drop(store);
+    // Reopening finds version 2 and migrates nothing twice.
+    let store = SqliteStore::open(&path, Limits::default()).unwrap();
+    assert_eq!(rows(&path, "SELECT value FROM meta WHERE name = 'schema_version'"), 2);
+    assert!(!store.counter_add("balance", 2, Some("pay-2")).await.unwrap().applied);
+}
+
+/// The starting generation is the highest one on disk in any table, `set_dedupe` included: a record there
+/// above `meta` (as a torn copy could leave) is never handed out again.
+#[tokio::test]
+async fn generations_start_above_the_set_dedupe_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.db");
+    let store = SqliteStore::open(&path, Limits::default()).unwrap();
+    let set = idem_store::SetChange { add: vec!["a".into()], dedupe_id: Some("s-1".into()), ..Default::default() };
+    store.set_change("tags", set).await.unwrap();
+    store.close().await;
+    drop(store);
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE set_dedupe SET generation = 1000", []).unwrap();
+    }
+    let store = SqliteStore::open(&path, Limits::default()).unwrap();
+    let g = store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap().generation().get();
+    assert!(g > 1000, "generation {g} does not start above the set_dedupe record's 1000");
+}
+
+/// A database from a newer idem (schema version 3) is refused, not half-understood.
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    SqliteStore::open(&path, Limits::default()).unwrap().close().await;
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE meta SET value = 3 WHERE name = 'schema_version'", []).unwrap();
+    }
+    let err = SqliteStore::open(&path, Limits::default()).unwrap_err();
+    assert!(matches!(err, idem_sqlite::Error::SchemaTooNew { found: 3, known: 2, .. }), "{err}");
 }

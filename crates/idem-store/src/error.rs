@@ -50,6 +50,18 @@ pub enum Error {
         /// Which argument: `"dedupe id"`, `"set member"`, `"limit"`.
         what: &'static str,
     },
+    /// A dedupe id already used on this key within [`Limits::dedupe_retention`](crate::Limits::dedupe_retention)
+    /// came with another payload: a counter add with another delta, or a set change whose canonical form (see
+    /// [`SetChange::fingerprint`](crate::SetChange::fingerprint)) differs. Nothing was written. Like a reused
+    /// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header §2.7), this is the client's mistake:
+    /// the same payload again would be answered with the first outcome, a new payload needs a new id.
+    #[error("dedupe id {dedupe_id:?} was already used on key {key:?} for another payload")]
+    DedupeIdReused {
+        /// The key the operation named.
+        key: String,
+        /// The dedupe id it reused.
+        dedupe_id: String,
+    },
     /// [`StoreExt::update`](crate::StoreExt::update) lost the race on every attempt.
     #[error("update gave up after {attempts} attempts that all lost a compare-and-swap race")]
     UpdateExhausted {
@@ -106,6 +118,11 @@ impl Error {
     /// True for [`Error::PreconditionFailed`].
     pub fn is_precondition_failed(&self) -> bool {
         matches!(self, Error::PreconditionFailed { .. })
+    }
+
+    /// True for [`Error::DedupeIdReused`].
+    pub fn is_dedupe_id_reused(&self) -> bool {
+        matches!(self, Error::DedupeIdReused { .. })
     }
 
     /// For a failed precondition, the current generation (`Some(None)` when absent); `None` for other errors.

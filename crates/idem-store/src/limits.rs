@@ -27,7 +27,7 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The defaults: values up to 16 MiB, counter dedupe ids remembered for 24 hours.
+    /// The defaults: values up to 16 MiB, set and counter dedupe ids remembered for 24 hours.
     pub fn new() -> Self {
         Self::default()
     }
@@ -38,7 +38,7 @@ impl Limits {
         self
     }
 
-    /// Sets how long a counter dedupe id is remembered after its first use.
+    /// Sets how long a set or counter dedupe id is remembered after its first use.
     pub fn with_dedupe_retention(mut self, retention: Duration) -> Self {
         self.dedupe_retention = retention;
         self
@@ -49,7 +49,7 @@ impl Limits {
         self.max_value_bytes
     }
 
-    /// How long a counter dedupe id is remembered.
+    /// How long a set or counter dedupe id is remembered.
     pub fn dedupe_retention(&self) -> Duration {
         self.dedupe_retention
     }
@@ -103,13 +103,15 @@ impl Limits {
         self.check_ttl(ttl)
     }
 
-    /// Checks a set change: its key and every member.
+    /// Checks a set change: its key, every member and its dedupe id.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`]; [`Error::InvalidArgument`] for a member outside 1..=255 bytes or with NUL.
+    /// [`Error::InvalidKey`]; [`Error::InvalidArgument`] for a member or dedupe id outside 1..=255 bytes or with
+    /// NUL.
     pub fn check_set_change(&self, key: &str, change: &crate::SetChange) -> Result<(), Error> {
         self.check_key(key)?;
-        change.add.iter().chain(&change.remove).try_for_each(|m| self.check_token("set member", m))
+        change.add.iter().chain(&change.remove).try_for_each(|m| self.check_token("set member", m))?;
+        change.dedupe_id.as_deref().map_or(Ok(()), |id| self.check_token("dedupe id", id))
     }
 
     /// Checks a counter add: its key and dedupe id.

@@ -21,8 +21,10 @@ pub struct MemoryStore {
 struct Inner {
     map: BTreeMap<String, Entry>,
     last_generation: u64,
-    /// (key, dedupe id) -> (outcome of the first application, forget after ms).
-    dedupe: HashMap<(String, String), (CounterOutcome, u64)>,
+    /// Counter adds: (key, dedupe id) -> (outcome of the first application, its delta, forget after ms).
+    dedupe: HashMap<(String, String), (CounterOutcome, i64, u64)>,
+    /// Set changes: (key, dedupe id) -> (outcome of the first application, its fingerprint, forget after ms).
+    set_dedupe: HashMap<(String, String), (SetOutcome, String, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -131,7 +133,17 @@ impl Store for MemoryStore {
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
         self.limits.check_set_change(key, &change)?;
         let now = now_ms();
+        let fingerprint = change.dedupe_id.as_ref().map(|_| change.fingerprint());
         let mut inner = self.lock();
+        inner.set_dedupe.retain(|_, (_, _, until)| *until > now);
+        if let Some(id) = &change.dedupe_id
+            && let Some((first, seen, _)) = inner.set_dedupe.get(&(key.to_owned(), id.clone()))
+        {
+            if Some(seen) != fingerprint.as_ref() {
+                return Err(Error::DedupeIdReused { key: key.to_owned(), dedupe_id: id.clone() });
+            }
+            return Ok(SetOutcome { applied: false, ..*first });
+        }
         let current = inner.live(key, now).cloned();
         let applied = apply_set(current.as_ref().map(|e| e.value.as_ref()), &change)?;
         let mut generation = current.as_ref().map(|e| e.generation);
@@ -150,17 +162,31 @@ impl Store for MemoryStore {
                 }
             }
         }
-        Ok(SetOutcome { generation, members: applied.members, added: applied.added, removed: applied.removed })
+        let outcome = SetOutcome {
+            generation,
+            members: applied.members,
+            added: applied.added,
+            removed: applied.removed,
+            applied: true,
+        };
+        if let (Some(id), Some(fingerprint)) = (change.dedupe_id, fingerprint) {
+            let until = now.saturating_add(self.limits.dedupe_retention().as_millis() as u64);
+            inner.set_dedupe.insert((key.to_owned(), id), (outcome, fingerprint, until));
+        }
+        Ok(outcome)
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
         self.limits.check_counter(key, dedupe_id)?;
         let now = now_ms();
         let mut inner = self.lock();
-        inner.dedupe.retain(|_, (_, until)| *until > now);
+        inner.dedupe.retain(|_, (_, _, until)| *until > now);
         if let Some(id) = dedupe_id
-            && let Some((first, _)) = inner.dedupe.get(&(key.to_owned(), id.to_owned()))
+            && let Some((first, seen, _)) = inner.dedupe.get(&(key.to_owned(), id.to_owned()))
         {
+            if *seen != delta {
+                return Err(Error::DedupeIdReused { key: key.to_owned(), dedupe_id: id.to_owned() });
+            }
             return Ok(CounterOutcome { applied: false, ..*first });
         }
         let current = inner.live(key, now).cloned();
@@ -171,7 +197,7 @@ impl Store for MemoryStore {
         let outcome = CounterOutcome { value: applied.value, generation, applied: true };
         if let Some(id) = dedupe_id {
             let until = now.saturating_add(self.limits.dedupe_retention().as_millis() as u64);
-            inner.dedupe.insert((key.to_owned(), id.to_owned()), (outcome, until));
+            inner.dedupe.insert((key.to_owned(), id.to_owned()), (outcome, delta, until));
         }
         Ok(outcome)
     }

@@ -85,17 +85,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Adds and removes set members in one atomic step (see [`SetChange`] for the stored form). The TTL is kept.
     ///
-    /// # Errors
-    /// [`Error::WrongType`] when the value is not a set; [`Error::InvalidKey`], [`Error::InvalidArgument`] for a
-    /// member outside 1..=255 bytes, [`Error::ValueTooLarge`]; backend errors.
-    fn set_change(&self, key: &str, change: SetChange) -> impl Future<Output = Result<SetOutcome, Error>> + Send;
-
-    /// Adds `delta` to the counter under `key` (absent counts as 0) in one atomic step. With a `dedupe_id`, a
-    /// repeat of an id seen within [`Limits::dedupe_retention`] changes nothing and returns the first result.
+    /// With a `change.dedupe_id`, the id is remembered with the change's [`SetChange::fingerprint`] and the
+    /// outcome for [`Limits::dedupe_retention`]: a repeat with the same fingerprint changes nothing and returns
+    /// the first outcome with `applied: false`; a different change under the id is refused. Like an
+    /// `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header §2.2, §2.7), at most one change is ever
+    /// applied per key and id, also when two arrive at once.
     ///
     /// # Errors
-    /// [`Error::WrongType`], [`Error::CounterOverflow`], [`Error::InvalidArgument`] for a dedupe id outside
-    /// 1..=255 bytes; backend errors.
+    /// [`Error::DedupeIdReused`] for another change under a remembered id; [`Error::WrongType`] when the value is
+    /// not a set; [`Error::InvalidKey`], [`Error::InvalidArgument`] for a member or dedupe id outside 1..=255
+    /// bytes, [`Error::ValueTooLarge`]; backend errors.
+    fn set_change(&self, key: &str, change: SetChange) -> impl Future<Output = Result<SetOutcome, Error>> + Send;
+
+    /// Adds `delta` to the counter under `key` (absent counts as 0) in one atomic step. With a `dedupe_id`, the
+    /// id is remembered with the delta and the outcome for [`Limits::dedupe_retention`]: a repeat with the same
+    /// delta changes nothing and returns the first result with `applied: false`; another delta under the id is
+    /// refused. At most one add is ever applied per key and id, also when two arrive at once.
+    ///
+    /// # Errors
+    /// [`Error::DedupeIdReused`] for another delta under a remembered id; [`Error::WrongType`],
+    /// [`Error::CounterOverflow`], [`Error::InvalidArgument`] for a dedupe id outside 1..=255 bytes; backend
+    /// errors.
     fn counter_add(
         &self,
         key: &str,

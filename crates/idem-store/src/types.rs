@@ -201,9 +201,11 @@ impl Page {
     }
 }
 
-/// An atomic change to a set: members to add and members to remove, applied in one step.
+/// An atomic change to a set: members to add and members to remove, applied in one step, optionally under a
+/// dedupe id.
 ///
 /// A set is stored as a JSON array of distinct strings in ascending order; a set left empty is deleted.
+/// Over HTTP it is the body of `POST /v1/kv/{key}/set`: `{"add":[…],"remove":[…],"dedupe_id":"…"}`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct SetChange {
     /// Members to add (each 1..=255 bytes).
@@ -212,19 +214,50 @@ pub struct SetChange {
     /// Members to remove.
     #[serde(default)]
     pub remove: Vec<String>,
+    /// With an id (1..=255 bytes, no NUL), a repeat of the same change under it within
+    /// [`Limits::dedupe_retention`](crate::Limits::dedupe_retention) changes nothing and returns the first
+    /// outcome with `applied: false`; another change under it is [`Error::DedupeIdReused`]. Ids are scoped to
+    /// the key, and set changes and counter adds keep separate ids.
+    #[serde(default)]
+    pub dedupe_id: Option<String>,
+}
+
+impl SetChange {
+    /// The fingerprint a dedupe record keeps of this change: SHA-256 (64 lowercase hex digits) over its
+    /// canonical form, `add` and `remove` each sorted and de-duplicated, so a retry that lists the same members
+    /// in another order or twice is the same payload. The dedupe id itself is not part of it.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        fn canonical(v: &[String]) -> std::collections::BTreeSet<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        // A JSON array of two arrays of strings: unambiguous, so two different canonical changes never share an
+        // input to the hash (a string cannot end early inside JSON).
+        let form = serde_json::json!([canonical(&self.add), canonical(&self.remove)]).to_string();
+        Sha256::digest(form.as_bytes()).iter().fold(String::with_capacity(64), |mut out, b| {
+            use std::fmt::Write;
+            // Writing to a String cannot fail.
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+    }
 }
 
 /// The result of a set change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct SetOutcome {
-    /// The set's generation after the change; `None` when the set is now absent (empty).
+    /// The set's generation after the change; `None` when the set is now absent (empty). For a repeated dedupe
+    /// id: as the first application left it.
     pub generation: Option<Generation>,
-    /// Number of members after the change.
+    /// Number of members after the change (for a repeated dedupe id: after the first application).
     pub members: usize,
-    /// How many of `add` were new.
+    /// How many of `add` were new (for a repeated dedupe id: at the first application).
     pub added: usize,
-    /// How many of `remove` were present.
+    /// How many of `remove` were present (for a repeated dedupe id: at the first application).
     pub removed: usize,
+    /// False when the dedupe id had been seen with the same change, so nothing changed. True otherwise, also
+    /// for a change that found nothing to alter.
+    pub applied: bool,
 }
 
 /// The result of a counter add.
@@ -234,6 +267,40 @@ pub struct CounterOutcome {
     pub value: i64,
     /// The generation written by the add (for a repeated dedupe id: the one the first application wrote).
     pub generation: Generation,
-    /// False when the dedupe id had been seen, so nothing changed.
+    /// False when the dedupe id had been seen with the same delta, so nothing changed.
     pub applied: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SetChange;
+
+    fn change(add: &[&str], remove: &[&str], id: Option<&str>) -> SetChange {
+        SetChange {
+            add: add.iter().map(|m| (*m).to_owned()).collect(),
+            remove: remove.iter().map(|m| (*m).to_owned()).collect(),
+            dedupe_id: id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn set_fingerprint_is_the_canonical_form() {
+        let f = change(&["b", "a"], &["x"], Some("id-1")).fingerprint();
+        assert_eq!(f.len(), 64);
+        assert!(f.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        // Order, repeats and the id itself change nothing.
+        assert_eq!(change(&["a", "b", "a"], &["x", "x"], Some("id-2")).fingerprint(), f);
+        assert_eq!(change(&["a", "b"], &["x"], None).fingerprint(), f);
+        // Which side a member is on, and every member, does.
+        for other in [
+            change(&["a", "b"], &[], None),
+            change(&["a", "b", "x"], &[], None),
+            change(&["x"], &["a", "b"], None),
+            change(&["a"], &["b", "x"], None),
+            change(&["a", "b"], &["y"], None),
+            change(&["a,b"], &["x"], None),
+        ] {
+            assert_ne!(other.fingerprint(), f, "{other:?}");
+        }
+    }
 }

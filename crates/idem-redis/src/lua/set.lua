@@ -1,5 +1,25 @@
--- KEYS: value hash, generation counter, key index. ARGV: max value bytes, the key, number of adds, adds...,
--- removes... Returns {-1} wrong type, {-2} too large, else {generation or -1, members, added, removed}.
+-- KEYS: value hash, generation counter, key index, set dedupe record (any name when there is no id).
+-- ARGV: max value bytes, the key, dedupe id or "", the change's fingerprint, retention ms, number of adds,
+-- adds..., removes... Returns {-1} wrong type, {-2} too large, {-3} dedupe id used before with another change,
+-- else {generation or -1, members, added, removed, applied 0|1}.
+local dedupe = ARGV[3] ~= ''
+if dedupe then
+  local seen = redis.call('HMGET', KEYS[4], 'f', 'g', 'm', 'a', 'r')
+  if seen[1] then
+    if seen[1] ~= ARGV[4] then
+      return {-3}
+    end
+    return {tonumber(seen[2]), tonumber(seen[3]), tonumber(seen[4]), tonumber(seen[5]), 0}
+  end
+end
+-- Remembers the outcome under the dedupe id (if any) and returns it.
+local function done(g, size, added, removed)
+  if dedupe then
+    redis.call('HSET', KEYS[4], 'f', ARGV[4], 'g', g, 'm', size, 'a', added, 'r', removed)
+    redis.call('PEXPIRE', KEYS[4], ARGV[5])
+  end
+  return {g, size, added, removed, 1}
+end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'g')
 local set = {}
 local size = 0
@@ -21,16 +41,16 @@ if cur[1] then
     end
   end
 end
-local nadd = tonumber(ARGV[3])
+local nadd = tonumber(ARGV[6])
 local added, removed = 0, 0
-for i = 4, 3 + nadd do
+for i = 7, 6 + nadd do
   if not set[ARGV[i]] then
     set[ARGV[i]] = true
     size = size + 1
     added = added + 1
   end
 end
-for i = 4 + nadd, #ARGV do
+for i = 7 + nadd, #ARGV do
   if set[ARGV[i]] then
     set[ARGV[i]] = nil
     size = size - 1
@@ -39,12 +59,12 @@ for i = 4 + nadd, #ARGV do
 end
 local g = cur[2] and tonumber(cur[2]) or -1
 if added == 0 and removed == 0 then
-  return {g, size, 0, 0}
+  return done(g, size, 0, 0)
 end
 if size == 0 then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[3], ARGV[2])
-  return {-1, 0, added, removed}
+  return done(-1, 0, added, removed)
 end
 local list = {}
 for m in pairs(set) do
@@ -62,4 +82,4 @@ end
 g = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'v', value, 'g', g)
 redis.call('ZADD', KEYS[3], 0, ARGV[2])
-return {g, size, added, removed}
+return done(g, size, added, removed)
