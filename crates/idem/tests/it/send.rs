@@ -2,13 +2,13 @@
 //! and a link that loses every second connection's answer after the request was processed.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Server, idem, start_upstream};
+use crate::common::{Server, idem, start_upstream};
 use idem_client::{Client, Error, RetryPolicy, WriteRequest, derive_key};
 use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -348,7 +348,7 @@ fn check_ports(blocks: &[&Block]) {
 }
 
 /// The directory holding the example `upstream` of this build, built now if missing or stale (`cargo test`
-/// builds examples, but `cargo test --test cli` does not).
+/// builds examples, but `cargo test --test it` does not).
 fn upstream_dir(bin_dir: &Path) -> PathBuf {
     let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => "dev",

@@ -2,12 +2,11 @@
 //! and the README's examples (`readme/mod.rs`).
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
-mod readme;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{BIN, Server, client, idem};
+use crate::common::{BIN, Server, client, idem};
 
 #[test]
 fn refuses_non_loopback_without_token_unless_insecure() {
@@ -39,6 +38,9 @@ fn bad_store_urls_and_flags_exit_2_with_one_line() {
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:5432/db?sslmode=nonsense"], "alice:***@"),
         (vec!["--store", "redis://:hunter2@127.0.0.1:1"], "redis://:***@127.0.0.1:1"),
+        // A password holding `@`, and one in the query string.
+        (vec!["--store", "postgres://alice:hun@ter2hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
+        (vec!["--store", "postgres://alice@127.0.0.1:1/db?sslmode=disable&password=hunter2"], "password=***"),
         (vec!["--store", "redis://alice:hunter2@[::1"], "cannot open store"),
         (vec!["--store", "ftp://x"], "unknown scheme"),
         (vec!["--store", "sqlite:"], "names no file"),

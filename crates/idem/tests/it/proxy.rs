@@ -2,14 +2,12 @@
 //! real proxy process, a real SQLite store and a real upstream that counts its executions.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
-
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::upstream::{self, Counts};
-use common::{client, proxy, start_upstream};
+use crate::common::upstream::{self, Counts};
+use crate::common::{client, proxy, start_upstream};
 use reqwest::StatusCode;
 
 async fn post(url: &str, path: &str, key: Option<&str>, body: &str) -> reqwest::Response {

@@ -2,13 +2,11 @@
 //! generation sequence must not go backwards.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Server, client};
+use crate::common::{Server, client};
 use rand::Rng;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

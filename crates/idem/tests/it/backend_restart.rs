@@ -3,14 +3,12 @@
 //! only when `IDEM_TEST_RESTART_SERVICES=1` (as `.ci/run` sets) besides the URL variables.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Server, client};
+use crate::common::{Server, client};
 
 fn sh(cmd: &str) -> bool {
     Command::new("sh").arg("-c").arg(cmd).status().map(|s| s.success()).unwrap_or(false)

@@ -11,7 +11,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_idem");
 
 /// The counting example upstream (`examples/upstream.rs`), for tests that put a proxy in front of it.
 #[allow(dead_code, clippy::unwrap_used)]
-#[path = "../../examples/upstream.rs"]
+#[path = "../../../examples/upstream.rs"]
 pub mod upstream;
 
 /// The example upstream on a free port, in the caller's runtime: its URL and its execution counts.

@@ -3,13 +3,13 @@
 //! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` are unset.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/contention.rs"]
+#[path = "../../examples/contention.rs"]
 mod contention;
 
-use common::Server;
+use crate::common::Server;
 
 /// Two proxies on one shared store: 100 concurrent identical requests spread over both execute once, and
 /// both replay the stored answer.

@@ -2,14 +2,14 @@
 //! with O_APPEND (`>>`), so executions are counted exactly.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::BIN;
+use crate::common::BIN;
 
 /// One job in a temporary directory: items, a command script, the execution log.
 struct Job {

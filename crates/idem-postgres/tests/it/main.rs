@@ -1,0 +1,6 @@
+//! `idem-postgres`'s integration tests, in one test binary (one binary per crate links the dependencies once).
+//! They skip with a printed reason when `IDEM_TEST_POSTGRES_URL` is unset.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod conformance;
+mod migrations;

@@ -1,0 +1,14 @@
+//! The `idem` binary's integration tests, in one test binary: each module was a binary of its own, and every
+//! one of them linked tokio, hyper, reqwest and the stores again (issue 19: one binary per crate cut the cold
+//! `cargo test --workspace`). Filter by module: `cargo test -p idem --test it proxy::`.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod backend_restart;
+mod cli;
+mod common;
+mod crash;
+mod proxy;
+mod readme;
+mod run;
+mod send;
+mod shared_backends;
