@@ -44,8 +44,9 @@ pub enum Error {
     /// A counter add would leave the `i64` range.
     #[error("counter would overflow i64")]
     CounterOverflow,
-    /// A dedupe id or set member is empty or longer than 255 bytes.
-    #[error("invalid {what}: must be 1..=255 bytes")]
+    /// A dedupe id or set member is empty, longer than 255 bytes or contains NUL; or a listing's `limit` is
+    /// outside 1..=1000. The message states the rule that `what` breaks.
+    #[error("invalid {what}: {}", argument_rule(.what))]
     InvalidArgument {
         /// Which argument: `"dedupe id"`, `"set member"`, `"limit"`.
         what: &'static str,
@@ -114,6 +115,16 @@ impl std::fmt::Display for KeyProblem {
     }
 }
 
+/// The rule an [`Error::InvalidArgument`] broke, for its message: a listing's `limit` has a range of its own;
+/// every other argument (dedupe id, set member) is a token checked by `Limits::check_token`, whose NUL rule the
+/// message must name too, or a 3-byte id with a NUL is told it breaks a length limit it keeps.
+fn argument_rule(what: &str) -> &'static str {
+    match what {
+        "limit" => "must be 1..=1000",
+        _ => "must be 1..=255 bytes without NUL",
+    }
+}
+
 impl Error {
     /// True for [`Error::PreconditionFailed`].
     pub fn is_precondition_failed(&self) -> bool {
@@ -152,5 +163,19 @@ impl Error {
     /// Wraps a backend error that a retry will not fix.
     pub fn backend(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Error::Backend { source: source.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn invalid_argument_names_the_rule_it_broke() {
+        assert_eq!(
+            Error::InvalidArgument { what: "dedupe id" }.to_string(),
+            "invalid dedupe id: must be 1..=255 bytes without NUL"
+        );
+        assert_eq!(Error::InvalidArgument { what: "limit" }.to_string(), "invalid limit: must be 1..=1000");
     }
 }

@@ -612,6 +612,24 @@ async fn counter_dedupe_id_reused_with_another_delta_is_422() {
     assert_eq!(snapshot(&store).await, before);
 }
 
+/// A dedupe id or set member holding a NUL is refused with a detail that names the NUL rule: the id below is 3
+/// bytes, so "must be 1..=255 bytes" alone would send its caller looking for a length problem it does not have.
+#[tokio::test]
+async fn nul_in_a_dedupe_id_or_member_is_named_in_the_problem() {
+    let (store, app) = setup();
+    for (uri, body) in [
+        ("/v1/kv/n/counter", r#"{"delta":1,"dedupe_id":"a\u0000b"}"#),
+        ("/v1/kv/s/set", r#"{"add":["a"],"dedupe_id":"a\u0000b"}"#),
+        ("/v1/kv/s/set", r#"{"add":["a\u0000b"]}"#),
+    ] {
+        let r = call(&app, Method::POST, uri, &[], body).await;
+        assert_eq!((r.status, r.problem_type()), (StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument".to_owned()));
+        let detail = r.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("without NUL"), "{body}: {detail}");
+    }
+    assert_eq!(snapshot(&store).await, vec![], "a refused request wrote");
+}
+
 /// Set changes take a `dedupe_id` too: a retry listing the same members in another order replays with
 /// `Idempotent-Replayed: true` and `applied: false`; another change under the id is 422 and writes nothing.
 #[tokio::test]
