@@ -275,10 +275,11 @@ impl Drop for Postgres {
 }
 
 /// A throw-away `redis-server` with TLS only (`--port 0 --tls-port P`), its certificate from a [`Pki`], no
-/// client certificates asked for, nothing saved. Killed on drop.
+/// client certificates asked for, nothing saved, on 127.0.0.1 and 127.0.0.2 (an address the certificate
+/// does not name, for host-name checks). Killed on drop.
 #[derive(Debug)]
 pub struct Redis {
-    /// The TLS port (127.0.0.1 only).
+    /// The TLS port (on 127.0.0.1 and 127.0.0.2).
     pub port: u16,
     /// The certificates it serves.
     pub pki: Pki,
@@ -303,7 +304,7 @@ impl Redis {
         let pki = Pki::new();
         let port = free_port();
         let mut child = Command::new(&program)
-            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "127.0.0.2"])
             .args(["--tls-cert-file".as_ref(), pki.cert.as_os_str(), "--tls-key-file".as_ref(), pki.key.as_os_str()])
             .args(["--tls-ca-cert-file".as_ref(), pki.ca.as_os_str(), "--tls-auth-clients".as_ref(), "no".as_ref()])
             .args(["--save", "", "--appendonly", "no", "--dir"])
