@@ -162,7 +162,7 @@ pub struct Postgres {
 /// The PostgreSQL programs: `IDEM_TEST_PG_BIN`, else the newest /usr/lib/postgresql/N/bin with `initdb`.
 fn pg_bin() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("IDEM_TEST_PG_BIN") {
-        return Some(PathBuf::from(dir));
+        return Some(PathBuf::from(dir)).filter(|bin| bin.join("initdb").exists());
     }
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
