@@ -5,6 +5,20 @@ pub enum Error {
     /// The URL is not a PostgreSQL connection string.
     #[error("invalid PostgreSQL URL")]
     InvalidUrl(#[source] tokio_postgres::Error),
+    /// `sslmode` is not one of libpq's `disable`, `prefer`, `require`, `verify-ca`, `verify-full`.
+    #[error("invalid sslmode {0:?}: use disable, prefer, require, verify-ca or verify-full")]
+    InvalidSslMode(String),
+    /// The `sslrootcert` file cannot be read or holds no usable CA certificate (PEM).
+    #[error("sslrootcert {}: {reason}", path.display())]
+    RootCert {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it is unusable.
+        reason: String,
+    },
+    /// The TLS client could not be set up (e.g. the platform trust store is empty).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The schema name is not a plain lowercase identifier (`[a-z_][a-z0-9_]{0,62}`).
     #[error("invalid schema name {0:?}: use [a-z_][a-z0-9_]*, at most 63 bytes")]
     InvalidSchema(String),

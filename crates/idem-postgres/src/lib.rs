@@ -9,6 +9,9 @@
 //! (`now()`). The schema is created and migrated by [`PostgresStore::connect`] under an advisory lock, so
 //! servers starting together migrate once.
 //!
+//! TLS follows libpq's `sslmode` (`disable`, `prefer` — the default —, `require`, `verify-ca`,
+//! `verify-full`) and `sslrootcert=PATH` URL parameters, over rustls; see [`PostgresStore::connect`].
+//!
 //! ```no_run
 //! use idem_postgres::PostgresStore;
 //! use idem_store::{Limits, Precondition, Store, Ttl};
@@ -22,6 +25,7 @@
 mod error;
 mod schema;
 mod store;
+mod tls;
 
 pub use error::Error;
 pub use store::PostgresStore;

@@ -7,7 +7,6 @@ use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
     Store, Ttl, Versioned, Written, apply_counter, apply_set, system_time_to_millis,
 };
-use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::Error;
@@ -189,14 +188,26 @@ impl PostgresStore {
     /// Connects to `url`, creating and migrating `schema` (a plain lowercase identifier; `"idem"` by default in
     /// the binary), and starts the background sweeper.
     ///
+    /// `url` is a libpq URL (`postgres://user:password@host:port/db?param=value&…`). TLS is libpq's
+    /// (<https://www.postgresql.org/docs/15/libpq-ssl.html>, table 34.1): `sslmode=disable`, `prefer` (the
+    /// default: TLS when the server offers it, unverified), `require` (TLS, unverified unless `sslrootcert` is
+    /// given, then as `verify-ca`), `verify-ca` (the chain must lead to a trusted root), `verify-full` (and
+    /// the certificate must name the host); `sslrootcert=PATH` is a PEM file of trusted roots, the platform's
+    /// store when absent (or `system`).
+    ///
     /// # Errors
-    /// [`Error::InvalidUrl`], [`Error::InvalidSchema`], [`Error::Connect`] when the server cannot be reached
-    /// (within 5 s), [`Error::Migrate`], [`Error::SchemaTooNew`].
+    /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::RootCert`], [`Error::Tls`],
+    /// [`Error::InvalidSchema`], [`Error::Connect`] when the server cannot be reached (within 5 s) or the TLS
+    /// handshake fails (the cause is its source), [`Error::Migrate`], [`Error::SchemaTooNew`].
     pub async fn connect(url: &str, schema: &str, limits: Limits) -> Result<Self, Error> {
         validate(schema)?;
-        let mut config: tokio_postgres::Config = url.parse().map_err(Error::InvalidUrl)?;
+        let tls = crate::tls::parse(url)?;
+        let mut config: tokio_postgres::Config = tls.url.parse().map_err(Error::InvalidUrl)?;
+        config.ssl_mode(tls.tokio_mode());
         config.connect_timeout(Duration::from_secs(5));
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let connector = tls.connector()?;
+        let manager =
+            Manager::from_config(config, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)

@@ -6,8 +6,11 @@ use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
     Store, Ttl, Versioned, Written, millis_to_system_time,
 };
+use percent_encoding::percent_decode_str;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -19,7 +22,18 @@ pub enum Error {
     /// The URL is not a Redis URL.
     #[error("invalid Redis URL")]
     InvalidUrl(#[source] redis::RedisError),
-    /// The server could not be reached.
+    /// The `cacert` file cannot be read or holds no PEM certificate.
+    #[error("cacert {}: {reason}", path.display())]
+    CaCert {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it is unusable.
+        reason: String,
+    },
+    /// `cacert` was given on a `redis://` URL, which never uses TLS.
+    #[error("cacert needs a rediss:// URL; redis:// does not use TLS")]
+    CaCertWithoutTls,
+    /// The server could not be reached, or the TLS handshake failed (the cause is the source).
     #[error("cannot connect")]
     Connect(#[source] redis::RedisError),
     /// An operation failed.
@@ -128,14 +142,58 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
     }
 }
 
+/// The client for `url`, with the roots of its `cacert` parameter when there is one.
+fn client(url: &str) -> Result<redis::Client, Error> {
+    // The redis crate builds its rustls config on the process's default provider; name ring (the only one
+    // compiled in) so that holds even if another crate ever brings a second provider. Already set is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut cacert = None;
+    let mut rest = Vec::new();
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        match param.split_once('=') {
+            Some(("cacert", v)) => cacert = Some(percent_decode_str(v).decode_utf8_lossy().into_owned()),
+            _ => rest.push(param),
+        }
+    }
+    let Some(cacert) = cacert else {
+        return redis::Client::open(url).map_err(Error::InvalidUrl);
+    };
+    // The fragment (`#insecure`, refused by the crate without its insecure feature) stays after the query.
+    let (base, fragment) = match base.split_once('#') {
+        Some((b, f)) => (b, format!("#{f}")),
+        None => (base, String::new()),
+    };
+    let url =
+        if rest.is_empty() { format!("{base}{fragment}") } else { format!("{base}?{}{fragment}", rest.join("&")) };
+    if !(url.starts_with("rediss://") || url.starts_with("valkeys://")) {
+        return Err(Error::CaCertWithoutTls);
+    }
+    let path = std::path::PathBuf::from(cacert);
+    let ca_err = |reason: String| Error::CaCert { path: path.clone(), reason };
+    let pem = std::fs::read(&path).map_err(|e| ca_err(e.to_string()))?;
+    let certs: Vec<_> =
+        CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| ca_err(format!("not PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(ca_err("holds no PEM certificate".into()));
+    }
+    redis::Client::build_with_tls(url.as_str(), redis::TlsCertificates { client_tls: None, root_cert: Some(pem) })
+        .map_err(Error::InvalidUrl)
+}
+
 impl RedisStore {
-    /// Connects to `url` (`redis://[:password@]host:port[/db]`); every Redis key this store uses starts with
-    /// `prefix` (e.g. `"idem:"`), so several stores can share one Redis database.
+    /// Connects to `url` (`redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS); every Redis key
+    /// this store uses starts with `prefix` (e.g. `"idem:"`), so several stores can share one Redis database.
+    ///
+    /// `rediss://` verifies the server's certificate chain and host name against the platform's trust store,
+    /// or against the PEM file of a `cacert=PATH` query parameter (redis-cli's `--cacert`), which idem takes
+    /// out of the URL before the redis crate sees it. There is no way to switch verification off.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`]; [`Error::Connect`] when the server cannot be reached.
+    /// [`Error::InvalidUrl`]; [`Error::CaCert`], [`Error::CaCertWithoutTls`]; [`Error::Connect`] when the server
+    /// cannot be reached or the TLS handshake fails.
     pub async fn connect(url: &str, prefix: &str, limits: Limits) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(Error::InvalidUrl)?;
+        let client = client(url)?;
         // One plain connection first, so an unreachable server fails start-up at once; the manager below
         // would keep retrying, which is what we want later, not now.
         let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(Duration::from_secs(5)));

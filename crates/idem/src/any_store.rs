@@ -11,7 +11,8 @@ use idem_store::{
 
 use crate::error::Error;
 
-/// A store chosen at run time by URL: `sqlite:PATH`, `memory:`, `postgres://…` or `redis://…`.
+/// A store chosen at run time by URL: `sqlite:PATH`, `memory:`, `postgres://…` (TLS by libpq's `sslmode`
+/// and `sslrootcert`) or `redis://…` / `rediss://…` (TLS, with `cacert=PATH` for a private CA).
 #[derive(Clone, Debug)]
 pub enum AnyStore {
     /// `memory:`: nothing survives the process.
@@ -20,7 +21,7 @@ pub enum AnyStore {
     Sqlite(SqliteStore),
     /// `postgres://…`: tables in the schema named by the namespace.
     Postgres(PostgresStore),
-    /// `redis://…`: keys under `<namespace>:`.
+    /// `redis://…` or `rediss://…`: keys under `<namespace>:`.
     Redis(RedisStore),
 }
 
@@ -83,14 +84,14 @@ impl AnyStore {
                 .map(AnyStore::Postgres)
                 .map_err(|e| open_err(Box::new(e)));
         }
-        if url.starts_with("redis://") {
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
             return RedisStore::connect(url, &format!("{namespace}:"), limits)
                 .await
                 .map(AnyStore::Redis)
                 .map_err(|e| open_err(Box::new(e)));
         }
         Err(Error::Config(format!(
-            "store URL {:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://… or redis://…",
+            "store URL {:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://…, redis://… or rediss://…",
             redact(url)
         )))
     }

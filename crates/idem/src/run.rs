@@ -46,7 +46,7 @@ pub struct RunArgs {
     /// Commands running at once.
     #[arg(long, short = 'j', default_value_t = 1)]
     jobs: usize,
-    /// The ledger store: sqlite:PATH, postgres://…, redis://… or memory: (default: next to the outputs).
+    /// The ledger store: sqlite:PATH, postgres://…, redis://…, rediss://… or memory: (default: next to the outputs).
     #[arg(long, env = "IDEM_RUN_STORE")]
     store: Option<String>,
     /// PostgreSQL schema / Redis key prefix of the ledger.

@@ -25,7 +25,7 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
     listen: Option<String>,
-    /// Store URL: sqlite:PATH, memory:, postgres://… or redis://… [default: sqlite:./idem-data/idem.db].
+    /// Store URL: sqlite:PATH, memory:, postgres://… (sslmode=, sslrootcert=), redis://… or rediss://… (cacert=) [default: sqlite:./idem-data/idem.db].
     #[arg(long, env = "IDEM_STORE")]
     store: Option<String>,
     /// PostgreSQL schema / Redis key prefix for this deployment's data [default: idem].
