@@ -12,3 +12,4 @@ mod readme;
 mod run;
 mod send;
 mod shared_backends;
+mod tls;
