@@ -66,6 +66,20 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// The TLS connection failed: the server's certificate was refused (`certificate verify failed: unknown
+    /// issuer`, `expired`, `host name mismatch`), the server refused ours, or the server does not speak TLS.
+    /// Nothing was sent; retrying cannot help until the certificates or the URL change.
+    #[error("{reason}")]
+    Tls {
+        /// The cause, one line.
+        reason: String,
+    },
+    /// A `--cacert`, `--cert` or `--key` file could not be read or holds no usable PEM.
+    #[error("{reason}")]
+    TlsFiles {
+        /// The file and what is wrong with it.
+        reason: String,
+    },
     /// The payload could not be serialised, or a KV value is not the JSON expected.
     #[error(transparent)]
     Json(#[from] serde_json::Error),

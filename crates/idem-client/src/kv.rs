@@ -55,7 +55,8 @@ pub struct KvClient {
 const KEY_SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'~');
 
 impl KvClient {
-    /// A client for the server at `base`.
+    /// A client for the server at `base`. Build `http` from [`client_builder`](crate::client_builder) (or
+    /// install a rustls crypto provider first): reqwest is built without one, and panics without it.
     pub fn new(http: reqwest::Client, base: impl Into<String>) -> Self {
         Self { http, base: base.into().trim_end_matches('/').to_owned(), token: None }
     }

@@ -36,15 +36,19 @@
 //! attempts (a `Retry-After` is honoured up to 10 s, [`Client::max_retry_after`]). It stops at once with a typed
 //! [`Error`] on `422` (the key was used for another payload), on a `409` that is not the in-flight answer, on
 //! other `4xx`, on `3xx` (only 307/308 are followed), on a stored `5xx`, and on idem's `outcome-unknown`
-//! answer. [`KvClient`] offers the KV API of `idem serve`: reads, conditional writes, the read-modify-write
+//! answer, and on a TLS failure ([`Error::Tls`]: the server's certificate refused, or no TLS there).
+//! HTTPS uses rustls on the ring provider with the platform's trust store; [`TlsConfig`] trusts a private CA
+//! instead (curl's `--cacert`) and presents a client certificate. [`KvClient`] offers the KV API of `idem serve`: reads, conditional writes, the read-modify-write
 //! loop on ETags, and the atomic set and counter operations.
 
 mod error;
 mod kv;
 mod send;
+mod tls;
 
 pub use error::Error;
 pub use idem_core::{IdempotencyKey, derive_key};
 pub use idem_store::RetryPolicy;
 pub use kv::{CounterOutcome, KvClient, Precondition, SetOutcome};
 pub use send::{Client, Response, WriteRequest};
+pub use tls::{TlsConfig, client_builder, install_crypto_provider, tls_failure};

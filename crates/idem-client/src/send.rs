@@ -133,12 +133,25 @@ impl Client {
     /// As [`Client::new`] with another per-attempt timeout. Redirects are followed only when they keep the
     /// method and body (307, 308; at most 5): a 301/302/303 would turn the write into a GET of something else.
     pub fn with_timeout(timeout: Duration) -> Self {
+        Self::with_tls(timeout, &crate::TlsConfig::new()).unwrap_or_else(|_| Self::with_http(reqwest::Client::new()))
+    }
+
+    /// As [`Client::with_timeout`], trusting and presenting what `tls` says.
+    ///
+    /// # Errors
+    /// [`Error::TlsFiles`] when the HTTP client cannot be built with `tls` (a key that does not fit rustls).
+    pub fn with_tls(timeout: Duration, tls: &crate::TlsConfig) -> Result<Self, Error> {
         let redirects = reqwest::redirect::Policy::custom(|attempt| {
             let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
             if keeps_body && attempt.previous().len() < 5 { attempt.follow() } else { attempt.stop() }
         });
-        let http = reqwest::Client::builder().timeout(timeout).redirect(redirects).build().unwrap_or_default();
-        Self::with_http(http)
+        let http = tls
+            .apply(crate::client_builder())
+            .timeout(timeout)
+            .redirect(redirects)
+            .build()
+            .map_err(|e| Error::TlsFiles { reason: format!("cannot build the HTTP client: {}", describe(&e)) })?;
+        Ok(Self::with_http(http))
     }
 
     /// A client over a configured `reqwest::Client` (timeouts, TLS, proxies, redirects are its business; prefer
@@ -215,9 +228,16 @@ impl Client {
             Err(e) if e.is_builder() || e.is_redirect() => {
                 return Attempt::Stop(Error::InvalidRequest { reason: describe(&e) });
             }
-            // Connection refused, reset, timed out: the outcome may be unknown, and the key makes the
-            // resend safe.
-            Err(e) => return Attempt::Retry { reason: describe(&e), wait: None },
+            Err(e) => {
+                // A refused certificate (or no TLS at the other end) fails the same way every time, and the
+                // request was never sent: stop, naming the cause.
+                if let Some(reason) = crate::tls_failure(&e) {
+                    return Attempt::Stop(Error::Tls { reason });
+                }
+                // Connection refused, reset, timed out: the outcome may be unknown, and the key makes the
+                // resend safe.
+                return Attempt::Retry { reason: describe(&e), wait: None };
+            }
         };
         let status = response.status();
         let headers = response.headers().clone();
@@ -293,7 +313,7 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
     Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
 }
 
-fn describe(e: &reqwest::Error) -> String {
+pub(crate) fn describe(e: &reqwest::Error) -> String {
     let mut out = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {

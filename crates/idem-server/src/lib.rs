@@ -23,6 +23,7 @@ mod metrics;
 mod problem;
 mod proxy;
 mod records;
+mod tls;
 mod upstream_conn;
 
 use std::future::Future;
@@ -37,6 +38,7 @@ pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
 pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Upstream, UpstreamError, proxy};
+pub use tls::{HANDSHAKE_TIMEOUT, TlsConfigSlot, serve_tls};
 
 /// Settings of the HTTP layer (store settings live with the store).
 #[derive(Clone, Debug)]
@@ -100,7 +102,8 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and waits for in-flight
-/// requests to finish.
+/// requests to finish. A client that opens with a TLS handshake is logged (warn) with its address, since it
+/// only sees a TLS error of its own; [`serve_tls`] serves HTTPS.
 ///
 /// # Errors
 /// The listener's I/O errors.
@@ -110,6 +113,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     // Connection info gives the proxy the client address for its `Forwarded` header.
+    // `tap_io` only to reach axum's `Connected` impl for any listener whose address is a `SocketAddr`.
+    let listener = axum::serve::ListenerExt::tap_io(tls::PlainListener::new(listener)?, |_| ());
     axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await

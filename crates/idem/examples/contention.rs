@@ -81,7 +81,7 @@ async fn append(http: &reqwest::Client, path: &str, item: String, conditional: b
 
 /// Runs one pass; returns (distinct items present, retries after 412, seconds).
 pub async fn run(args: &Args, conditional: bool) -> (usize, u64, f64) {
-    let http = reqwest::Client::new();
+    let http = idem_client::client_builder().build().expect("HTTP client");
     let key = format!("contention-{}-{:x}", if conditional { "cas" } else { "plain" }, rand::random::<u32>());
     let paths: Vec<Arc<String>> = args.urls.iter().map(|u| Arc::new(format!("{u}/v1/kv/{key}"))).collect();
     let retries = Arc::new(AtomicU64::new(0));

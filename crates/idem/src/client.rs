@@ -21,8 +21,44 @@ pub struct KvArgs {
     /// File holding the bearer token to present.
     #[arg(long, global = true, env = "IDEM_AUTH_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(subcommand)]
     command: KvCommand,
+}
+
+/// HTTPS flags of the clients (`idem kv`, `idem send`), named as curl names them. Certificate verification has
+/// no off switch.
+#[derive(Debug, clap::Args)]
+pub struct TlsArgs {
+    /// For https:// URLs: trust only the CA certificates in this PEM file instead of the system's trust store.
+    #[arg(long, global = true, env = "IDEM_CACERT", value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// Client certificate (PEM) to present when the server asks for one (idem serve --tls-client-ca), with its
+    /// private key in the same file or in --cert-key.
+    // Ids of their own: `idem kv`'s commands have a positional `key`.
+    #[arg(long = "cert", global = true, env = "IDEM_CERT", value_name = "FILE")]
+    client_cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert (curl's --key; here `--key` is idem send's Idempotency-Key).
+    #[arg(long = "cert-key", global = true, env = "IDEM_CERT_KEY", value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The client TLS settings these flags name.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the file that cannot be read or holds no usable PEM.
+    pub fn config(&self) -> Result<idem_client::TlsConfig, Error> {
+        let mut tls = idem_client::TlsConfig::new();
+        if let Some(ca) = &self.cacert {
+            tls = tls.ca_file(ca).map_err(|e| Error::Config(e.to_string()))?;
+        }
+        if let Some(cert) = &self.client_cert {
+            tls = tls.client_cert_files(cert, self.client_key.as_deref()).map_err(|e| Error::Config(e.to_string()))?;
+        }
+        Ok(tls)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,8 +144,11 @@ struct Client {
     token: Option<String>,
 }
 
-/// The whole cause chain, and a hint when nothing listens at the URL.
+/// The whole cause chain, and a hint when nothing listens at the URL; a TLS failure as one line naming it.
 fn failed(e: reqwest::Error) -> Error {
+    if let Some(reason) = idem_client::tls_failure(&e) {
+        return Error::Failed(format!("request failed: {reason}"));
+    }
     let mut msg = format!("request failed: {}", crate::error::chain(&e));
     if e.is_connect() {
         msg.push_str(" (is `idem serve` running there? set --url or IDEM_URL)");
@@ -181,7 +220,10 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         ),
         None => None,
     };
-    let http = reqwest::Client::builder()
+    let http = args
+        .tls
+        .config()?
+        .apply(idem_client::client_builder())
         .timeout(Duration::from_secs(60))
         .build()
         .map_err(|e| Error::Failed(format!("cannot build HTTP client: {e}")))?;
@@ -295,6 +337,7 @@ async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) 
         Err(idem_client::Error::Json(_)) => {
             Err(Error::Failed(format!("the value under {key} is not a JSON array of strings")))
         }
+        Err(idem_client::Error::Transport(e)) => Err(failed(e)),
         Err(e) => Err(Error::Failed(crate::error::chain(&e))),
     }
 }

@@ -10,6 +10,7 @@ mod run;
 mod send;
 mod serve;
 mod shared_sqlite;
+mod tls;
 
 use std::io::IsTerminal;
 
@@ -39,7 +40,8 @@ enum Command {
     /// Print the deterministic Idempotency-Key of a logical write: PREFIX:ID:HASH of the canonical payload.
     Key(key::KeyArgs),
     /// Send one write with a derived Idempotency-Key, retrying safely (same bytes, same key); prints the body.
-    /// Exit 0: a 2xx answer; 1: another final answer (3xx, 4xx, a stored 5xx); 2: bad usage; 5: key reused with
+    /// Exit 0: a 2xx answer; 1: another final answer (3xx, 4xx, a stored 5xx) or a TLS failure (certificate
+    /// refused: nothing sent); 2: bad usage; 5: key reused with
     /// another payload (422) or a conflict; 6: attempts ran out; 7: outcome unknown.
     Send(send::SendArgs),
     /// Run a command over work items: done items are skipped, leases keep runners apart, poison items stop.
@@ -52,7 +54,12 @@ fn main() {
     let cli = Cli::parse();
     let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| EnvFilter::new(default_level)))
+        // The platform verifier logs every refused certificate at ERROR, a second line beside the one-line
+        // message the clients print for it.
+        .with_env_filter(
+            EnvFilter::try_from_env("IDEM_LOG")
+                .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rustls_platform_verifier=off"))),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();

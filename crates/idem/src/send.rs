@@ -47,6 +47,8 @@ pub struct SendArgs {
     /// Print the key and exit without sending (store it beside the work item).
     #[arg(long)]
     print_key: bool,
+    #[command(flatten)]
+    tls: crate::client::TlsArgs,
     /// After a replayed 201, GET its Location and fail if the object is gone.
     #[arg(long)]
     read_back: bool,
@@ -115,7 +117,11 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
     if timeout.is_zero() {
         return Err(Error::Config("--timeout must be more than 0s".into()));
     }
-    let client = Client::with_timeout(timeout).retry_policy(policy).read_back(args.read_back);
+    let tls = args.tls.config()?;
+    let client = Client::with_tls(timeout, &tls)
+        .map_err(|e| Error::Config(e.to_string()))?
+        .retry_policy(policy)
+        .read_back(args.read_back);
     let response = client.send(&request).await.map_err(Error::Send)?;
     eprintln!(
         "idem send: {} after {} attempt(s){} (key {})",

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use crate::any_store::{AnyStore, redact};
 use crate::error::Error;
+use crate::tls::TlsFiles;
 
 /// Flags of `idem serve`. Each is also read from its `IDEM_*` environment variable and from the config file;
 /// a flag beats the environment, which beats the file, which beats the default.
@@ -37,10 +38,21 @@ pub struct ServeArgs {
     /// File holding the bearer token every KV request must present.
     #[arg(long, env = "IDEM_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
-    /// Allow listening on a non-loopback address without a token (env: 1/0, true/false, yes/no, on/off).
+    /// Allow a non-loopback listener without TLS (TLS is terminated in front of idem) and the KV API on one
+    /// without --auth-token-file or --tls-client-ca (env: 1/0, true/false, yes/no, on/off).
     #[arg(long, env = "IDEM_INSECURE", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     insecure: bool,
+    /// Serve HTTPS on the main and the admin listener with this certificate chain (PEM, leaf first); with
+    /// --tls-key. Re-read with the key on SIGHUP, for new connections.
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Require a client certificate issued by a CA in this PEM file at the TLS handshake (needs --tls-cert).
+    #[arg(long, env = "IDEM_TLS_CLIENT_CA", value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
     /// Optional TOML file with the same settings, named as the flags with `_` for `-` (listen, store,
     /// upstream, admin_listen, retention, …).
     #[arg(long, env = "IDEM_CONFIG")]
@@ -121,6 +133,9 @@ struct FileConfig {
     max_value_bytes: Option<usize>,
     auth_token_file: Option<PathBuf>,
     insecure: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     upstream: Option<String>,
     admin_listen: Option<String>,
     retention: Option<String>,
@@ -145,6 +160,8 @@ pub struct ServeConfig {
     namespace: String,
     limits: Limits,
     auth_token: Option<String>,
+    /// The files and the configuration read from them at start-up.
+    tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
     proxy: Option<ProxyConfig>,
 }
 
@@ -332,13 +349,37 @@ impl ServeArgs {
         }
         let auth_token = self.auth_token_file.or(file.auth_token_file).map(|p| read_token(&p)).transpose()?;
         let insecure = self.insecure || file.insecure.unwrap_or(false);
-        // The KV API is what the token protects: in proxy mode it lives on the admin listener, and the main
-        // listener serves the upstream's API under the upstream's own authentication.
-        let kv_listen = proxy.as_ref().map_or(listen, |p| p.admin_listen);
-        if !kv_listen.ip().is_loopback() && auth_token.is_none() && !insecure {
+        let tls_files = match (self.tls_cert.or(file.tls_cert), self.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => {
+                Some(TlsFiles { cert, key, client_ca: self.tls_client_ca.or(file.tls_client_ca) })
+            }
+            (None, None) if self.tls_client_ca.is_some() || file.tls_client_ca.is_some() => {
+                return Err(Error::Config("--tls-client-ca needs --tls-cert and --tls-key".into()));
+            }
+            (None, None) => None,
+            (Some(_), None) => return Err(Error::Config("--tls-cert needs --tls-key (its private key)".into())),
+            (None, Some(_)) => return Err(Error::Config("--tls-key needs --tls-cert (its certificate)".into())),
+        };
+        // Read now: a bad file is a start-up error (exit 2), not a failure of the first handshake.
+        let tls = tls_files.map(|f| f.load().map(|config| (f, config))).transpose()?;
+        // Traffic to a non-loopback address crosses a network: in clear text only when TLS ends in front of
+        // idem, which only the operator knows (--insecure).
+        let listeners = std::iter::once(listen).chain(proxy.as_ref().map(|p| p.admin_listen));
+        if let Some(open) = listeners.filter(|a| !a.ip().is_loopback()).find(|_| tls.is_none() && !insecure) {
             return Err(Error::Config(format!(
-                "refusing to serve the KV API on non-loopback {kv_listen} without --auth-token-file; pass --insecure \
-                 to allow it"
+                "refusing to serve plain HTTP on non-loopback {open}: give --tls-cert FILE --tls-key FILE, or \
+                 --insecure if TLS is terminated in front of idem"
+            )));
+        }
+        // The KV API is what the token protects: in proxy mode it lives on the admin listener, and the main
+        // listener serves the upstream's API under the upstream's own authentication. A required client
+        // certificate authenticates the caller too.
+        let kv_listen = proxy.as_ref().map_or(listen, |p| p.admin_listen);
+        let client_auth = tls.as_ref().is_some_and(|(f, _)| f.client_ca.is_some());
+        if !kv_listen.ip().is_loopback() && auth_token.is_none() && !client_auth && !insecure {
+            return Err(Error::Config(format!(
+                "refusing to serve the KV API on non-loopback {kv_listen} without --auth-token-file or \
+                 --tls-client-ca; pass --insecure to allow it"
             )));
         }
         Ok(ServeConfig {
@@ -347,6 +388,7 @@ impl ServeArgs {
             namespace,
             limits: Limits::default().with_max_value_bytes(max_value_bytes),
             auth_token,
+            tls,
             proxy,
         })
     }
@@ -408,6 +450,25 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
+    let tls = match config.tls {
+        Some((files, server_config)) => {
+            let slot = idem_server::TlsConfigSlot::new(server_config);
+            tokio::spawn(files.reload_on_sighup(slot.clone())?);
+            Some(slot)
+        }
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let serve_on = |router: axum::Router,
+                    listener: tokio::net::TcpListener,
+                    rx: tokio::sync::watch::Receiver<bool>|
+     -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> {
+        match &tls {
+            Some(slot) => Box::pin(idem_server::serve_tls(router, listener, slot.clone(), stop(rx))),
+            None => Box::pin(idem_server::serve(router, listener, stop(rx))),
+        }
+    };
     let serving = match (config.proxy, admin, upstream) {
         (Some(p), Some(admin), Some(upstream)) => {
             let admin_local = admin.local_addr()?;
@@ -435,11 +496,15 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let drain = layer.clone();
             let proxy = idem_server::proxy(layer, upstream);
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
-            println!("idem listening on http://{local} (proxy to {}, store {})", p.upstream, redact(&config.store_url));
-            println!("idem admin listening on http://{admin_local}");
+            println!(
+                "idem listening on {scheme}://{local} (proxy to {}, store {})",
+                p.upstream,
+                redact(&config.store_url)
+            );
+            println!("idem admin listening on {scheme}://{admin_local}");
             tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %redact(&config.store_url), "listening");
-            let main = idem_server::serve(proxy, listener, stop(on_signal.clone()));
-            let admin = idem_server::serve(kv, admin, stop(on_signal.clone()));
+            let main = serve_on(proxy, listener, on_signal.clone());
+            let admin = serve_on(kv, admin, on_signal.clone());
             Box::pin(async move {
                 let (a, b) = tokio::join!(main, admin);
                 // Executions whose clients hung up run detached from any connection: record them before the
@@ -450,9 +515,9 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         }
         _ => {
             let kv = idem_server::app(store.clone(), kv_config);
-            println!("idem listening on http://{local} (store {})", redact(&config.store_url));
+            println!("idem listening on {scheme}://{local} (store {})", redact(&config.store_url));
             tracing::info!(%local, store = %redact(&config.store_url), "listening");
-            Box::pin(idem_server::serve(kv, listener, stop(on_signal.clone())))
+            serve_on(kv, listener, on_signal.clone())
         }
     };
     let mut on_signal = on_signal;

@@ -19,14 +19,17 @@ fn refuses_non_loopback_without_token_unless_insecure() {
     assert!(s.url.contains("0.0.0.0"));
     let (code, _, _) = idem(&["serve", "--listen", "0.0.0.0:0", "--store", "memory:"], &[("IDEM_INSECURE", "0")]);
     assert_eq!(code, 2, "IDEM_INSECURE=0 must not allow it");
+    // A token alone no longer suffices there (it would cross the network in clear): tls.rs tests TLS with a
+    // token or a client CA, and this refusal's message.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "t0k3n\n").unwrap();
-    let s = Server::start(
-        &["--listen", "0.0.0.0:0", "--store", "memory:", "--auth-token-file", token.to_str().unwrap()],
+    let (code, _, err) = idem(
+        &["serve", "--listen", "0.0.0.0:0", "--store", "memory:", "--auth-token-file", token.to_str().unwrap()],
         &[],
     );
-    assert!(s.url.contains("0.0.0.0"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--tls-cert") && err.contains("--insecure"), "{err}");
 }
 
 #[test]

@@ -12,4 +12,5 @@ mod readme;
 mod run;
 mod send;
 mod shared_backends;
+mod tls;
 mod tls_backends;

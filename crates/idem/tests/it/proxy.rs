@@ -273,7 +273,7 @@ async fn a_client_that_hangs_up_does_not_cancel_the_execution_and_the_retry_repl
     let (up, counts) = start_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let server = proxy(&dir, &up, &[]);
-    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(200)).build().unwrap();
+    let impatient = idem_client::client_builder().timeout(Duration::from_millis(200)).build().unwrap();
     let gone = impatient
         .post(format!("{}/slow/1000", server.url))
         .header("idempotency-key", "hang")
@@ -486,7 +486,7 @@ async fn clients_hanging_up_at_any_moment_never_leave_a_key_locked() {
     for i in 1..=30u64 {
         let url = server.url.clone();
         tasks.push(tokio::spawn(async move {
-            let impatient = reqwest::Client::builder().timeout(Duration::from_millis(i)).build().unwrap();
+            let impatient = idem_client::client_builder().timeout(Duration::from_millis(i)).build().unwrap();
             let _ = impatient
                 .post(format!("{url}/slow/200"))
                 .header("idempotency-key", format!("h{i}"))
@@ -589,7 +589,7 @@ async fn sigterm_records_executions_whose_clients_hung_up_before_exiting() {
     let (up, counts) = start_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let server = proxy(&dir, &up, &[]);
-    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    let impatient = idem_client::client_builder().timeout(Duration::from_millis(300)).build().unwrap();
     let gone = impatient
         .post(format!("{}/slow/1500", server.url))
         .header("idempotency-key", "term")

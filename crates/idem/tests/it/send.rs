@@ -78,7 +78,7 @@ async fn two_hundred_writes_over_a_lossy_link_execute_exactly_two_hundred_times(
     let server = proxy(&dir, &up);
     let (link, dropped) = lossy_link(server.url.clone()).await;
     // No connection reuse: every attempt is a new connection, so every second one loses its answer.
-    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let http = idem_client::client_builder().pool_max_idle_per_host(0).build().unwrap();
     let client = Client::with_http(http).retry_policy(fast_retries(8));
     let mut tasks = Vec::new();
     let mut replays = 0;
@@ -271,7 +271,7 @@ async fn read_back_fails_when_a_replayed_201_points_at_a_deleted_object() {
 async fn kv_helpers_update_without_losing_writes_and_dedupe_counters() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::sqlite(&dir.path().join("kv.db"));
-    let kv = idem_client::KvClient::new(reqwest::Client::new(), server.url.clone());
+    let kv = idem_client::KvClient::new(idem_client::client_builder().build().unwrap(), server.url.clone());
     let policy = RetryPolicy::new().with_max_attempts(64).with_base_delay(Duration::from_millis(1));
     let mut tasks = Vec::new();
     for _ in 0..16 {

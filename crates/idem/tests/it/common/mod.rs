@@ -37,6 +37,16 @@ pub struct Server {
     pub url: String,
     /// The admin listener's URL in proxy mode (`--upstream`), else empty.
     pub admin: String,
+    /// Everything the server wrote to standard error so far, and a signal for each new line.
+    pub log: Log,
+}
+
+/// A server's standard error as it arrives.
+pub type Log = std::sync::Arc<(std::sync::Mutex<String>, std::sync::Condvar)>;
+
+/// The first address (`http://` or `https://`) on a listening line.
+fn address_in(line: &str) -> Option<String> {
+    line.split_whitespace().find(|w| w.starts_with("http://") || w.starts_with("https://")).map(str::to_owned)
 }
 
 impl Server {
@@ -54,30 +64,41 @@ impl Server {
         let mut child = cmd.spawn().expect("spawn idem serve");
         // Drain stderr so the server never blocks on a full pipe; keep it for failure messages.
         let stderr = child.stderr.take().unwrap();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log: Log = std::sync::Arc::default();
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push_str(&line);
-                sink.lock().unwrap().push('\n');
+                let mut text = sink.0.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+                sink.1.notify_all();
             }
         });
         let stdout = child.stdout.take().unwrap();
         let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned) else {
+        let Some(url) = address_in(&line) else {
             let _ = child.wait();
             std::thread::sleep(Duration::from_millis(100));
-            panic!("server did not start: {line:?} {}", log.lock().unwrap());
+            panic!("server did not start: {line:?} {}", log.0.lock().unwrap());
         };
         let mut admin = String::new();
         if line.contains("(proxy to ") {
             let mut second = String::new();
             stdout.read_line(&mut second).unwrap();
-            admin = second.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_owned).unwrap_or_default();
+            admin = address_in(&second).unwrap_or_default();
         }
-        Server { child, url, admin }
+        Server { child, url, admin, log }
+    }
+
+    /// Waits until the server's standard error holds `needle` `count` times (up to `within`); returns the log.
+    pub fn wait_for_log(&self, needle: &str, count: usize, within: Duration) -> String {
+        let (text, more) = &*self.log;
+        let (text, timeout) =
+            more.wait_timeout_while(text.lock().unwrap(), within, |t| t.matches(needle).count() < count).unwrap();
+        assert!(!timeout.timed_out(), "no {count}x {needle:?} in the server's log within {within:?}:\n{}", *text);
+        text.clone()
     }
 
     pub fn sqlite(path: &Path) -> Server {
@@ -108,7 +129,7 @@ impl Drop for Server {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    idem_client::client_builder().timeout(Duration::from_secs(30)).build().unwrap()
 }
 
 /// Runs `idem` with args to completion: (exit code, stdout, stderr).

@@ -1,0 +1,161 @@
+//! HTTPS for the clients: rustls on the ring provider, the platform's trust store by default, `--cacert` (curl's
+//! name) to trust only a private CA, and an optional client certificate. Nothing here can switch certificate
+//! verification off.
+
+use std::path::Path;
+
+use crate::Error;
+
+/// Installs rustls's ring provider as the process default, once. reqwest (built with `rustls-no-provider`, so
+/// that aws-lc-rs and its C build stay out) takes the process default and panics when there is none; every
+/// constructor in this crate calls this first. When the application installed a provider of its own, that one
+/// stays (the `Err` of a second install is the expected outcome, not a failure).
+pub fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A `reqwest::ClientBuilder` that can build (the crypto provider installed) and speaks HTTP/1.1 over TLS too.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    install_crypto_provider();
+    reqwest::Client::builder()
+}
+
+/// Whom a client trusts and which certificate it presents.
+///
+/// The default trusts the platform's store (on Debian `/etc/ssl/certs`, through `rustls-platform-verifier`) and
+/// presents none. [`TlsConfig::ca_file`] replaces that store with the CAs of one PEM file, as curl's `--cacert`
+/// does; [`TlsConfig::client_cert_files`] adds a client certificate for servers that ask for one (`idem serve
+/// --tls-client-ca`).
+#[derive(Clone, Debug, Default)]
+pub struct TlsConfig {
+    roots: Option<Vec<reqwest::Certificate>>,
+    identity: Option<reqwest::Identity>,
+}
+
+/// Reads `path` for `flag`, naming both on failure.
+fn read(flag: &str, path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::TlsFiles { reason: format!("cannot read {flag} {}: {e}", path.display()) })
+}
+
+impl TlsConfig {
+    /// The platform's trust store, no client certificate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts only the CA certificates in the PEM file at `path` (one or more `CERTIFICATE` blocks), instead of
+    /// the platform's store.
+    ///
+    /// # Errors
+    /// [`Error::TlsFiles`] when the file cannot be read or holds no PEM certificate; the message names the file
+    /// and `--cacert`.
+    pub fn ca_file(mut self, path: &Path) -> Result<Self, Error> {
+        let pem = read("--cacert", path)?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| Error::TlsFiles {
+            reason: format!("--cacert {}: not PEM certificates: {e}", path.display()),
+        })?;
+        if certs.is_empty() {
+            return Err(Error::TlsFiles {
+                reason: format!("--cacert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", path.display()),
+            });
+        }
+        self.roots = Some(certs);
+        Ok(self)
+    }
+
+    /// Presents the certificate chain in the PEM file `cert` with the private key in the PEM file `key` (PKCS#8,
+    /// PKCS#1 or SEC1; `None`: in `cert` too, as curl's `--cert` allows) when the server asks for a client
+    /// certificate.
+    ///
+    /// # Errors
+    /// [`Error::TlsFiles`] when a file cannot be read, or they hold no certificate or no key; the message names
+    /// the files and `--cert`/`--cert-key`.
+    pub fn client_cert_files(mut self, cert: &Path, key: Option<&Path>) -> Result<Self, Error> {
+        let mut pem = read("--cert", cert)?;
+        if let Some(key) = key {
+            pem.push(b'\n');
+            pem.extend(read("--cert-key", key)?);
+        }
+        let files = match key {
+            Some(key) => format!("--cert {} / --cert-key {}", cert.display(), key.display()),
+            None => format!("--cert {} (no --cert-key)", cert.display()),
+        };
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| Error::TlsFiles {
+            reason: format!("{files}: not a PEM certificate and private key: {}", crate::send::describe(&e)),
+        })?;
+        self.identity = Some(identity);
+        Ok(self)
+    }
+
+    /// `builder` with these settings, the crypto provider installed. Only the roots and the identity change;
+    /// verification stays on (there is no switch for it).
+    pub fn apply(&self, builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+        install_crypto_provider();
+        let mut builder = builder;
+        if let Some(roots) = &self.roots {
+            builder = builder.tls_certs_only(roots.iter().cloned());
+        }
+        if let Some(identity) = &self.identity {
+            builder = builder.identity(identity.clone());
+        }
+        builder
+    }
+}
+
+/// When `e` failed in the TLS layer, what went wrong, on one line: `certificate verify failed: …` for a server
+/// certificate the client refused (unknown issuer, expired, not valid for the host name), or the handshake's
+/// failure with a hint (a plaintext server, a server demanding a client certificate). `None` for other errors.
+pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(describe_rustls(tls));
+        }
+        // `io::Error::source` skips the error it wraps (rustls's, sometimes inside another `io::Error`): step
+        // into the wrapped one instead.
+        source = match err.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
+fn describe_rustls(e: &rustls::Error) -> String {
+    use rustls::{AlertDescription, CertificateError};
+    match e {
+        rustls::Error::InvalidCertificate(cert) => {
+            let why = match cert {
+                CertificateError::UnknownIssuer => {
+                    "unknown issuer: the server's certificate is not signed by a trusted CA (--cacert FILE names the \
+                     CA to trust)"
+                        .to_owned()
+                }
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    format!("expired: {cert}")
+                }
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                    format!("host name mismatch: {cert}")
+                }
+                other => other.to_string(),
+            };
+            format!("certificate verify failed: {why}")
+        }
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            format!("TLS handshake failed: {e} (the server did not answer in TLS: is it plain HTTP? then use http://)")
+        }
+        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => {
+            "TLS handshake failed: the server requires a client certificate (--cert FILE --key FILE)".to_owned()
+        }
+        rustls::Error::AlertReceived(
+            alert @ (AlertDescription::UnknownCA
+            | AlertDescription::BadCertificate
+            | AlertDescription::CertificateExpired
+            | AlertDescription::AccessDenied),
+        ) => format!("TLS handshake failed: the server refused the client certificate ({alert:?})"),
+        other => format!("TLS handshake failed: {other}"),
+    }
+}

@@ -1,0 +1,99 @@
+//! `idem serve --tls-cert/--tls-key/--tls-client-ca`: the PEM files read into a rustls `ServerConfig`, and
+//! re-read on SIGHUP.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::error::Error;
+
+/// The TLS files of a server, as given.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// Certificate chain (PEM, leaf first).
+    pub cert: PathBuf,
+    /// Private key of the leaf (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates (PEM) that client certificates must chain to; `None`: no client certificates asked.
+    pub client_ca: Option<PathBuf>,
+}
+
+fn certs(flag: &str, path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, Error> {
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::Config(format!("cannot read {flag} {}: {e}", path.display())))?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::Config(format!("{flag} {}: not PEM certificates: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(Error::Config(format!(
+            "{flag} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+impl TlsFiles {
+    /// Reads the files and builds the configuration: TLS 1.2 and 1.3 on the ring provider, ALPN `h2` and
+    /// `http/1.1`, and with `client_ca` a client certificate required (RFC 8446 §4.3.2) and checked against it.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the flag and the file that cannot be read, holds no certificate or key, or whose
+    /// key does not match the certificate.
+    pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, Error> {
+        let chain = certs("--tls-cert", &self.cert)?;
+        let key_bytes = std::fs::read(&self.key)
+            .map_err(|e| Error::Config(format!("cannot read --tls-key {}: {e}", self.key.display())))?;
+        let key = PrivateKeyDer::from_pem_slice(&key_bytes)
+            .map_err(|e| Error::Config(format!("--tls-key {}: no PEM private key: {e}", self.key.display())))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("TLS: {e}")))?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in certs("--tls-client-ca", ca)? {
+                    roots.add(cert).map_err(|e| Error::Config(format!("--tls-client-ca {}: {e}", ca.display())))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| Error::Config(format!("--tls-client-ca {}: {e}", ca.display())))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| {
+            Error::Config(format!("--tls-cert {} / --tls-key {}: {e}", self.cert.display(), self.key.display()))
+        })?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Listens for SIGHUP now (so a SIGHUP right after start-up cannot end the process, SIGHUP's default), and
+    /// returns the task that, on every SIGHUP, re-reads the files and puts the new configuration in `slot` for
+    /// new handshakes; open connections keep theirs. Files that fail to load leave the previous configuration
+    /// serving, with an error logged that names the file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the signal handler cannot be installed.
+    pub fn reload_on_sighup(
+        self,
+        slot: idem_server::TlsConfigSlot,
+    ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, Error> {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        Ok(async move {
+            while hup.recv().await.is_some() {
+                match self.load() {
+                    Ok(config) => {
+                        slot.replace(config);
+                        tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded for new connections");
+                    }
+                    Err(e) => tracing::error!(error = %e, "TLS reload failed; still serving the previous certificate"),
+                }
+            }
+        })
+    }
+}
