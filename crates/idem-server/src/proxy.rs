@@ -1,5 +1,5 @@
 //! The reverse proxy of `idem serve --upstream`: every request goes to one upstream over pooled HTTP/1.1
-//! connections; POST and PATCH pass through an [`IdempotencyLayer`] first.
+//! connections (TLS for an `https` upstream); POST and PATCH pass through an [`IdempotencyLayer`] first.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,7 +27,7 @@ use tower::Layer;
 use axum::response::IntoResponse;
 
 use crate::Problem;
-use crate::upstream_conn::{Facts, ObservingConnector, Unread};
+use crate::upstream_conn::{Facts, ObservingConnector, TlsHandshakeFailed, TlsTarget, Unread};
 
 /// The default of [`Upstream::new`]'s `idle_timeout`: a pooled connection idle longer than this is not
 /// reused. Below the shortest keep-alive of common servers (gunicorn 2 s; Node, uvicorn and Apache 5 s;
@@ -43,12 +43,20 @@ const REPLAY_BUFFER: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum UpstreamError {
-    /// Not an absolute `http://HOST[:PORT][/PREFIX]` URL (user information, query and fragment refused).
-    #[error("upstream URL {url:?} is not usable: {reason} (expected http://HOST:PORT[/PREFIX])")]
+    /// Not an absolute `http://` or `https://HOST[:PORT][/PREFIX]` URL (user information, query and fragment
+    /// refused).
+    #[error("upstream URL {url:?} is not usable: {reason} (expected http[s]://HOST:PORT[/PREFIX])")]
     InvalidUrl {
         /// The URL given.
         url: String,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// The TLS client of an `https` upstream cannot be set up: no certificate in the platform's trust store,
+    /// or a TLS configuration given for an `http` upstream.
+    #[error("upstream TLS: {reason}")]
+    Tls {
+        /// What is wrong, on one line.
         reason: String,
     },
 }
@@ -77,10 +85,29 @@ impl Upstream {
     /// has been idle for less than `idle_timeout` ([`DEFAULT_UPSTREAM_IDLE_TIMEOUT`] unless the upstream keeps
     /// idle connections open longer; a `Keep-Alive: timeout=N` the upstream announces shortens it).
     ///
+    /// An `https://` upstream's certificate is checked against the platform's trust store (rustls-native-certs:
+    /// on Debian `/etc/ssl/certs`); [`Upstream::with_tls`] takes a configuration of the caller's.
+    ///
     /// # Errors
-    /// [`UpstreamError::InvalidUrl`] when `url` is not an absolute `http://` URL (https upstreams would need a
-    /// TLS client; put idem next to the service instead) or carries a query.
+    /// [`UpstreamError::InvalidUrl`] when `url` is not an absolute `http://` or `https://` URL or carries a
+    /// query; [`UpstreamError::Tls`] for `https` when the platform's trust store holds no certificate.
     pub fn new(url: &str, timeout: Duration, idle_timeout: Duration) -> Result<Self, UpstreamError> {
+        Self::with_tls(url, timeout, idle_timeout, None)
+    }
+
+    /// [`Upstream::new`] with the TLS client configuration of an `https` upstream: whom it trusts, the client
+    /// certificate it presents. Its ALPN list is replaced by `http/1.1` alone: the connection observer proves
+    /// "not sent" per HTTP/1.1 connection, which an `h2` connection multiplexing many requests is not
+    /// (docs/DESIGN.md, "Upstream connections"). `None`: the platform's trust store, no client certificate.
+    ///
+    /// # Errors
+    /// As [`Upstream::new`]; [`UpstreamError::Tls`] when `tls` is given for an `http://` upstream.
+    pub fn with_tls(
+        url: &str,
+        timeout: Duration,
+        idle_timeout: Duration,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<Self, UpstreamError> {
         // Never repeat a password in an error message.
         let shown = match url.split_once('@') {
             Some((head, tail)) => match head.split_once("://") {
@@ -91,9 +118,11 @@ impl Upstream {
         };
         let invalid = |reason: &str| UpstreamError::InvalidUrl { url: shown.clone(), reason: reason.to_owned() };
         let uri: Uri = url.parse().map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return Err(invalid("the scheme must be http"));
-        }
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP => Scheme::HTTP,
+            Some(s) if *s == Scheme::HTTPS => Scheme::HTTPS,
+            _ => return Err(invalid("the scheme must be http or https")),
+        };
         let authority = uri.authority().cloned().ok_or_else(|| invalid("no host"))?;
         if uri.query().is_some() {
             return Err(invalid("a query is not allowed"));
@@ -110,11 +139,24 @@ impl Upstream {
         }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         let host = HeaderValue::from_str(authority.as_str()).map_err(|e| invalid(&e.to_string()))?;
+        let tls = match (&scheme, tls) {
+            (s, Some(_)) if *s == Scheme::HTTP => {
+                return Err(UpstreamError::Tls {
+                    reason: format!("a TLS configuration was given for the plain http upstream {shown:?}"),
+                });
+            }
+            (s, config) if *s == Scheme::HTTPS => Some(tls_target(&authority, config)?),
+            _ => None,
+        };
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        // Connecting must fail (as "not sent") before the response timeout would call the outcome unknown.
-        connector.set_connect_timeout(Some((timeout / 2).min(Duration::from_secs(5))));
-        let connector = ObservingConnector::new(connector);
+        // hyper-util's connector makes the TCP connection only; TLS is ours, over the observed TCP stream.
+        connector.enforce_http(false);
+        // Connecting (with the TLS handshake) must fail, as "not sent", before the response timeout would call
+        // the outcome unknown.
+        let connect_timeout = (timeout / 2).min(Duration::from_secs(5));
+        connector.set_connect_timeout(Some(connect_timeout));
+        let connector = ObservingConnector::new(connector, tls, connect_timeout);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(idle_timeout)
             // Without a timer hyper-util checks the idle timeout only when it next takes a connection from the
@@ -124,7 +166,7 @@ impl Upstream {
             .pool_max_idle_per_host(256)
             .build(connector.clone());
         let fresh = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
-        Ok(Self { client, fresh, scheme: Scheme::HTTP, authority, prefix, host, timeout })
+        Ok(Self { client, fresh, scheme, authority, prefix, host, timeout })
     }
 
     fn target(&self, original: &Uri) -> Result<Uri, http::Error> {
@@ -136,6 +178,42 @@ impl Upstream {
             .path_and_query(path_and_query)
             .build()
     }
+}
+
+/// The TLS half of an `https` upstream at `authority`: `config` (or the platform's trust store) offering only
+/// `http/1.1` in ALPN, and the server name to verify and send as SNI.
+fn tls_target(authority: &Authority, config: Option<Arc<rustls::ClientConfig>>) -> Result<TlsTarget, UpstreamError> {
+    let mut config = match config {
+        Some(config) => (*config).clone(),
+        None => platform_config()?,
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // An IPv6 literal is bracketed in a URL, not in a certificate's IP address.
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| UpstreamError::Tls { reason: format!("{host:?} is not a server name: {e}") })?;
+    Ok(TlsTarget { connector: tokio_rustls::TlsConnector::from(Arc::new(config)), name })
+}
+
+/// The platform's trust store on rustls's ring provider, no client certificate.
+fn platform_config() -> Result<rustls::ClientConfig, UpstreamError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable entries are skipped, as every TLS client does; only an empty store is an error.
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+        return Err(UpstreamError::Tls {
+            reason: format!(
+                "the platform's trust store holds no certificate ({}); name the upstream's CA with --upstream-cacert",
+                if errors.is_empty() { "none found".to_owned() } else { errors.join("; ") }
+            ),
+        });
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| UpstreamError::Tls { reason: e.to_string() })
 }
 
 // Hop-by-hop fields (RFC 9110 §7.6.1) belong to one connection and are not forwarded.
@@ -248,15 +326,15 @@ impl Upstream {
         // RFC 9110 §9.2.2: a request may be retried automatically when it "was never applied"; the connection's
         // facts prove that only in the cases `upstream_conn` lists. One retry, on a new connection.
         if let Sent::Failed { unread: Some(unread), error } = &sent {
-            tracing::info!(reason = unread.reason(), error = %crate::error_chain(error), "upstream never read the request");
-            if let Some((head, bytes)) = again {
-                metrics::counter!("idem_upstream_retries_total", "reason" => unread.label()).increment(1);
+            tracing::info!(reason = %unread.reason(), error = %crate::error_chain(error), "upstream never read the request");
+            if let (Some((head, bytes)), Some(label)) = (again, unread.retry_label()) {
+                metrics::counter!("idem_upstream_retries_total", "reason" => label).increment(1);
                 let (head, ()) = head.into_parts();
                 let retry = Request::from_parts(head, Body::from(bytes));
                 sent = match self.send(&self.fresh, retry, deadline).await {
                     // Neither attempt was read: nothing took effect.
                     Sent::Failed { unread: Some(unread), error } => {
-                        tracing::info!(reason = unread.reason(), error = %crate::error_chain(&error), "upstream never read the retry");
+                        tracing::info!(reason = %unread.reason(), error = %crate::error_chain(&error), "upstream never read the retry");
                         Sent::Failed { unread: Some(unread), error }
                     }
                     other => other,
@@ -275,7 +353,12 @@ impl Upstream {
             Sent::NotConnected(e) => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "connect").increment(1);
                 tracing::warn!(error = %crate::error_chain(&e), "upstream unreachable");
-                not_sent("the upstream service could not be reached; the request was not sent")
+                match TlsHandshakeFailed::find(&e) {
+                    // The caller cannot fix the upstream's certificate, but the cause saves the operator a
+                    // trip to the logs; it names no secret.
+                    Some(tls) => not_sent(&format!("{tls}; the request was not sent")),
+                    None => not_sent("the upstream service could not be reached; the request was not sent"),
+                }
             }
             Sent::Failed { unread: Some(unread), .. } => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "unread").increment(1);
@@ -323,7 +406,7 @@ impl Upstream {
             Ok(Err(error)) => {
                 let facts = capture.connection_metadata().as_ref().and_then(Facts::of);
                 let unread = match facts {
-                    Some(facts) => facts.unread(),
+                    Some(facts) => facts.unread(&error),
                     None => None,
                 };
                 Sent::Failed { error, unread }

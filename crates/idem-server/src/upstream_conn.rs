@@ -10,6 +10,11 @@
 //! That is the only proof. Any failure after the first byte is written is an unknown outcome: even the
 //! upstream's FIN before any answer byte followed by a reset shows only that part of the request was left
 //! unread, and an upstream that acted on the head and closed with the body unread sends exactly that.
+//!
+//! An `https` upstream's TLS stream wraps [`Observed`], so the facts stay on the TCP layer: what is refused is
+//! the first *TLS record* of a request, and a request refused so never left in any form. The handshake's own
+//! records are not counted (the facts start when it ends), and a handshake that fails is a failed connect:
+//! no request byte was written ([`TlsHandshakeFailed`]).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -21,8 +26,11 @@ use std::time::{Duration, Instant};
 use http::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 
 /// A connection idle for longer than this is checked for a close or stray bytes before a request is
 /// written to it (one non-blocking `recv(MSG_PEEK)`); busier connections skip the system call.
@@ -34,20 +42,36 @@ pub(crate) enum Unread {
     /// Refused before a byte was written: the connection was closed, reset, carried unrequested bytes, or had
     /// been idle past the keep-alive the upstream announced.
     NotWritten(&'static str),
+    /// The upstream's TLS stack refused the client's handshake flight (certificate, or lack of one) with a
+    /// fatal alert. In TLS 1.3 the client's handshake ends before the server has checked its certificate, so the
+    /// request's records may be on the wire, but a server that aborts the handshake never decrypts them
+    /// (RFC 8446 §4.4.2.4); rustls offers no post-handshake authentication, so such an alert answers the
+    /// handshake only.
+    HandshakeRefused(rustls::AlertDescription),
 }
 
 impl Unread {
     /// For logs, metrics labels and problem details.
-    pub(crate) fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> String {
         match self {
-            Unread::NotWritten(why) => why,
+            Unread::NotWritten(why) => why.to_owned(),
+            Unread::HandshakeRefused(rustls::AlertDescription::CertificateRequired) => {
+                "the upstream refused the TLS handshake: it requires a client certificate (--upstream-cert FILE \
+                 --upstream-cert-key FILE)"
+                    .to_owned()
+            }
+            Unread::HandshakeRefused(alert) => {
+                format!("the upstream refused the TLS handshake ({alert:?}): it did not accept the client certificate")
+            }
         }
     }
 
-    /// The `reason` label of `idem_upstream_retries_total`.
-    pub(crate) fn label(self) -> &'static str {
+    /// The `reason` label of `idem_upstream_retries_total`; `None` when sending again cannot help (the upstream
+    /// would refuse the same handshake).
+    pub(crate) fn retry_label(self) -> Option<&'static str> {
         match self {
-            Unread::NotWritten(_) => "not_written",
+            Unread::NotWritten(_) => Some("not_written"),
+            Unread::HandshakeRefused(_) => None,
         }
     }
 }
@@ -75,6 +99,8 @@ struct State {
     keep_alive: Option<Duration>,
     /// This wrapper refused to write the current request.
     refused: Option<&'static str>,
+    /// A TLS handshake is under way: its records are neither requests nor responses.
+    handshaking: bool,
 }
 
 impl Facts {
@@ -96,13 +122,58 @@ impl Facts {
         self.lock().keep_alive = Some(timeout);
     }
 
+    /// Ends the TLS handshake's exemption: from now on writes and reads are requests and responses, the first
+    /// request counting as the connection's first (never refused: the connection is new).
+    fn handshake_done(&self) {
+        *self.lock() = State::default();
+    }
+
     /// Whether the current request on this connection was provably never sent: refused before its first
     /// byte. Nothing seen after writing is proof: an upstream that acted on the head and closed with the body
     /// unread (Python's socketserver after a handler raises) sends a FIN and then a reset, just like one that
     /// never read the request (docs/DESIGN.md, "Upstream connections").
-    pub(crate) fn unread(&self) -> Option<Unread> {
-        self.lock().refused.map(Unread::NotWritten)
+    ///
+    /// `error` is the request's failure: a fatal client-certificate alert from the upstream during the
+    /// connection's first request is the other proof ([`Unread::HandshakeRefused`]).
+    pub(crate) fn unread(&self, error: &(dyn std::error::Error + 'static)) -> Option<Unread> {
+        let state = self.lock();
+        if let Some(why) = state.refused {
+            return Some(Unread::NotWritten(why));
+        }
+        if state.requests != 1 {
+            return None;
+        }
+        use rustls::AlertDescription as A;
+        match rustls_error(error)? {
+            rustls::Error::AlertReceived(
+                alert @ (A::CertificateRequired
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied),
+            ) => Some(Unread::HandshakeRefused(*alert)),
+            _ => None,
+        }
     }
+}
+
+/// The rustls error in `error`'s chain, stepping into the errors that `io::Error`s wrap (their `source` skips
+/// them).
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(err) = source {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        source = match err.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
 }
 
 /// A TCP connection that records [`Facts`] as hyper reads and writes it.
@@ -141,6 +212,9 @@ impl Observed {
 
     fn before_write(&self) -> io::Result<()> {
         let mut state = self.facts.lock();
+        if state.handshaking {
+            return Ok(());
+        }
         if !state.in_request {
             state.in_request = true;
             state.requests += 1;
@@ -162,8 +236,10 @@ impl AsyncRead for Observed {
             && read > 0
         {
             let mut state = self.facts.lock();
-            state.in_request = false;
-            state.last_read = Some(Instant::now());
+            if !state.handshaking {
+                state.in_request = false;
+                state.last_read = Some(Instant::now());
+            }
         }
         polled
     }
@@ -203,32 +279,190 @@ impl Connection for Observed {
     }
 }
 
-/// hyper-util's [`HttpConnector`] with every connection wrapped in [`Observed`].
+/// The I/O of one upstream connection: plain TCP, or TLS over it, both [`Observed`] at the TCP layer.
+#[derive(Debug)]
+pub(crate) enum UpstreamIo {
+    /// `http://`.
+    Plain(Observed),
+    /// `https://`: the TLS stream reads and writes records through [`Observed`].
+    Tls(Box<TlsStream<Observed>>),
+}
+
+impl AsyncRead for UpstreamIo {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            UpstreamIo::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for UpstreamIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            UpstreamIo::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            UpstreamIo::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(io) => io.is_write_vectored(),
+            UpstreamIo::Tls(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(io) => Pin::new(io).poll_flush(cx),
+            UpstreamIo::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            UpstreamIo::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            UpstreamIo::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connection for UpstreamIo {
+    fn connected(&self) -> Connected {
+        // Only `http/1.1` is offered in ALPN, so there is no `h2` to report (docs/DESIGN.md, "Upstream
+        // connections").
+        match self {
+            UpstreamIo::Plain(io) => io.connected(),
+            UpstreamIo::Tls(io) => io.get_ref().0.connected(),
+        }
+    }
+}
+
+/// The TLS half of an `https` upstream: the client configuration and the name its certificate must carry
+/// (sent as SNI when it is a DNS name, RFC 6066 §3).
+#[derive(Clone)]
+pub(crate) struct TlsTarget {
+    pub(crate) connector: TlsConnector,
+    pub(crate) name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsTarget").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// The TLS handshake with the upstream failed (or did not finish within the connect timeout): no request byte
+/// was written on the connection. `reason` is one line, the certificate check's verdict when that failed.
+#[derive(Debug)]
+pub(crate) struct TlsHandshakeFailed {
+    pub(crate) reason: String,
+}
+
+impl std::fmt::Display for TlsHandshakeFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TLS handshake with the upstream failed: {}", self.reason)
+    }
+}
+
+impl std::error::Error for TlsHandshakeFailed {}
+
+impl TlsHandshakeFailed {
+    /// The handshake failure in `error`'s chain, if that is why it failed.
+    pub(crate) fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a TlsHandshakeFailed> {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(err) = source {
+            if let Some(found) = err.downcast_ref::<TlsHandshakeFailed>() {
+                return Some(found);
+            }
+            source = err.source();
+        }
+        None
+    }
+
+    fn from_io(e: &io::Error) -> Self {
+        let tls = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        let reason = match tls {
+            Some(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)) => {
+                "certificate verify failed: unknown issuer: the upstream's certificate is not signed by a trusted \
+                 CA (--upstream-cacert FILE names the CA to trust)"
+                    .to_owned()
+            }
+            Some(rustls::Error::InvalidCertificate(cert)) => format!("certificate verify failed: {cert}"),
+            Some(rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired)) => {
+                "the upstream requires a client certificate (--upstream-cert FILE --upstream-cert-key FILE)".to_owned()
+            }
+            Some(rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. }) => {
+                format!("{e} (the upstream did not answer in TLS: is it plain HTTP? then use http://)")
+            }
+            Some(other) => other.to_string(),
+            None => e.to_string(),
+        };
+        Self { reason }
+    }
+}
+
+/// hyper-util's [`HttpConnector`] with every connection wrapped in [`Observed`], and for an `https` upstream
+/// in TLS over that.
 #[derive(Clone, Debug)]
 pub(crate) struct ObservingConnector {
     inner: HttpConnector,
+    tls: Option<TlsTarget>,
+    /// TCP connect and TLS handshake together: a connection not ready by then is a failed connect, "not sent",
+    /// before the response timeout would call the outcome unknown.
+    connect_timeout: Duration,
 }
 
 impl ObservingConnector {
-    pub(crate) fn new(inner: HttpConnector) -> Self {
-        Self { inner }
+    pub(crate) fn new(inner: HttpConnector, tls: Option<TlsTarget>, connect_timeout: Duration) -> Self {
+        Self { inner, tls, connect_timeout }
     }
 }
 
 impl tower::Service<Uri> for ObservingConnector {
-    type Response = TokioIo<Observed>;
-    type Error = <HttpConnector as tower::Service<Uri>>::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<TokioIo<Observed>, Self::Error>> + Send>>;
+    type Response = TokioIo<UpstreamIo>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<TokioIo<UpstreamIo>, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let connecting = self.inner.call(uri);
+        let tls = self.tls.clone();
+        let timeout = self.connect_timeout;
         Box::pin(async move {
+            let started = Instant::now();
             let io = connecting.await?.into_inner();
-            Ok(TokioIo::new(Observed { io, facts: Arc::default() }))
+            let Some(tls) = tls else {
+                return Ok(TokioIo::new(UpstreamIo::Plain(Observed { io, facts: Arc::default() })));
+            };
+            let facts = Arc::new(Facts { state: Mutex::new(State { handshaking: true, ..State::default() }) });
+            let observed = Observed { io, facts: Arc::clone(&facts) };
+            // TCP connect and handshake within one connect timeout (the connector bounds the first part).
+            let left = timeout.saturating_sub(started.elapsed());
+            let stream = match tokio::time::timeout(left, tls.connector.connect(tls.name.clone(), observed)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return Err(Box::new(TlsHandshakeFailed::from_io(&e)) as Self::Error),
+                Err(_) => {
+                    let reason = format!("no handshake within {}", humantime::format_duration(timeout));
+                    return Err(Box::new(TlsHandshakeFailed { reason }) as Self::Error);
+                }
+            };
+            facts.handshake_done();
+            Ok(TokioIo::new(UpstreamIo::Tls(Box::new(stream))))
         })
     }
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use crate::any_store::{AnyStore, redact};
 use crate::error::Error;
-use crate::tls::TlsFiles;
+use crate::tls::{TlsFiles, UpstreamTlsFiles};
 
 /// Flags of `idem serve`. Each is also read from its `IDEM_*` environment variable and from the config file;
 /// a flag beats the environment, which beats the file, which beats the default.
@@ -66,9 +66,19 @@ pub struct ServeArgs {
 /// look-up move to `--admin-listen`.
 #[derive(Debug, clap::Args)]
 pub struct ProxyArgs {
-    /// Forward every request to this upstream (http://HOST:PORT[/PREFIX]; HOST:PORT means http://).
+    /// Forward every request to this upstream (http[s]://HOST:PORT[/PREFIX]; HOST:PORT means http://). An
+    /// https upstream's certificate is checked against the platform's trust store unless --upstream-cacert.
     #[arg(long, env = "IDEM_UPSTREAM")]
     upstream: Option<String>,
+    /// Trust only the CA certificates in this PEM file for an https upstream.
+    #[arg(long, env = "IDEM_UPSTREAM_CACERT", value_name = "FILE")]
+    upstream_cacert: Option<PathBuf>,
+    /// Present this client certificate chain (PEM, leaf first) to an https upstream; with --upstream-cert-key.
+    #[arg(long, env = "IDEM_UPSTREAM_CERT", value_name = "FILE")]
+    upstream_cert: Option<PathBuf>,
+    /// The private key (PEM) of --upstream-cert.
+    #[arg(long, env = "IDEM_UPSTREAM_CERT_KEY", value_name = "FILE")]
+    upstream_cert_key: Option<PathBuf>,
     /// With --upstream: address of the admin listener (KV API, /metrics, /healthz, records)
     /// [default: 127.0.0.1:8081].
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
@@ -137,6 +147,9 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
     upstream: Option<String>,
+    upstream_cacert: Option<PathBuf>,
+    upstream_cert: Option<PathBuf>,
+    upstream_cert_key: Option<PathBuf>,
     admin_listen: Option<String>,
     retention: Option<String>,
     lease: Option<String>,
@@ -169,6 +182,8 @@ pub struct ServeConfig {
 #[derive(Debug)]
 struct ProxyConfig {
     upstream: String,
+    /// The TLS client of an https upstream, read from the files at start-up; `None`: the platform's store.
+    upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     admin_listen: SocketAddr,
     retention: Duration,
     lease: Duration,
@@ -199,6 +214,9 @@ fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Dura
 fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyConfig>, Error> {
     let Some(upstream) = args.upstream.or(file.upstream.take()) else {
         let given = [
+            ("upstream-cacert", args.upstream_cacert.is_some() || file.upstream_cacert.is_some()),
+            ("upstream-cert", args.upstream_cert.is_some() || file.upstream_cert.is_some()),
+            ("upstream-cert-key", args.upstream_cert_key.is_some() || file.upstream_cert_key.is_some()),
             ("admin-listen", args.admin_listen.is_some() || file.admin_listen.is_some()),
             ("retention", args.retention.is_some() || file.retention.is_some()),
             ("lease", args.lease.is_some() || file.lease.is_some()),
@@ -220,6 +238,29 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
     };
     // HOST:PORT means http://HOST:PORT, as for `idem kv --url` and curl.
     let upstream = crate::client::with_default_scheme(&upstream).into_owned();
+    let tls_files = UpstreamTlsFiles {
+        cacert: args.upstream_cacert.or(file.upstream_cacert.take()),
+        client: match (
+            args.upstream_cert.or(file.upstream_cert.take()),
+            args.upstream_cert_key.or(file.upstream_cert_key.take()),
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(Error::Config("--upstream-cert needs --upstream-cert-key (its private key)".into()));
+            }
+            (None, Some(_)) => {
+                return Err(Error::Config("--upstream-cert-key needs --upstream-cert (its certificate)".into()));
+            }
+        },
+    };
+    let https = upstream.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+    if !https && (tls_files.cacert.is_some() || tls_files.client.is_some()) {
+        let flag = if tls_files.cacert.is_some() { "upstream-cacert" } else { "upstream-cert" };
+        return Err(Error::Config(format!("--{flag} applies to an https upstream only: --upstream https://…")));
+    }
+    // Read now: a bad file is a start-up error (exit 2), not a failure of the first request.
+    let upstream_tls = tls_files.load()?;
     let admin_s = args.admin_listen.or(file.admin_listen.take()).unwrap_or_else(|| "127.0.0.1:8081".into());
     let admin_listen: SocketAddr =
         admin_s.parse().map_err(|_| Error::Config(format!("--admin-listen {admin_s:?} is not an IP:PORT address")))?;
@@ -277,6 +318,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {
         upstream,
+        upstream_tls,
         admin_listen,
         retention,
         lease,
@@ -432,7 +474,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     };
     let upstream = match &config.proxy {
         Some(p) => Some(
-            Upstream::new(&p.upstream, p.upstream_timeout, p.upstream_idle_timeout)
+            Upstream::with_tls(&p.upstream, p.upstream_timeout, p.upstream_idle_timeout, p.upstream_tls.clone())
                 .map_err(|e| Error::Config(e.to_string()))?,
         ),
         None => None,

@@ -97,3 +97,69 @@ impl TlsFiles {
         })
     }
 }
+
+/// The TLS client files of an `https` upstream (`idem serve --upstream https://…`), as given.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamTlsFiles {
+    /// `--upstream-cacert`: trust only the CA certificates (PEM) in this file instead of the platform's store.
+    pub cacert: Option<PathBuf>,
+    /// `--upstream-cert` / `--upstream-cert-key`: a client certificate chain (PEM, leaf first) and its key,
+    /// presented when the upstream asks for one (RFC 8446 §4.3.2).
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl UpstreamTlsFiles {
+    /// Reads the files into a client configuration on the ring provider (TLS 1.2 and 1.3); `None` when no file
+    /// was given (the proxy then uses the platform's trust store).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the flag and the file that cannot be read, holds no certificate or key, or whose
+    /// key does not match the certificate.
+    pub fn load(&self) -> Result<Option<Arc<rustls::ClientConfig>>, Error> {
+        if self.cacert.is_none() && self.client.is_none() {
+            return Ok(None);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.cacert {
+            Some(ca) => {
+                for cert in certs("--upstream-cacert", ca)? {
+                    roots.add(cert).map_err(|e| Error::Config(format!("--upstream-cacert {}: {e}", ca.display())))?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(Error::Config(
+                        "the platform's trust store holds no certificate: name the upstream's CA with \
+                         --upstream-cacert FILE"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("TLS: {e}")))?
+            .with_root_certificates(roots);
+        let config = match &self.client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let chain = certs("--upstream-cert", cert)?;
+                let key_bytes = std::fs::read(key)
+                    .map_err(|e| Error::Config(format!("cannot read --upstream-cert-key {}: {e}", key.display())))?;
+                let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
+                    Error::Config(format!("--upstream-cert-key {}: no PEM private key: {e}", key.display()))
+                })?;
+                builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+                    Error::Config(format!(
+                        "--upstream-cert {} / --upstream-cert-key {}: {e}",
+                        cert.display(),
+                        key.display()
+                    ))
+                })?
+            }
+        };
+        Ok(Some(Arc::new(config)))
+    }
+}

@@ -249,12 +249,12 @@ fn proxy_flags_without_an_upstream_are_refused() {
                 "--store",
                 "memory:",
                 "--upstream",
-                "https://example.com",
+                "ftp://example.com",
             ],
             &[],
         );
     assert_eq!(code, 2);
-    assert!(err.contains("the scheme must be http"), "{err}");
+    assert!(err.contains("the scheme must be http or https"), "{err}");
     // The replay cache needs a store no other proxy writes: refused with a shared one, before connecting.
     let (code, _, err) = idem(
         &[

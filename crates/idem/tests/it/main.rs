@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod crash;
 mod proxy;
+mod proxy_tls;
 mod readme;
 mod run;
 mod send;

@@ -18,14 +18,14 @@ use rcgen::{
 use crate::common::{self, Server, idem, start_upstream};
 
 /// A CA that signs certificates into `dir`.
-struct Ca {
+pub(crate) struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
     /// The CA certificate's PEM file.
-    pem: PathBuf,
+    pub(crate) pem: PathBuf,
 }
 
 impl Ca {
-    fn new(dir: &Path, name: &str) -> Ca {
+    pub(crate) fn new(dir: &Path, name: &str) -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, format!("idem test CA {name}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -38,7 +38,14 @@ impl Ca {
 
     /// A leaf for `names` (IP addresses become IP SANs), written as `{file}.pem` and `{file}.key`; `client`
     /// makes it a client certificate, `expired` one that expired in 2001.
-    fn leaf(&self, dir: &Path, file: &str, names: &[&str], client: bool, expired: bool) -> (PathBuf, PathBuf) {
+    pub(crate) fn leaf(
+        &self,
+        dir: &Path,
+        file: &str,
+        names: &[&str],
+        client: bool,
+        expired: bool,
+    ) -> (PathBuf, PathBuf) {
         let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
         params.distinguished_name.push(DnType::CommonName, file);
         params.extended_key_usages =
@@ -56,7 +63,7 @@ impl Ca {
     }
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
