@@ -148,7 +148,7 @@ fn describe_rustls(e: &rustls::Error) -> String {
             format!("TLS handshake failed: {e} (the server did not answer in TLS: is it plain HTTP? then use http://)")
         }
         rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => {
-            "TLS handshake failed: the server requires a client certificate (--cert FILE --key FILE)".to_owned()
+            "TLS handshake failed: the server requires a client certificate (--cert FILE --cert-key FILE)".to_owned()
         }
         rustls::Error::AlertReceived(
             alert @ (AlertDescription::UnknownCA

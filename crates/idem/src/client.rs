@@ -226,7 +226,9 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         .apply(idem_client::client_builder())
         .timeout(Duration::from_secs(60))
         .build()
-        .map_err(|e| Error::Failed(format!("cannot build HTTP client: {e}")))?;
+        // Reached only through bad --cacert/--cert/--cert-key contents (a key that is not the certificate's, a
+        // PEM block that is no certificate): bad usage, named with its cause, as `idem send` does.
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
     let c = Client { http, base: base.into(), token };
     let mut out = std::io::stdout().lock();
     match args.command {

@@ -499,7 +499,17 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             tokio::spawn(files.reload_on_sighup(slot.clone())?);
             Some(slot)
         }
-        None => None,
+        None => {
+            // SIGHUP's default action ends the process. A reload sent to every instance (systemd's ExecReload)
+            // must not kill one that has no certificate to re-read, and lose what it was doing.
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: no TLS certificate to reload; other settings are read only at start-up");
+                }
+            });
+            None
+        }
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let serve_on = |router: axum::Router,

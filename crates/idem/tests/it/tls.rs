@@ -205,7 +205,7 @@ fn client_ca_refuses_clients_without_a_certificate_at_the_handshake() {
     };
     let (code, _, err) = kv(&[]);
     assert_eq!(code, 1, "{err}");
-    assert!(one_line(&err).contains("the server requires a client certificate (--cert FILE --key FILE)"), "{err}");
+    assert!(one_line(&err).contains("the server requires a client certificate (--cert FILE --cert-key FILE)"), "{err}");
     let (code, _, err) = kv(&["--cert", s(&stranger_cert), "--cert-key", s(&stranger_key)]);
     assert_eq!(code, 1, "{err}");
     assert!(one_line(&err).contains("the server refused the client certificate"), "{err}");
@@ -386,4 +386,28 @@ fn non_loopback_needs_tls_or_insecure_and_the_kv_api_authentication() {
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(one_line(&err).contains(&needle), "{args:?}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_to_a_server_without_tls_is_logged_not_fatal() {
+    // SIGHUP's default action ended the process at once (exit 129), losing a memory store and the requests in
+    // flight, when a reload was sent to every instance and this one had no certificate to re-read.
+    let server = Server::start(&["--store", "memory:"], &[]);
+    let status = std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap();
+    assert!(status.success());
+    server.wait_for_log("no TLS certificate to reload", 1, Duration::from_secs(5));
+    let health = common::client().get(format!("{}/healthz", server.url)).send().await.unwrap();
+    assert!(health.status().is_success(), "{}", health.status());
+}
+
+#[test]
+fn a_cacert_that_is_not_a_certificate_is_bad_usage_named_with_its_cause() {
+    // A PEM block that parses as PEM but holds no certificate: `idem kv` said only "builder error", exit 1.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "-----BEGIN CERTIFICATE-----\nAAAAbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n").unwrap();
+    let (code, _, err) = idem(&["kv", "--url", "https://127.0.0.1:1", "--cacert", s(&bad), "get", "k"], &[]);
+    assert_eq!(code, 2, "{err}");
+    let line = one_line(&err);
+    assert!(line.contains("cannot build the HTTP client") && line.contains("BadEncoding"), "{line}");
 }
