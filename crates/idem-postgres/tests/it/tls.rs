@@ -8,23 +8,12 @@ use std::sync::{Arc, Mutex, Weak};
 
 use idem_postgres::{Error, PostgresStore};
 use idem_store::Limits;
-use idem_testkit::Postgres;
+use idem_testkit::{Postgres, chain};
 
 static CLUSTER: Mutex<Weak<Postgres>> = Mutex::new(Weak::new());
 
 fn cluster() -> Option<Arc<Postgres>> {
     idem_testkit::shared(&CLUSTER, Postgres::start)
-}
-
-/// The error and its causes on one line, as the `idem` binary prints them.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 fn schema() -> String {

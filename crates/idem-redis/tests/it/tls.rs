@@ -8,23 +8,12 @@ use std::sync::{Arc, Mutex, Weak};
 
 use idem_redis::{Error, RedisStore};
 use idem_store::{Limits, Precondition, Store, Ttl};
-use idem_testkit::Redis;
+use idem_testkit::{Redis, chain};
 
 static SERVER: Mutex<Weak<Redis>> = Mutex::new(Weak::new());
 
 fn server() -> Option<Arc<Redis>> {
     idem_testkit::shared(&SERVER, Redis::start)
-}
-
-/// The error and its causes on one line, as the `idem` binary prints them.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 fn prefix() -> String {
