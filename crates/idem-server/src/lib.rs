@@ -11,11 +11,13 @@
 //! # async fn demo() -> std::io::Result<()> {
 //! let router = app(MemoryStore::new(), ServerConfig::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! idem_server::serve(router, listener, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! let idle = idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT;
+//! idem_server::serve(router, listener, idle, async { let _ = tokio::signal::ctrl_c().await; }).await
 //! # }
 //! ```
 
 mod auth;
+mod connections;
 mod headers;
 mod keypath;
 mod kv;
@@ -34,6 +36,7 @@ use axum::routing::get;
 use idem_store::Store;
 use idem_tower::DrainLayer;
 
+pub use connections::DEFAULT_CLIENT_IDLE_TIMEOUT;
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
@@ -101,23 +104,22 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
         .layer(DrainLayer::new(largest_body as u64))
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and waits for in-flight
-/// requests to finish. A client that opens with a TLS handshake is logged (warn) with its address, since it
-/// only sees a TLS error of its own; [`serve_tls`] serves HTTPS.
+/// Serves `router` over HTTP/1.1 and HTTP/2 (prior knowledge) on `listener` until `shutdown` resolves, then
+/// stops accepting and waits for in-flight requests to finish. A connection with no request running is
+/// closed `idle_timeout` after its last request ended or after it was accepted, whether it sits between
+/// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`]: 75 s). A client
+/// that opens with a TLS handshake is logged (warn) with its address, since it only sees a TLS error of its
+/// own; [`serve_tls`] serves HTTPS.
 ///
 /// # Errors
 /// The listener's I/O errors.
 pub async fn serve(
     router: Router,
     listener: tokio::net::TcpListener,
+    idle_timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Connection info gives the proxy the client address for its `Forwarded` header.
-    // `tap_io` only to reach axum's `Connected` impl for any listener whose address is a `SocketAddr`.
-    let listener = axum::serve::ListenerExt::tap_io(tls::PlainListener::new(listener)?, |_| ());
-    axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    connections::serve_connections(tls::PlainListener::new(listener)?, router, idle_timeout, shutdown).await
 }
 
 /// An error and its causes on one line (`a: b: c`), for logs.

@@ -2,8 +2,8 @@
 //! listener's check for TLS clients.
 //!
 //! Handshakes run in a task per connection, not in the accept loop, so a client that connects and sends
-//! nothing delays nobody else; a finished handshake hands its stream to axum's serve loop, which owns graceful
-//! shutdown exactly as for plain TCP.
+//! nothing delays nobody else; a finished handshake hands its stream to the connection loop, which owns
+//! graceful shutdown and the idle timeout exactly as for plain TCP.
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::serve::{Listener, ListenerExt};
+use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
@@ -55,7 +55,8 @@ impl TlsConfigSlot {
 /// in-flight requests to finish, as [`serve`](crate::serve) does over plain TCP. Each connection's handshake
 /// uses the configuration in `tls` at the moment it was accepted, within [`HANDSHAKE_TIMEOUT`]. A client that
 /// speaks plain HTTP to this listener gets `400` `urn:idem:problem:tls-required` and the connection is closed;
-/// failed handshakes are logged (info) with the client's address and the cause.
+/// failed handshakes are logged (info) with the client's address and the cause. After the handshake,
+/// `idle_timeout` applies as for [`serve`](crate::serve).
 ///
 /// # Errors
 /// The listener's I/O errors.
@@ -63,14 +64,11 @@ pub async fn serve_tls(
     router: Router,
     listener: TcpListener,
     tls: TlsConfigSlot,
+    idle_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let incoming = TlsIncoming::start(listener, tls)?;
-    // `tap_io` only to reach axum's `Connected` impl for any listener whose address is a `SocketAddr` (the
-    // proxy's `Forwarded` header needs the client's address).
-    axum::serve(incoming.tap_io(|_| ()), router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::connections::serve_connections(incoming, router, idle_timeout, shutdown).await
 }
 
 /// Accepted and handshaken TLS connections, as an axum [`Listener`].
@@ -101,7 +99,7 @@ impl TlsIncoming {
 
 impl Drop for TlsIncoming {
     fn drop(&mut self) {
-        // axum drops the listener when shutdown begins: stop accepting then, as a dropped TcpListener would.
+        // The connection loop drops the listener when shutdown begins: stop accepting then, as a dropped TcpListener would.
         self.accept_loop.abort();
     }
 }

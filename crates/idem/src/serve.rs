@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// Require a client certificate issued by a CA in this PEM file at the TLS handshake (needs --tls-cert).
     #[arg(long, env = "IDEM_TLS_CLIENT_CA", value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
+    /// Close a client connection that has had no request running for this long, between requests or
+    /// part-way through a request header, e.g. 75s [default: 75s, nginx's keepalive_timeout; keep it longer
+    /// than the idle timeout of a proxy or client pool in front].
+    #[arg(long, env = "IDEM_CLIENT_IDLE_TIMEOUT")]
+    client_idle_timeout: Option<String>,
     /// Optional TOML file with the same settings, named as the flags with `_` for `-` (listen, store,
     /// upstream, admin_listen, retention, …).
     #[arg(long, env = "IDEM_CONFIG")]
@@ -146,6 +151,7 @@ struct FileConfig {
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
+    client_idle_timeout: Option<String>,
     upstream: Option<String>,
     upstream_cacert: Option<PathBuf>,
     upstream_cert: Option<PathBuf>,
@@ -176,6 +182,7 @@ pub struct ServeConfig {
     /// The files and the configuration read from them at start-up.
     tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
     proxy: Option<ProxyConfig>,
+    client_idle_timeout: Duration,
 }
 
 /// The validated reverse-proxy settings.
@@ -424,7 +431,16 @@ impl ServeArgs {
                  --tls-client-ca; pass --insecure to allow it"
             )));
         }
+        let client_idle_timeout = duration(
+            "client-idle-timeout",
+            self.client_idle_timeout.or(file.client_idle_timeout),
+            idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT,
+        )?;
+        if client_idle_timeout < Duration::from_secs(1) {
+            return Err(Error::Config("--client-idle-timeout must be at least 1s".into()));
+        }
         Ok(ServeConfig {
+            client_idle_timeout,
             listen,
             store_url,
             namespace,
@@ -512,13 +528,14 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         }
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
+    let idle = config.client_idle_timeout;
     let serve_on = |router: axum::Router,
                     listener: tokio::net::TcpListener,
                     rx: tokio::sync::watch::Receiver<bool>|
      -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> {
         match &tls {
-            Some(slot) => Box::pin(idem_server::serve_tls(router, listener, slot.clone(), stop(rx))),
-            None => Box::pin(idem_server::serve(router, listener, stop(rx))),
+            Some(slot) => Box::pin(idem_server::serve_tls(router, listener, slot.clone(), idle, stop(rx))),
+            None => Box::pin(idem_server::serve(router, listener, idle, stop(rx))),
         }
     };
     let serving = match (config.proxy, admin, upstream) {

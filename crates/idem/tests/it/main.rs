@@ -7,6 +7,7 @@ mod backend_restart;
 mod cli;
 mod common;
 mod crash;
+mod idle;
 mod proxy;
 mod proxy_tls;
 mod readme;

@@ -47,7 +47,7 @@ async fn https_upstream(cert: &Path, key: &Path, client_ca: Option<&Path>) -> (S
     let counts = Arc::new(Counts::default());
     let app = upstream::router(Arc::clone(&counts));
     let slot = idem_server::TlsConfigSlot::new(Arc::new(config));
-    tokio::spawn(idem_server::serve_tls(app, listener, slot, std::future::pending()));
+    tokio::spawn(idem_server::serve_tls(app, listener, slot, idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT, std::future::pending()));
     (url, counts)
 }
 

@@ -1,0 +1,184 @@
+//! The connection loop shared by the plaintext and the TLS listener: hyper's HTTP/1.1 and HTTP/2 server on
+//! each accepted stream, graceful shutdown, and the idle timeout axum's own `serve` lacks.
+//!
+//! Why not `axum::serve`: it gives hyper no timer, so a connection that never sends a request (a port scan
+//! that stays open, a client that stalls half-way through its header, a TLS session that sends nothing after
+//! its handshake) is held open forever; a few thousand of them exhaust the process's file descriptors.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::serve::Listener;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use tower::Service;
+
+/// The idle timeout of client connections that `idem serve` uses unless told otherwise: 75 seconds, nginx's
+/// `keepalive_timeout`. It is longer than nginx's upstream `keepalive_timeout` (60 s), so an nginx in front
+/// closes its idle connections first and never sends a request on a connection idem is closing (the
+/// keep-alive race). Clients that keep idle connections longer (Go's `IdleConnTimeout` is 90 s) need a longer
+/// timeout here or a shorter one of their own.
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then stops accepting and
+/// waits for the open connections to finish their requests. A connection with no request running is closed
+/// `idle_timeout` after its last request ended (or after it was accepted).
+pub(crate) async fn serve_connections<L>(
+    mut listener: L,
+    router: Router,
+    idle_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: Listener<Addr = SocketAddr>,
+    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // Every connection task holds a receiver: when all are dropped, every connection has finished.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let (io, peer) = tokio::select! {
+            conn = listener.accept() => conn,
+            () = &mut shutdown => break,
+        };
+        tokio::spawn(serve_one(io, peer, router.clone(), idle_timeout, stop_rx.clone()));
+    }
+    // Stop accepting (for the TLS listener this also ends its handshakes), then let open connections finish
+    // what they are doing: HTTP/1.1 closes after the response in progress, HTTP/2 sends GOAWAY.
+    drop(listener);
+    drop(stop_rx);
+    stop_tx.send_replace(());
+    stop_tx.closed().await;
+    Ok(())
+}
+
+async fn serve_one<I>(
+    io: I,
+    peer: SocketAddr,
+    router: Router,
+    idle_timeout: Duration,
+    mut stop: tokio::sync::watch::Receiver<()>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new());
+    let service = Tracked { router, peer, activity: Arc::clone(&activity) };
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A graceful shutdown does not end an HTTP/1.1 connection part-way through a request header (hyper waits
+    // for the rest); hyper's own header timeout does, and it also runs between requests.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(idle_timeout);
+    let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
+    let mut closing = false;
+    loop {
+        let wake = activity.idle_deadline(idle_timeout);
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.changed(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = tokio::time::sleep_until(wake), if !closing => {
+                if activity.idle_for(idle_timeout) {
+                    tracing::debug!(%peer, timeout = ?idle_timeout, "closing an idle client connection");
+                    // Graceful: a response still streaming its body is finished first; a connection between
+                    // requests or part-way through a request header is closed at once.
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// When a connection last had a request, and how many are running on it now (HTTP/2 runs several).
+struct Activity {
+    opened: Instant,
+    /// Milliseconds from `opened` to the last time a request started or finished.
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self { opened: Instant::now(), last_ms: AtomicU64::new(0), in_flight: AtomicUsize::new(0) }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When to look again: `timeout` after the last activity (or after now, while a request runs).
+    fn idle_deadline(&self, timeout: Duration) -> Instant {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return Instant::now() + timeout;
+        }
+        self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout
+    }
+
+    fn idle_for(&self, timeout: Duration) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.opened.elapsed() >= Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout
+    }
+}
+
+/// Ends a request's share of [`Activity`] when its handler finishes, however it finishes (a client that
+/// hangs up drops the handler's future).
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.touch();
+        Self(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The router as hyper calls it: the client's address as axum's `ConnectInfo` (the proxy's `Forwarded`
+/// header needs it), and each request counted in the connection's [`Activity`].
+#[derive(Clone)]
+struct Tracked {
+    router: Router,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+}
+
+impl hyper::service::Service<http::Request<Incoming>> for Tracked {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        let mut request = request.map(axum::body::Body::new);
+        request.extensions_mut().insert(ConnectInfo(self.peer));
+        let in_flight = InFlight::begin(&self.activity);
+        // `Router` is always ready: it answers every request itself (404 and 405 included).
+        let handled = self.router.clone().call(request);
+        Box::pin(async move {
+            let response = handled.await;
+            drop(in_flight);
+            response
+        })
+    }
+}
