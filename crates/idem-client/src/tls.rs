@@ -11,10 +11,7 @@ use crate::Error;
 /// constructor in this crate calls this first. When the application installed a provider of its own, that one
 /// stays (the `Err` of a second install is the expected outcome, not a failure).
 pub fn install_crypto_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    idem_tls::install_default_provider();
 }
 
 /// A `reqwest::ClientBuilder` that can build (the crypto provider installed) and speaks HTTP/1.1 over TLS too.
@@ -109,53 +106,11 @@ impl TlsConfig {
 /// certificate the client refused (unknown issuer, expired, not valid for the host name), or the handshake's
 /// failure with a hint (a plaintext server, a server demanding a client certificate). `None` for other errors.
 pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(describe_rustls(tls));
-        }
-        // `io::Error::source` skips the error it wraps (rustls's, sometimes inside another `io::Error`): step
-        // into the wrapped one instead.
-        source = match err.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
-            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
-            None => err.source(),
-        };
-    }
-    None
-}
-
-fn describe_rustls(e: &rustls::Error) -> String {
-    use rustls::{AlertDescription, CertificateError};
-    match e {
-        rustls::Error::InvalidCertificate(cert) => {
-            let why = match cert {
-                CertificateError::UnknownIssuer => {
-                    "unknown issuer: the server's certificate is not signed by a trusted CA (--cacert FILE names the \
-                     CA to trust)"
-                        .to_owned()
-                }
-                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                    format!("expired: {cert}")
-                }
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
-                    format!("host name mismatch: {cert}")
-                }
-                other => other.to_string(),
-            };
-            format!("certificate verify failed: {why}")
-        }
-        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-            format!("TLS handshake failed: {e} (the server did not answer in TLS: is it plain HTTP? then use http://)")
-        }
-        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => {
-            "TLS handshake failed: the server requires a client certificate (--cert FILE --cert-key FILE)".to_owned()
-        }
-        rustls::Error::AlertReceived(
-            alert @ (AlertDescription::UnknownCA
-            | AlertDescription::BadCertificate
-            | AlertDescription::CertificateExpired
-            | AlertDescription::AccessDenied),
-        ) => format!("TLS handshake failed: the server refused the client certificate ({alert:?})"),
-        other => format!("TLS handshake failed: {other}"),
-    }
+    let hints = idem_tls::Hints {
+        peer: "server",
+        trust: "--cacert FILE",
+        client_cert: "--cert FILE --cert-key FILE",
+        plaintext: "is it plain HTTP? then use http://",
+    };
+    idem_tls::rustls_error_in(e).map(|tls| idem_tls::describe(tls, hints))
 }

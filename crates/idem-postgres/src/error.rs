@@ -8,14 +8,18 @@ pub enum Error {
     /// `sslmode` is not one of libpq's `disable`, `prefer`, `require`, `verify-ca`, `verify-full`.
     #[error("invalid sslmode {0:?}: use disable, prefer, require, verify-ca or verify-full")]
     InvalidSslMode(String),
-    /// The `sslrootcert` file cannot be read or holds no usable CA certificate (PEM).
-    #[error("sslrootcert {}: {reason}", path.display())]
-    RootCert {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why it is unusable.
-        reason: String,
-    },
+    /// The `sslrootcert` file cannot be read or holds no usable CA certificate (PEM), or the platform's trust
+    /// store is empty.
+    #[error(transparent)]
+    TlsFiles(idem_tls::Error),
+    /// `sslcert`, `sslkey` or `sslpassword`: client certificates to PostgreSQL are not supported; refused rather
+    /// than dropped, since the server would then authenticate the connection some other way.
+    #[error("{0}: client certificates to PostgreSQL are not supported by idem; use password or trust authentication")]
+    ClientCertificate(String),
+    /// The TLS handshake with the server failed: its certificate was refused (the message says why: unknown
+    /// issuer, expired, host name mismatch) or the server does not speak TLS.
+    #[error("TLS to the PostgreSQL server failed: {0}")]
+    Handshake(String),
     /// The TLS client could not be set up (e.g. the platform trust store is empty).
     #[error("TLS: {0}")]
     Tls(String),

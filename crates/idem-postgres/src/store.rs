@@ -196,9 +196,9 @@ impl PostgresStore {
     /// store when absent (or `system`).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::RootCert`], [`Error::Tls`],
-    /// [`Error::InvalidSchema`], [`Error::Connect`] when the server cannot be reached (within 5 s) or the TLS
-    /// handshake fails (the cause is its source), [`Error::Migrate`], [`Error::SchemaTooNew`].
+    /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::ClientCertificate`], [`Error::TlsFiles`], [`Error::Tls`],
+    /// [`Error::InvalidSchema`], [`Error::Connect`] when the server cannot be reached (within 5 s),
+    /// [`Error::Handshake`] when the TLS handshake fails, [`Error::Migrate`], [`Error::SchemaTooNew`].
     pub async fn connect(url: &str, schema: &str, limits: Limits) -> Result<Self, Error> {
         validate(schema)?;
         let tls = crate::tls::parse(url)?;
@@ -215,7 +215,18 @@ impl PostgresStore {
             .create_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(Error::Pool)?;
-        let mut client = pool.get().await.map_err(Error::Connect)?;
+        let mut client = pool.get().await.map_err(|e| match idem_tls::rustls_error_in(&e) {
+            Some(tls) => Error::Handshake(idem_tls::describe(
+                tls,
+                idem_tls::Hints {
+                    peer: "PostgreSQL server",
+                    trust: "sslrootcert=FILE",
+                    client_cert: "idem does not send client certificates to PostgreSQL",
+                    plaintext: "it has ssl=off: use sslmode=disable there, or turn ssl on",
+                },
+            )),
+            None => Error::Connect(e),
+        })?;
         migrate(&mut client, schema).await?;
         drop(client);
         let sql = Sql::new(schema);

@@ -19,16 +19,15 @@
 //! Unlike libpq, `prefer` with `sslrootcert` does not fall back to plain text after a failed verification:
 //! a certificate that does not check out is an error, never a reason to send the data unencrypted.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use percent_encoding::percent_decode_str;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::Error;
@@ -82,6 +81,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
         match k {
             "sslmode" => mode = SslMode::parse(&value()).ok_or_else(|| Error::InvalidSslMode(value()))?,
             "sslrootcert" => root_cert = Some(value()),
+            "sslcert" | "sslkey" | "sslpassword" => return Err(Error::ClientCertificate(k.to_owned())),
             _ => rest.push(param),
         }
     }
@@ -104,10 +104,10 @@ impl Parsed {
     /// The connector for this mode (unused under `disable`, but the pool wants one type).
     ///
     /// # Errors
-    /// [`Error::RootCert`] when `sslrootcert` cannot be read or holds no certificate; [`Error::Tls`] when the
+    /// [`Error::TlsFiles`] when `sslrootcert` cannot be read or holds no certificate, or when the
     /// platform store cannot be read for a mode that verifies.
     pub(crate) fn connector(&self) -> Result<MakeRustlsConnect, Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = idem_tls::provider();
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Tls(e.to_string()))?;
@@ -124,8 +124,8 @@ impl Parsed {
                 .with_no_client_auth()
         } else {
             let roots = Arc::new(match &self.root_cert {
-                Some(path) => roots_from_file(path)?,
-                None => platform_roots()?,
+                Some(path) => idem_tls::read_roots("sslrootcert", path).map_err(Error::TlsFiles)?,
+                None => idem_tls::platform_roots("sslrootcert=").map_err(Error::TlsFiles)?,
             });
             if self.mode == SslMode::VerifyFull {
                 builder.with_root_certificates(roots).with_no_client_auth()
@@ -141,32 +141,6 @@ impl Parsed {
         };
         Ok(MakeRustlsConnect::new(config))
     }
-}
-
-fn roots_from_file(path: &Path) -> Result<RootCertStore, Error> {
-    let root_err = |reason: String| Error::RootCert { path: path.to_owned(), reason };
-    let pem = std::fs::read(path).map_err(|e| root_err(e.to_string()))?;
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| root_err(format!("not PEM: {e}")))?;
-        roots.add(cert).map_err(|e| root_err(format!("not a CA certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(root_err("holds no PEM certificate".into()));
-    }
-    Ok(roots)
-}
-
-fn platform_roots() -> Result<RootCertStore, Error> {
-    let found = rustls_native_certs::load_native_certs();
-    let mut roots = RootCertStore::empty();
-    // Unparsable entries in the platform store are skipped, as every TLS client does.
-    let _ = roots.add_parsable_certificates(found.certs);
-    if roots.is_empty() {
-        let why = found.errors.first().map(|e| format!(": {e}")).unwrap_or_default();
-        return Err(Error::Tls(format!("the platform trust store has no certificates{why}; set sslrootcert=PATH")));
-    }
-    Ok(roots)
 }
 
 /// `verify-ca`: the chain must lead to a trusted root; the name in it is not compared with the host.

@@ -9,8 +9,6 @@ use idem_store::{
 use percent_encoding::percent_decode_str;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -23,17 +21,24 @@ pub enum Error {
     #[error("invalid Redis URL")]
     InvalidUrl(#[source] redis::RedisError),
     /// The `cacert` file cannot be read or holds no PEM certificate.
-    #[error("cacert {}: {reason}", path.display())]
-    CaCert {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why it is unusable.
-        reason: String,
-    },
+    #[error(transparent)]
+    CaCert(idem_tls::Error),
+    /// A query parameter neither idem (`cacert`) nor the redis crate (`protocol`; `db`, `user`, `pass` for
+    /// `redis+unix:`) knows. Refused rather than ignored: a setting the user believes in must not be dropped
+    /// silently (`ssl_cert_reqs=none`, say, would not switch certificate checks off).
+    #[error(
+        "unknown Redis URL parameter {0:?}: idem knows cacert=FILE and protocol=resp2|resp3 (the database number \
+         goes in the path: redis://HOST:PORT/2)"
+    )]
+    UnknownParameter(String),
+    /// The TLS handshake with the server failed: its certificate was refused (the message says why: unknown
+    /// issuer, expired, host name mismatch) or the server does not speak TLS.
+    #[error("TLS to the Redis server failed: {0}")]
+    Handshake(String),
     /// `cacert` was given on a `redis://` URL, which never uses TLS.
     #[error("cacert needs a rediss:// URL; redis:// does not use TLS")]
     CaCertWithoutTls,
-    /// The server could not be reached, or the TLS handshake failed (the cause is the source).
+    /// The server could not be reached or did not answer in time (the cause is the source).
     #[error("cannot connect")]
     Connect(#[source] redis::RedisError),
     /// An operation failed.
@@ -146,23 +151,26 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
 fn client(url: &str) -> Result<redis::Client, Error> {
     // The redis crate builds its rustls config on the process's default provider; name ring (the only one
     // compiled in) so that holds even if another crate ever brings a second provider. Already set is fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    idem_tls::install_default_provider();
+    // A fragment (`#insecure`, which the redis crate refuses without its insecure feature) comes last in a URL;
+    // it is kept for the crate to judge.
+    let (without_fragment, fragment) = match url.split_once('#') {
+        Some((u, f)) => (u, format!("#{f}")),
+        None => (url, String::new()),
+    };
+    let (base, query) = without_fragment.split_once('?').unwrap_or((without_fragment, ""));
     let mut cacert = None;
     let mut rest = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
-        match param.split_once('=') {
-            Some(("cacert", v)) => cacert = Some(percent_decode_str(v).decode_utf8_lossy().into_owned()),
-            _ => rest.push(param),
+        let (name, value) = param.split_once('=').unwrap_or((param, ""));
+        match name {
+            "cacert" => cacert = Some(percent_decode_str(value).decode_utf8_lossy().into_owned()),
+            "protocol" | "db" | "user" | "pass" => rest.push(param),
+            _ => return Err(Error::UnknownParameter(percent_decode_str(name).decode_utf8_lossy().into_owned())),
         }
     }
     let Some(cacert) = cacert else {
         return redis::Client::open(url).map_err(Error::InvalidUrl);
-    };
-    // The fragment (`#insecure`, refused by the crate without its insecure feature) stays after the query.
-    let (base, fragment) = match base.split_once('#') {
-        Some((b, f)) => (b, format!("#{f}")),
-        None => (base, String::new()),
     };
     let url =
         if rest.is_empty() { format!("{base}{fragment}") } else { format!("{base}?{}{fragment}", rest.join("&")) };
@@ -170,15 +178,35 @@ fn client(url: &str) -> Result<redis::Client, Error> {
         return Err(Error::CaCertWithoutTls);
     }
     let path = std::path::PathBuf::from(cacert);
-    let ca_err = |reason: String| Error::CaCert { path: path.clone(), reason };
-    let pem = std::fs::read(&path).map_err(|e| ca_err(e.to_string()))?;
-    let certs: Vec<_> =
-        CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| ca_err(format!("not PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(ca_err("holds no PEM certificate".into()));
-    }
+    // Checked here (a clear error now, not a failed handshake later); the redis crate wants the PEM bytes.
+    idem_tls::read_roots("cacert", &path).map_err(Error::CaCert)?;
+    let pem = std::fs::read(&path)
+        .map_err(|source| Error::CaCert(idem_tls::Error::Read { flag: "cacert".into(), path: path.clone(), source }))?;
     redis::Client::build_with_tls(url.as_str(), redis::TlsCertificates { client_tls: None, root_cert: Some(pem) })
         .map_err(Error::InvalidUrl)
+}
+
+/// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
+/// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
+/// command and waits for the rest of the line, so the handshake never ends).
+fn connect_error(e: redis::RedisError, tls: bool) -> Error {
+    if let Some(refused) = idem_tls::rustls_error_in(&e) {
+        let hints = idem_tls::Hints {
+            peer: "Redis server",
+            trust: "cacert=FILE in the URL",
+            client_cert: "idem does not send client certificates to Redis",
+            plaintext: "is this a plain Redis port? then use redis://",
+        };
+        return Error::Handshake(idem_tls::describe(refused, hints));
+    }
+    if tls && e.is_timeout() {
+        return Error::Handshake(
+            "no TLS answer within 5s: is this a plain Redis port? (it never answers a TLS handshake; use redis:// \
+             or the server's tls-port)"
+                .into(),
+        );
+    }
+    Error::Connect(e)
 }
 
 impl RedisStore {
@@ -190,14 +218,16 @@ impl RedisStore {
     /// out of the URL before the redis crate sees it. There is no way to switch verification off.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`]; [`Error::CaCert`], [`Error::CaCertWithoutTls`]; [`Error::Connect`] when the server
-    /// cannot be reached or the TLS handshake fails.
+    /// [`Error::InvalidUrl`]; [`Error::UnknownParameter`]; [`Error::CaCert`], [`Error::CaCertWithoutTls`];
+    /// [`Error::Connect`] when the server cannot be reached; [`Error::Handshake`] when the TLS handshake fails
+    /// or a `rediss://` server gives no TLS answer within 5 s.
     pub async fn connect(url: &str, prefix: &str, limits: Limits) -> Result<Self, Error> {
         let client = client(url)?;
         // One plain connection first, so an unreachable server fails start-up at once; the manager below
         // would keep retrying, which is what we want later, not now.
         let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(Duration::from_secs(5)));
-        client.get_multiplexed_async_connection_with_config(&probe).await.map_err(Error::Connect)?;
+        let tls = url.starts_with("rediss://") || url.starts_with("valkeys://");
+        client.get_multiplexed_async_connection_with_config(&probe).await.map_err(|e| connect_error(e, tls))?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(Duration::from_secs(10)))

@@ -197,20 +197,9 @@ fn tls_target(authority: &Authority, config: Option<Arc<rustls::ClientConfig>>) 
 
 /// The platform's trust store on rustls's ring provider, no client certificate.
 fn platform_config() -> Result<rustls::ClientConfig, UpstreamError> {
-    let found = rustls_native_certs::load_native_certs();
-    let mut roots = rustls::RootCertStore::empty();
-    // Unreadable entries are skipped, as every TLS client does; only an empty store is an error.
-    let (added, _) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
-        return Err(UpstreamError::Tls {
-            reason: format!(
-                "the platform's trust store holds no certificate ({}); name the upstream's CA with --upstream-cacert",
-                if errors.is_empty() { "none found".to_owned() } else { errors.join("; ") }
-            ),
-        });
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let roots =
+        idem_tls::platform_roots("--upstream-cacert").map_err(|e| UpstreamError::Tls { reason: e.to_string() })?;
+    rustls::ClientConfig::builder_with_provider(idem_tls::provider())
         .with_safe_default_protocol_versions()
         .map(|b| b.with_root_certificates(roots).with_no_client_auth())
         .map_err(|e| UpstreamError::Tls { reason: e.to_string() })

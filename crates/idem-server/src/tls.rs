@@ -139,6 +139,9 @@ enum Opening {
     Closed,
     /// Plain HTTP (or anything else that is not a TLS record).
     NotTls(TcpStream),
+    /// The handshake failed (a client certificate refused, no cipher suite in common); the alert saying why
+    /// has been sent.
+    Refused(io::Error, TcpStream),
 }
 
 async fn handshake(
@@ -159,7 +162,10 @@ async fn handshake(
         if first[0] != TLS_HANDSHAKE {
             return Ok(Opening::NotTls(tcp));
         }
-        tokio_rustls::TlsAcceptor::from(config).accept(tcp).await.map(|s| Opening::Tls(Box::new(s)))
+        match tokio_rustls::TlsAcceptor::from(config).accept(tcp).into_fallible().await {
+            Ok(stream) => Ok::<_, io::Error>(Opening::Tls(Box::new(stream))),
+            Err((e, tcp)) => Ok(Opening::Refused(e, tcp)),
+        }
     })
     .await;
     match opened {
@@ -172,9 +178,35 @@ async fn handshake(
             tracing::info!(%peer, %local, "plain HTTP on the TLS listener: answered 400 tls-required (use https://)");
             refuse_plaintext(tcp).await;
         }
+        Ok(Ok(Opening::Refused(e, tcp))) => {
+            tracing::info!(%peer, %local, error = %e, "TLS handshake failed");
+            linger(tcp).await;
+        }
         Ok(Err(e)) => tracing::info!(%peer, %local, error = %e, "TLS handshake failed"),
         Err(_) => tracing::info!(%peer, %local, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out"),
     }
+}
+
+/// Closes a connection whose handshake failed so that the client reads the alert: in TLS 1.3 the client has
+/// finished its side of the handshake and may have sent its request, and closing with those bytes unread makes
+/// the kernel send a reset, which destroys the alert before the client reads it (the client then sees
+/// "connection reset" instead of "certificate required"). The same for the 400 to a plaintext client. Bounded
+/// in bytes (1 MiB) and time (2 s), like the lingering close of `DrainLayer`.
+async fn linger(mut tcp: TcpStream) {
+    let drained = async {
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 8192];
+        let mut left: usize = 1 << 20;
+        while left > 0 {
+            let n = tcp.read(&mut sink).await?;
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        Ok::<(), io::Error>(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
 }
 
 /// The answer to a plaintext request on the TLS listener, as nginx answers one ("The plain HTTP request was
@@ -189,25 +221,14 @@ async fn refuse_plaintext(mut tcp: TcpStream) {
          connection: close\r\n\r\n",
         BODY.len()
     );
-    let answered = async {
+    let written = async {
         tcp.write_all(head.as_bytes()).await?;
-        tcp.write_all(BODY.as_bytes()).await?;
-        tcp.shutdown().await?;
-        // Read what the client sent (its request and body) before closing: closing with unread bytes makes the
-        // kernel send a reset, which can destroy the answer before the client reads it. Bounded in bytes and
-        // time, like the lingering close of `DrainLayer`.
-        let mut sink = [0u8; 8192];
-        let mut left: usize = 1 << 20;
-        while left > 0 {
-            let n = tcp.read(&mut sink).await?;
-            if n == 0 {
-                break;
-            }
-            left = left.saturating_sub(n);
-        }
-        Ok::<(), io::Error>(())
+        tcp.write_all(BODY.as_bytes()).await
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
+    if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(2), written).await {
+        // The client's request is unread: close so that the answer is not destroyed by a reset.
+        linger(tcp).await;
+    }
 }
 
 /// A plain TCP listener whose connections log a TLS `ClientHello`: a client that uses https:// for a plaintext

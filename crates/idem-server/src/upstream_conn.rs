@@ -144,7 +144,7 @@ impl Facts {
             return None;
         }
         use rustls::AlertDescription as A;
-        match rustls_error(error)? {
+        match idem_tls::rustls_error_in(error)? {
             rustls::Error::AlertReceived(
                 alert @ (A::CertificateRequired
                 | A::BadCertificate
@@ -158,22 +158,6 @@ impl Facts {
             _ => None,
         }
     }
-}
-
-/// The rustls error in `error`'s chain, stepping into the errors that `io::Error`s wrap (their `source` skips
-/// them).
-fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(err) = source {
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        source = match err.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
-            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
-            None => err.source(),
-        };
-    }
-    None
 }
 
 /// A TCP connection that records [`Facts`] as hyper reads and writes it.
@@ -392,21 +376,16 @@ impl TlsHandshakeFailed {
     }
 
     fn from_io(e: &io::Error) -> Self {
-        let tls = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>());
-        let reason = match tls {
-            Some(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)) => {
-                "certificate verify failed: unknown issuer: the upstream's certificate is not signed by a trusted \
-                 CA (--upstream-cacert FILE names the CA to trust)"
-                    .to_owned()
-            }
-            Some(rustls::Error::InvalidCertificate(cert)) => format!("certificate verify failed: {cert}"),
-            Some(rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired)) => {
-                "the upstream requires a client certificate (--upstream-cert FILE --upstream-cert-key FILE)".to_owned()
-            }
-            Some(rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. }) => {
-                format!("{e} (the upstream did not answer in TLS: is it plain HTTP? then use http://)")
-            }
-            Some(other) => other.to_string(),
+        let reason = match idem_tls::rustls_error_in(e) {
+            Some(tls) => idem_tls::describe(
+                tls,
+                idem_tls::Hints {
+                    peer: "upstream",
+                    trust: "--upstream-cacert FILE",
+                    client_cert: "--upstream-cert FILE --upstream-cert-key FILE",
+                    plaintext: "is it plain HTTP? then use http://",
+                },
+            ),
             None => e.to_string(),
         };
         Self { reason }

@@ -23,7 +23,8 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Certificates made for one test run, as PEM files in a temporary directory: a CA, a server certificate it
-/// signed for `localhost` and `127.0.0.1` (with its key), and an unrelated second CA.
+/// signed for `localhost` and `127.0.0.1` (with its key), an expired one for the same names, and an unrelated
+/// second CA.
 #[derive(Debug)]
 pub struct Pki {
     _dir: tempfile::TempDir,
@@ -35,6 +36,10 @@ pub struct Pki {
     pub cert: PathBuf,
     /// The server certificate's private key (PEM, PKCS#8).
     pub key: PathBuf,
+    /// A server certificate signed by `ca` for the same names that expired on 2001-01-01 (PEM).
+    pub expired_cert: PathBuf,
+    /// The expired certificate's private key (PEM, PKCS#8).
+    pub expired_key: PathBuf,
 }
 
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -58,6 +63,10 @@ impl Pki {
         let mut params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
         params.distinguished_name.push(DnType::CommonName, "localhost");
         let cert = params.signed_by(&key, &ca_issuer).unwrap();
+        let expired_key = KeyPair::generate().unwrap();
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        let expired = params.signed_by(&expired_key, &ca_issuer).unwrap();
         let write = |name: &str, pem: String| {
             let path = dir.path().join(name);
             std::fs::write(&path, pem).unwrap();
@@ -68,6 +77,8 @@ impl Pki {
             other_ca: write("other-ca.pem", other.pem()),
             cert: write("server.pem", cert.pem()),
             key: write("server.key", key.serialize_pem()),
+            expired_cert: write("expired.pem", expired.pem()),
+            expired_key: write("expired.key", expired_key.serialize_pem()),
             _dir: dir,
         }
     }
@@ -346,4 +357,51 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A TLS server on a free loopback port that presents `cert`/`key` (PEM files) and nothing else: for tests of
+/// what a client says about a certificate it refuses. With `postgres`, each connection first gets PostgreSQL's
+/// answer to an SSLRequest (`S`: go ahead with TLS). Runs on its own thread until the process ends; returns
+/// the port.
+///
+/// # Panics
+/// When the files cannot be read or the port cannot be bound.
+pub fn tls_server_presenting(cert: &Path, key: &Path, postgres: bool) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use std::io::Write;
+    let chain: Vec<_> =
+        rustls::pki_types::CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<_, _>>().unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { continue };
+            let config = Arc::clone(&config);
+            std::thread::spawn(move || {
+                let _ = tcp.set_read_timeout(Some(Duration::from_secs(10)));
+                if postgres {
+                    let mut request = [0u8; 8];
+                    if tcp.read_exact(&mut request).is_err() || tcp.write_all(b"S").is_err() {
+                        return;
+                    }
+                }
+                let Ok(mut tls) = rustls::ServerConnection::new(config) else { return };
+                // The client refuses the certificate and sends an alert; the handshake then fails here.
+                while tls.is_handshaking() {
+                    if tls.complete_io(&mut tcp).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
 }

@@ -183,6 +183,8 @@ pub struct ServeConfig {
     tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
     proxy: Option<ProxyConfig>,
     client_idle_timeout: Duration,
+    /// What `--insecure` allowed, logged at start-up.
+    warnings: Vec<String>,
 }
 
 /// The validated reverse-proxy settings.
@@ -414,22 +416,35 @@ impl ServeArgs {
         // Traffic to a non-loopback address crosses a network: in clear text only when TLS ends in front of
         // idem, which only the operator knows (--insecure).
         let listeners = std::iter::once(listen).chain(proxy.as_ref().map(|p| p.admin_listen));
-        if let Some(open) = listeners.filter(|a| !a.ip().is_loopback()).find(|_| tls.is_none() && !insecure) {
-            return Err(Error::Config(format!(
-                "refusing to serve plain HTTP on non-loopback {open}: give --tls-cert FILE --tls-key FILE, or \
-                 --insecure if TLS is terminated in front of idem"
-            )));
+        let mut warnings = Vec::new();
+        for open in listeners.filter(|a| !a.ip().is_loopback()).filter(|_| tls.is_none()) {
+            if !insecure {
+                return Err(Error::Config(format!(
+                    "refusing to serve plain HTTP on non-loopback {open}: give --tls-cert FILE --tls-key FILE, or \
+                     --insecure if TLS is terminated in front of idem"
+                )));
+            }
+            warnings.push(format!(
+                "serving plain HTTP on non-loopback {open} (--insecure): requests, bearer tokens included, cross the \
+                 network unencrypted unless TLS is terminated in front of idem"
+            ));
         }
         // The KV API is what the token protects: in proxy mode it lives on the admin listener, and the main
         // listener serves the upstream's API under the upstream's own authentication. A required client
         // certificate authenticates the caller too.
         let kv_listen = proxy.as_ref().map_or(listen, |p| p.admin_listen);
         let client_auth = tls.as_ref().is_some_and(|(f, _)| f.client_ca.is_some());
-        if !kv_listen.ip().is_loopback() && auth_token.is_none() && !client_auth && !insecure {
-            return Err(Error::Config(format!(
-                "refusing to serve the KV API on non-loopback {kv_listen} without --auth-token-file or \
-                 --tls-client-ca; pass --insecure to allow it"
-            )));
+        if !kv_listen.ip().is_loopback() && auth_token.is_none() && !client_auth {
+            if !insecure {
+                return Err(Error::Config(format!(
+                    "refusing to serve the KV API on non-loopback {kv_listen} without --auth-token-file or \
+                     --tls-client-ca; pass --insecure to allow it"
+                )));
+            }
+            warnings.push(format!(
+                "the KV API on non-loopback {kv_listen} answers anyone who can reach it (--insecure, no \
+                 --auth-token-file or --tls-client-ca)"
+            ));
         }
         let client_idle_timeout = duration(
             "client-idle-timeout",
@@ -440,6 +455,7 @@ impl ServeArgs {
             return Err(Error::Config("--client-idle-timeout must be at least 1s".into()));
         }
         Ok(ServeConfig {
+            warnings,
             client_idle_timeout,
             listen,
             store_url,
@@ -482,6 +498,9 @@ async fn shutdown_signal() {
 /// # Errors
 /// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
 pub async fn run(config: ServeConfig) -> Result<(), Error> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     // Bind first: a busy port must not leave a freshly created database file or schema behind.
     let listener = bind(config.listen).await?;
     let admin = match &config.proxy {

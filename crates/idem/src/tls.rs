@@ -4,9 +4,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
 use crate::error::Error;
 
 /// The TLS files of a server, as given.
@@ -20,19 +17,8 @@ pub struct TlsFiles {
     pub client_ca: Option<PathBuf>,
 }
 
-fn certs(flag: &str, path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, Error> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::Config(format!("cannot read {flag} {}: {e}", path.display())))?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Error::Config(format!("{flag} {}: not PEM certificates: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(Error::Config(format!(
-            "{flag} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-            path.display()
-        )));
-    }
-    Ok(certs)
+fn config_error(e: idem_tls::Error) -> Error {
+    Error::Config(e.to_string())
 }
 
 impl TlsFiles {
@@ -43,32 +29,32 @@ impl TlsFiles {
     /// [`Error::Config`] naming the flag and the file that cannot be read, holds no certificate or key, or whose
     /// key does not match the certificate.
     pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, Error> {
-        let chain = certs("--tls-cert", &self.cert)?;
-        let key_bytes = std::fs::read(&self.key)
-            .map_err(|e| Error::Config(format!("cannot read --tls-key {}: {e}", self.key.display())))?;
-        let key = PrivateKeyDer::from_pem_slice(&key_bytes)
-            .map_err(|e| Error::Config(format!("--tls-key {}: no PEM private key: {e}", self.key.display())))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let identity =
+            idem_tls::Identity { cert_flag: "--tls-cert", cert: &self.cert, key_flag: "--tls-key", key: &self.key };
+        let (chain, key) = identity.read().map_err(config_error)?;
+        // Looked at before rustls takes the chain; said only once the configuration is good (an error then
+        // stays the one line that matters).
+        let warnings = idem_tls::check_own_certificate("--tls-cert", &self.cert, &chain);
+        let provider = idem_tls::provider();
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("TLS: {e}")))?;
+            .map_err(|e| config_error(idem_tls::Error::Rustls(e)))?;
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in certs("--tls-client-ca", ca)? {
-                    roots.add(cert).map_err(|e| Error::Config(format!("--tls-client-ca {}: {e}", ca.display())))?;
-                }
+                let roots = idem_tls::read_roots("--tls-client-ca", ca).map_err(config_error)?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                     .build()
                     .map_err(|e| Error::Config(format!("--tls-client-ca {}: {e}", ca.display())))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let mut config = builder.with_single_cert(chain, key).map_err(|e| {
-            Error::Config(format!("--tls-cert {} / --tls-key {}: {e}", self.cert.display(), self.key.display()))
-        })?;
+        let mut config = builder.with_single_cert(chain, key).map_err(|e| config_error(identity.refused(e)))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // Served as given, but clients will refuse it: say so once, here, rather than in every client's error.
+        for warning in warnings {
+            tracing::warn!("{warning}");
+        }
         Ok(Arc::new(config))
     }
 
@@ -119,45 +105,22 @@ impl UpstreamTlsFiles {
         if self.cacert.is_none() && self.client.is_none() {
             return Ok(None);
         }
-        let mut roots = rustls::RootCertStore::empty();
-        match &self.cacert {
-            Some(ca) => {
-                for cert in certs("--upstream-cacert", ca)? {
-                    roots.add(cert).map_err(|e| Error::Config(format!("--upstream-cacert {}: {e}", ca.display())))?;
-                }
-            }
-            None => {
-                let found = rustls_native_certs::load_native_certs();
-                let (added, _) = roots.add_parsable_certificates(found.certs);
-                if added == 0 {
-                    return Err(Error::Config(
-                        "the platform's trust store holds no certificate: name the upstream's CA with \
-                         --upstream-cacert FILE"
-                            .into(),
-                    ));
-                }
-            }
+        let roots = match &self.cacert {
+            Some(ca) => idem_tls::read_roots("--upstream-cacert", ca),
+            None => idem_tls::platform_roots("--upstream-cacert"),
         }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .map_err(config_error)?;
+        let builder = rustls::ClientConfig::builder_with_provider(idem_tls::provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("TLS: {e}")))?
+            .map_err(|e| config_error(idem_tls::Error::Rustls(e)))?
             .with_root_certificates(roots);
         let config = match &self.client {
             None => builder.with_no_client_auth(),
             Some((cert, key)) => {
-                let chain = certs("--upstream-cert", cert)?;
-                let key_bytes = std::fs::read(key)
-                    .map_err(|e| Error::Config(format!("cannot read --upstream-cert-key {}: {e}", key.display())))?;
-                let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
-                    Error::Config(format!("--upstream-cert-key {}: no PEM private key: {e}", key.display()))
-                })?;
-                builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                    Error::Config(format!(
-                        "--upstream-cert {} / --upstream-cert-key {}: {e}",
-                        cert.display(),
-                        key.display()
-                    ))
-                })?
+                let identity =
+                    idem_tls::Identity { cert_flag: "--upstream-cert", cert, key_flag: "--upstream-cert-key", key };
+                let (chain, key_der) = identity.read().map_err(config_error)?;
+                builder.with_client_auth_cert(chain, key_der).map_err(|e| config_error(identity.refused(e)))?
             }
         };
         Ok(Some(Arc::new(config)))

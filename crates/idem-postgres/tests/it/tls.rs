@@ -81,8 +81,13 @@ async fn a_wrong_ca_fails_with_the_cause() {
         let url = pg.url("localhost", &format!("sslmode={mode}&sslrootcert={other}"));
         let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
         let msg = chain(&err);
-        assert!(matches!(err, Error::Connect(_)), "{mode}: {msg}");
-        assert!(msg.contains("invalid peer certificate: UnknownIssuer"), "{mode}: {msg}");
+        assert!(matches!(err, Error::Handshake(_)), "{mode}: {msg}");
+        assert_eq!(
+            err.to_string(),
+            "TLS to the PostgreSQL server failed: certificate verify failed: unknown issuer: the PostgreSQL \
+             server's certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust)",
+            "{mode}"
+        );
     }
 }
 
@@ -94,11 +99,37 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let url = |mode: &str| pg.url("wrong.invalid", &format!("hostaddr=127.0.0.1&sslmode={mode}&sslrootcert={ca}"));
     let err = PostgresStore::connect(&url("verify-full"), &schema(), Limits::default()).await.unwrap_err();
     let msg = chain(&err);
-    assert!(msg.contains("certificate not valid for name \"wrong.invalid\""), "{msg}");
+    assert!(
+        msg.contains(
+            "host name mismatch: the PostgreSQL server's certificate is for localhost, 127.0.0.1, not wrong.invalid"
+        ),
+        "{msg}"
+    );
     PostgresStore::connect(&url("verify-ca"), &schema(), Limits::default()).await.expect("verify-ca ignores the name");
     // An IP address is checked against the certificate's IP entries.
     let by_ip = pg.url("127.0.0.1", &format!("sslmode=verify-full&sslrootcert={ca}"));
     PostgresStore::connect(&by_ip, &schema(), Limits::default()).await.expect("127.0.0.1 is in the certificate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_server_certificate_fails_with_its_date() {
+    // A TLS server that answers the SSLRequest and presents a certificate (signed by the test CA) that expired
+    // on 2001-01-01: the chain is trusted, so only the date can fail it.
+    let pki = idem_testkit::Pki::new();
+    let port = idem_testkit::tls_server_presenting(&pki.expired_cert, &pki.expired_key, true);
+    for mode in ["verify-full", "verify-ca"] {
+        let url =
+            format!("postgres://postgres@localhost:{port}/postgres?sslmode={mode}&sslrootcert={}", pki.ca.display());
+        let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(
+                "TLS to the PostgreSQL server failed: certificate verify failed: expired: the PostgreSQL server's \
+                 certificate was valid until 2001-01-01T00:00:00Z, it is now 20"
+            ),
+            "{mode}: {msg}"
+        );
+    }
 }
 
 /// A server that answers PostgreSQL's SSLRequest with `N` (no TLS), as one with `ssl=off` does.
@@ -139,16 +170,27 @@ async fn bad_tls_parameters_are_refused_before_connecting() {
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "invalid sslmode \"allow\": use disable, prefer, require, verify-ca or verify-full");
+    let err = PostgresStore::connect(
+        "postgres://u@127.0.0.1:1/db?sslmode=verify-full&sslcert=/c.pem",
+        "idem",
+        Limits::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "sslcert: client certificates to PostgreSQL are not supported by idem; use password or trust authentication"
+    );
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.pem").display().to_string();
     let url = format!("postgres://u@127.0.0.1:1/db?sslmode=verify-full&sslrootcert={missing}");
     let err = PostgresStore::connect(&url, "idem", Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::RootCert { .. }), "{}", chain(&err));
-    assert!(err.to_string().starts_with(&format!("sslrootcert {missing}: No such file")), "{err}");
+    assert!(matches!(err, Error::TlsFiles(_)), "{}", chain(&err));
+    assert!(err.to_string().starts_with(&format!("cannot read sslrootcert {missing}: No such file")), "{err}");
     // A file that is there but holds no certificate.
     let not_pem = dir.path().join("not-a-cert.pem");
     std::fs::write(&not_pem, "hello\n").unwrap();
     let url = format!("postgres://u@127.0.0.1:1/db?sslmode=verify-full&sslrootcert={}", not_pem.display());
     let err = PostgresStore::connect(&url, "idem", Limits::default()).await.unwrap_err();
-    assert!(err.to_string().ends_with("holds no PEM certificate"), "{err}");
+    assert!(err.to_string().ends_with("holds no PEM certificate (-----BEGIN CERTIFICATE-----)"), "{err}");
 }

@@ -51,11 +51,13 @@ async fn a_wrong_ca_fails_with_the_cause() {
     let url = server.url("localhost", &format!("cacert={}", server.pki.other_ca.display()));
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
     let msg = chain(&err);
-    assert!(matches!(err, Error::Connect(_)), "{msg}");
-    assert!(msg.contains("invalid peer certificate: UnknownIssuer"), "{msg}");
+    assert!(matches!(err, Error::Handshake(_)), "{msg}");
+    let unknown = "TLS to the Redis server failed: certificate verify failed: unknown issuer: the Redis server's \
+                   certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust)";
+    assert_eq!(msg, unknown);
     // Without cacert the platform store is used, which does not hold the test CA either.
     let err = RedisStore::connect(&server.url("localhost", ""), &prefix(), Limits::default()).await.unwrap_err();
-    assert!(chain(&err).contains("invalid peer certificate: UnknownIssuer"), "{}", chain(&err));
+    assert_eq!(chain(&err), unknown);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,7 +67,10 @@ async fn the_host_name_is_checked() {
     let url = server.url("127.0.0.2", &format!("cacert={}", server.pki.ca.display()));
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
     let msg = chain(&err);
-    assert!(msg.contains("certificate not valid for name \"127.0.0.2\""), "{msg}");
+    assert!(
+        msg.ends_with("host name mismatch: the Redis server's certificate is for localhost, 127.0.0.1, not 127.0.0.2"),
+        "{msg}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,18 +90,66 @@ async fn bad_cacert_is_refused_before_connecting() {
         RedisStore::connect(&format!("rediss://127.0.0.1:1?cacert={}", missing.display()), "p:", Limits::default())
             .await
             .unwrap_err();
-    assert!(matches!(err, Error::CaCert { .. }), "{}", chain(&err));
-    assert!(err.to_string().starts_with(&format!("cacert {}: No such file", missing.display())), "{err}");
+    assert!(matches!(err, Error::CaCert(_)), "{}", chain(&err));
+    assert!(err.to_string().starts_with(&format!("cannot read cacert {}: No such file", missing.display())), "{err}");
     let not_pem = dir.path().join("not-a-cert.pem");
     std::fs::write(&not_pem, "hello\n").unwrap();
     let err =
         RedisStore::connect(&format!("rediss://127.0.0.1:1?cacert={}", not_pem.display()), "p:", Limits::default())
             .await
             .unwrap_err();
-    assert_eq!(err.to_string(), format!("cacert {}: holds no PEM certificate", not_pem.display()));
+    assert_eq!(
+        err.to_string(),
+        format!("cacert {}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)", not_pem.display())
+    );
     let err =
         RedisStore::connect(&format!("redis://127.0.0.1:1?cacert={}", not_pem.display()), "p:", Limits::default())
             .await
             .unwrap_err();
     assert!(matches!(err, Error::CaCertWithoutTls), "{}", chain(&err));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_server_certificate_fails_with_its_date() {
+    let pki = idem_testkit::Pki::new();
+    let port = idem_testkit::tls_server_presenting(&pki.expired_cert, &pki.expired_key, false);
+    let url = format!("rediss://localhost:{port}?cacert={}", pki.ca.display());
+    let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+    let msg = chain(&err);
+    assert!(
+        msg.starts_with(
+            "TLS to the Redis server failed: certificate verify failed: expired: the Redis server's certificate \
+             was valid until 2001-01-01T00:00:00Z, it is now 20"
+        ),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_url_parameters_are_refused_before_connecting() {
+    // Port 1: nothing listens. redis-py's spelling must not be taken for a setting idem applies.
+    let err =
+        RedisStore::connect("rediss://127.0.0.1:1/0?ssl_cert_reqs=none", "p:", Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::UnknownParameter(ref p) if p == "ssl_cert_reqs"), "{}", chain(&err));
+    assert!(err.to_string().starts_with("unknown Redis URL parameter \"ssl_cert_reqs\": idem knows cacert=FILE"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_to_a_plain_redis_port_says_so() {
+    // The machine's plain Redis: it reads the TLS hello as an inline command and waits for an end of line.
+    let Ok(plain) = std::env::var("IDEM_TEST_REDIS_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_REDIS_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
+        eprintln!("skipped: IDEM_TEST_REDIS_URL is unset (e.g. redis://127.0.0.1:6379)");
+        return;
+    };
+    let url = plain.replacen("redis://", "rediss://", 1);
+    let err = RedisStore::connect(&url, "p:", Limits::default()).await.unwrap_err();
+    assert_eq!(
+        chain(&err),
+        "TLS to the Redis server failed: no TLS answer within 5s: is this a plain Redis port? (it never answers a \
+         TLS handshake; use redis:// or the server's tls-port)"
+    );
 }

@@ -18,7 +18,12 @@ const DEFAULT_LIMIT: usize = 16 * MIB;
 async fn serve(router: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(idem_server::serve(router, listener, idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT, std::future::pending()));
+    tokio::spawn(idem_server::serve(
+        router,
+        listener,
+        idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT,
+        std::future::pending(),
+    ));
     addr
 }
 

@@ -70,8 +70,10 @@ fn a_connection_that_sends_nothing_after_its_tls_handshake_is_closed() {
     let ca = Ca::new(dir.path(), "ca");
     let (cert, key) = ca.leaf(dir.path(), "server", &["localhost", "127.0.0.1"], false, false);
     let store = format!("sqlite:{}", dir.path().join("idem.db").display());
-    let server =
-        Server::start(&["--store", &store, "--tls-cert", s(&cert), "--tls-key", s(&key), "--client-idle-timeout", "1s"], &[]);
+    let server = Server::start(
+        &["--store", &store, "--tls-cert", s(&cert), "--tls-key", s(&key), "--client-idle-timeout", "1s"],
+        &[],
+    );
 
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(&ca.pem).unwrap() {
@@ -82,8 +84,7 @@ fn a_connection_that_sends_nothing_after_its_tls_handshake_is_closed() {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let mut tls =
-        rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap()).unwrap();
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap()).unwrap();
     let mut tcp = TcpStream::connect(addr(&server.url)).unwrap();
     while tls.is_handshaking() {
         tls.complete_io(&mut tcp).unwrap();
@@ -108,12 +109,7 @@ async fn a_request_running_longer_than_the_idle_timeout_is_answered() {
     let proxy = common::proxy(&dir, &upstream, &["--client-idle-timeout", "1s"]);
     let client = common::client();
     // 2.5 s in the upstream: two and a half idle timeouts with the request in flight.
-    let r = client
-        .post(format!("{}/slow/2500", proxy.url))
-        .header("idempotency-key", "slow-1")
-        .send()
-        .await
-        .unwrap();
+    let r = client.post(format!("{}/slow/2500", proxy.url)).header("idempotency-key", "slow-1").send().await.unwrap();
     assert_eq!(r.status(), 201);
     assert_eq!(counts.executions(), 1);
 }

@@ -177,7 +177,7 @@ fn plaintext_and_tls_crossed_fail_clearly_on_both_sides() {
     let tls_url = plain.url.replace("http://", "https://");
     let (code, _, err) = idem(&["kv", "--url", &tls_url, "--cacert", s(&ca.pem), "put", "k", "v"], &[]);
     assert_eq!(code, 1, "{err}");
-    assert!(one_line(&err).contains("the server did not answer in TLS: is it plain HTTP? then use http://"), "{err}");
+    assert!(one_line(&err).contains("the server did not answer in TLS (is it plain HTTP? then use http://)"), "{err}");
     plain.wait_for_log("TLS handshake on a plain-HTTP listener", 1, Duration::from_secs(10));
     let (code, _, err) =
         idem(&["send", "POST", &format!("{tls_url}/x"), "--json", "{}", "--key", "k", "--cacert", s(&ca.pem)], &[]);
@@ -356,12 +356,22 @@ fn non_loopback_needs_tls_or_insecure_and_the_kv_api_authentication() {
         [&tls[..], &["--auth-token-file", s(&token)]].concat(),
         [&tls[..], &["--tls-client-ca", s(&ca.pem)]].concat(),
     ] {
+        let insecure = extra == ["--insecure"];
         let mut args = vec!["--listen", "0.0.0.0:0", "--store", "memory:"];
         args.extend(extra);
         let server = Server::start(&args, &[]);
         assert!(server.url.contains("0.0.0.0"), "{}", server.url);
+        if insecure {
+            // What --insecure allowed is said where the operator looks.
+            let log = server.wait_for_log("answers anyone who can reach it", 1, Duration::from_secs(10));
+            assert!(log.contains("WARN"), "{log}");
+            assert!(log.contains("serving plain HTTP on non-loopback 0.0.0.0:0 (--insecure)"), "{log}");
+        }
     }
     // Half a pair, and bad files: one line naming the flag and the file, exit 2.
+    let encrypted = dir.path().join("encrypted.key");
+    std::fs::write(&encrypted, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n")
+        .unwrap();
     for (args, needle) in [
         (vec!["--tls-cert", s(&cert)], "--tls-cert needs --tls-key".to_owned()),
         (vec!["--tls-key", s(&key)], "--tls-key needs --tls-cert".to_owned()),
@@ -372,13 +382,23 @@ fn non_loopback_needs_tls_or_insecure_and_the_kv_api_authentication() {
         ),
         (
             vec!["--tls-cert", s(&key), "--tls-key", s(&key)],
-            format!("--tls-cert {} holds no PEM certificate", key.display()),
+            format!("--tls-cert {}: holds no PEM certificate", key.display()),
         ),
         (
             vec!["--tls-cert", s(&cert), "--tls-key", s(&cert)],
-            format!("--tls-key {}: no PEM private key", cert.display()),
+            format!("--tls-key {}: holds no PEM private key", cert.display()),
         ),
-        (vec!["--tls-cert", s(&ca.pem), "--tls-key", s(&key)], "keys may not be consistent".into()),
+        (
+            vec!["--tls-cert", s(&ca.pem), "--tls-key", s(&key)],
+            format!("the private key in --tls-key {} does not belong to the first certificate in", key.display()),
+        ),
+        (
+            vec!["--tls-cert", s(&cert), "--tls-key", s(&encrypted)],
+            format!(
+                "--tls-key {}: the private key is encrypted; idem reads unencrypted keys only",
+                encrypted.display()
+            ),
+        ),
     ] {
         let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--store", "memory:"];
         all.extend(&args);
@@ -410,4 +430,70 @@ fn a_cacert_that_is_not_a_certificate_is_bad_usage_named_with_its_cause() {
     assert_eq!(code, 2, "{err}");
     let line = one_line(&err);
     assert!(line.contains("cannot build the HTTP client") && line.contains("BadEncoding"), "{line}");
+}
+
+#[test]
+fn a_certificate_clients_will_refuse_is_served_with_a_warning_at_start_and_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "ca");
+    let (expired, expired_key) = ca.leaf(dir.path(), "expired", &["localhost", "127.0.0.1"], false, true);
+    let server = tls_server(dir.path(), &expired, &expired_key, &[]);
+    let log = server.wait_for_log("the certificate expired on", 1, Duration::from_secs(10));
+    let line = log.lines().find(|l| l.contains("the certificate expired on")).unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains(&format!("--tls-cert {}: the certificate expired on 2001-01-01T00:00:00Z", expired.display())),
+        "{line}"
+    );
+    // A client says the same from its side, with the date.
+    let (code, _, err) = idem(&["kv", "--url", &server.url, "--cacert", s(&ca.pem), "get", "k"], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        one_line(&err).contains(
+            "certificate verify failed: expired: the server's certificate was valid until 2001-01-01T00:00:00Z"
+        ),
+        "{err}"
+    );
+    // The files are looked at again on SIGHUP.
+    std::process::Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap();
+    server.wait_for_log("the certificate expired on", 2, Duration::from_secs(10));
+}
+
+/// `curl --http2` against `url` (ALPN `h2`): the status line's version, the status and the body.
+fn curl_h2(ca: &Path, args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--http2", "--cacert", s(ca), "-w", "\n%{http_version} %{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "curl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, tail) = text.rsplit_once('\n').unwrap();
+    (tail.to_owned(), body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_over_tls_gets_the_same_idempotency_and_kv_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "ca");
+    let (cert, key) = ca.leaf(dir.path(), "server", &["localhost", "127.0.0.1"], false, false);
+    let (up, counts) = start_upstream().await;
+    let server = common::proxy(&dir, &up, &["--tls-cert", s(&cert), "--tls-key", s(&key)]);
+    let orders = format!("{}/orders", server.url);
+    let post = ["-X", "POST", "-H", "Idempotency-Key: h2-order-1", "-H", "content-type: application/json"];
+    let (first_status, first) = curl_h2(&ca.pem, &[&post[..], &["--data", r#"{"n":1}"#, &orders]].concat());
+    let (again_status, again) = curl_h2(&ca.pem, &[&post[..], &["--data", r#"{"n":1}"#, &orders]].concat());
+    assert_eq!(first_status, "2 201", "{first}");
+    assert_eq!(again_status, "2 201", "{again}");
+    assert_eq!(first, again, "the retry is a replay of the first answer");
+    assert_eq!(counts.executions_of("h2-order-1"), 1);
+    // Another body under the same key: 422, over HTTP/2 as over HTTP/1.1.
+    let (status, body) = curl_h2(&ca.pem, &[&post[..], &["--data", r#"{"n":2}"#, &orders]].concat());
+    assert_eq!(status, "2 422", "{body}");
+    // The KV API on the admin listener, with a precondition.
+    let kv = format!("{}/v1/kv/h2", server.admin);
+    let (status, body) = curl_h2(&ca.pem, &["-X", "PUT", "-H", "If-None-Match: *", "--data", "v", &kv]);
+    assert_eq!(status, "2 201", "{body}");
+    let (status, _) = curl_h2(&ca.pem, &["-X", "PUT", "-H", "If-None-Match: *", "--data", "v", &kv]);
+    assert_eq!(status, "2 412");
 }

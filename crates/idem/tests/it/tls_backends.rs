@@ -38,7 +38,11 @@ async fn postgres_verify_full() {
     };
     let server = Server::start(&["--store", &url(&pg.pki.ca)], &[]);
     serves(&server).await;
-    refused(&url(&pg.pki.other_ca), "invalid peer certificate: UnknownIssuer");
+    refused(
+        &url(&pg.pki.other_ca),
+        "TLS to the PostgreSQL server failed: certificate verify failed: unknown issuer: the PostgreSQL server's \
+         certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust)",
+    );
 }
 
 #[tokio::test]
@@ -66,5 +70,9 @@ async fn rediss_with_cacert() {
     let open = format!("rediss://localhost:{}?cacert={}", redis.port, redis.pki.ca.display());
     let server = Server::start(&["--store", &open], &[]);
     serves(&server).await;
-    refused(&url(&redis.pki.other_ca), "invalid peer certificate: UnknownIssuer");
+    refused(
+        &url(&redis.pki.other_ca),
+        "TLS to the Redis server failed: certificate verify failed: unknown issuer: the Redis server's \
+         certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust)",
+    );
 }
