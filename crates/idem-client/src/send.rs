@@ -255,12 +255,14 @@ impl Client {
         }
         match status.as_u16() {
             422 => Attempt::Stop(Error::KeyReused { detail }),
-            409 if retry_after_given && problem_type.as_deref() != Some("urn:idem:problem:response-not-stored") => {
+            409 if retry_after_given
+                && problem_type.as_deref() != Some(idem_core::ProblemType::ResponseNotStored.uri()) =>
+            {
                 Attempt::Retry { reason: format!("409 in flight: {detail}"), wait: retry_after }
             }
             409 => Attempt::Stop(Error::Conflict { detail }),
             429 => Attempt::Retry { reason: format!("429: {detail}"), wait: retry_after },
-            s @ (502 | 504) if problem_type.as_deref() == Some("urn:idem:problem:outcome-unknown") => {
+            s @ (502 | 504) if problem_type.as_deref() == Some(idem_core::ProblemType::OutcomeUnknown.uri()) => {
                 Attempt::Stop(Error::OutcomeUnknown { status: s, detail })
             }
             s if s >= 500 && !replayed => {

@@ -6,6 +6,7 @@
 //! 400) nor let a caller iterate the listed tags (only `precondition_passes(&ETag)`), which the server needs to
 //! turn a single-tag field into one compare-and-swap without reading first.
 
+use idem_core::ProblemType;
 use std::collections::BTreeSet;
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -122,7 +123,7 @@ enum Comparison {
 }
 
 fn invalid(name: &HeaderName, detail: impl std::fmt::Display) -> Problem {
-    Problem::bad_request("invalid-precondition", "Invalid precondition header", format!("{name}: {detail}"))
+    Problem::bad_request(ProblemType::InvalidPrecondition, format!("{name}: {detail}"))
 }
 
 /// Parses `*` or `#entity-tag` (RFC 9110 §13.1.1, §13.1.2, list syntax §5.6.1) over all field lines of `name`.

@@ -1,6 +1,7 @@
 //! Keys travel percent-encoded in the path (RFC 3986 §2.1); any UTF-8 key round-trips, `/` included.
 
 use crate::Problem;
+use idem_core::ProblemType;
 
 /// Decodes a raw path segment into a key, refusing malformed escapes (`%zz`, a lone `%`) and non-UTF-8
 /// results instead of passing them through as literal text.
@@ -13,8 +14,7 @@ pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
             if !ok {
                 let shown: String = raw[i..].chars().take(3).collect();
                 return Err(Problem::bad_request(
-                    "invalid-percent-encoding",
-                    "Invalid percent-encoding",
+                    ProblemType::InvalidPercentEncoding,
                     format!("\"%\" at byte {i} must start an escape of two hex digits, found {shown:?}"),
                 ));
             }
@@ -23,9 +23,9 @@ pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
             i += 1;
         }
     }
-    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8().map_err(|_| {
-        Problem::bad_request("invalid-key", "Invalid key", "the percent-decoded key is not valid UTF-8")
-    })?;
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidKey, "the percent-decoded key is not valid UTF-8"))?;
     Ok(decoded.into_owned())
 }
 

@@ -1,5 +1,6 @@
 //! The KV API (docs/DESIGN.md, "HTTP contract — KV API").
 
+use idem_core::ProblemType;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +35,7 @@ pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
         .route(
             "/v1/kv/",
             any(|| async {
-                Problem::bad_request("invalid-key", "Invalid key", "key is empty; use /v1/kv/{percent-encoded key}")
+                Problem::bad_request(ProblemType::InvalidKey, "key is empty; use /v1/kv/{percent-encoded key}")
             }),
         )
         .route(
@@ -170,14 +171,15 @@ struct PutQuery {
 fn parse_query<T: serde::de::DeserializeOwned + Default>(raw: Option<String>) -> Result<T, Problem> {
     match raw {
         None => Ok(T::default()),
-        Some(q) => serde_urlencoded::from_str(&q)
-            .map_err(|e| Problem::bad_request("invalid-query", "Invalid query", e.to_string())),
+        Some(q) => {
+            serde_urlencoded::from_str(&q).map_err(|e| Problem::bad_request(ProblemType::InvalidQuery, e.to_string()))
+        }
     }
 }
 
 /// `keep` | `none` | a duration (`30s`, `1h 30m`, `2days`, or bare seconds); omitted = `keep`.
 fn parse_ttl(s: Option<&str>) -> Result<Ttl, Problem> {
-    let bad = |detail: String| Problem::bad_request("invalid-ttl", "Invalid TTL", detail);
+    let bad = |detail: String| Problem::bad_request(ProblemType::InvalidTtl, detail);
     match s.map(str::trim) {
         None | Some("keep") => Ok(Ttl::Keep),
         Some("none") => Ok(Ttl::Clear),
@@ -204,7 +206,7 @@ async fn read_limited(headers: &HeaderMap, body: Body, max: usize) -> Result<Byt
     match Limited::new(body, max).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Problem::too_large(None, max)),
-        Err(e) => Err(Problem::bad_request("invalid-body", "Invalid body", format!("reading the body failed: {e}"))),
+        Err(e) => Err(Problem::bad_request(ProblemType::InvalidBody, format!("reading the body failed: {e}"))),
     }
 }
 
@@ -269,9 +271,9 @@ struct SetBody {
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => {
-            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-body", "Invalid body", e.to_string())
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemType::InvalidBody, e.to_string())
         }
-        _ => Problem::bad_request("invalid-body", "Invalid body", format!("body is not valid JSON: {e}")),
+        _ => Problem::bad_request(ProblemType::InvalidBody, format!("body is not valid JSON: {e}")),
     })
 }
 
@@ -291,16 +293,14 @@ async fn post_op<S: Store>(
     // silently ignoring a compare-and-swap the caller thinks it made.
     if headers.contains_key(header::IF_MATCH) || headers.contains_key(header::IF_NONE_MATCH) {
         return Err(Problem::bad_request(
-            "invalid-precondition",
-            "Invalid precondition header",
+            ProblemType::InvalidPrecondition,
             "set and counter operations are atomic and take no If-Match/If-None-Match; use PUT for compare-and-swap",
         ));
     }
     if let Some(q) = uri.query() {
         let shown: String = q.chars().take(64).collect();
         return Err(Problem::bad_request(
-            "invalid-query",
-            "Invalid query",
+            ProblemType::InvalidQuery,
             format!("set and counter operations take no query parameters, got {shown:?}"),
         ));
     }
@@ -355,15 +355,11 @@ struct ListPage {
 async fn list<S: Store>(State(store): Shared<S>, RawQuery(query): RawQuery) -> Result<Response, Problem> {
     let q: ListQuery = parse_query(query)?;
     if q.prefix.contains('\0') || q.cursor.as_deref().is_some_and(|c| c.contains('\0')) {
-        return Err(Problem::bad_request("invalid-query", "Invalid query", "prefix and cursor cannot contain NUL"));
+        return Err(Problem::bad_request(ProblemType::InvalidQuery, "prefix and cursor cannot contain NUL"));
     }
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(Problem::bad_request(
-            "invalid-query",
-            "Invalid query",
-            format!("limit {limit} is outside 1..=1000"),
-        ));
+        return Err(Problem::bad_request(ProblemType::InvalidQuery, format!("limit {limit} is outside 1..=1000")));
     }
     let page = timed("list", store.list(&q.prefix, q.cursor.as_deref(), limit)).await?;
     let items = page

@@ -1,17 +1,18 @@
 use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
+use idem_core::ProblemType;
 use idem_store::{Error as StoreError, Generation};
 use serde::Serialize;
 
 /// An RFC 9457 problem details response (`application/problem+json`).
 ///
-/// `type` is a stable URN per kind of error (`urn:idem:problem:<slug>`), so clients branch on it rather than on
-/// the human-readable `title` and `detail`. Details never echo another caller's data.
+/// `type` is a stable URN per kind of error ([`ProblemType`], `urn:idem:problem:<slug>`), so clients branch on
+/// it rather than on the human-readable `title` and `detail`. Details never echo another caller's data.
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
     #[serde(rename = "type")]
-    kind: String,
+    kind: &'static str,
     title: &'static str,
     status: u16,
     detail: String,
@@ -24,11 +25,11 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem of kind `slug` with an HTTP status, a fixed title and a specific detail.
-    pub fn new(status: StatusCode, slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
+    /// A problem of kind `kind` (its type URI and title) with an HTTP status and a specific detail.
+    pub fn new(status: StatusCode, kind: ProblemType, detail: impl Into<String>) -> Self {
         Self {
-            kind: format!("urn:idem:problem:{slug}"),
-            title,
+            kind: kind.uri(),
+            title: kind.title(),
             status: status.as_u16(),
             detail: detail.into(),
             current_generation: None,
@@ -45,30 +46,23 @@ impl Problem {
     pub(crate) fn not_found_route() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
-            "unknown-route",
-            "Unknown route",
+            ProblemType::UnknownRoute,
             "no such route; the KV API lives under /v1/kv/{key}",
         )
     }
 
     pub(crate) fn method_not_allowed() -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "Method not allowed",
-            "this route does not take that method",
-        )
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, ProblemType::MethodNotAllowed, "this route does not take that method")
     }
 
     pub(crate) fn not_found_key() -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not-found", "Key not found", "no live value under this key")
+        Self::new(StatusCode::NOT_FOUND, ProblemType::NotFound, "no live value under this key")
     }
 
     pub(crate) fn unauthorized() -> Self {
         let mut p = Self::new(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "Unauthorized",
+            ProblemType::Unauthorized,
             // RFC 9457 §3.1.4: the detail helps the client correct the problem, so it says where the token
             // comes from and how idem's own client presents it.
             "this server requires Authorization: Bearer <token> (missing or wrong here), the token being the \
@@ -79,8 +73,8 @@ impl Problem {
         p
     }
 
-    pub(crate) fn bad_request(slug: &str, title: &'static str, detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, slug, title, detail)
+    pub(crate) fn bad_request(kind: ProblemType, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, kind, detail)
     }
 
     pub(crate) fn too_large(size: Option<u64>, max: usize) -> Self {
@@ -88,7 +82,7 @@ impl Problem {
             Some(n) => format!("the value is {n} bytes; the limit is {max} bytes"),
             None => format!("the value exceeds the limit of {max} bytes"),
         };
-        let mut p = Self::new(StatusCode::PAYLOAD_TOO_LARGE, "value-too-large", "Value too large", detail);
+        let mut p = Self::new(StatusCode::PAYLOAD_TOO_LARGE, ProblemType::ValueTooLarge, detail);
         p.limit_bytes = Some(max);
         p
     }
@@ -102,44 +96,40 @@ impl From<StoreError> for Problem {
                     Some(g) => format!("the current generation is {g}"),
                     None => "the key is absent".to_owned(),
                 };
-                let mut p =
-                    Self::new(StatusCode::PRECONDITION_FAILED, "precondition-failed", "Precondition failed", detail);
+                let mut p = Self::new(StatusCode::PRECONDITION_FAILED, ProblemType::PreconditionFailed, detail);
                 p.current_generation = current;
                 p
             }
-            StoreError::InvalidKey { problem } => Self::bad_request("invalid-key", "Invalid key", problem.to_string()),
+            StoreError::InvalidKey { problem } => Self::bad_request(ProblemType::InvalidKey, problem.to_string()),
             StoreError::ValueTooLarge { size, max } => Self::too_large(Some(size as u64), max),
-            e @ StoreError::InvalidTtl { .. } => Self::bad_request("invalid-ttl", "Invalid TTL", e.to_string()),
+            e @ StoreError::InvalidTtl { .. } => Self::bad_request(ProblemType::InvalidTtl, e.to_string()),
             e @ StoreError::InvalidArgument { .. } => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument", "Invalid argument", e.to_string())
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemType::InvalidArgument, e.to_string())
             }
             // Like the layer's 422 for a reused Idempotency-Key (draft §2.7): the request is well-formed but
             // conflicts with what the id already stands for. Only this caller's own key and id are named.
             StoreError::DedupeIdReused { key, dedupe_id } => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "dedupe-id-reused",
-                "Dedupe id reused",
+                ProblemType::DedupeIdReused,
                 format!(
                     "dedupe id {dedupe_id:?} was already used on key {key:?} for a different payload; the same \
                      payload again gets the first result, a new payload needs a new dedupe id"
                 ),
             ),
-            e @ StoreError::WrongType { .. } => {
-                Self::new(StatusCode::CONFLICT, "wrong-type", "Wrong type", e.to_string())
-            }
+            e @ StoreError::WrongType { .. } => Self::new(StatusCode::CONFLICT, ProblemType::WrongType, e.to_string()),
             e @ StoreError::CounterOverflow => {
-                Self::new(StatusCode::CONFLICT, "counter-overflow", "Counter overflow", e.to_string())
+                Self::new(StatusCode::CONFLICT, ProblemType::CounterOverflow, e.to_string())
             }
             e @ StoreError::UpdateExhausted { .. } => {
-                Self::new(StatusCode::CONFLICT, "update-exhausted", "Update exhausted", e.to_string())
+                Self::new(StatusCode::CONFLICT, ProblemType::UpdateExhausted, e.to_string())
             }
             e @ (StoreError::Unavailable { .. } | StoreError::Closed) => {
                 tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "store unavailable");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", "Store unavailable", e.to_string())
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, ProblemType::StoreUnavailable, e.to_string())
             }
             e => {
                 tracing::error!(error = %e, source = ?std::error::Error::source(&e), "store failed");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "store-failed", "Store failed", e.to_string())
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, ProblemType::StoreFailed, e.to_string())
             }
         }
     }

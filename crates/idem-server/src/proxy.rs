@@ -1,6 +1,7 @@
 //! The reverse proxy of `idem serve --upstream`: every request goes to one upstream over pooled HTTP/1.1
 //! connections (TLS for an `https` upstream); POST and PATCH pass through an [`IdempotencyLayer`] first.
 
+use idem_core::ProblemType;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -284,7 +285,7 @@ impl Upstream {
         let target = match self.target(&parts.uri) {
             Ok(target) => target,
             Err(e) => {
-                return Problem::bad_request("invalid-target", "Invalid request target", e.to_string()).into_response();
+                return Problem::bad_request(ProblemType::InvalidTarget, e.to_string()).into_response();
             }
         };
         strip_hop_by_hop(&mut parts.headers);
@@ -297,8 +298,7 @@ impl Upstream {
         let (body, replay) = match replayable(&parts, body).await {
             Ok(prepared) => prepared,
             Err(e) => {
-                return Problem::bad_request("body-unreadable", "Request body unreadable", e.to_string())
-                    .into_response();
+                return Problem::bad_request(ProblemType::RequestBodyUnreadable, e.to_string()).into_response();
             }
         };
         // What a second attempt needs: the head, and the body when it is whole in memory.
@@ -432,15 +432,14 @@ fn keep_alive_timeout(headers: &HeaderMap) -> Option<Duration> {
 
 /// 502 for a request the upstream did not execute: the layer releases the key ([`UpstreamFailure::NotSent`]).
 fn not_sent(detail: &str) -> Response<Body> {
-    let mut response =
-        Problem::new(StatusCode::BAD_GATEWAY, "upstream-unreachable", "Upstream unreachable", detail).into_response();
+    let mut response = Problem::new(StatusCode::BAD_GATEWAY, ProblemType::UpstreamUnreachable, detail).into_response();
     response.extensions_mut().insert(UpstreamFailure::NotSent);
     response
 }
 
 /// 502 or 504 for a request that may have taken effect: the layer stores it as unknown.
 fn unknown(status: StatusCode, detail: String, reason: String) -> Response<Body> {
-    let mut response = Problem::new(status, "outcome-unknown", "Outcome unknown", detail).into_response();
+    let mut response = Problem::new(status, ProblemType::OutcomeUnknown, detail).into_response();
     response.extensions_mut().insert(UpstreamFailure::OutcomeUnknown { reason });
     response
 }

@@ -2,6 +2,7 @@
 //! "The admin listener and the record endpoint"). The key is percent-encoded like KV keys; the scope is
 //! `anonymous` or the 32 hex digits the layer derives from a credential (see `idem_core::Scope`).
 
+use idem_core::ProblemType;
 use std::sync::Arc;
 
 use axum::Router;
@@ -40,15 +41,14 @@ fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
     let rest = uri.path().strip_prefix(PREFIX).unwrap_or_default();
     let usage = || {
         Problem::bad_request(
-            "invalid-record-path",
-            "Invalid record path",
+            ProblemType::InvalidRecordPath,
             "use /v1/idempotency/{scope}/{percent-encoded key}; scope is 'anonymous' or 32 hex digits",
         )
     };
     let (scope, key) = rest.split_once('/').ok_or_else(usage)?;
     let scope = Scope::parse(scope).map_err(|_| usage())?;
     let key = IdempotencyKey::new(decode_key(key)?)
-        .map_err(|e| Problem::bad_request("idempotency-key-invalid", "Idempotency-Key invalid", e.to_string()))?;
+        .map_err(|e| Problem::bad_request(ProblemType::IdempotencyKeyInvalid, e.to_string()))?;
     Ok(RecordKey::new(prefix, &scope, &key))
 }
 
@@ -56,12 +56,7 @@ async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Respon
     let key = record_key(&records.prefix, &uri)?;
     let value = records.store.get(key.as_str()).await?.ok_or_else(Problem::not_found_key)?;
     let record = Record::decode(value.value()).map_err(|e| {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "idempotency-record-unreadable",
-            "Record unreadable",
-            e.to_string(),
-        )
+        Problem::new(StatusCode::INTERNAL_SERVER_ERROR, ProblemType::IdempotencyRecordUnreadable, e.to_string())
     })?;
     let expires_at = value.expires_at().map(|t| humantime::format_rfc3339_millis(t).to_string());
     let mut view = match &record {

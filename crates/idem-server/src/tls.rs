@@ -212,18 +212,21 @@ async fn linger(mut tcp: TcpStream) {
 /// The answer to a plaintext request on the TLS listener, as nginx answers one ("The plain HTTP request was
 /// sent to HTTPS port"): a client that speaks HTTP learns what to change instead of seeing a reset or garbage.
 async fn refuse_plaintext(mut tcp: TcpStream) {
-    const BODY: &str = concat!(
-        r#"{"type":"urn:idem:problem:tls-required","title":"TLS required","status":400,"#,
-        r#""detail":"this listener speaks HTTPS only: use https:// (with --cacert FILE for a private CA)"}"#
-    );
+    let body = serde_json::json!({
+        "type": idem_core::ProblemType::TlsRequired.uri(),
+        "title": idem_core::ProblemType::TlsRequired.title(),
+        "status": 400,
+        "detail": "this listener speaks HTTPS only: use https:// (with --cacert FILE for a private CA)",
+    })
+    .to_string();
     let head = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n",
-        BODY.len()
+        body.len()
     );
     let written = async {
         tcp.write_all(head.as_bytes()).await?;
-        tcp.write_all(BODY.as_bytes()).await
+        tcp.write_all(body.as_bytes()).await
     };
     if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(2), written).await {
         // The client's request is unread: close so that the answer is not destroyed by a reset.

@@ -1,14 +1,15 @@
-//! RFC 9457 problem details for the layer's own answers. Types are `urn:idem:problem:<slug>`, the scheme the
-//! KV API uses, so clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md
+//! RFC 9457 problem details for the layer's own answers. Types are [`ProblemType`]s, the ones the KV API uses,
+//! so clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md
 //! step 7).
 
 use axum::body::Body;
 use http::{HeaderValue, Response, StatusCode, header};
+use idem_core::ProblemType;
 
-pub(crate) fn problem(status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<Body> {
+pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response<Body> {
     let body = serde_json::json!({
-        "type": format!("urn:idem:problem:{slug}"),
-        "title": title,
+        "type": kind.uri(),
+        "title": kind.title(),
         "status": status.as_u16(),
         "detail": detail,
     });

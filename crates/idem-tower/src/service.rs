@@ -1,3 +1,4 @@
+use idem_core::ProblemType;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -144,8 +145,7 @@ where
                 Ok(answer) => answer,
                 Err(_) => Ok(problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "Internal error",
+                    ProblemType::Internal,
                     "the request's task ended without an answer",
                 )),
             }
@@ -185,16 +185,14 @@ where
         Ok(None) => {
             return Prepared::Answer(problem(
                 StatusCode::BAD_REQUEST,
-                "idempotency-key-missing",
-                "Idempotency-Key required",
+                ProblemType::IdempotencyKeyMissing,
                 &format!("{} requests to this endpoint must carry an Idempotency-Key header", request.method()),
             ));
         }
         Err(e) => {
             return Prepared::Answer(problem(
                 StatusCode::BAD_REQUEST,
-                "idempotency-key-invalid",
-                "Idempotency-Key invalid",
+                ProblemType::IdempotencyKeyInvalid,
                 &e.to_string(),
             ));
         }
@@ -273,8 +271,7 @@ where
     let too_large = || {
         problem(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "request-too-large",
-            "Request body too large",
+            ProblemType::RequestTooLarge,
             &format!("a request with an Idempotency-Key may carry at most {limit} bytes of body"),
         )
     };
@@ -287,8 +284,7 @@ where
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
         Err(e) => Err(problem(
             StatusCode::BAD_REQUEST,
-            "request-body-unreadable",
-            "Request body unreadable",
+            ProblemType::RequestBodyUnreadable,
             &format!("the request body could not be read: {e}"),
         )),
     }
@@ -327,8 +323,7 @@ async fn decide<St: Store>(
                 error!(key = record_key.as_str(), error = %e, "unreadable idempotency record");
                 return Err(Box::new(problem(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "idempotency-record-unreadable",
-                    "Idempotency record unreadable",
+                    ProblemType::IdempotencyRecordUnreadable,
                     "the stored record for this key cannot be read; an operator can delete it",
                 )));
             }
@@ -394,8 +389,7 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
             metrics::counter!("idem_idempotency_mismatches_total").increment(1);
             problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency-key-reused",
-                "Idempotency-Key reused",
+                ProblemType::IdempotencyKeyReused,
                 "this key was already used for a different request (method, path, query, content type or body \
                  differ); use a new key for a new request",
             )
@@ -404,8 +398,7 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
             metrics::counter!("idem_idempotency_replays_total").increment(1);
             problem(
                 StatusCode::CONFLICT,
-                "response-not-stored",
-                "Response not stored",
+                ProblemType::ResponseNotStored,
                 &format!(
                     "the request under this key was executed (status {status}) but its response body was over \
                      the {limit}-byte stored-body limit, so it cannot be replayed; it will not be executed again"
@@ -759,8 +752,7 @@ fn in_flight() -> Response<Body> {
     metrics::counter!("idem_idempotency_conflicts_total").increment(1);
     let mut response = problem(
         StatusCode::CONFLICT,
-        "request-in-flight",
-        "Request in flight",
+        ProblemType::RequestInFlight,
         "a request with this key is still being processed; retry after the time Retry-After gives",
     );
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -775,8 +767,7 @@ fn humantime_secs(d: Duration) -> String {
 fn outcome_unknown_now(status: StatusCode, limit: &str) -> Response<Body> {
     problem(
         status,
-        "outcome-unknown",
-        "Outcome unknown",
+        ProblemType::OutcomeUnknown,
         &format!(
             "no complete answer within {limit}; the request may or may not have taken effect, and it will not be \
              executed again under this key"
@@ -787,8 +778,7 @@ fn outcome_unknown_now(status: StatusCode, limit: &str) -> Response<Body> {
 fn outcome_unknown() -> Response<Body> {
     problem(
         StatusCode::BAD_GATEWAY,
-        "outcome-unknown",
-        "Outcome unknown",
+        ProblemType::OutcomeUnknown,
         "the request under this key was sent upstream but no complete answer came back, so it may or may not \
          have taken effect; it will not be executed again under this key. Check the effect, then use a new key \
          or ask an operator to delete the record",
@@ -799,8 +789,7 @@ fn store_unavailable(e: &StoreError) -> Response<Body> {
     warn!(error = %e, "idempotency store unavailable");
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "Store unavailable",
+        ProblemType::StoreUnavailable,
         "the idempotency store cannot be reached; nothing was executed, retry later",
     );
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
