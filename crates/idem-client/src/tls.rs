@@ -71,17 +71,43 @@ impl TlsConfig {
     /// [`Error::TlsFiles`] when a file cannot be read, or they hold no certificate or no key; the message names
     /// the files and `--cert`/`--cert-key`.
     pub fn client_cert_files(mut self, cert: &Path, key: Option<&Path>) -> Result<Self, Error> {
+        let refused = |e: idem_tls::Error| Error::TlsFiles { reason: e.to_string() };
+        let chain = idem_tls::read_certificates("--cert", cert).map_err(refused)?;
+        let (key_flag, key_path) = match key {
+            Some(key) => ("--cert-key", key),
+            None => ("--cert", cert),
+        };
+        let key_der = idem_tls::read_private_key(key_flag, key_path).map_err(|e| match (key, e) {
+            // curl's habit of one file for both is allowed, so say where else the key may be given.
+            (None, idem_tls::Error::Invalid { flag, path, reason })
+                if reason.starts_with("holds no PEM private key") =>
+            {
+                Error::TlsFiles {
+                    reason: format!("{flag} {}: {reason}; give its key with --cert-key FILE", path.display()),
+                }
+            }
+            (_, e) => refused(e),
+        })?;
+        // Checked here, as the server checks its own: a key that does not belong to the certificate is a
+        // mistake in the files, said once with both names, not a failed handshake later.
+        let identity = idem_tls::Identity { cert_flag: "--cert", cert, key_flag, key: key_path };
+        rustls::ClientConfig::builder_with_provider(idem_tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| refused(idem_tls::Error::Rustls(e)))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_client_auth_cert(chain, key_der)
+            .map_err(|e| refused(identity.refused(e)))?;
         let mut pem = read("--cert", cert)?;
         if let Some(key) = key {
             pem.push(b'\n');
             pem.extend(read("--cert-key", key)?);
         }
-        let files = match key {
-            Some(key) => format!("--cert {} / --cert-key {}", cert.display(), key.display()),
-            None => format!("--cert {} (no --cert-key)", cert.display()),
-        };
         let identity = reqwest::Identity::from_pem(&pem).map_err(|e| Error::TlsFiles {
-            reason: format!("{files}: not a PEM certificate and private key: {}", crate::send::describe(&e)),
+            reason: format!(
+                "--cert {}: not a PEM certificate and private key: {}",
+                cert.display(),
+                crate::send::describe(&e)
+            ),
         })?;
         self.identity = Some(identity);
         Ok(self)

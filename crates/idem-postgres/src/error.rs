@@ -29,9 +29,15 @@ pub enum Error {
     /// The connection pool could not be built.
     #[error("cannot build the connection pool")]
     Pool(#[source] deadpool_postgres::BuildError),
-    /// The server could not be reached or refused the connection.
+    /// The connection pool failed for a reason of its own.
     #[error("cannot connect")]
     Connect(#[source] deadpool_postgres::PoolError),
+    /// The server could not be reached, refused the connection, or refused the login (the cause is the source).
+    #[error("cannot connect")]
+    Server(#[source] tokio_postgres::Error),
+    /// Nothing answered within 5 s.
+    #[error("no answer within 5s: is PostgreSQL listening on this host and port?")]
+    ConnectTimeout,
     /// Creating or migrating the schema failed.
     #[error("cannot migrate schema {schema}")]
     Migrate {

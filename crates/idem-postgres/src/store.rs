@@ -197,7 +197,8 @@ impl PostgresStore {
     ///
     /// # Errors
     /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::ClientCertificate`], [`Error::TlsFiles`], [`Error::Tls`],
-    /// [`Error::InvalidSchema`], [`Error::Connect`] when the server cannot be reached (within 5 s),
+    /// [`Error::InvalidSchema`], [`Error::Server`] when the server refuses the connection or cannot be reached,
+    /// [`Error::ConnectTimeout`] when it does not answer within 5 s, [`Error::Connect`] for other pool failures,
     /// [`Error::Handshake`] when the TLS handshake fails, [`Error::Migrate`], [`Error::SchemaTooNew`].
     pub async fn connect(url: &str, schema: &str, limits: Limits) -> Result<Self, Error> {
         validate(schema)?;
@@ -225,7 +226,12 @@ impl PostgresStore {
                     plaintext: "it has ssl=off: use sslmode=disable there, or turn ssl on",
                 },
             )),
-            None => Error::Connect(e),
+            None => match e {
+                // deadpool's own words ("Timeout occurred while creating a new object") name its internals.
+                deadpool_postgres::PoolError::Timeout(_) => Error::ConnectTimeout,
+                deadpool_postgres::PoolError::Backend(e) => Error::Server(e),
+                other => Error::Connect(other),
+            },
         })?;
         migrate(&mut client, schema).await?;
         drop(client);

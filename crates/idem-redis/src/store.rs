@@ -23,14 +23,18 @@ pub enum Error {
     /// The `cacert` file cannot be read or holds no PEM certificate.
     #[error(transparent)]
     CaCert(idem_tls::Error),
-    /// A query parameter neither idem (`cacert`) nor the redis crate (`protocol`; `db`, `user`, `pass` for
-    /// `redis+unix:`) knows. Refused rather than ignored: a setting the user believes in must not be dropped
+    /// A query parameter neither idem (`cacert`) nor the redis crate (`protocol`) reads from a TCP URL (the
+    /// crate ignores `db`, `user` and `pass` there: the database goes in the path, the user and password before
+    /// the host). Refused rather than ignored: a setting the user believes in must not be dropped
     /// silently (`ssl_cert_reqs=none`, say, would not switch certificate checks off).
     #[error(
         "unknown Redis URL parameter {0:?}: idem knows cacert=FILE and protocol=resp2|resp3 (the database number \
          goes in the path: redis://HOST:PORT/2)"
     )]
     UnknownParameter(String),
+    /// `#insecure`, the redis crate's switch for unverified TLS: idem has no such switch.
+    #[error("#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA")]
+    Insecure,
     /// The TLS handshake with the server failed: its certificate was refused (the message says why: unknown
     /// issuer, expired, host name mismatch) or the server does not speak TLS.
     #[error("TLS to the Redis server failed: {0}")]
@@ -154,6 +158,9 @@ fn client(url: &str) -> Result<redis::Client, Error> {
     idem_tls::install_default_provider();
     // A fragment (`#insecure`, which the redis crate refuses without its insecure feature) comes last in a URL;
     // it is kept for the crate to judge.
+    if url.split_once('#').is_some_and(|(_, f)| f == "insecure") {
+        return Err(Error::Insecure);
+    }
     let (without_fragment, fragment) = match url.split_once('#') {
         Some((u, f)) => (u, format!("#{f}")),
         None => (url, String::new()),
@@ -163,10 +170,14 @@ fn client(url: &str) -> Result<redis::Client, Error> {
     let mut rest = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = param.split_once('=').unwrap_or((param, ""));
-        match name {
+        // Judged decoded, as reported: `c%61cert` is `cacert`.
+        let name = percent_decode_str(name).decode_utf8_lossy();
+        match name.as_ref() {
             "cacert" => cacert = Some(percent_decode_str(value).decode_utf8_lossy().into_owned()),
-            "protocol" | "db" | "user" | "pass" => rest.push(param),
-            _ => return Err(Error::UnknownParameter(percent_decode_str(name).decode_utf8_lossy().into_owned())),
+            // The only one the redis crate reads from a TCP URL's query; `db`, `user` and `pass` it reads for
+            // `redis+unix:` only, which idem does not take, and ignores here.
+            "protocol" => rest.push(param),
+            _ => return Err(Error::UnknownParameter(name.into_owned())),
         }
     }
     let Some(cacert) = cacert else {
@@ -186,6 +197,16 @@ fn client(url: &str) -> Result<redis::Client, Error> {
         .map_err(Error::InvalidUrl)
 }
 
+/// The kind of the I/O error behind `e`, if that is what it is (the redis crate keeps it in an `Arc`).
+fn io_error_kind(e: &redis::RedisError) -> Option<std::io::ErrorKind> {
+    let source = std::error::Error::source(e)?;
+    let inner = match source.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+        Some(shared) => &**shared as &(dyn std::error::Error + 'static),
+        None => source,
+    };
+    inner.downcast_ref::<std::io::Error>().map(std::io::Error::kind)
+}
+
 /// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
 /// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
 /// command and waits for the rest of the line, so the handshake never ends).
@@ -198,6 +219,13 @@ fn connect_error(e: redis::RedisError, tls: bool) -> Error {
             plaintext: "is this a plain Redis port? then use redis://",
         };
         return Error::Handshake(idem_tls::describe(refused, hints));
+    }
+    if !tls && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset) {
+        return Error::Handshake(
+            "the server reset the connection: is this a TLS port? then use rediss:// (with cacert=FILE for a \
+             private CA)"
+                .into(),
+        );
     }
     if tls && e.is_timeout() {
         return Error::Handshake(

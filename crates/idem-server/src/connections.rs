@@ -16,11 +16,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::serve::Listener;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tower::Service;
+use tower_http::timeout::TimeoutBody;
 
 /// The idle timeout of client connections that `idem serve` uses unless told otherwise: 75 seconds, nginx's
 /// `keepalive_timeout`. It is longer than nginx's upstream `keepalive_timeout` (60 s), so an nginx in front
@@ -71,15 +73,20 @@ async fn serve_one<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let service = Tracked { router, peer, activity: Arc::clone(&activity) };
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A graceful shutdown does not end an HTTP/1.1 connection part-way through a request header (hyper waits
-    // for the rest); hyper's own header timeout does, and it also runs between requests.
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(idle_timeout);
+    let service = Tracked { router, peer, idle_timeout, activity: Arc::clone(&activity) };
+    // No hyper header timeout: hyper starts it when a response body has been handed to its write buffer, not
+    // when the buffer has reached a slow reader, so a long download left less idle time than promised. The
+    // watch below covers a half-sent header instead (no request running, nothing written: dropped).
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let io = Watched { inner: io, activity: Arc::clone(&activity) };
     let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
+    // Set once a graceful shutdown has begun (idle, or the server stopping): from then on the connection is
+    // dropped as soon as it has had no request running for `CLOSING_GRACE`. A graceful shutdown alone waits
+    // for the client: the rest of a half-sent header, or the acknowledgement of HTTP/2's GOAWAY ping, which a
+    // stalled or hostile client never sends.
     let mut closing = false;
     loop {
-        let wake = activity.idle_deadline(idle_timeout);
+        let wake = if closing { Instant::now() + CLOSING_GRACE } else { activity.idle_deadline(idle_timeout) };
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
@@ -91,11 +98,16 @@ async fn serve_one<I>(
                 conn.as_mut().graceful_shutdown();
                 closing = true;
             }
-            () = tokio::time::sleep_until(wake), if !closing => {
-                if activity.idle_for(idle_timeout) {
+            () = tokio::time::sleep_until(wake) => {
+                if closing {
+                    if activity.idle_for(CLOSING_GRACE) {
+                        tracing::debug!(%peer, "dropping a closing connection with no request running");
+                        return;
+                    }
+                } else if activity.idle_for(idle_timeout) {
                     tracing::debug!(%peer, timeout = ?idle_timeout, "closing an idle client connection");
-                    // Graceful: a response still streaming its body is finished first; a connection between
-                    // requests or part-way through a request header is closed at once.
+                    // Graceful: HTTP/2 gets a GOAWAY; a connection between requests or part-way through a
+                    // request header is closed at once.
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
@@ -104,10 +116,77 @@ async fn serve_one<I>(
     }
 }
 
-/// When a connection last had a request, and how many are running on it now (HTTP/2 runs several).
+/// How long a connection that is shutting down may go on with no request running before it is dropped.
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
+
+/// The connection's stream, noting in [`Activity`] every write that moved bytes: a response still being
+/// written to a slow reader (hyper has taken the whole body into its buffer, so the body is done) is a
+/// connection at work, not an idle one. Reads are not noted: bytes trickling in without making a request
+/// (a slowloris header) must not keep a connection open; once they make one, the request counts.
+struct Watched<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// When a connection last moved bytes or had a request start or end, and how many requests are running on it
+/// now (HTTP/2 runs several).
 struct Activity {
     opened: Instant,
-    /// Milliseconds from `opened` to the last time a request started or finished.
+    /// Milliseconds from `opened` to the last time bytes moved or a request started or finished.
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
 }
@@ -136,8 +215,8 @@ impl Activity {
     }
 }
 
-/// Ends a request's share of [`Activity`] when its handler finishes, however it finishes (a client that
-/// hangs up drops the handler's future).
+/// Ends a request's share of [`Activity`] when its response has been sent to its last byte, or when it is
+/// dropped unsent (a client that hangs up drops the handler's future or the response body).
 struct InFlight(Arc<Activity>);
 
 impl InFlight {
@@ -156,11 +235,14 @@ impl Drop for InFlight {
 }
 
 /// The router as hyper calls it: the client's address as axum's `ConnectInfo` (the proxy's `Forwarded`
-/// header needs it), and each request counted in the connection's [`Activity`].
+/// header needs it), the request body ended if it stalls for the idle timeout between two frames (nginx's
+/// `client_body_timeout`), and each request counted in the connection's [`Activity`] until its response body
+/// has been sent.
 #[derive(Clone)]
 struct Tracked {
     router: Router,
     peer: SocketAddr,
+    idle_timeout: Duration,
     activity: Arc<Activity>,
 }
 
@@ -170,15 +252,22 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let mut request = request.map(axum::body::Body::new);
+        let idle_timeout = self.idle_timeout;
+        let mut request = request.map(|body| axum::body::Body::new(TimeoutBody::new(idle_timeout, body)));
         request.extensions_mut().insert(ConnectInfo(self.peer));
         let in_flight = InFlight::begin(&self.activity);
         // `Router` is always ready: it answers every request itself (404 and 405 included).
         let handled = self.router.clone().call(request);
         Box::pin(async move {
             let response = handled.await;
-            drop(in_flight);
-            response
+            // The guard rides in the response body: hyper drops the body after its last frame, or when the
+            // connection goes; a long download is a request running, not an idle connection.
+            Ok(response?.map(|body| {
+                axum::body::Body::new(body.map_frame(move |frame| {
+                    let _running = &in_flight;
+                    frame
+                }))
+            }))
         })
     }
 }

@@ -179,11 +179,45 @@ async fn handshake(
             refuse_plaintext(tcp).await;
         }
         Ok(Ok(Opening::Refused(e, tcp))) => {
-            tracing::info!(%peer, %local, error = %e, "TLS handshake failed");
+            tracing::info!(%peer, %local, reason = %refusal(&e), "TLS handshake failed");
             linger(tcp).await;
         }
         Ok(Err(e)) => tracing::info!(%peer, %local, error = %e, "TLS handshake failed"),
         Err(_) => tracing::info!(%peer, %local, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out"),
+    }
+}
+
+/// Why a client's handshake failed, in words, from this server's side: a client certificate refused (by
+/// idem's rules, so said as a client would say it of a server), or the client refusing this server's.
+fn refusal(e: &io::Error) -> String {
+    use rustls::AlertDescription as A;
+    match idem_tls::rustls_error_in(e) {
+        Some(rustls::Error::AlertReceived(alert)) => {
+            let why = match alert {
+                A::UnknownCA => "it does not trust the CA that signed this server's certificate (--cacert FILE there)",
+                A::BadCertificate | A::CertificateUnknown => "it found this server's certificate invalid",
+                A::CertificateExpired => "this server's certificate has expired, by its clock",
+                _ => "",
+            };
+            if why.is_empty() {
+                format!("the client ended the handshake: {e}")
+            } else {
+                format!("the client refused this server's certificate: {why}")
+            }
+        }
+        Some(rustls::Error::NoCertificatesPresented) => {
+            "the client presented no certificate, which --tls-client-ca requires".to_owned()
+        }
+        Some(tls) => idem_tls::describe(
+            tls,
+            idem_tls::Hints {
+                peer: "client",
+                trust: "--tls-client-ca FILE",
+                client_cert: "",
+                plaintext: "it does not speak TLS",
+            },
+        ),
+        None => e.to_string(),
     }
 }
 

@@ -63,8 +63,9 @@ pub fn describe(e: &rustls::Error, hints: Hints<'_>) -> String {
             | AlertDescription::CertificateExpired
             | AlertDescription::CertificateUnknown
             | AlertDescription::CertificateRevoked
+            | AlertDescription::UnsupportedCertificate
             | AlertDescription::AccessDenied),
-        ) => format!("TLS handshake failed: the {peer} refused the client certificate ({alert:?})"),
+        ) => format!("TLS handshake failed: the {peer} refused the client certificate: {}", client_refusal(*alert)),
         rustls::Error::AlertReceived(AlertDescription::HandshakeFailure | AlertDescription::ProtocolVersion)
         | rustls::Error::PeerIncompatible(_) => {
             format!("TLS handshake failed: the {peer} and idem share no TLS version or cipher suite ({e})")
@@ -73,6 +74,20 @@ pub fn describe(e: &rustls::Error, hints: Hints<'_>) -> String {
             format!("TLS handshake failed: the {peer} presented no certificate")
         }
         other => format!("TLS handshake failed: {other}"),
+    }
+}
+
+/// Why a server refused a client certificate, from its alert (RFC 8446 §6.2).
+fn client_refusal(alert: AlertDescription) -> &'static str {
+    match alert {
+        AlertDescription::UnknownCA => "it is not issued by a CA the server trusts (its --tls-client-ca)",
+        AlertDescription::CertificateExpired => "it has expired, or is not valid yet",
+        AlertDescription::CertificateRevoked => "it has been revoked",
+        AlertDescription::UnsupportedCertificate => {
+            "it is not a client certificate (its extendedKeyUsage lacks clientAuth)"
+        }
+        AlertDescription::AccessDenied => "the certificate is valid but this client is not allowed",
+        _ => "the server found it invalid",
     }
 }
 
@@ -89,11 +104,12 @@ fn date(t: &UnixTime) -> String {
     humantime::format_rfc3339_seconds(SystemTime::UNIX_EPOCH + Duration::from_secs(t.as_secs())).to_string()
 }
 
-fn certificate(e: &CertificateError, hints: Hints<'_>) -> String {
+pub(crate) fn certificate(e: &CertificateError, hints: Hints<'_>) -> String {
     let peer = hints.peer;
     match e {
         CertificateError::UnknownIssuer => format!(
-            "unknown issuer: the {peer}'s certificate is not signed by a trusted CA ({} names the CA to trust)",
+            "unknown issuer: the {peer}'s certificate is not signed by a trusted CA ({} names the CA to trust), or \
+             the {peer} sends it without its intermediate CA certificates (its certificate file must hold the chain)",
             hints.trust
         ),
         CertificateError::ExpiredContext { time, not_after } => {
@@ -107,20 +123,39 @@ fn certificate(e: &CertificateError, hints: Hints<'_>) -> String {
         ),
         CertificateError::NotValidYet => format!("not yet valid: the {peer}'s certificate is not valid yet"),
         CertificateError::NotValidForNameContext { expected, presented } => {
-            let names = if presented.is_empty() {
-                "has no subjectAltName names".to_owned()
-            } else {
-                let names: Vec<&str> = presented.iter().map(|n| plain_name(n)).collect();
-                format!("is for {}", names.join(", "))
-            };
-            format!("host name mismatch: the {peer}'s certificate {names}, not {}", expected.to_str())
+            if presented.is_empty() {
+                return format!(
+                    "host name mismatch: the {peer}'s certificate names no host (it has no subjectAltName), so it \
+                     is not valid for {}",
+                    expected.to_str()
+                );
+            }
+            let names: Vec<&str> = presented.iter().map(|n| plain_name(n)).collect();
+            format!(
+                "host name mismatch: the {peer}'s certificate is for {}, not {}",
+                names.join(", "),
+                expected.to_str()
+            )
         }
         CertificateError::NotValidForName => {
             format!("host name mismatch: the {peer}'s certificate is not valid for this host name")
         }
-        CertificateError::BadSignature => {
-            format!("bad signature: the {peer}'s certificate chain does not verify (a certificate was altered?)")
-        }
+        // A trusted CA with the issuer's name but another key: most often the CA was made again under the same
+        // name, and the file trusted is the new one while the certificate was signed by the old one.
+        CertificateError::BadSignature => format!(
+            "bad signature: the {peer}'s certificate names a trusted CA as its issuer but was not signed by that CA's \
+             key (was the CA made again under the same name? {} must be the CA that signed it)",
+            hints.trust
+        ),
+        #[allow(deprecated)] // still produced by verifiers built on older webpki
+        CertificateError::UnsupportedSignatureAlgorithm
+        | CertificateError::UnsupportedSignatureAlgorithmContext { .. }
+        | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => format!(
+            "bad signature: the {peer}'s certificate is signed with an algorithm that does not fit the key of the \
+             trusted CA of that name (was the CA made again under the same name, with another key type? {} must be \
+             the CA that signed it)",
+            hints.trust
+        ),
         CertificateError::Revoked => format!("revoked: the {peer}'s certificate has been revoked"),
         CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
             format!("the {peer}'s certificate is not for this use (its extendedKeyUsage): {e}")

@@ -216,6 +216,12 @@ impl Identity<'_> {
                 key_flag: self.key_flag.to_owned(),
                 key: self.key.to_owned(),
             },
+            // rustls parses the certificate to match the key; webpki refuses an X.509 v1 one there.
+            rustls::Error::InvalidCertificate(cert) => {
+                let hints = Hints { peer: "host", trust: "", client_cert: "", plaintext: "" };
+                let why = describe::certificate(&cert, hints);
+                Error::Invalid { flag: self.cert_flag.to_owned(), path: self.cert.to_owned(), reason: why }
+            }
             other => Error::Rustls(other),
         }
     }

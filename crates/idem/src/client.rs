@@ -156,6 +156,36 @@ fn failed(e: reqwest::Error) -> Error {
     Error::Failed(msg)
 }
 
+/// Sends `request`, again (twice at most) when it failed before a byte of it was written: hyper says so
+/// ("connection was not ready") when the connection ended right after it was made. That is how a TLS 1.3
+/// server refuses a client certificate: its alert comes after the client's handshake is done, and hyper may
+/// read it before or after handing the request over; a second try usually reads the alert and names it. Only
+/// unsent requests are retried, so a `PUT` is never sent twice here.
+async fn send(request: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
+    let mut attempts = 0;
+    loop {
+        let Some(this) = request.try_clone() else { return request.send().await.map_err(failed) };
+        match this.send().await {
+            Err(e) if attempts < 2 && never_sent(&e) => attempts += 1,
+            other => return other.map_err(failed),
+        }
+    }
+}
+
+/// Whether hyper gave up on the request before writing it (its connection closed as it was made).
+fn never_sent(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_canceled()
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 impl Client {
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         let r = self.http.request(method, format!("{}{path}", self.base.trim_end_matches('/')));
@@ -233,11 +263,8 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     match args.command {
         KvCommand::Get { key } => {
-            let resp = check(
-                c.request(Method::GET, &format!("/v1/kv/{}", encode_key(&key))).send().await.map_err(failed)?,
-                &key,
-            )
-            .await?;
+            let resp =
+                check(send(c.request(Method::GET, &format!("/v1/kv/{}", encode_key(&key)))).await?, &key).await?;
             if let Some(g) = generation_of(&resp) {
                 eprintln!("generation: {g}");
             }
@@ -264,7 +291,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
             if if_absent {
                 req = req.header(header::IF_NONE_MATCH, "*");
             }
-            let resp = check(req.send().await.map_err(failed)?, &key).await?;
+            let resp = check(send(req).await?, &key).await?;
             writeln!(out, "{}", generation_of(&resp).unwrap_or(0))?;
         }
         KvCommand::Delete { key, if_match } => {
@@ -272,7 +299,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
             if let Some(g) = if_match {
                 req = req.header(header::IF_MATCH, format!("\"{g}\""));
             }
-            check(req.send().await.map_err(failed)?, &key).await?;
+            check(send(req).await?, &key).await?;
         }
         KvCommand::List { prefix, page_size } => {
             let mut cursor: Option<String> = None;
@@ -281,8 +308,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
                 if let Some(cur) = &cursor {
                     q.push(("cursor", cur.clone()));
                 }
-                let resp =
-                    check(c.request(Method::GET, "/v1/kv").query(&q).send().await.map_err(failed)?, &prefix).await?;
+                let resp = check(send(c.request(Method::GET, "/v1/kv").query(&q)).await?, &prefix).await?;
                 let page: serde_json::Value = resp.json().await.map_err(failed)?;
                 for item in page["items"].as_array().into_iter().flatten() {
                     writeln!(out, "{}\t{}", item["key"].as_str().unwrap_or_default(), item["generation"])?;

@@ -85,7 +85,8 @@ async fn a_wrong_ca_fails_with_the_cause() {
         assert_eq!(
             err.to_string(),
             "TLS to the PostgreSQL server failed: certificate verify failed: unknown issuer: the PostgreSQL \
-             server's certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust)",
+             server's certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust), or the \
+             PostgreSQL server sends it without its intermediate CA certificates (its certificate file must hold the chain)",
             "{mode}"
         );
     }
@@ -193,4 +194,21 @@ async fn bad_tls_parameters_are_refused_before_connecting() {
     let url = format!("postgres://u@127.0.0.1:1/db?sslmode=verify-full&sslrootcert={}", not_pem.display());
     let err = PostgresStore::connect(&url, "idem", Limits::default()).await.unwrap_err();
     assert!(err.to_string().ends_with("holds no PEM certificate (-----BEGIN CERTIFICATE-----)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_is_named_after_five_seconds() {
+    // Accepts and holds connections, answering nothing (a port some other program listens on).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
+    let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::ConnectTimeout), "{}", chain(&err));
+    assert_eq!(err.to_string(), "no answer within 5s: is PostgreSQL listening on this host and port?");
 }

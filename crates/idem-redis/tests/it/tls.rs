@@ -53,7 +53,9 @@ async fn a_wrong_ca_fails_with_the_cause() {
     let msg = chain(&err);
     assert!(matches!(err, Error::Handshake(_)), "{msg}");
     let unknown = "TLS to the Redis server failed: certificate verify failed: unknown issuer: the Redis server's \
-                   certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust)";
+                   certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust), \
+                   or the Redis server sends it without its intermediate CA certificates (its certificate file must \
+                   hold the chain)";
     assert_eq!(msg, unknown);
     // Without cacert the platform store is used, which does not hold the test CA either.
     let err = RedisStore::connect(&server.url("localhost", ""), &prefix(), Limits::default()).await.unwrap_err();
@@ -78,7 +80,11 @@ async fn plain_redis_to_the_tls_port_fails() {
     let Some(server) = server() else { return };
     let url = format!("redis://127.0.0.1:{}", server.port);
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::Connect(_)), "{}", chain(&err));
+    assert_eq!(
+        chain(&err),
+        "TLS to the Redis server failed: the server reset the connection: is this a TLS port? then use rediss:// \
+         (with cacert=FILE for a private CA)"
+    );
 }
 
 #[tokio::test]
@@ -132,6 +138,15 @@ async fn unknown_url_parameters_are_refused_before_connecting() {
         RedisStore::connect("rediss://127.0.0.1:1/0?ssl_cert_reqs=none", "p:", Limits::default()).await.unwrap_err();
     assert!(matches!(err, Error::UnknownParameter(ref p) if p == "ssl_cert_reqs"), "{}", chain(&err));
     assert!(err.to_string().starts_with("unknown Redis URL parameter \"ssl_cert_reqs\": idem knows cacert=FILE"));
+    // The redis crate would ignore these on a TCP URL: the data would land in database 0, unauthenticated.
+    for (url, name) in [
+        ("redis://127.0.0.1:1/?db=5", "db"),
+        ("redis://127.0.0.1:1?user=nobody&pass=secret", "user"),
+        ("redis://127.0.0.1:1?c%61cert2=/x", "cacert2"),
+    ] {
+        let err = RedisStore::connect(url, "p:", Limits::default()).await.unwrap_err();
+        assert!(matches!(err, Error::UnknownParameter(ref p) if p == name), "{url}: {}", chain(&err));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,5 +166,15 @@ async fn rediss_to_a_plain_redis_port_says_so() {
         chain(&err),
         "TLS to the Redis server failed: no TLS answer within 5s: is this a plain Redis port? (it never answers a \
          TLS handshake; use redis:// or the server's tls-port)"
+    );
+}
+
+#[tokio::test]
+async fn insecure_is_refused_in_idems_words() {
+    let err = RedisStore::connect("rediss://127.0.0.1:1/0#insecure", "p:", Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Insecure), "{}", chain(&err));
+    assert_eq!(
+        err.to_string(),
+        "#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA"
     );
 }

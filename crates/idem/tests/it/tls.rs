@@ -26,11 +26,16 @@ pub(crate) struct Ca {
 
 impl Ca {
     pub(crate) fn new(dir: &Path, name: &str) -> Ca {
+        Self::with_key(dir, name, KeyPair::generate().unwrap())
+    }
+
+    /// A CA named as [`Ca::new`] names it, on `key` (another key type, say).
+    pub(crate) fn with_key(dir: &Path, name: &str, key: KeyPair) -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, format!("idem test CA {name}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let issuer = CertifiedIssuer::self_signed(params, key).unwrap();
         let pem = dir.join(format!("{name}.pem"));
         std::fs::write(&pem, issuer.pem()).unwrap();
         Ca { issuer, pem }
@@ -127,6 +132,11 @@ async fn refused_certificates_name_the_cause_exit_1_and_send_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "ca");
     let other_ca = Ca::new(dir.path(), "other-ca");
+    // The CA made again under the same name: the same key type, and another one.
+    let (again, again_other_type) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ca_again = Ca::new(again.path(), "ca");
+    let ca_again_ed25519 =
+        Ca::with_key(again_other_type.path(), "ca", KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap());
     let good = ca.leaf(dir.path(), "server", &["localhost", "127.0.0.1"], false, false);
     let expired = ca.leaf(dir.path(), "expired", &["localhost", "127.0.0.1"], false, true);
     let elsewhere = ca.leaf(dir.path(), "elsewhere", &["other.example"], false, false);
@@ -135,6 +145,8 @@ async fn refused_certificates_name_the_cause_exit_1_and_send_nothing() {
         ("wrong CA", &good, &other_ca.pem, "certificate verify failed: unknown issuer"),
         ("expired", &expired, &ca.pem, "certificate verify failed: expired"),
         ("host name", &elsewhere, &ca.pem, "certificate verify failed: host name mismatch"),
+        ("CA made again", &good, &ca_again.pem, "was the CA made again under the same name?"),
+        ("CA made again, other key type", &good, &ca_again_ed25519.pem, "was the CA made again under the same name"),
     ] {
         let case_dir = tempfile::tempdir().unwrap();
         let server = common::proxy(&case_dir, &up, &["--tls-cert", s(cert), "--tls-key", s(key)]);
@@ -208,8 +220,16 @@ fn client_ca_refuses_clients_without_a_certificate_at_the_handshake() {
     assert!(one_line(&err).contains("the server requires a client certificate (--cert FILE --cert-key FILE)"), "{err}");
     let (code, _, err) = kv(&["--cert", s(&stranger_cert), "--cert-key", s(&stranger_key)]);
     assert_eq!(code, 1, "{err}");
-    assert!(one_line(&err).contains("the server refused the client certificate"), "{err}");
-    server.wait_for_log("TLS handshake failed", 2, Duration::from_secs(10));
+    assert!(
+        one_line(&err).contains(
+            "the server refused the client certificate: it is not issued by a CA the server trusts (its \
+             --tls-client-ca)"
+        ),
+        "{err}"
+    );
+    let log = server.wait_for_log("TLS handshake failed", 2, Duration::from_secs(10));
+    assert!(log.contains("the client presented no certificate, which --tls-client-ca requires"), "{log}");
+    assert!(log.contains("unknown issuer: the client's certificate is not signed by a trusted CA"), "{log}");
     let (code, out, err) = kv(&["--cert", s(&client_cert), "--cert-key", s(&client_key)]);
     assert_eq!((code, out.trim()), (0, "1"), "{err}");
     // Certificate and key in one file, as curl's --cert takes them; and idem send with it.
@@ -225,7 +245,17 @@ fn client_ca_refuses_clients_without_a_certificate_at_the_handshake() {
     // --cert without its key, --cert-key without --cert, an unreadable file: bad usage, named.
     let (code, _, err) = kv(&["--cert", s(&client_cert)]);
     assert_eq!(code, 2, "{err}");
-    assert!(one_line(&err).contains("(no --cert-key): not a PEM certificate and private key"), "{err}");
+    assert!(
+        one_line(&err).contains(&format!(
+            "--cert {}: holds no PEM private key (-----BEGIN PRIVATE KEY-----); give its key with --cert-key FILE",
+            client_cert.display()
+        )),
+        "{err}"
+    );
+    // A key that is not the certificate's (the stranger's): both files named, before any connection.
+    let (code, _, err) = kv(&["--cert", s(&client_cert), "--cert-key", s(&stranger_key)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(one_line(&err).contains("does not belong to the first certificate in --cert"), "{err}");
     let (code, _, err) = kv(&["--cert-key", s(&client_key)]);
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = kv(&["--cert", s(&client_cert), "--cert-key", "/nonexistent/client.key"]);
@@ -496,4 +526,34 @@ async fn http2_over_tls_gets_the_same_idempotency_and_kv_answers() {
     assert_eq!(status, "2 201", "{body}");
     let (status, _) = curl_h2(&ca.pem, &["-X", "PUT", "-H", "If-None-Match: *", "--data", "v", &kv]);
     assert_eq!(status, "2 412");
+}
+
+#[test]
+fn an_x509_v1_certificate_is_refused_at_start_up_in_one_line() {
+    // `openssl x509 -req` without -extfile makes a v1 certificate; webpki (rustls) takes only v3.
+    let dir = tempfile::tempdir().unwrap();
+    let sh = |script: &str| {
+        let out = std::process::Command::new("sh").arg("-c").arg(script).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=v1-ca \
+        -keyout ca.key -out ca.pem 2>/dev/null");
+    sh("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost -keyout v1.key \
+        -out v1.csr 2>/dev/null");
+    sh("openssl x509 -req -in v1.csr -CA ca.pem -CAkey ca.key -days 2 -out v1.pem 2>/dev/null");
+    let cert = dir.path().join("v1.pem");
+    let key = dir.path().join("v1.key");
+    let (code, _, err) = idem(
+        &["serve", "--listen", "127.0.0.1:0", "--store", "memory:", "--tls-cert", s(&cert), "--tls-key", s(&key)],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        one_line(&err),
+        format!(
+            "idem: --tls-cert {}: the host's certificate is X.509 v1; only v3 certificates are accepted (issue it \
+             with extensions: subjectAltName and basicConstraints)",
+            cert.display()
+        )
+    );
 }

@@ -41,7 +41,8 @@ async fn postgres_verify_full() {
     refused(
         &url(&pg.pki.other_ca),
         "TLS to the PostgreSQL server failed: certificate verify failed: unknown issuer: the PostgreSQL server's \
-         certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust)",
+         certificate is not signed by a trusted CA (sslrootcert=FILE names the CA to trust), or the \
+             PostgreSQL server sends it without its intermediate CA certificates (its certificate file must hold the chain)",
     );
 }
 
@@ -73,6 +74,7 @@ async fn rediss_with_cacert() {
     refused(
         &url(&redis.pki.other_ca),
         "TLS to the Redis server failed: certificate verify failed: unknown issuer: the Redis server's \
-         certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust)",
+         certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust), or the \
+         Redis server sends it without its intermediate CA certificates (its certificate file must hold the chain)",
     );
 }
