@@ -16,7 +16,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::serve::Listener;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -234,6 +233,33 @@ impl Drop for InFlight {
     }
 }
 
+/// A response body that holds its request's [`InFlight`] until hyper drops it. Forwards the size hint and the
+/// end of stream, so a body of known length still goes out with `Content-Length`, not chunked.
+struct Guarded {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The router as hyper calls it: the client's address as axum's `ConnectInfo` (the proxy's `Forwarded`
 /// header needs it), the request body ended if it stalls for the idle timeout between two frames (nginx's
 /// `client_body_timeout`), and each request counted in the connection's [`Activity`] until its response body
@@ -262,12 +288,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Tracked {
             let response = handled.await;
             // The guard rides in the response body: hyper drops the body after its last frame, or when the
             // connection goes; a long download is a request running, not an idle connection.
-            Ok(response?.map(|body| {
-                axum::body::Body::new(body.map_frame(move |frame| {
-                    let _running = &in_flight;
-                    frame
-                }))
-            }))
+            Ok(response?.map(|inner| axum::body::Body::new(Guarded { inner, _in_flight: in_flight })))
         })
     }
 }

@@ -51,6 +51,9 @@ fn silent_half_sent_and_idle_keep_alive_connections_are_closed_after_the_idle_ti
     let mut answer = [0u8; 512];
     let n = kept.read(&mut answer).unwrap();
     assert!(answer[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer[..n]));
+    // The body that carries the request's in-flight count keeps the length known: Content-Length, not chunked.
+    let head = String::from_utf8_lossy(&answer[..n]).to_ascii_lowercase();
+    assert!(head.contains("content-length: 3") && !head.contains("chunked"), "{head}");
 
     for (name, conn) in [("silent", silent), ("half a header", half), ("idle keep-alive", kept)] {
         let took = closed_after(name, conn, Duration::from_secs(10));
