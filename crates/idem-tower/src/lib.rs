@@ -29,13 +29,15 @@
 //! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
 
 mod cache;
+mod config;
 mod drain;
 mod future;
 mod layer;
 mod problem;
 mod service;
 
+pub use config::{InFlight, KeyPolicy, UnknownOutcome};
 pub use drain::{DRAIN_IDLE, DRAIN_SLACK_BYTES, DRAIN_TIME, Drain, DrainFuture, DrainLayer};
 pub use future::ResponseFuture;
-pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
+pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer};
 pub use service::{BufferedBody, Idempotency, UpstreamFailure};

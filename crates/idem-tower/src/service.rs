@@ -18,8 +18,8 @@ use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
 use tower::Service;
 use tracing::{error, info, warn};
 
+use crate::config::{Config, InFlight, KeyPolicy, UnknownOutcome};
 use crate::future::ResponseFuture;
-use crate::layer::{Config, InFlight, KeyPolicy, UnknownOutcome};
 use crate::problem::problem;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
