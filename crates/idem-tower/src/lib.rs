@@ -30,14 +30,19 @@
 
 mod cache;
 mod config;
+mod decide;
 mod drain;
+mod execute;
 mod future;
 mod layer;
+mod prepare;
 mod problem;
 mod service;
 
 pub use config::{InFlight, KeyPolicy, UnknownOutcome};
 pub use drain::{DRAIN_IDLE, DRAIN_SLACK_BYTES, DRAIN_TIME, Drain, DrainFuture, DrainLayer};
+pub use execute::UpstreamFailure;
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer};
-pub use service::{BufferedBody, Idempotency, UpstreamFailure};
+pub use prepare::BufferedBody;
+pub use service::Idempotency;

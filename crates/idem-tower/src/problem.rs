@@ -1,10 +1,14 @@
-//! RFC 9457 problem details for the layer's own answers. Types are [`ProblemType`]s, the ones the KV API uses,
-//! so clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md
-//! step 7).
+//! The layer's own answers: replays of stored responses, and RFC 9457 problem details for its refusals (in
+//! flight, outcome unknown, store unavailable, ...). Types are [`ProblemType`]s, the ones the KV API uses, so
+//! clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md step 7).
 
 use axum::body::Body;
-use http::{HeaderValue, Response, StatusCode, header};
-use idem_core::ProblemType;
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use idem_core::{ProblemType, StoredResponse};
+use idem_store::Error as StoreError;
+use tracing::warn;
+
+static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response<Body> {
     let body = serde_json::json!({
@@ -16,5 +20,61 @@ pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Re
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}
+
+pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
+    let mut response = Response::new(Body::from(stored.body));
+    *response.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response.headers_mut().insert(REPLAYED.clone(), HeaderValue::from_static("true"));
+    response
+}
+
+pub(crate) fn in_flight() -> Response<Body> {
+    metrics::counter!("idem_idempotency_conflicts_total").increment(1);
+    let mut response = problem(
+        StatusCode::CONFLICT,
+        ProblemType::RequestInFlight,
+        "a request with this key is still being processed; retry after the time Retry-After gives",
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The first caller's answer when its own request's outcome became unknown here (timeout).
+pub(crate) fn outcome_unknown_now(status: StatusCode, limit: &str) -> Response<Body> {
+    problem(
+        status,
+        ProblemType::OutcomeUnknown,
+        &format!(
+            "no complete answer within {limit}; the request may or may not have taken effect, and it will not be \
+             executed again under this key"
+        ),
+    )
+}
+
+pub(crate) fn outcome_unknown() -> Response<Body> {
+    problem(
+        StatusCode::BAD_GATEWAY,
+        ProblemType::OutcomeUnknown,
+        "the request under this key was sent upstream but no complete answer came back, so it may or may not \
+         have taken effect; it will not be executed again under this key. Check the effect, then use a new key \
+         or ask an operator to delete the record",
+    )
+}
+
+pub(crate) fn store_unavailable(e: &StoreError) -> Response<Body> {
+    warn!(error = %e, "idempotency store unavailable");
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ProblemType::StoreUnavailable,
+        "the idempotency store cannot be reached; nothing was executed, retry later",
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }

@@ -1,0 +1,152 @@
+//! Steps 2 and 3 of docs/DESIGN.md: read the key's record (or the replay cache), judge it against this
+//! request, and claim the key when it is free; every other verdict is answered here.
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use http::{Response, StatusCode};
+use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, Write, WriteOp, judge};
+use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use tracing::error;
+
+use crate::config::{Config, InFlight};
+use crate::prepare::Keyed;
+use crate::problem::{in_flight, outcome_unknown, problem, replay, store_unavailable};
+
+/// Step 3 from the replay cache: the answer a cached finished record gives, judged like one read from the store.
+pub(crate) fn cached_answer(config: &Config, keyed: &Keyed) -> Option<Response<Body>> {
+    let record = config.replay_cache.as_ref()?.get(keyed.record_key.as_str())?;
+    finished_answer(judge(Some(record), &keyed.fingerprint)).ok()
+}
+
+/// Steps 2 and 3 of docs/DESIGN.md: claim the key, or answer from the record that holds it.
+pub(crate) async fn decide<St: Store>(
+    store: &St,
+    config: &Config,
+    record_key: &RecordKey,
+    fingerprint: &Fingerprint,
+) -> Result<Lease, Box<Response<Body>>> {
+    let deadline = match config.in_flight {
+        InFlight::Wait(bound) => Some(tokio::time::Instant::now() + bound),
+        InFlight::Reject => None,
+    };
+    let mut pause = Duration::from_millis(10);
+    let mut lost_races = 0;
+    // docs/DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay
+    // cache just missed, so the key is most likely new and the read would be wasted; without a cache a retry
+    // is as likely as a new key, and a read costs every backend less than a refused write.
+    let mut blind = config.replay_cache.is_some();
+    loop {
+        if std::mem::take(&mut blind) {
+            match claim(store, config, record_key, fingerprint).await {
+                Ok(lease) => return Ok(lease),
+                Err(e) if e.is_precondition_failed() => continue,
+                Err(e) => return Err(Box::new(store_unavailable(&e))),
+            }
+        }
+        let token = config.replay_cache.as_ref().map(|c| c.token());
+        let current = store.get(record_key.as_str()).await.map_err(|e| Box::new(store_unavailable(&e)))?;
+        let record = match current.as_ref().map(|v| Record::decode(v.value())).transpose() {
+            Ok(record) => record,
+            Err(e) => {
+                error!(key = record_key.as_str(), error = %e, "unreadable idempotency record");
+                return Err(Box::new(problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ProblemType::IdempotencyRecordUnreadable,
+                    "the stored record for this key cannot be read; an operator can delete it",
+                )));
+            }
+        };
+        if let (Some(cache), Some(token), Some(record), Some(current)) =
+            (&config.replay_cache, token, &record, &current)
+        {
+            cache.insert(record_key.as_str(), record, current.expires_at(), token);
+        }
+        let answer = match finished_answer(judge(record, fingerprint)) {
+            Ok(answer) => answer,
+            Err(Verdict::InFlight) => {
+                if let Some(deadline) = deadline
+                    && tokio::time::Instant::now() + pause < deadline
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                    continue;
+                }
+                in_flight()
+            }
+            Err(_claim) => {
+                match claim(store, config, record_key, fingerprint).await {
+                    Ok(lease) => return Ok(lease),
+                    // Another request created the record between our read and our write: judge what won.
+                    Err(e) if e.is_precondition_failed() && lost_races < 3 => {
+                        lost_races += 1;
+                        continue;
+                    }
+                    Err(e) if e.is_precondition_failed() => in_flight(),
+                    Err(e) => store_unavailable(&e),
+                }
+            }
+        };
+        return Err(Box::new(answer));
+    }
+}
+
+/// Creates the in-flight record if the key has none (the conditional create of docs/DESIGN.md step 2).
+async fn claim<St: Store>(
+    store: &St,
+    config: &Config,
+    record_key: &RecordKey,
+    fingerprint: &Fingerprint,
+) -> Result<Lease, StoreError> {
+    let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
+    match apply(store, claim.write()).await? {
+        Some(generation) => Ok(claim.acquired(generation)),
+        None => Err(StoreError::unavailable("the claim returned no generation")),
+    }
+}
+
+/// The answer for a key whose record is finished, or was used for another request (docs/DESIGN.md step 3);
+/// [`Verdict::Claim`] and [`Verdict::InFlight`] come back as they are: they need the store.
+fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
+    Ok(match verdict {
+        Verdict::Claim | Verdict::InFlight => return Err(verdict),
+        Verdict::Replay(stored) => {
+            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            replay(stored)
+        }
+        Verdict::Mismatch => {
+            metrics::counter!("idem_idempotency_mismatches_total").increment(1);
+            problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ProblemType::IdempotencyKeyReused,
+                "this key was already used for a different request (method, path, query, content type or body \
+                 differ); use a new key for a new request",
+            )
+        }
+        Verdict::TooLarge { status, limit } => {
+            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            problem(
+                StatusCode::CONFLICT,
+                ProblemType::ResponseNotStored,
+                &format!(
+                    "the request under this key was executed (status {status}) but its response body was over \
+                     the {limit}-byte stored-body limit, so it cannot be replayed; it will not be executed again"
+                ),
+            )
+        }
+        Verdict::Unknown => outcome_unknown(),
+    })
+}
+
+pub(crate) async fn apply<St: Store>(store: &St, write: Write) -> Result<Option<Generation>, StoreError> {
+    match write.op {
+        WriteOp::Put { value, ttl } => {
+            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
+        }
+        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    system_time_to_millis(SystemTime::now())
+}

@@ -1,0 +1,126 @@
+//! Step 1 of docs/DESIGN.md, before any store access: the key, the scope, the request body (buffered up to
+//! its limit) and the fingerprint. A client that hangs up during it leaves nothing behind.
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::{Fingerprint, IdempotencyKey, ProblemType, RecordKey, RequestParts, Scope};
+use tower::BoxError;
+
+use crate::config::{Config, KeyPolicy};
+use crate::problem::problem;
+
+static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The whole body of a request the layer forwards, in the request's extensions, so that a service below can
+/// send the request again: the reverse proxy does when the upstream provably never read it (a `Bytes` clone
+/// shares the buffer; nothing is copied).
+#[derive(Clone, Debug)]
+pub struct BufferedBody(pub Bytes);
+
+/// A covered request, read and judged as far as possible without the store.
+pub(crate) enum Prepared {
+    /// No key, and none required.
+    PassThrough(Request<Body>),
+    /// Refused before any store access (missing, malformed key; body too large or unreadable).
+    Answer(Response<Body>),
+    /// Carries a valid key: its body read, its fingerprint and record key computed.
+    Keyed(Keyed),
+}
+
+pub(crate) struct Keyed {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) body: Bytes,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) record_key: RecordKey,
+}
+
+/// Step 1 of docs/DESIGN.md: the key, the scope, the body and the fingerprint.
+pub(crate) async fn prepare<ReqBody>(config: &Config, request: Request<ReqBody>) -> Prepared
+where
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+{
+    let lines = request.headers().get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
+    let key = match IdempotencyKey::from_field_lines(lines) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.key_policy == KeyPolicy::Optional => {
+            return Prepared::PassThrough(request.map(Body::new));
+        }
+        Ok(None) => {
+            return Prepared::Answer(problem(
+                StatusCode::BAD_REQUEST,
+                ProblemType::IdempotencyKeyMissing,
+                &format!("{} requests to this endpoint must carry an Idempotency-Key header", request.method()),
+            ));
+        }
+        Err(e) => {
+            return Prepared::Answer(problem(
+                StatusCode::BAD_REQUEST,
+                ProblemType::IdempotencyKeyInvalid,
+                &e.to_string(),
+            ));
+        }
+    };
+    let scope = scope_of(request.headers(), &config.credential_headers);
+    let (mut parts, body) = request.into_parts();
+    let body = match read_request_body(&parts.headers, body, config.max_request_body).await {
+        Ok(body) => body,
+        Err(refusal) => return Prepared::Answer(refusal),
+    };
+    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::of_request(&RequestParts::new(
+        parts.method.as_str(),
+        parts.uri.path(),
+        parts.uri.query(),
+        content_type,
+        &body,
+    ));
+    let record_key = RecordKey::new(&config.record_prefix, &scope, &key);
+    // The body is already here: an `Expect: 100-continue` passed on would make the inner service wait for a
+    // go-ahead nobody sends.
+    parts.headers.remove(header::EXPECT);
+    Prepared::Keyed(Keyed { parts, body, fingerprint, record_key })
+}
+
+/// The scope of a request: a hash of every configured credential header it carries (name and value).
+fn scope_of(headers: &HeaderMap, credential_headers: &[HeaderName]) -> Scope {
+    let mut credential = Vec::new();
+    for name in credential_headers {
+        for value in headers.get_all(name) {
+            credential.extend_from_slice(name.as_str().as_bytes());
+            credential.push(0);
+            credential.extend_from_slice(value.as_bytes());
+            credential.push(0);
+        }
+    }
+    if credential.is_empty() { Scope::from_credential(None) } else { Scope::from_credential(Some(&credential)) }
+}
+
+async fn read_request_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Response<Body>>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemType::RequestTooLarge,
+            &format!("a request with an Idempotency-Key may carry at most {limit} bytes of body"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            ProblemType::RequestBodyUnreadable,
+            &format!("the request body could not be read: {e}"),
+        )),
+    }
+}
