@@ -1,10 +1,5 @@
 //! Lease takeover and fencing with the layer on an axum service over a real SQLite store: a holder that
 //! cannot renew loses its lease to a retry, and its late completion is refused by the fence.
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
-
-#[allow(dead_code, clippy::unwrap_used)]
-#[path = "../../idem/examples/upstream.rs"]
-mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +17,8 @@ use idem_store::{
 };
 use idem_tower::IdempotencyLayer;
 use tower::{Layer, ServiceExt};
+
+use crate::upstream;
 
 /// A real store whose lease renewals (fenced puts of an in-progress record) hang while `stall` is set, the
 /// way they would behind a network partition or a paused process.
