@@ -6,6 +6,8 @@
 //! fsync instead of paying one each. Reads run on a few read-only connections and never wait for a commit.
 //! Expired values read as absent at once; the writer thread sweeps them in the background.
 //!
+//! [`SharedSqlite`] lets several processes share one file by taking turns with the store (`idem run`'s ledger).
+//!
 //! ```no_run
 //! use idem_sqlite::SqliteStore;
 //! use idem_store::{Limits, Precondition, Store, Ttl};
@@ -19,8 +21,10 @@
 
 mod error;
 mod schema;
+mod shared;
 mod store;
 mod writer;
 
 pub use error::Error;
+pub use shared::SharedSqlite;
 pub use store::SqliteStore;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idem_store::{Decision, Limits, Precondition, RetryPolicy, Store, StoreExt, Ttl};
 
-use crate::any_store::{AnyStore, redact};
+use idem_stores::{AnyStore, StoreUrl, redact};
 use crate::error::Error;
 
 /// Flags of `idem bench`.
@@ -136,10 +136,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
             let (store, file) = match &args.store {
                 None => {
                     let path = args.dir.join(format!("bench-{keys:?}-{w}.db"));
-                    let url = format!("sqlite:{}", path.display());
+                    let url = StoreUrl::Sqlite(path.clone());
                     (AnyStore::open(&url, &args.namespace, Limits::default()).await?, Some(path))
                 }
-                Some(url) => (AnyStore::open(url, &args.namespace, Limits::default()).await?, None),
+                Some(url) => (AnyStore::open(&StoreUrl::parse(url)?, &args.namespace, Limits::default()).await?, None),
             };
             let (rate, conflicts) = store_case(&store, keys, w, args.value_bytes, secs).await?;
             store.close().await;

@@ -44,6 +44,15 @@ pub enum Error {
     Send(idem_client::Error),
 }
 
+impl From<idem_stores::Error> for Error {
+    fn from(e: idem_stores::Error) -> Self {
+        match e {
+            idem_stores::Error::Open { url, source } => Error::OpenStore { url, source },
+            other => Error::Config(other.to_string()),
+        }
+    }
+}
+
 impl Error {
     /// The process exit status for this error.
     pub fn exit_code(&self) -> i32 {

@@ -1,7 +1,6 @@
 //! The `idem` command: `serve` the KV API (or proxy an upstream with Idempotency-Key handling), talk to it
 //! with `kv`, measure the store with `bench`, derive keys with `key`.
 
-mod any_store;
 mod bench;
 mod client;
 mod error;
@@ -9,7 +8,6 @@ mod key;
 mod run;
 mod send;
 mod serve;
-mod shared_sqlite;
 mod tls;
 
 use std::io::IsTerminal;

@@ -6,9 +6,9 @@ use std::time::Duration;
 use idem_runner::{ItemFormat, OnPoison, ProgressMode, RunConfig, Stop};
 use idem_store::{Limits, Store};
 
-use crate::any_store::AnyStore;
 use crate::error::Error;
-use crate::shared_sqlite::SharedSqlite;
+use idem_sqlite::SharedSqlite;
+use idem_stores::{AnyStore, StoreUrl};
 
 const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
@@ -156,16 +156,13 @@ impl Ledger {
             Some(u) => u.to_owned(),
             None => format!("sqlite:{}", idem_runner::default_ledger_path(output).display()),
         };
-        if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
-            if path.is_empty() {
-                return Err(Error::Config(format!("store URL {url:?} names no file")));
-            }
-            return SharedSqlite::open(std::path::Path::new(path), Limits::default())
+        match StoreUrl::parse(&url)? {
+            StoreUrl::Sqlite(path) => SharedSqlite::open(&path, Limits::default())
                 .await
                 .map(Ledger::Sqlite)
-                .map_err(|e| Error::OpenStore { url: url.clone(), source: Box::new(e) });
+                .map_err(|e| Error::OpenStore { url: url.clone(), source: Box::new(e) }),
+            other => Ok(Ledger::Other(AnyStore::open(&other, namespace, Limits::default()).await?)),
         }
-        AnyStore::open(&url, namespace, Limits::default()).await.map(Ledger::Other)
     }
 
     async fn close(&self) {

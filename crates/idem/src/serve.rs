@@ -15,7 +15,7 @@ use idem_store::{
 };
 use serde::Deserialize;
 
-use crate::any_store::{AnyStore, redact};
+use idem_stores::{AnyStore, StoreUrl};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
 
@@ -175,7 +175,7 @@ struct FileConfig {
 #[derive(Debug)]
 pub struct ServeConfig {
     listen: SocketAddr,
-    store_url: String,
+    store_url: StoreUrl,
     namespace: String,
     limits: Limits,
     auth_token: Option<String>,
@@ -375,14 +375,16 @@ impl ServeArgs {
         let listen: SocketAddr =
             listen_s.parse().map_err(|_| Error::Config(format!("--listen {listen_s:?} is not an IP:PORT address")))?;
         let store_url = self.store.or(file.store).unwrap_or_else(|| "sqlite:./idem-data/idem.db".into());
+        // Parsed now: an unknown scheme is a start-up error before anything is bound.
+        let store_url = StoreUrl::parse(&store_url)?;
         if let Some(p) = &proxy
             && p.replay_cache.is_some_and(|bytes| bytes > 0)
-            && !AnyStore::is_exclusive_url(&store_url)
+            && !store_url.is_exclusive()
         {
             return Err(Error::Config(format!(
                 "--replay-cache needs the embedded store (sqlite: or memory:); with {} another proxy may delete a \
                  record this one would go on replaying",
-                redact(&store_url)
+                store_url.redacted()
             )));
         }
         let namespace = self.namespace.or(file.namespace).unwrap_or_else(|| "idem".into());
@@ -562,7 +564,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let admin_local = admin.local_addr()?;
             let replay_cache = match p.replay_cache {
                 Some(bytes) => bytes,
-                None if AnyStore::is_exclusive_url(&config.store_url) => DEFAULT_REPLAY_CACHE,
+                None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
                 None => 0,
             };
             let layer = IdempotencyLayer::new(store.clone())
@@ -587,10 +589,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             println!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})",
                 p.upstream,
-                redact(&config.store_url)
+                config.store_url.redacted()
             );
             println!("idem admin listening on {scheme}://{admin_local}");
-            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %redact(&config.store_url), "listening");
+            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
             let main = serve_on(proxy, listener, on_signal.clone());
             let admin = serve_on(kv, admin, on_signal.clone());
             Box::pin(async move {
@@ -603,8 +605,8 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         }
         _ => {
             let kv = idem_server::app(store.clone(), kv_config);
-            println!("idem listening on {scheme}://{local} (store {})", redact(&config.store_url));
-            tracing::info!(%local, store = %redact(&config.store_url), "listening");
+            println!("idem listening on {scheme}://{local} (store {})", config.store_url.redacted());
+            tracing::info!(%local, store = %config.store_url.redacted(), "listening");
             serve_on(kv, listener, on_signal.clone())
         }
     };

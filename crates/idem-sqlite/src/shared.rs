@@ -1,4 +1,4 @@
-//! One SQLite ledger shared by several `idem run` processes, without weakening the store's one-writer lock.
+//! One SQLite store shared by several processes (`idem run`'s ledger), without weakening the store's one-writer lock.
 //!
 //! `SqliteStore::open` takes an exclusive lock on `<db>.lock` because its writer keeps the next generation in
 //! memory: two processes writing one file at once would hand out the same generations. So processes take
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem_sqlite::SqliteStore;
+use crate::SqliteStore;
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
     Versioned, Written,
@@ -64,7 +64,7 @@ impl SharedSqlite {
     ///
     /// # Errors
     /// What `SqliteStore::open` fails with, except that a store in use by another process is waited for.
-    pub async fn open(path: &Path, limits: Limits) -> Result<Self, idem_sqlite::Error> {
+    pub async fn open(path: &Path, limits: Limits) -> Result<Self, crate::Error> {
         let mut want = path.as_os_str().to_owned();
         want.push(".want");
         let inner = Arc::new(Inner {
@@ -119,12 +119,12 @@ impl SharedSqlite {
 
 /// Opens the store, waiting while another process holds it; while waiting, holds a shared lock on `want` so
 /// the holder knows to give it up.
-async fn open_waiting(path: &Path, want: &Path, limits: Limits) -> Result<SqliteStore, idem_sqlite::Error> {
+async fn open_waiting(path: &Path, want: &Path, limits: Limits) -> Result<SqliteStore, crate::Error> {
     let mut flag: Option<std::fs::File> = None;
     loop {
         match SqliteStore::open(path, limits) {
             Ok(store) => return Ok(store),
-            Err(idem_sqlite::Error::InUse { .. }) => {
+            Err(crate::Error::InUse { .. }) => {
                 if flag.is_none()
                     && let Ok(file) =
                         std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(want)
