@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use crate::SqliteStore;
+use bytes::Bytes;
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
     Versioned, Written,

@@ -34,9 +34,7 @@ use idem_store::{
 #[non_exhaustive]
 pub enum Error {
     /// The scheme is none of `sqlite:`, `memory:`, `postgres://`, `redis://`, `rediss://`.
-    #[error(
-        "store URL {0:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://…, redis://… or rediss://…"
-    )]
+    #[error("store URL {0:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://…, redis://… or rediss://…")]
     UnknownScheme(String),
     /// `sqlite:` with no path after it.
     #[error("store URL {0:?} names no file; use sqlite:./idem-data/idem.db")]

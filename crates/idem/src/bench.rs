@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idem_store::{Decision, Limits, Precondition, RetryPolicy, Store, StoreExt, Ttl};
 
-use idem_stores::{AnyStore, StoreUrl, redact};
 use crate::error::Error;
+use idem_stores::{AnyStore, StoreUrl, redact};
 
 /// Flags of `idem bench`.
 #[derive(Debug, clap::Args)]

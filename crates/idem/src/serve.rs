@@ -15,9 +15,9 @@ use idem_store::{
 };
 use serde::Deserialize;
 
-use idem_stores::{AnyStore, StoreUrl};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
+use idem_stores::{AnyStore, StoreUrl};
 
 /// Flags of `idem serve`. Each is also read from its `IDEM_*` environment variable and from the config file;
 /// a flag beats the environment, which beats the file, which beats the default.
