@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{Config, UnknownOutcome};
 use crate::decide::{apply, now_ms};
-use crate::problem::{outcome_unknown, outcome_unknown_now};
+use crate::problem::{outcome_unknown_broken, outcome_unknown_now};
 
 /// How long a caller waits for its outcome to be stored before it is answered anyway.
 const ANSWER_WAIT: Duration = Duration::from_secs(3);
@@ -71,7 +71,8 @@ where
         Err(_) => {
             let limit = humantime_secs(config.execution_timeout);
             keeper.unknown(&config, &format!("no response within {limit}")).await;
-            return Ok(outcome_unknown_now(StatusCode::GATEWAY_TIMEOUT, &limit));
+            let released = config.unknown_outcome == UnknownOutcome::Release;
+            return Ok(outcome_unknown_now(StatusCode::GATEWAY_TIMEOUT, &limit, released));
         }
     };
     match response.extensions().get::<UpstreamFailure>().cloned() {
@@ -113,7 +114,7 @@ where
         }
         Prefix::Broken(reason) => {
             keeper.unknown(&config, &format!("the response body broke off: {reason}")).await;
-            Ok(outcome_unknown())
+            Ok(outcome_unknown_broken(config.unknown_outcome == UnknownOutcome::Release))
         }
     }
 }

@@ -168,8 +168,9 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Waits for every detached execution and outcome write of services made by this layer (and its clones) to
-    /// finish, and lets no new one start. Call it on shutdown after the server stopped accepting requests, so
-    /// an execution whose client hung up is still recorded (else a retry after restart would run it again).
+    /// finish. It does not stop new ones: one started while it waits is not waited for. Call it on shutdown
+    /// after the server stopped accepting requests, so an execution whose client hung up is still recorded
+    /// (else a retry after restart would run it again).
     pub async fn drain(&self) {
         self.config.tracker.close();
         self.config.tracker.wait().await;

@@ -46,18 +46,47 @@ pub(crate) fn in_flight() -> Response<Body> {
     response
 }
 
-/// The first caller's answer when its own request's outcome became unknown here (timeout).
-pub(crate) fn outcome_unknown_now(status: StatusCode, limit: &str) -> Response<Body> {
+/// What becomes of a key whose outcome is unknown, for the answer's detail: kept (the default) or released
+/// (`UnknownOutcome::Release`, for upstreams that dedupe on the forwarded key themselves).
+fn after_unknown(released: bool) -> &'static str {
+    if released {
+        "the key was released, so a retry under it executes again (the upstream is trusted to dedupe on the \
+         forwarded Idempotency-Key)"
+    } else {
+        "it will not be executed again under this key"
+    }
+}
+
+/// The first caller's answer when its own request's outcome became unknown here (timeout); `released` as
+/// for the key's policy.
+pub(crate) fn outcome_unknown_now(status: StatusCode, limit: &str, released: bool) -> Response<Body> {
     problem(
         status,
         ProblemType::OutcomeUnknown,
         &format!(
-            "no complete answer within {limit}; the request may or may not have taken effect, and it will not be \
-             executed again under this key"
+            "no complete answer within {limit}; the request may or may not have taken effect, and {}",
+            after_unknown(released)
         ),
     )
 }
 
+/// The first caller's answer when the response body broke off; `released` as for the key's policy.
+pub(crate) fn outcome_unknown_broken(released: bool) -> Response<Body> {
+    if !released {
+        return outcome_unknown();
+    }
+    problem(
+        StatusCode::BAD_GATEWAY,
+        ProblemType::OutcomeUnknown,
+        &format!(
+            "the request under this key was sent upstream but no complete answer came back, so it may or may not \
+             have taken effect; {}",
+            after_unknown(true)
+        ),
+    )
+}
+
+/// The answer for a key whose stored outcome is unknown.
 pub(crate) fn outcome_unknown() -> Response<Body> {
     problem(
         StatusCode::BAD_GATEWAY,

@@ -10,7 +10,7 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use idem_store::MemoryStore;
-use idem_tower::{Idempotency, IdempotencyLayer, InFlight, UpstreamFailure};
+use idem_tower::{Idempotency, IdempotencyLayer, InFlight, UnknownOutcome, UpstreamFailure};
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt, service_fn};
@@ -224,6 +224,21 @@ async fn an_execution_past_its_timeout_is_an_unknown_outcome_never_executed_agai
     let (status, kind, _) = problem(send(&app, "/hang", "k", "{}").await).await;
     assert_eq!((status, kind.as_str()), (StatusCode::BAD_GATEWAY, "urn:idem:problem:outcome-unknown"));
     assert_eq!(h.executions(), 1, "the retry must not execute again");
+}
+
+/// Under `UnknownOutcome::Release` the answer must not say the request "will not be executed again": the key
+/// was released and the retry does execute again (found by a review of the split layer).
+#[tokio::test(start_paused = true)]
+async fn a_released_unknown_outcome_says_the_retry_executes_again() {
+    let h = Harness::new();
+    let app = h.app(layer().execution_timeout(Duration::from_secs(5)).unknown_outcome(UnknownOutcome::Release));
+    let (status, kind, detail) = problem(send(&app, "/hang", "k", "{}").await).await;
+    assert_eq!((status, kind.as_str()), (StatusCode::GATEWAY_TIMEOUT, "urn:idem:problem:outcome-unknown"));
+    assert!(detail.contains("the key was released, so a retry under it executes again"), "{detail}");
+    assert!(!detail.contains("will not be executed again"), "{detail}");
+    let (status, kind, _) = problem(send(&app, "/hang", "k", "{}").await).await;
+    assert_eq!((status, kind.as_str()), (StatusCode::GATEWAY_TIMEOUT, "urn:idem:problem:outcome-unknown"));
+    assert_eq!(h.executions(), 2, "released: the retry executed again");
 }
 
 #[tokio::test]
