@@ -142,11 +142,15 @@ impl Facts {
         if let Some(why) = state.refused {
             return Some(Unread::NotWritten(why));
         }
-        if state.requests > 1 {
-            return None;
-        }
+        // Checked before the request count: the count infers requests from a write after a read, and reading
+        // the alert's record then writing (the rest of the request, a close_notify) counts as a second request
+        // under CI load. A certificate alert answers the handshake whatever the count, since rustls does no
+        // post-handshake authentication or renegotiation: the connection never carried a decrypted request.
         if let Some(refused) = Self::refused_handshake(error) {
             return Some(refused);
+        }
+        if state.requests > 1 {
+            return None;
         }
         if state.requests == 0 {
             return Some(Unread::NotWritten("the new connection ended before the request was written"));
@@ -482,6 +486,10 @@ mod tests {
             state.requests = 1;
             state.in_request = true;
         }
+        assert_eq!(facts.unread(&closed), None);
+        // The alert's record read, then a write: counted as a second request, still the handshake's refusal.
+        facts.lock().requests = 2;
+        assert_eq!(facts.unread(&alert), Some(Unread::HandshakeRefused(rustls::AlertDescription::CertificateRequired)));
         assert_eq!(facts.unread(&closed), None);
     }
 }
