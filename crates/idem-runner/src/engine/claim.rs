@@ -1,0 +1,57 @@
+//! Claiming an item and waiting: for a slot while the claim is held, for another runner's holder to finish,
+//! and giving back a claim whose command never started.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use idem_core::Held;
+use idem_store::{Error as StoreError, Store};
+
+use super::stop::stopped;
+use super::{Ctx, apply};
+use crate::heartbeat::Heartbeat;
+
+/// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
+/// keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost (taken over,
+/// or the ledger unreachable until it lapsed): the caller gives the claim back.
+pub(super) async fn wait_for_slot<'a, S: Store>(
+    ctx: &'a Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut Heartbeat<'_, S>,
+) -> Result<tokio::sync::SemaphorePermit<'a>, ()> {
+    let permit = tokio::select! {
+        p = ctx.jobs.acquire() => p.map_err(|_| ())?,
+        () = heartbeat.until_lost(held) => return Err(()),
+    };
+    if ctx.stopping() {
+        return Err(());
+    }
+    // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
+    // so a runner that was taken over meanwhile never starts the command.
+    if !heartbeat.fence(held).await {
+        return Err(());
+    }
+    Ok(permit)
+}
+
+/// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
+/// started is given back with [`Held::interrupted`] instead.)
+pub(super) async fn unclaim<S: Store>(ctx: &Ctx<S>, held: &Held) -> Result<(), StoreError> {
+    apply(&ctx.store, held.unclaim()).await?;
+    apply(&ctx.store, held.release()).await.map(|_| ())
+}
+
+/// Another runner holds the item: counts this one as waiting (once) and pauses a quarter lease (0.1..=2 s)
+/// before the item is judged again. True when the run was interrupted meanwhile.
+pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool) -> bool {
+    if !*waiting {
+        *waiting = true;
+        ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+    let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut stop = ctx.stop.subscribe();
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        () = stopped(&mut stop, 1) => true,
+    }
+}

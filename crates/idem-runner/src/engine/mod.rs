@@ -1,0 +1,244 @@
+//! The run itself: stream items, judge each against the ledger and its output, claim, run, verify, rename.
+//!
+//! The steps of one item, each in its own module: [`judge`] (the ledger entry and the output file decide
+//! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command,
+//! wait, verify, fence, rename), and [`process`], which drives them per item; [`outcome`] counts how each item
+//! ended and [`summary`] says what the run did. [`stop`] is the operator's Ctrl-C, [`program`] what is checked
+//! of the command and the machine before the run.
+
+mod attempt;
+mod claim;
+mod judge;
+mod outcome;
+mod process;
+mod program;
+mod stop;
+mod summary;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use idem_core::{RetryLimit, Write, WriteOp};
+use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::output::{self, Checks};
+use crate::progress::{Counters, Progress};
+use crate::report::Report;
+use crate::watchdog::Watchdog;
+use crate::{CheckedConfig, Error, Item, ItemReader, RunConfig, job_id};
+
+use judge::{CHUNK, settle_done};
+use outcome::{Final, record, record_final};
+use process::process;
+use program::{jobs_within_descriptor_limit, resolve_program};
+
+pub(crate) use program::check_program;
+pub use program::owner_token;
+pub use stop::Stop;
+pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
+
+pub(crate) struct Ctx<S> {
+    store: S,
+    cfg: RunConfig,
+    job: String,
+    owner: String,
+    limit: RetryLimit,
+    checks: Checks,
+    jobs: Semaphore,
+    /// Items claimed before a slot is free, at most `--jobs` of them: their claim writes commit while other
+    /// commands run, instead of inside the slot.
+    ahead: Semaphore,
+    stop: Stop,
+    halt: AtomicBool,
+    counters: Arc<Counters>,
+    executions: AtomicU64,
+    report: Option<Mutex<Report>>,
+    poison: Mutex<Vec<(String, String)>>,
+    dry_out: Mutex<std::io::BufWriter<std::io::Stdout>>,
+    renamer: Arc<output::Renamer>,
+    watchdog: Option<Watchdog>,
+    /// The command's program found in `PATH` once for the run; `None` when it is a path already, contains a
+    /// placeholder, or was not found (then each spawn looks it up, and fails with the usual error).
+    program: Option<PathBuf>,
+    /// Set once a command could not start for want of descriptors or processes (warned about once).
+    short_of_resources: AtomicBool,
+}
+
+impl<S> Ctx<S> {
+    /// No new command may start: Ctrl-C was pressed, or a poison item halts the run.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.level() > 0 || self.halt.load(Ordering::SeqCst)
+    }
+}
+
+pub(super) fn now_ms() -> u64 {
+    system_time_to_millis(SystemTime::now())
+}
+
+/// Performs a ledger write; returns the new generation of a put.
+pub(crate) async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, StoreError> {
+    match write.op {
+        WriteOp::Put { value, ttl } => {
+            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
+        }
+        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
+    }
+}
+
+/// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.
+pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
+    use sha2::Digest as _;
+    let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
+    let mut total = 0;
+    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
+        let item = item?;
+        total += 1;
+        let output = cfg.output_path(&item.id);
+        // 128 bits of SHA-256 per path instead of the path itself keeps a million items in ~40 MiB; two paths
+        // colliding by chance is far less likely than a disk error.
+        let digest = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        if let Some(first) = seen.insert(u128::from_le_bytes(key), item.line) {
+            return Err(Error::DuplicateOutput {
+                path: cfg.items.clone(),
+                first,
+                second: item.line,
+                output: output.display().to_string(),
+            });
+        }
+    }
+    Ok(total)
+}
+
+/// Runs `cfg` against the ledger in `store` until every item is done, a poison item halts it, or `stop` is
+/// requested.
+///
+/// Items are streamed: at most a few hundred are in flight at once whatever the file's size.
+///
+/// # Panics
+/// On a current-thread tokio runtime: reading the items file uses `block_in_place`, which needs the
+/// multi-thread runtime.
+///
+/// # Errors
+/// Refusals before anything runs ([`Error::Config`], [`Error::BadItem`], [`Error::DuplicateOutput`],
+/// [`Error::ReadItems`]) and report write failures. Failures of single items are counted in the [`Summary`].
+pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Result<Summary, Error> {
+    let checked = tokio::task::block_in_place(|| cfg.checked())?;
+    run_checked(store, checked, stop).await
+}
+
+/// [`run`] with a configuration checked already ([`RunConfig::checked`]): a caller that checks before it opens
+/// or creates the ledger leaves none behind when the run is refused.
+///
+/// # Errors
+/// [`Error::ReadItems`] when the items file went away since it was checked, and report write failures.
+pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, stop: Stop) -> Result<Summary, Error> {
+    let CheckedConfig { mut cfg, total } = checked;
+    if !cfg.dry_run {
+        cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
+    }
+    let program = resolve_program(&cfg.command[0]);
+    let started = Instant::now();
+    let report = match &cfg.report {
+        Some(path) => Some(Mutex::new(Report::create(path)?)),
+        None => None,
+    };
+    let counters = Arc::new(Counters::default());
+    let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
+    let ctx = Arc::new(Ctx {
+        job: job_id(&cfg.output),
+        owner: owner_token(),
+        limit: RetryLimit { max_attempts: cfg.retries.saturating_add(1) },
+        checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
+        jobs: Semaphore::new(cfg.jobs),
+        ahead: Semaphore::new(cfg.jobs),
+        halt: AtomicBool::new(false),
+        counters: counters.clone(),
+        executions: AtomicU64::new(0),
+        report,
+        poison: Mutex::new(Vec::new()),
+        dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
+        renamer: Arc::new(output::Renamer::default()),
+        watchdog: if cfg.dry_run { None } else { Watchdog::start() },
+        program,
+        short_of_resources: AtomicBool::new(false),
+        store,
+        cfg,
+        stop,
+    });
+    // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
+    let window = (ctx.cfg.jobs * 4).max(256);
+    let mut set = JoinSet::new();
+    let mut summary = Summary {
+        total,
+        dry_run: ctx.cfg.dry_run,
+        retries: ctx.cfg.retries,
+        output: ctx.cfg.output.clone(),
+        ..Summary::default()
+    };
+    let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
+    let mut seen = 0u64;
+    let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
+    let mut more = true;
+    while more {
+        if ctx.stopping() {
+            break;
+        }
+        // Read inline: the reader refills a 256 KiB buffer once per few thousand items, far cheaper than
+        // handing this thread's work elsewhere for every line.
+        while chunk.len() < CHUNK {
+            match reader.next() {
+                Some(item) => chunk.push(item?),
+                None => {
+                    more = false;
+                    break;
+                }
+            }
+        }
+        seen += chunk.len() as u64;
+        let (settled, prefetched) = settle_done(&ctx, &chunk).await;
+        for ((item, done), prefetched) in chunk.drain(..).zip(settled).zip(prefetched) {
+            if let Some(digest) = done {
+                record_final(&ctx, &mut summary, &item, Final::Skipped { digest })?;
+                continue;
+            }
+            while set.len() >= window {
+                if let Some(joined) = set.join_next().await {
+                    record(&ctx, &mut summary, joined)?;
+                }
+            }
+            let ctx = ctx.clone();
+            set.spawn(async move {
+                let result = process(&ctx, &item, prefetched).await;
+                (item, result)
+            });
+        }
+    }
+    while let Some(joined) = set.join_next().await {
+        record(&ctx, &mut summary, joined)?;
+    }
+    // Lines appended to the items file during the run are seen but were not counted up front.
+    summary.not_done += total.saturating_sub(seen);
+    summary.interrupted = ctx.stop.level() > 0;
+    summary.halted = ctx.halt.load(Ordering::SeqCst);
+    summary.executions = ctx.executions.load(Ordering::SeqCst);
+    summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
+    summary.elapsed = started.elapsed();
+    progress.finish().await;
+    if let Some(watchdog) = &ctx.watchdog {
+        watchdog.finish();
+    }
+    if let Ok(mut out) = ctx.dry_out.lock() {
+        let _ = out.flush();
+    }
+    if let Some(report) = &ctx.report {
+        report.lock().unwrap_or_else(|p| p.into_inner()).finish(&summary)?;
+    }
+    Ok(summary)
+}

@@ -1,0 +1,80 @@
+//! What is checked of the command's program and of the machine before a run: the program found in `PATH`
+//! once, `--jobs` within the open-file limit, and the owner token that names this process in the ledger.
+
+use std::path::PathBuf;
+
+use crate::Error;
+
+/// A token unique to this process start: host, process id and 32 random bits.
+pub fn owner_token() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String = host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
+    let host = if host.is_empty() { "host".to_owned() } else { host };
+    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+/// Looks a bare program name up in `PATH` once, as a shell does, instead of for every item: spawning by bare
+/// name tries each `PATH` directory in turn in the child (`posix_spawnp`), nine failed `execve` calls per item
+/// for `sh` with this machine's `PATH`.
+///
+/// `None` as well when `PATH` is not [`searchable`].
+pub(super) fn resolve_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') || name.contains('{') || !searchable() {
+        return None;
+    }
+    which::which(name).ok()
+}
+
+/// `PATH` is set, not empty, and has no entry starting with `~`, which `which` expands and `execvp` and the
+/// shells do not: only then does a lookup here find what the spawn would.
+fn searchable() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        !path.is_empty()
+            && !std::env::split_paths(&path).any(|dir| dir.as_os_str().as_encoded_bytes().starts_with(b"~"))
+    })
+}
+
+/// Refuses a program that cannot start before anything runs: a typo in the command is the operator's error,
+/// and as an item failure it would make the first items poison, for good. A name with a placeholder is
+/// checked per item when it runs.
+pub(crate) fn check_program(name: &str) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if name.contains('{') {
+        return Ok(());
+    }
+    if !name.contains('/') {
+        // Where the lookup cannot tell (an unusual PATH), the spawn decides.
+        if !searchable() || resolve_program(name).is_some() {
+            return Ok(());
+        }
+        return Err(Error::Config(format!("cannot start {name}: not found in PATH")));
+    }
+    match std::fs::metadata(name) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(_) => Err(Error::Config(format!("cannot start {name}: not an executable file"))),
+        Err(e) => Err(Error::Config(format!("cannot start {name}: {e}"))),
+    }
+}
+
+/// Descriptors the runner keeps for itself (ledger connections, runtime, watchdog, standard streams).
+const RUNNER_FDS: u64 = 48;
+
+/// Descriptors one running command can take at once: its pipes and pidfd, the spawn's own pipe, the output
+/// opened to verify and fsync it, its directory.
+const FDS_PER_JOB: u64 = 8;
+
+/// `--jobs`, lowered (with a warning) to what the open-file limit (`ulimit -n`) leaves room for, as GNU
+/// parallel does: past it, spawns, output checks and ledger reopenings fail with EMFILE, which must not be
+/// blamed on items.
+pub(super) fn jobs_within_descriptor_limit(jobs: usize) -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    let room = usize::try_from(limit.saturating_sub(RUNNER_FDS) / FDS_PER_JOB).unwrap_or(usize::MAX).max(1);
+    if jobs > room {
+        tracing::warn!(
+            "only enough file descriptors (ulimit -n {limit}) for {room} command(s) at once: running {room}, \
+             not {jobs}"
+        );
+        return room;
+    }
+    jobs
+}

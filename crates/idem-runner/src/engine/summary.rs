@@ -1,0 +1,231 @@
+//! What a run did ([`Summary`]), how it ended ([`RunStatus`]), and the one-screen text printed at its end.
+
+use std::time::Duration;
+
+/// How a run ended, in order of precedence; [`RunStatus::exit_code`] is the process exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Every item is done (or, for a dry run, the listing finished).
+    AllDone,
+    /// Some item is not done: it failed every attempt, or the ledger failed.
+    Failed,
+    /// A poison item stopped the run, or was skipped.
+    Poison,
+    /// Ctrl-C (or SIGTERM) stopped the run before every item was done.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// 0 all done, 1 failures, 3 poison, 130 interrupted (2 is kept for bad usage).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            RunStatus::AllDone => 0,
+            RunStatus::Failed => 1,
+            RunStatus::Poison => 3,
+            RunStatus::Interrupted => 130,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Items in the file.
+    pub total: u64,
+    /// Items this run executed to done.
+    pub done: u64,
+    /// Items skipped because the ledger says done and the output still matches.
+    pub skipped: u64,
+    /// Items whose verified output was found in place without a ledger entry and recorded as done.
+    pub adopted: u64,
+    /// Items that used every attempt without succeeding (or whose ledger writes failed).
+    pub failed: u64,
+    /// The items among `failed` that used every attempt they were allowed.
+    pub out_of_attempts: OutOfAttempts,
+    /// Poison items: id and error.
+    pub poison: Vec<(String, String)>,
+    /// Items not started or given up because of a stop request or a poison halt.
+    pub not_done: u64,
+    /// An item turned poison in this run and `--on-poison halt` stopped it from starting anything new.
+    pub halted: bool,
+    /// Commands executed (attempts started by this run).
+    pub executions: u64,
+    /// Items a dry run would execute.
+    pub would_run: u64,
+    /// A stop was requested.
+    pub interrupted: bool,
+    /// Was this a dry run.
+    pub dry_run: bool,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// The run's `--retries`.
+    pub retries: u32,
+    /// The run's output template, which names the job (`idem runs forget --output`).
+    pub output: String,
+}
+
+/// Items out of attempts: each used every attempt it was allowed (`--retries` + 1 in all, counted across runs),
+/// or more, when an earlier run allowed more.
+#[derive(Clone, Debug, Default)]
+pub struct OutOfAttempts {
+    /// How many.
+    pub count: u64,
+    /// The most attempts one of them used: a rerun with `--retries` this high gives each at least one more.
+    pub most_attempts: u32,
+    /// The first [`OutOfAttempts::SHOWN`] of them in the items file, in its order.
+    pub first: Vec<FailedItem>,
+}
+
+/// An item out of attempts, as the summary names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedItem {
+    /// Its 1-based line in the items file.
+    pub line: u64,
+    /// Its id.
+    pub id: String,
+    /// The attempts it used, counted across runs.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub error: String,
+}
+
+impl OutOfAttempts {
+    /// How many of them [`OutOfAttempts::first`] keeps (the report has them all).
+    pub const SHOWN: usize = 10;
+
+    pub(super) fn add(&mut self, item: FailedItem) {
+        self.count += 1;
+        self.most_attempts = self.most_attempts.max(item.attempts);
+        // Items end in whatever order their commands finish; kept by line, the summary reads the same every run.
+        let at = self.first.partition_point(|f| f.line < item.line);
+        if at < Self::SHOWN {
+            self.first.insert(at, item);
+            self.first.truncate(Self::SHOWN);
+        }
+    }
+}
+
+impl Summary {
+    /// How the run ended.
+    pub fn status(&self) -> RunStatus {
+        if self.interrupted && (self.not_done > 0 || self.done + self.skipped + self.adopted < self.total) {
+            RunStatus::Interrupted
+        } else if !self.poison.is_empty() {
+            RunStatus::Poison
+        } else if self.dry_run {
+            RunStatus::AllDone
+        } else if self.failed > 0 || self.not_done > 0 || self.done + self.skipped + self.adopted < self.total {
+            RunStatus::Failed
+        } else {
+            RunStatus::AllDone
+        }
+    }
+
+    /// `idem runs forget` for this job and `ids` (all of them when `complete`, else the placeholder), quoted
+    /// for a POSIX shell.
+    fn forget_command<'a>(&self, ids: impl Iterator<Item = &'a str>, complete: bool) -> String {
+        let quote = |w: &str| shlex::try_quote(w).map(|q| q.into_owned());
+        let ids: Result<Vec<String>, _> = if complete { ids.map(quote).collect() } else { Ok(Vec::new()) };
+        let ids = match ids {
+            Ok(ids) if !ids.is_empty() => ids.join(" "),
+            // Too many to list, or one no shell word can carry (a NUL): the ids are in the report.
+            _ => "ID…".to_owned(),
+        };
+        let output = quote(&self.output).unwrap_or_else(|_| "…".to_owned());
+        format!("idem runs forget --output {output} {ids}")
+    }
+
+    /// The one-screen summary printed at the end.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let secs = self.elapsed.as_secs_f64();
+        if self.dry_run {
+            s.push_str(&format!(
+                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
+                self.total,
+                self.would_run,
+                self.adopted,
+                self.skipped,
+                self.poison.len(),
+                self.failed
+            ));
+            return s;
+        }
+        if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
+            s.push_str(&format!(
+                "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
+                self.total, self.adopted
+            ));
+        }
+        s.push_str(&format!(
+            "{} items in {:.1}s: {} done now, {} already done, {} adopted, {} failed, {} poison, {} not done; \
+             {} commands ran\n",
+            self.total,
+            secs,
+            self.done,
+            self.skipped,
+            self.adopted,
+            self.failed,
+            self.poison.len(),
+            self.not_done,
+            self.executions
+        ));
+        let failed = &self.out_of_attempts;
+        for FailedItem { id, attempts, error, .. } in &failed.first {
+            let plural = if *attempts == 1 { "" } else { "s" };
+            s.push_str(&format!("failed item {id} after {attempts} attempt{plural}: {error}\n"));
+        }
+        let unshown = failed.count.saturating_sub(failed.first.len() as u64);
+        if unshown > 0 {
+            s.push_str(&format!("… and {unshown} more items out of attempts (see --report)\n"));
+        }
+        if failed.count > 0 {
+            // Attempts are counted across runs and the limit is the current run's: raising it is what gives
+            // more (the smallest value that gives every one of them another), forgetting starts from zero.
+            s.push_str(&format!(
+                "{} items out of attempts (--retries {} allows {} in all, counted across runs): rerun with \
+                 --retries {} to give each one more, or start their count afresh with `{}`\n",
+                failed.count,
+                self.retries,
+                self.retries.saturating_add(1),
+                failed.most_attempts,
+                self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
+            ));
+        }
+        for (id, error) in self.poison.iter().take(10) {
+            s.push_str(&format!("poison item {id}: {error}\n"));
+        }
+        if self.poison.len() > 10 {
+            s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
+        }
+        if !self.poison.is_empty() {
+            // Poison stays in the ledger across runs (neither a fixed command nor --retries revives it): say how.
+            let complete = self.poison.len() <= 10;
+            s.push_str(&format!(
+                "poison items (the same error twice) are not run again: once the cause is fixed, `{}` retries \
+                 them\n",
+                self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
+            ));
+        }
+        if self.halted && self.not_done > 0 {
+            s.push_str(&format!(
+                "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
+                 (poison items found earlier are skipped, not halted on), or add --on-poison skip to go on past \
+                 new ones\n",
+                self.not_done
+            ));
+        }
+        let status = self.status();
+        s.push_str(&format!(
+            "exit status {} ({})\n",
+            status.exit_code(),
+            match status {
+                RunStatus::AllDone => "every item done",
+                RunStatus::Failed => "some items failed",
+                RunStatus::Poison => "poison items",
+                RunStatus::Interrupted => "interrupted",
+            }
+        ));
+        s
+    }
+}
