@@ -72,3 +72,26 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+/// Why the runner could not judge or record one item: the ledger failed, not the item. The item counts as
+/// failed (without using an attempt) and this, as one line, is its `last_error` in the report.
+///
+/// The causes are printed in the line rather than chained as sources: the line is all the report keeps.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ItemError {
+    /// Reading the item's entry or lease failed.
+    #[error("ledger read failed: {0}")]
+    LedgerRead(idem_store::Error),
+    /// The item's entry could not be decoded.
+    #[error("ledger entry unreadable: {0}")]
+    EntryUnreadable(idem_core::Error),
+    /// A ledger write failed (not refused by its precondition: that means judging the item again).
+    #[error("ledger write failed: {0}")]
+    LedgerWrite(idem_store::Error),
+    /// A put of the claim answered without the generation the later writes are fenced on.
+    #[error("ledger put returned no generation")]
+    NoGeneration,
+    /// Checking the file at the item's final path panicked or was cancelled on the blocking pool.
+    #[error("{0}")]
+    OutputCheck(tokio::task::JoinError),
+}

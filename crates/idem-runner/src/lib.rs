@@ -34,4 +34,5 @@ pub use admin::{LedgerStatus, forget, status};
 pub use config::{CheckedConfig, OnPoison, ProgressMode, RunConfig, default_ledger_path, job_id, output_root};
 pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
 pub use error::Error;
+use error::ItemError;
 pub use items::{Item, ItemFormat, ItemReader, short_hash};

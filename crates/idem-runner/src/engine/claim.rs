@@ -2,13 +2,14 @@
 //! and giving back a claim whose command never started.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use idem_core::Held;
+use idem_core::{Held, ItemClaim};
 use idem_store::{Error as StoreError, Store};
 
 use super::stop::stopped;
 use super::{Ctx, apply};
+use crate::ItemError;
 use crate::heartbeat::Heartbeat;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
@@ -54,4 +55,49 @@ pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool) -> bool
         () = tokio::time::sleep(pause) => false,
         () = stopped(&mut stop, 1) => true,
     }
+}
+
+/// How a claim went.
+// Made once per claim and taken apart at once: boxing `Held` would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Claimed {
+    /// The lease and the entry are ours.
+    Held {
+        /// The claim, holding both generations its later writes are fenced on.
+        held: Held,
+        /// When the lease write was sent (the heartbeat counts the lease from there).
+        lease_sent: Instant,
+        /// The owner and attempt of the entry claimed over, when it was running or interrupted: its temporary
+        /// file is ours to remove.
+        previous: Option<(String, u32)>,
+    },
+    /// Another runner holds the lease.
+    Refused,
+    /// The entry changed between the judgement and the claim: the lease was given back; judge again.
+    Changed,
+}
+
+/// Claims an item: its lease, then its entry (each conditional on what the judgement read).
+pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Claimed, ItemError> {
+    let lease_sent = Instant::now();
+    let lease_gen = match apply(&ctx.store, claim.lease_write()).await {
+        Ok(Some(g)) => g,
+        Ok(None) => return Err(ItemError::NoGeneration),
+        Err(e) if e.is_precondition_failed() => return Ok(Claimed::Refused),
+        Err(e) => return Err(ItemError::LedgerWrite(e)),
+    };
+    let entry_gen = match apply(&ctx.store, claim.entry_write()).await {
+        Ok(Some(g)) => g,
+        Ok(None) => return Err(ItemError::NoGeneration),
+        Err(e) => {
+            // Someone changed the entry between our read and our claim: give the lease back, judge again.
+            let _ = apply(&ctx.store, claim.lease_release(lease_gen)).await;
+            if e.is_precondition_failed() {
+                return Ok(Claimed::Changed);
+            }
+            return Err(ItemError::LedgerWrite(e));
+        }
+    };
+    let previous = claim.previous_attempt();
+    Ok(Claimed::Held { held: claim.acquired(lease_gen, entry_gen), lease_sent, previous })
 }

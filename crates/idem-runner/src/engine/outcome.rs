@@ -8,16 +8,17 @@ use idem_store::Store;
 use super::Ctx;
 use crate::output::Digest256;
 use crate::report::ItemReport;
-use crate::{Error, FailedItem, Item, Summary};
+use crate::{Error, FailedItem, Item, ItemError, Summary};
 
 /// How one item ended in this run. `Failed`: out of attempts; `Error`: the runner could not judge or record it
 /// (the ledger failed), which is not the item's doing.
+#[derive(Debug)]
 pub(super) enum Final {
     Done { attempts: u32, digest: Digest256, duration: Duration },
     Skipped { digest: Digest256 },
     Adopted { digest: Digest256 },
     Failed { attempts: u32, error: String },
-    Error { error: String },
+    Error { error: ItemError },
     Poison { attempts: u32, error: String },
     NotDone { reason: &'static str },
     WouldRun,
@@ -26,7 +27,7 @@ pub(super) enum Final {
 pub(super) fn record(
     ctx: &Ctx<impl Store>,
     summary: &mut Summary,
-    joined: Result<(Item, Result<Final, String>), tokio::task::JoinError>,
+    joined: Result<(Item, Result<Final, ItemError>), tokio::task::JoinError>,
 ) -> Result<(), Error> {
     let (item, result) = match joined {
         Ok(r) => r,
@@ -73,7 +74,7 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
         Final::Error { error } => {
             summary.failed += 1;
             c.failed.fetch_add(1, Ordering::Relaxed);
-            ("failed", 0, Some(error.clone()), None, None)
+            ("failed", 0, Some(error.to_string()), None, None)
         }
         Final::Poison { attempts, error } => {
             c.failed.fetch_add(1, Ordering::Relaxed);
