@@ -200,3 +200,181 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
     };
     Ok(Step::End(fin))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use idem_store::{MemoryStore, Precondition, Ttl};
+    use sha2::{Digest as _, Sha256};
+
+    use super::*;
+    use crate::RunConfig;
+    use crate::engine::test_ctx;
+
+    fn item(id: &str) -> Item {
+        Item { line: 1, id: id.to_owned(), raw: id.to_owned() }
+    }
+
+    fn ctx_in(dir: &tempfile::TempDir, dry_run: bool) -> Ctx<MemoryStore> {
+        let mut cfg = RunConfig::new("items", format!("{}/{{id}}.txt", dir.path().display()), vec!["true".into()]);
+        cfg.dry_run = dry_run;
+        test_ctx(cfg)
+    }
+
+    async fn judged(ctx: &Ctx<MemoryStore>, item: &Item) -> Step {
+        let mut run = ItemRun {
+            item,
+            keys: ItemKeys::new(&ctx.job, &item.id),
+            output: ctx.cfg.output_path(&item.id),
+            prefetched: None,
+            waiting: false,
+            permit: None,
+        };
+        judge(ctx, &mut run).await.expect("the memory store answers")
+    }
+
+    async fn put_entry(ctx: &Ctx<MemoryStore>, id: &str, entry: &Entry) {
+        let key = ItemKeys::new(&ctx.job, id).entry().to_owned();
+        ctx.store.put(&key, entry.encode(), Precondition::Any, Ttl::Clear).await.expect("put");
+    }
+
+    async fn entry_of(ctx: &Ctx<MemoryStore>, id: &str) -> Option<Entry> {
+        let read = ctx.store.get(ItemKeys::new(&ctx.job, id).entry()).await.expect("get");
+        read.map(|v| Entry::decode(v.value()).expect("decodes"))
+    }
+
+    fn done(text: &str) -> Entry {
+        Entry::Done {
+            attempts: 1,
+            sha256: hex::encode(Sha256::digest(text.as_bytes())),
+            size: text.len() as u64,
+            owner: "o".into(),
+            finished_at_ms: 0,
+            duration_ms: 0,
+        }
+    }
+
+    fn failed(attempts: u32, poison: bool) -> Entry {
+        Entry::Failed {
+            attempts,
+            failures: vec!["exit 1".into(); attempts as usize],
+            last_error: "exit 1: boom".into(),
+            poison,
+            finished_at_ms: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_item_without_output_needs_running_from_no_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        assert!(matches!(judged(&ctx, &item("a")).await, Step::Run(None)));
+        assert_eq!(entry_of(&ctx, "a").await, None, "judging writes nothing");
+    }
+
+    #[tokio::test]
+    async fn a_verified_output_without_entry_is_adopted_and_recorded_done() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        std::fs::write(dir.path().join("a.txt"), "out").expect("write");
+        let Step::End(Final::Adopted { digest }) = judged(&ctx, &item("a")).await else { panic!("not adopted") };
+        assert_eq!(digest.size, 3);
+        match entry_of(&ctx, "a").await {
+            Some(Entry::Done { sha256, size: 3, owner, .. }) => {
+                assert_eq!(sha256, digest.sha256);
+                assert_eq!(owner, "adopted");
+            }
+            other => panic!("entry {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_adopts_nothing_in_the_ledger() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, true);
+        std::fs::write(dir.path().join("a.txt"), "out").expect("write");
+        assert!(matches!(judged(&ctx, &item("a")).await, Step::End(Final::Adopted { .. })));
+        assert_eq!(entry_of(&ctx, "a").await, None);
+        assert!(matches!(judged(&ctx, &item("b")).await, Step::End(Final::WouldRun)));
+    }
+
+    #[tokio::test]
+    async fn done_is_skipped_while_the_output_matches_and_run_again_once_it_changed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        std::fs::write(dir.path().join("a.txt"), "out").expect("write");
+        put_entry(&ctx, "a", &done("out")).await;
+        let Step::End(Final::Skipped { digest }) = judged(&ctx, &item("a")).await else { panic!("not skipped") };
+        assert_eq!(digest.size, 3);
+        std::fs::write(dir.path().join("a.txt"), "changed").expect("write");
+        match judged(&ctx, &item("a")).await {
+            Step::Run(Some((_, entry))) => assert_eq!(entry, done("out")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn poison_from_an_earlier_run_ends_poison_without_halting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        put_entry(&ctx, "a", &failed(2, true)).await;
+        match judged(&ctx, &item("a")).await {
+            Step::End(Final::Poison { attempts: 2, error }) => assert_eq!(error, "exit 1: boom"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(*ctx.poison.lock().expect("lock"), vec![("a".to_owned(), "exit 1: boom".to_owned())]);
+        assert!(!ctx.stopping(), "a known poison item halts nothing");
+    }
+
+    #[tokio::test]
+    async fn out_of_attempts_fails_and_with_attempts_left_runs_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        // --retries 3: four attempts in all.
+        put_entry(&ctx, "a", &failed(4, false)).await;
+        match judged(&ctx, &item("a")).await {
+            Step::End(Final::Failed { attempts: 4, error }) => assert_eq!(error, "exit 1: boom"),
+            other => panic!("{other:?}"),
+        }
+        put_entry(&ctx, "b", &failed(3, false)).await;
+        assert!(matches!(judged(&ctx, &item("b")).await, Step::Run(Some((_, Entry::Failed { attempts: 3, .. })))));
+    }
+
+    #[tokio::test]
+    async fn a_last_attempt_running_elsewhere_is_waited_for_until_its_lease_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = ctx_in(&dir, false);
+        let running = Entry::Running {
+            owner: "other".into(),
+            attempt: 4,
+            started_at_ms: 0,
+            failures: vec!["a".into(), "b".into(), "c".into()],
+            last_error: Some("exit 1: c".into()),
+        };
+        put_entry(&ctx, "a", &running).await;
+        let lease = ItemKeys::new(&ctx.job, "a").lease().to_owned();
+        ctx.store
+            .put(&lease, "other".into(), Precondition::Any, Ttl::After(Duration::from_secs(60)))
+            .await
+            .expect("put");
+        assert!(matches!(judged(&ctx, &item("a")).await, Step::WaitForHolder));
+        ctx.store.delete(&lease, Precondition::Any).await.expect("delete");
+        assert!(matches!(judged(&ctx, &item("a")).await, Step::End(Final::Failed { attempts: 4, .. })));
+    }
+
+    #[test]
+    fn dry_run_reasons_name_why_an_item_runs() {
+        let missing = Err(Invalid::Missing);
+        assert_eq!(dry_reason(None, &Plan::New, &missing, false).as_deref(), Some("new"));
+        assert_eq!(dry_reason(None, &Plan::New, &Ok(()), false), None);
+        let entry = failed(1, false);
+        assert_eq!(
+            dry_reason(Some(&entry), &Plan::Retry { attempts: 1 }, &missing, false).as_deref(),
+            Some("failed 1 time(s): exit 1: boom")
+        );
+        let poison = failed(2, true);
+        let plan = Plan::Poison { last_error: "exit 1: boom".into() };
+        assert_eq!(dry_reason(Some(&poison), &plan, &missing, false), None);
+    }
+}

@@ -42,25 +42,46 @@ pub use program::owner_token;
 pub use stop::Stop;
 pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
 
+/// What every item of one run shares: the ledger, the settings and the run's shared state. Made once by
+/// [`run_checked`] ([`Ctx::new`]) and shared by the item tasks behind an `Arc`.
 pub(crate) struct Ctx<S> {
+    /// The ledger.
     store: S,
+    /// The run's settings, checked ([`RunConfig::checked`]); `jobs` lowered to the open-file limit.
     cfg: RunConfig,
+    /// The job's name in the ledger keys ([`job_id`] of the output template).
     job: String,
+    /// This process start's owner token ([`owner_token`]): written in the entries it claims and in its
+    /// temporary file names.
     owner: String,
+    /// Attempts an item may use in all (`--retries` + 1).
     limit: RetryLimit,
+    /// What an output must be to count (JSON when the template ends in `.json`, `--expect-field`s).
     checks: Checks,
+    /// Slots: `--jobs` commands run at once. An item holds one from just before its command starts until the
+    /// command exits (a failed one keeps it for its retry).
     jobs: Semaphore,
     /// Items claimed before a slot is free, at most `--jobs` of them: their claim writes commit while other
     /// commands run, instead of inside the slot.
     ahead: Semaphore,
+    /// The operator's stop requests.
     stop: Stop,
+    /// An item turned poison in this run under `--on-poison halt`: nothing new starts.
     halt: AtomicBool,
+    /// What the progress display shows, updated as items move.
     counters: Arc<Counters>,
+    /// Commands this run started ([`Summary::executions`]).
     executions: AtomicU64,
+    /// The `--report` file, written item by item.
     report: Option<Mutex<Report>>,
+    /// Poison items (id, error) in the order found, for [`Summary::poison`].
     poison: Mutex<Vec<(String, String)>>,
+    /// Standard output of a dry run (one line per item it lists).
     dry_out: Mutex<std::io::BufWriter<std::io::Stdout>>,
+    /// Renames outputs into place, fsyncing each directory once.
     renamer: Arc<output::Renamer>,
+    /// The process that kills the commands' process groups if this runner is killed; `None` for a dry run (or
+    /// when it could not start).
     watchdog: Option<Watchdog>,
     /// The command's program found in `PATH` once for the run; `None` when it is a path already, contains a
     /// placeholder, or was not found (then each spawn looks it up, and fails with the usual error).
@@ -70,10 +91,48 @@ pub(crate) struct Ctx<S> {
 }
 
 impl<S> Ctx<S> {
+    /// The context of one run of `cfg` (already checked) over `store`.
+    fn new(
+        store: S,
+        cfg: RunConfig,
+        stop: Stop,
+        report: Option<Report>,
+        counters: Arc<Counters>,
+        watchdog: Option<Watchdog>,
+    ) -> Self {
+        Self {
+            job: job_id(&cfg.output),
+            owner: owner_token(),
+            limit: RetryLimit { max_attempts: cfg.retries.saturating_add(1) },
+            checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
+            jobs: Semaphore::new(cfg.jobs),
+            ahead: Semaphore::new(cfg.jobs),
+            halt: AtomicBool::new(false),
+            counters,
+            executions: AtomicU64::new(0),
+            report: report.map(Mutex::new),
+            poison: Mutex::new(Vec::new()),
+            dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
+            renamer: Arc::new(output::Renamer::default()),
+            watchdog,
+            program: resolve_program(&cfg.command[0]),
+            short_of_resources: AtomicBool::new(false),
+            store,
+            cfg,
+            stop,
+        }
+    }
+
     /// No new command may start: Ctrl-C was pressed, or a poison item halts the run.
     pub(crate) fn stopping(&self) -> bool {
         self.stop.level() > 0 || self.halt.load(Ordering::SeqCst)
     }
+}
+
+/// A context over a [`idem_store::MemoryStore`] for the steps' unit tests: no report, no watchdog.
+#[cfg(test)]
+pub(super) fn test_ctx(cfg: RunConfig) -> Ctx<idem_store::MemoryStore> {
+    Ctx::new(idem_store::MemoryStore::new(), cfg, Stop::new(), None, Arc::default(), None)
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -143,35 +202,15 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     if !cfg.dry_run {
         cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
     }
-    let program = resolve_program(&cfg.command[0]);
     let started = Instant::now();
     let report = match &cfg.report {
-        Some(path) => Some(Mutex::new(Report::create(path)?)),
+        Some(path) => Some(Report::create(path)?),
         None => None,
     };
     let counters = Arc::new(Counters::default());
     let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
-    let ctx = Arc::new(Ctx {
-        job: job_id(&cfg.output),
-        owner: owner_token(),
-        limit: RetryLimit { max_attempts: cfg.retries.saturating_add(1) },
-        checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
-        jobs: Semaphore::new(cfg.jobs),
-        ahead: Semaphore::new(cfg.jobs),
-        halt: AtomicBool::new(false),
-        counters: counters.clone(),
-        executions: AtomicU64::new(0),
-        report,
-        poison: Mutex::new(Vec::new()),
-        dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
-        renamer: Arc::new(output::Renamer::default()),
-        watchdog: if cfg.dry_run { None } else { Watchdog::start() },
-        program,
-        short_of_resources: AtomicBool::new(false),
-        store,
-        cfg,
-        stop,
-    });
+    let watchdog = if cfg.dry_run { None } else { Watchdog::start() };
+    let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog));
     // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
     let window = (ctx.cfg.jobs * 4).max(256);
     let mut set = JoinSet::new();

@@ -112,3 +112,93 @@ pub(super) fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: Strin
     ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));
     Final::Poison { attempts, error }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::RunConfig;
+    use crate::engine::test_ctx;
+    use crate::report::Report;
+
+    fn item(line: u64, id: &str) -> Item {
+        Item { line, id: id.to_owned(), raw: id.to_owned() }
+    }
+
+    fn digest() -> Digest256 {
+        Digest256 { sha256: "ab".repeat(32), size: 2 }
+    }
+
+    #[test]
+    fn each_ending_is_counted_once_in_the_summary_and_the_progress() {
+        let ctx = test_ctx(RunConfig::new("items", "out/{id}.txt", vec!["true".into()]));
+        let mut summary = Summary { total: 9, ..Summary::default() };
+        let ends = [
+            Final::Done { attempts: 1, digest: digest(), duration: Duration::from_millis(5) },
+            Final::Skipped { digest: digest() },
+            Final::Adopted { digest: digest() },
+            Final::Failed { attempts: 4, error: "exit 1: boom".into() },
+            Final::Error { error: ItemError::NoGeneration },
+            Final::Poison { attempts: 2, error: "exit 1: boom".into() },
+            Final::NotDone { reason: "interrupted" },
+            Final::NotDone { reason: "not_started" },
+            Final::WouldRun,
+        ];
+        for (n, fin) in ends.into_iter().enumerate() {
+            record_final(&ctx, &mut summary, &item(n as u64 + 1, &format!("i{n}")), fin).expect("no report");
+        }
+        assert_eq!(
+            (summary.done, summary.skipped, summary.adopted, summary.failed, summary.not_done, summary.would_run),
+            (1, 1, 1, 2, 2, 1)
+        );
+        // Poison items are listed from the context when the run ends, not here.
+        assert!(summary.poison.is_empty());
+        assert_eq!(summary.out_of_attempts.count, 1, "a ledger error is not out of attempts");
+        assert_eq!(
+            summary.out_of_attempts.first,
+            vec![FailedItem { line: 4, id: "i3".into(), attempts: 4, error: "exit 1: boom".into() }]
+        );
+        let c = &ctx.counters;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // Adopted counts as skipped, poison as failed, a dry run's listing as done.
+        assert_eq!((load(&c.done), load(&c.skipped), load(&c.failed)), (2, 2, 3));
+    }
+
+    #[tokio::test]
+    async fn a_panicked_item_task_counts_as_failed_without_a_report_line() {
+        let ctx = test_ctx(RunConfig::new("items", "out/{id}.txt", vec!["true".into()]));
+        let mut summary = Summary::default();
+        let joined = tokio::spawn(async {
+            let panics = true;
+            assert!(!panics, "a bug in an item task");
+            (item(1, "a"), Ok(Final::WouldRun))
+        })
+        .await;
+        record(&ctx, &mut summary, joined).expect("recorded");
+        assert_eq!((summary.failed, summary.would_run), (1, 0));
+        assert_eq!(ctx.counters.failed.load(Ordering::Relaxed), 0, "the progress does not see it");
+    }
+
+    #[test]
+    fn a_ledger_error_is_a_failure_and_the_report_names_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("report.json");
+        let mut ctx = test_ctx(RunConfig::new("items", "out/{id}.txt", vec!["true".into()]));
+        ctx.report = Some(Mutex::new(Report::create(&path).expect("report")));
+        let mut summary = Summary::default();
+        record(&ctx, &mut summary, Ok((item(1, "a"), Err(ItemError::NoGeneration)))).expect("recorded");
+        assert_eq!(summary.failed, 1);
+        let mut report = ctx.report.take().expect("report").into_inner().expect("lock");
+        report.finish(&summary).expect("finish");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("the report is JSON");
+        let line = &json["items"][0];
+        assert_eq!(line["id"], "a");
+        assert_eq!(line["status"], "failed");
+        assert_eq!(line["attempts"], 0);
+        assert_eq!(line["last_error"], "ledger put returned no generation");
+        assert_eq!(line["output"], "out/a.txt");
+        assert_eq!(json["summary"]["failed"], 1);
+    }
+}

@@ -229,3 +229,97 @@ impl Summary {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed_item(line: u64, attempts: u32) -> FailedItem {
+        FailedItem { line, id: format!("i{line}"), attempts, error: "exit 1: boom".into() }
+    }
+
+    #[test]
+    fn out_of_attempts_keeps_the_first_lines_in_file_order_and_the_most_attempts() {
+        let mut o = OutOfAttempts::default();
+        for line in (1..=15).rev() {
+            o.add(failed_item(line, if line == 7 { 9 } else { 4 }));
+        }
+        assert_eq!(o.count, 15);
+        assert_eq!(o.most_attempts, 9);
+        assert_eq!(o.first.iter().map(|f| f.line).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn status_goes_by_precedence_interrupted_poison_failed() {
+        let all = Summary { total: 2, done: 2, ..Summary::default() };
+        assert_eq!(all.status(), RunStatus::AllDone);
+        let failed = Summary { total: 2, done: 1, failed: 1, ..Summary::default() };
+        assert_eq!(failed.status(), RunStatus::Failed);
+        let short = Summary { total: 2, done: 1, ..Summary::default() };
+        assert_eq!(short.status(), RunStatus::Failed, "an item neither done nor failed is not all done");
+        let poison = Summary { poison: vec![("a".into(), "e".into())], ..failed.clone() };
+        assert_eq!(poison.status(), RunStatus::Poison);
+        let interrupted = Summary { interrupted: true, not_done: 1, ..poison.clone() };
+        assert_eq!(interrupted.status(), RunStatus::Interrupted);
+        // A stop requested once every item was done changes nothing.
+        let late = Summary { interrupted: true, ..all.clone() };
+        assert_eq!(late.status(), RunStatus::AllDone);
+        let dry = Summary { total: 2, would_run: 2, dry_run: true, ..Summary::default() };
+        assert_eq!(dry.status(), RunStatus::AllDone);
+        let codes: Vec<i32> = [RunStatus::AllDone, RunStatus::Failed, RunStatus::Poison, RunStatus::Interrupted]
+            .iter()
+            .map(|s| s.exit_code())
+            .collect();
+        assert_eq!(codes, [0, 1, 3, 130]);
+    }
+
+    #[test]
+    fn nothing_to_do_is_said_first() {
+        let s = Summary { total: 3, skipped: 2, adopted: 1, ..Summary::default() };
+        let text = s.render();
+        assert!(text.starts_with("nothing to do: all 3 items already done (1 adopted), ran 0 commands\n"), "{text}");
+        assert!(text.ends_with("exit status 0 (every item done)\n"), "{text}");
+    }
+
+    #[test]
+    fn failed_and_poison_items_are_named_with_a_forget_command_quoted_for_the_shell() {
+        let mut s = Summary {
+            total: 3,
+            done: 1,
+            failed: 1,
+            retries: 0,
+            output: "out dir/{id}.json".into(),
+            ..Summary::default()
+        };
+        s.out_of_attempts.add(FailedItem { line: 2, id: "it's".into(), attempts: 1, error: "exit 1: boom".into() });
+        s.poison.push(("p".into(), "exit 2: bad".into()));
+        s.executions = 3;
+        let text = s.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "3 items in 0.0s: 1 done now, 0 already done, 0 adopted, 1 failed, 1 poison, 0 not done; 3 commands ran",
+                "failed item it's after 1 attempt: exit 1: boom",
+                "1 items out of attempts (--retries 0 allows 1 in all, counted across runs): rerun with --retries 1 \
+                 to give each one more, or start their count afresh with \
+                 `idem runs forget --output 'out dir/{id}.json' \"it's\"`",
+                "poison item p: exit 2: bad",
+                "poison items (the same error twice) are not run again: once the cause is fixed, \
+                 `idem runs forget --output 'out dir/{id}.json' p` retries them",
+                "exit status 3 (poison items)",
+            ]
+        );
+    }
+
+    #[test]
+    fn more_failed_items_than_shown_point_at_the_report() {
+        let mut s = Summary { total: 12, failed: 12, retries: 3, output: "o/{id}".into(), ..Summary::default() };
+        for line in 1..=12 {
+            s.out_of_attempts.add(failed_item(line, 4));
+        }
+        let text = s.render();
+        assert!(text.contains("… and 2 more items out of attempts (see --report)\n"), "{text}");
+        assert!(text.contains("`idem runs forget --output 'o/{id}' ID…`"), "{text}");
+    }
+}
