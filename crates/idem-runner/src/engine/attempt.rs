@@ -11,8 +11,8 @@ use idem_core::Held;
 use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::Ctx;
 use super::stop::stopped;
+use super::{Ctx, settle};
 use crate::Item;
 use crate::heartbeat::Heartbeat;
 use crate::output::{self, Digest256};
@@ -32,7 +32,7 @@ pub(super) enum Attempt {
     Interrupted,
 }
 
-fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
+pub(super) fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
     let ending = ending.into();
     let text = String::from_utf8_lossy(&stderr);
     let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
@@ -73,7 +73,7 @@ async fn kill_group(child: &mut tokio::process::Child) {
     let _ = child.kill().await;
 }
 
-fn describe(status: std::process::ExitStatus) -> String {
+pub(super) fn describe(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt as _;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit {code}"),
@@ -123,7 +123,8 @@ fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
 }
 
 /// One attempt at one held item: spawn, wait, verify, then rename into place while still holding the lease,
-/// which `heartbeat` renews beside each of those steps.
+/// which `heartbeat` renews beside each of those steps. The command's slot (`permit`) is given up as soon as
+/// it exited 0, before its output is checked.
 pub(super) async fn attempt<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
@@ -146,12 +147,37 @@ pub(super) async fn attempt<S: Store>(
     if std::fs::symlink_metadata(&temp).is_ok() {
         let _ = std::fs::remove_file(&temp);
     }
+    let child = match spawn(ctx, held, heartbeat, item, &temp).await {
+        Ok(child) => child,
+        Err(ended) => return ended,
+    };
+    // Listed with the watchdog from now until this attempt returns, on every path.
+    let _watched = Watched::new(ctx.watchdog.as_ref(), child.id());
+    if let Err(ended) = wait(ctx, held, heartbeat, item, child, &temp).await {
+        return ended;
+    }
+    // The command is over: its slot goes to the next item while this output is verified, fsynced and renamed
+    // (`--jobs` counts running commands, as GNU parallel's does). A failed command keeps its slot above, so a
+    // failing item is retried, and found poison, before others start.
+    *permit = None;
+    settle::finish(ctx, held, heartbeat, &temp, output).await
+}
+
+/// Starts the item's command writing to `temp`: the program found in `PATH` at the start (looked up again
+/// if it is gone), retried while the runner is short of descriptors or processes. `Err` is how the attempt
+/// ended without a command running.
+async fn spawn<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut Heartbeat<'_, S>,
+    item: &Item,
+    temp: &Path,
+) -> Result<tokio::process::Child, Attempt> {
     let key = match idem_core::derive_key(&ctx.cfg.key_prefix, &item.id, item.raw.as_bytes()) {
         Ok(k) => k,
-        Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
+        Err(e) => return Err(failed("cannot derive the idempotency key", e.to_string().into_bytes())),
     };
-    let argv: Vec<String> = ctx.cfg.command.iter().map(|a| substitute(a, &item.id, &temp, &item.raw)).collect();
-    let lease = held.lease();
+    let argv: Vec<String> = ctx.cfg.command.iter().map(|a| substitute(a, &item.id, temp, &item.raw)).collect();
     let (token, attempt_no) = (held.fencing_token().to_string(), held.attempt().to_string());
     let command = |program: Option<&Path>| {
         let mut cmd = match program {
@@ -164,7 +190,7 @@ pub(super) async fn attempt<S: Store>(
         };
         cmd.args(&argv[1..])
             .env("IDEM_ITEM_ID", &item.id)
-            .env("IDEM_OUTPUT", &temp)
+            .env("IDEM_OUTPUT", temp)
             .env("IDEM_FENCING_TOKEN", &token)
             .env("IDEM_IDEMPOTENCY_KEY", key.as_str())
             .env("IDEM_ATTEMPT", &attempt_no)
@@ -176,13 +202,14 @@ pub(super) async fn attempt<S: Store>(
             .kill_on_drop(true);
         cmd
     };
+    let cannot_start = |e: std::io::Error| Err(failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()));
     let mut cmd = command(ctx.program.as_deref());
     let mut stop = ctx.stop.subscribe();
     let mut backoff = Duration::from_millis(20);
     let patience = Instant::now() + SPAWN_PATIENCE;
-    let mut child = loop {
+    loop {
         match cmd.spawn() {
-            Ok(c) => break c,
+            Ok(c) => return Ok(c),
             // The runner is short of file descriptors or processes (other commands hold them): not the item's
             // fault, so it must not count towards poison. Keep the slot (which also keeps one command fewer
             // running) and the claim, and try again as commands finish.
@@ -196,27 +223,34 @@ pub(super) async fn attempt<S: Store>(
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = stopped(&mut stop, 1) => return Attempt::NotStarted,
+                    () = stopped(&mut stop, 1) => return Err(Attempt::NotStarted),
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 if !heartbeat.fence(held).await {
-                    return Attempt::Lost;
+                    return Err(Attempt::Lost);
                 }
             }
             // The program found at the start of the run is gone or changed: look it up again, as a shell would.
             Err(e) if ctx.program.is_some() && !runner_short_of_resources(&e) => {
                 tracing::debug!("cannot start {}: {e}; looking it up in PATH again", argv[0]);
                 cmd = command(None);
-                match cmd.spawn() {
-                    Ok(c) => break c,
-                    Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
-                }
+                return cmd.spawn().or_else(cannot_start);
             }
-            Err(e) => return failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()),
+            Err(e) => return cannot_start(e),
         }
-    };
-    // Listed with the watchdog from now until this attempt returns, on every path.
-    let _watched = Watched::new(ctx.watchdog.as_ref(), child.id());
+    }
+}
+
+/// Feeds the item to the command's standard input and waits for it to exit, beside the heartbeat, its
+/// timeout and a second Ctrl-C (each of which kills its process group). `Ok` when it exited 0.
+async fn wait<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut Heartbeat<'_, S>,
+    item: &Item,
+    mut child: tokio::process::Child,
+    temp: &Path,
+) -> Result<(), Attempt> {
     if let Some(mut stdin) = child.stdin.take() {
         let mut input = item.raw.clone().into_bytes();
         input.push(b'\n');
@@ -235,6 +269,7 @@ pub(super) async fn attempt<S: Store>(
         }
         std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
     };
+    let mut stop = ctx.stop.subscribe();
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
     // The lease is renewed beside the wait (not inside an arm of it), so a slow ledger never delays noticing
     // the command's exit, its timeout or a second Ctrl-C.
@@ -243,130 +278,28 @@ pub(super) async fn attempt<S: Store>(
         () = heartbeat.until_lost(held) => {
             // Taken over, or the ledger unreachable until the lease lapsed: the item is no longer ours.
             kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Attempt::Lost;
+            let _ = tokio::fs::remove_file(temp).await;
+            return Err(Attempt::Lost);
         }
         () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
             kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(&temp).await;
-            return failed("timeout", Vec::new());
+            let _ = tokio::fs::remove_file(temp).await;
+            return Err(failed("timeout", Vec::new()));
         }
         () = stopped(&mut stop, 2) => {
             kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Attempt::Interrupted;
+            let _ = tokio::fs::remove_file(temp).await;
+            return Err(Attempt::Interrupted);
         }
     };
     let stderr = stderr().await;
     let status = match status {
         Ok(s) => s,
-        Err(e) => return failed("cannot wait for the command", e.to_string().into_bytes()),
+        Err(e) => return Err(failed("cannot wait for the command", e.to_string().into_bytes())),
     };
     if !status.success() {
-        let _ = tokio::fs::remove_file(&temp).await;
-        return failed(describe(status), stderr);
+        let _ = tokio::fs::remove_file(temp).await;
+        return Err(failed(describe(status), stderr));
     }
-    // The command is over: its slot goes to the next item while this output is verified, fsynced and renamed
-    // (`--jobs` counts running commands, as GNU parallel's does). A failed command keeps its slot above, so a
-    // failing item is retried, and found poison, before others start.
-    *permit = None;
-    // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
-    // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
-    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent() + lease / 3);
-    let (path, checks, to, renamer) = (temp.clone(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
-    let mut finishing = tokio::task::spawn_blocking(move || {
-        let digest =
-            output::verify(&path, &checks).map_err(|why| Finish::Verify(format!("{why}: {}", why.remedy())))?;
-        output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
-        match fence_until {
-            Some(until) if Instant::now() < until => {
-                renamer.rename_into_place(&path, &to).map_err(|e| Finish::Rename(e.to_string()))?;
-                Ok((digest, true))
-            }
-            _ => Ok((digest, false)),
-        }
-    });
-    // Heartbeats go on while the output is read, digested and fsynced: a large output on a slow disk takes
-    // longer than a short lease, and losing it there would discard every attempt. The blocking work cannot be
-    // called off: a lease lost meanwhile is left to the fence before the rename, which then refuses.
-    let finished = tokio::select! {
-        done = &mut finishing => done,
-        () = heartbeat.until_lost(held) => finishing.await,
-    }
-    .unwrap_or_else(|e| Err(Finish::Verify(e.to_string())));
-    let digest = match finished {
-        Ok((digest, true)) => return Attempt::Ok(digest),
-        Ok((digest, false)) => digest,
-        Err(Finish::Verify(why)) => {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return failed(format!("verify: {why}"), Vec::new());
-        }
-        Err(Finish::Rename(e)) => {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return failed("cannot rename the output into place", e.into_bytes());
-        }
-    };
-    // `--verify` runs beside the heartbeat too; a lease lost meanwhile ends it (killed on drop).
-    let verified = tokio::select! {
-        verified = verify_cmd(ctx, &temp) => Some(verified),
-        () = heartbeat.until_lost(held) => None,
-    };
-    match verified {
-        Some(Ok(())) => {}
-        Some(Err((ending, stderr))) => {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return failed(ending, stderr);
-        }
-        None => {
-            let _ = tokio::fs::remove_file(&temp).await;
-            return Attempt::Lost;
-        }
-    }
-    // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
-    // A lease set less than a third of its length ago certainly has (short commands need no extra write);
-    // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
-    // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
-    // slip through; the done write is fenced as well, and the next run would see the digest differ.
-    if !heartbeat.fence(held).await {
-        let _ = tokio::fs::remove_file(&temp).await;
-        return Attempt::Lost;
-    }
-    let (from, to, renamer) = (temp.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
-    let why = match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
-        Ok(Ok(())) => return Attempt::Ok(digest),
-        Ok(Err(e)) => e.to_string(),
-        Err(e) => e.to_string(),
-    };
-    // A rename that failed (the final path is a directory, say) must not leave the temporary file behind.
-    let _ = tokio::fs::remove_file(&temp).await;
-    failed("cannot rename the output into place", why.into_bytes())
-}
-
-/// Why finishing an output failed on the blocking pool.
-enum Finish {
-    /// It did not verify or could not be fsynced: the temporary file is removed.
-    Verify(String),
-    /// The rename failed.
-    Rename(String),
-}
-
-/// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
-pub(super) async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
-    let Some(script) = &ctx.cfg.verify else { return Ok(()) };
-    // Quoted for the shell: an output path is built from item text, which must never run as code.
-    let quoted = format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
-    let script = script.replace("{out}", &quoted);
-    let out = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&script)
-        .env("IDEM_OUTPUT", path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| ("verify: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
-    if out.status.success() { Ok(()) } else { Err((format!("verify {}", describe(out.status)), out.stderr)) }
+    Ok(())
 }

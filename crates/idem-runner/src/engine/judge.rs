@@ -7,9 +7,9 @@ use std::path::Path;
 use idem_core::{Entry, ItemKeys, Plan};
 use idem_store::Store;
 
-use super::attempt::verify_cmd;
 use super::outcome::{Final, poisoned};
 use super::process::{ItemRun, Step};
+use super::settle::verify_cmd;
 use super::{Ctx, apply, now_ms};
 use crate::output::{self, Digest256, Invalid};
 use crate::{Item, ItemError};

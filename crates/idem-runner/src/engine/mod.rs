@@ -1,8 +1,9 @@
 //! The run itself: stream items, judge each against the ledger and its output, claim, run, verify, rename.
 //!
 //! The steps of one item, each in its own module: [`judge`] (the ledger entry and the output file decide
-//! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command,
-//! wait, verify, fence, rename), and [`process`], which drives them per item; [`outcome`] counts how each item
+//! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command and
+//! wait for it), [`settle`] (verify, fsync, fence, rename; then record the attempt in the ledger), and
+//! [`process`], which drives them per item as a loop over [`process::Step`]; [`outcome`] counts how each item
 //! ended and [`summary`] says what the run did. [`stop`] is the operator's Ctrl-C, [`program`] what is checked
 //! of the command and the machine before the run.
 
@@ -12,6 +13,7 @@ mod judge;
 mod outcome;
 mod process;
 mod program;
+mod settle;
 mod stop;
 mod summary;
 

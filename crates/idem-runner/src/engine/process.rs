@@ -5,18 +5,19 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use idem_core::{Entry, FailureVerdict, Held, ItemClaim, ItemKeys};
+use idem_core::{Entry, ItemClaim, ItemKeys};
 use idem_store::{Generation, Store};
 use tokio::sync::SemaphorePermit;
 
-use super::attempt::{Attempt, attempt};
+use super::attempt::attempt;
 use super::claim::{Claimed, claim, unclaim, wait_for_holder, wait_for_slot};
 use super::judge::{Prefetched, judge};
-use super::outcome::{Final, poisoned};
-use super::{Ctx, apply, now_ms};
+use super::outcome::Final;
+use super::settle::record_attempt;
+use super::{Ctx, now_ms};
 use crate::heartbeat::Heartbeat;
 use crate::output;
-use crate::{Item, ItemError, OnPoison};
+use crate::{Item, ItemError};
 
 /// Where an item is between its steps, the way `idem_core::Plan` says what its ledger entry needs.
 #[derive(Debug)]
@@ -144,78 +145,4 @@ async fn claim_and_run<'a, S: Store>(
     // A renewal still in flight is answered first: the release below is fenced on its generation.
     heartbeat.settle(&mut held).await;
     record_attempt(ctx, run.item, &held, outcome, started).await
-}
-
-/// Records how an attempt ended in the ledger (done, failed, interrupted, or nothing when the lease was
-/// lost) and gives back the lease; says what comes next.
-pub(super) async fn record_attempt<S: Store>(
-    ctx: &Ctx<S>,
-    item: &Item,
-    held: &Held,
-    outcome: Attempt,
-    started: Instant,
-) -> Result<Step, ItemError> {
-    let end = |fin| Ok(Step::End(fin));
-    match outcome {
-        Attempt::Ok(digest) => {
-            let duration = started.elapsed();
-            let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
-            // Both fenced and independent, so they share one commit. If the done write is refused, giving
-            // back the lease is still right: it was ours until now.
-            let (done, _) = tokio::join!(apply(&ctx.store, write), apply(&ctx.store, held.release()));
-            match done {
-                Ok(_) => end(Final::Done { attempts: held.attempt(), digest, duration }),
-                Err(e) if e.is_precondition_failed() => {
-                    tracing::warn!(item = %item.id, "taken over before recording done; judging again");
-                    Ok(Step::Judge)
-                }
-                Err(e) => Err(ItemError::LedgerWrite(e)),
-            }
-        }
-        Attempt::Failed { ending, stderr, message } => {
-            ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
-            let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
-            let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
-            match apply(&ctx.store, write).await {
-                Ok(_) => {}
-                Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
-                Err(e) => return Err(ItemError::LedgerWrite(e)),
-            }
-            let _ = apply(&ctx.store, held.release()).await;
-            match verdict {
-                FailureVerdict::Retry => Ok(Step::Judge),
-                FailureVerdict::Poison => {
-                    // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
-                    // earlier run (`Plan::Poison` in the judgement) halts nothing: it is a known fact, not a new
-                    // failure, and halting every rerun before it ran anything would leave the rest undone for
-                    // good.
-                    if ctx.cfg.on_poison == OnPoison::Halt {
-                        ctx.halt.store(true, Ordering::SeqCst);
-                    }
-                    end(poisoned(ctx, item, held.attempt(), message))
-                }
-                FailureVerdict::Exhausted => end(Final::Failed { attempts: held.attempt(), error: message }),
-            }
-        }
-        Attempt::Lost => {
-            tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
-            Ok(Step::Judge)
-        }
-        Attempt::NotStarted => {
-            // Stopped while it waited to start (the runner short of resources): nothing ran, so the claim is
-            // undone as if it had never been made.
-            let _ = unclaim(ctx, held).await;
-            end(Final::NotDone { reason: "interrupted" })
-        }
-        Attempt::Interrupted => {
-            // Killed by the operator (a second Ctrl-C, or SIGTERM), not by its own fault: the attempt is not
-            // counted, so interrupting a run never uses up an item's retries (with `--retries 0` it would be
-            // failed for good). But the entry says it was interrupted rather than going back to what it was:
-            // the command may have written the final path itself, and with no entry that file would be
-            // adopted as done. A crash still counts its attempts: the item may be what crashes the runner.
-            let _ = apply(&ctx.store, held.interrupted(now_ms())).await;
-            let _ = apply(&ctx.store, held.release()).await;
-            end(Final::NotDone { reason: "interrupted" })
-        }
-    }
 }

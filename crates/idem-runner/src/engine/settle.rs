@@ -1,0 +1,205 @@
+//! Settling an attempt whose command exited 0: verify its output (and `--verify`), fsync it, fence the lease
+//! and rename it into place ([`finish`]); then record how the attempt ended in the ledger ([`record_attempt`]).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use idem_core::{FailureVerdict, Held};
+use idem_store::Store;
+
+use super::attempt::{Attempt, describe, failed};
+use super::claim::unclaim;
+use super::outcome::{Final, poisoned};
+use super::process::Step;
+use super::{Ctx, apply, now_ms};
+use crate::heartbeat::Heartbeat;
+use crate::output;
+use crate::{Item, ItemError, OnPoison};
+
+/// Verifies the output the command wrote to `temp`, fsyncs it, and renames it to `output` behind the fence,
+/// with the lease renewed beside each step.
+pub(super) async fn finish<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut Heartbeat<'_, S>,
+    temp: &Path,
+    output: &Path,
+) -> Attempt {
+    // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
+    // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
+    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent() + held.lease() / 3);
+    let (path, checks, to, renamer) =
+        (temp.to_owned(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
+    let mut finishing = tokio::task::spawn_blocking(move || {
+        let digest =
+            output::verify(&path, &checks).map_err(|why| Finish::Verify(format!("{why}: {}", why.remedy())))?;
+        output::sync_file(&path).map_err(|e| Finish::Verify(format!("cannot fsync the output: {e}")))?;
+        match fence_until {
+            Some(until) if Instant::now() < until => {
+                renamer.rename_into_place(&path, &to).map_err(|e| Finish::Rename(e.to_string()))?;
+                Ok((digest, true))
+            }
+            _ => Ok((digest, false)),
+        }
+    });
+    // Heartbeats go on while the output is read, digested and fsynced: a large output on a slow disk takes
+    // longer than a short lease, and losing it there would discard every attempt. The blocking work cannot be
+    // called off: a lease lost meanwhile is left to the fence before the rename, which then refuses.
+    let finished = tokio::select! {
+        done = &mut finishing => done,
+        () = heartbeat.until_lost(held) => finishing.await,
+    }
+    .unwrap_or_else(|e| Err(Finish::Verify(e.to_string())));
+    let digest = match finished {
+        Ok((digest, true)) => return Attempt::Ok(digest),
+        Ok((digest, false)) => digest,
+        Err(Finish::Verify(why)) => {
+            let _ = tokio::fs::remove_file(temp).await;
+            return failed(format!("verify: {why}"), Vec::new());
+        }
+        Err(Finish::Rename(e)) => {
+            let _ = tokio::fs::remove_file(temp).await;
+            return failed("cannot rename the output into place", e.into_bytes());
+        }
+    };
+    // `--verify` runs beside the heartbeat too; a lease lost meanwhile ends it (killed on drop).
+    let verified = tokio::select! {
+        verified = verify_cmd(ctx, temp) => Some(verified),
+        () = heartbeat.until_lost(held) => None,
+    };
+    match verified {
+        Some(Ok(())) => {}
+        Some(Err((ending, stderr))) => {
+            let _ = tokio::fs::remove_file(temp).await;
+            return failed(ending, stderr);
+        }
+        None => {
+            let _ = tokio::fs::remove_file(temp).await;
+            return Attempt::Lost;
+        }
+    }
+    // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
+    // A lease set less than a third of its length ago certainly has (short commands need no extra write);
+    // otherwise renew it, and a holder that was taken over (its renewal refused) never puts its output in
+    // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
+    // slip through; the done write is fenced as well, and the next run would see the digest differ.
+    if !heartbeat.fence(held).await {
+        let _ = tokio::fs::remove_file(temp).await;
+        return Attempt::Lost;
+    }
+    let (from, to, renamer) = (temp.to_owned(), output.to_owned(), Arc::clone(&ctx.renamer));
+    let why = match tokio::task::spawn_blocking(move || renamer.rename_into_place(&from, &to)).await {
+        Ok(Ok(())) => return Attempt::Ok(digest),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    // A rename that failed (the final path is a directory, say) must not leave the temporary file behind.
+    let _ = tokio::fs::remove_file(temp).await;
+    failed("cannot rename the output into place", why.into_bytes())
+}
+
+/// Why finishing an output failed on the blocking pool.
+enum Finish {
+    /// It did not verify or could not be fsynced: the temporary file is removed.
+    Verify(String),
+    /// The rename failed.
+    Rename(String),
+}
+
+/// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
+pub(super) async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
+    let Some(script) = &ctx.cfg.verify else { return Ok(()) };
+    // Quoted for the shell: an output path is built from item text, which must never run as code.
+    let quoted = format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
+    let script = script.replace("{out}", &quoted);
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("IDEM_OUTPUT", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ("verify: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
+    if out.status.success() { Ok(()) } else { Err((format!("verify {}", describe(out.status)), out.stderr)) }
+}
+
+/// Records how an attempt ended in the ledger (done, failed, interrupted, or nothing when the lease was
+/// lost) and gives back the lease; says what comes next.
+pub(super) async fn record_attempt<S: Store>(
+    ctx: &Ctx<S>,
+    item: &Item,
+    held: &Held,
+    outcome: Attempt,
+    started: Instant,
+) -> Result<Step, ItemError> {
+    let end = |fin| Ok(Step::End(fin));
+    match outcome {
+        Attempt::Ok(digest) => {
+            let duration = started.elapsed();
+            let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
+            // Both fenced and independent, so they share one commit. If the done write is refused, giving
+            // back the lease is still right: it was ours until now.
+            let (done, _) = tokio::join!(apply(&ctx.store, write), apply(&ctx.store, held.release()));
+            match done {
+                Ok(_) => end(Final::Done { attempts: held.attempt(), digest, duration }),
+                Err(e) if e.is_precondition_failed() => {
+                    tracing::warn!(item = %item.id, "taken over before recording done; judging again");
+                    Ok(Step::Judge)
+                }
+                Err(e) => Err(ItemError::LedgerWrite(e)),
+            }
+        }
+        Attempt::Failed { ending, stderr, message } => {
+            ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
+            let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
+            let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
+            match apply(&ctx.store, write).await {
+                Ok(_) => {}
+                Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
+                Err(e) => return Err(ItemError::LedgerWrite(e)),
+            }
+            let _ = apply(&ctx.store, held.release()).await;
+            match verdict {
+                FailureVerdict::Retry => Ok(Step::Judge),
+                FailureVerdict::Poison => {
+                    // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
+                    // earlier run (`Plan::Poison` in the judgement) halts nothing: it is a known fact, not a new
+                    // failure, and halting every rerun before it ran anything would leave the rest undone for
+                    // good.
+                    if ctx.cfg.on_poison == OnPoison::Halt {
+                        ctx.halt.store(true, Ordering::SeqCst);
+                    }
+                    end(poisoned(ctx, item, held.attempt(), message))
+                }
+                FailureVerdict::Exhausted => end(Final::Failed { attempts: held.attempt(), error: message }),
+            }
+        }
+        Attempt::Lost => {
+            tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
+            Ok(Step::Judge)
+        }
+        Attempt::NotStarted => {
+            // Stopped while it waited to start (the runner short of resources): nothing ran, so the claim is
+            // undone as if it had never been made.
+            let _ = unclaim(ctx, held).await;
+            end(Final::NotDone { reason: "interrupted" })
+        }
+        Attempt::Interrupted => {
+            // Killed by the operator (a second Ctrl-C, or SIGTERM), not by its own fault: the attempt is not
+            // counted, so interrupting a run never uses up an item's retries (with `--retries 0` it would be
+            // failed for good). But the entry says it was interrupted rather than going back to what it was:
+            // the command may have written the final path itself, and with no entry that file would be
+            // adopted as done. A crash still counts its attempts: the item may be what crashes the runner.
+            let _ = apply(&ctx.store, held.interrupted(now_ms())).await;
+            let _ = apply(&ctx.store, held.release()).await;
+            end(Final::NotDone { reason: "interrupted" })
+        }
+    }
+}
