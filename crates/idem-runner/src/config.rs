@@ -90,6 +90,11 @@ impl RunConfig {
     /// # Errors
     /// [`Error::Config`] naming the problem.
     pub fn check(&self) -> Result<(), Error> {
+        self.check_settings().map(|_| ())
+    }
+
+    /// [`RunConfig::check`], returning the program found in `PATH` (see [`CheckedConfig::program`]).
+    fn check_settings(&self) -> Result<Option<PathBuf>, Error> {
         if !self.output.contains("{id}") {
             return Err(Error::Config(format!("--output {:?} must contain {{id}}", self.output)));
         }
@@ -126,10 +131,10 @@ impl RunConfig {
                 )));
             }
         }
-        if !self.dry_run {
-            crate::engine::check_program(&self.command[0])?;
+        if self.dry_run {
+            return Ok(None);
         }
-        Ok(())
+        crate::engine::check_program(&self.command[0])
     }
 
     /// [`RunConfig::check`], then every item of the file: readable, with an id, and with an output path no
@@ -139,9 +144,9 @@ impl RunConfig {
     /// # Errors
     /// [`Error::Config`], [`Error::ReadItems`], [`Error::BadItem`], [`Error::DuplicateOutput`].
     pub fn checked(self) -> Result<CheckedConfig, Error> {
-        self.check()?;
+        let program = self.check_settings()?;
         let total = crate::engine::precheck(&self)?;
-        Ok(CheckedConfig { cfg: self, total })
+        Ok(CheckedConfig { cfg: self, total, program })
     }
 
     /// The output path of item `id`.
@@ -156,6 +161,10 @@ impl RunConfig {
 pub struct CheckedConfig {
     pub(crate) cfg: RunConfig,
     pub(crate) total: u64,
+    /// The command's program as found in `PATH` by the check, the run's one lookup: spawned by this path, with
+    /// its typed name as argv[0]. `None` for a path, a name with a placeholder, a `PATH` the lookup cannot
+    /// read, or a dry run (each spawn then looks it up as usual).
+    pub(crate) program: Option<PathBuf>,
 }
 
 impl CheckedConfig {

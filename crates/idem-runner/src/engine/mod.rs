@@ -37,7 +37,7 @@ use crate::{CheckedConfig, Error, Item, ItemReader, RunConfig, job_id};
 use judge::{CHUNK, settle_done};
 use outcome::{Final, record, record_final};
 use process::process;
-use program::{jobs_within_descriptor_limit, resolve_program};
+use program::jobs_within_descriptor_limit;
 
 pub(crate) use program::check_program;
 pub use program::owner_token;
@@ -101,6 +101,7 @@ impl<S> Ctx<S> {
         report: Option<Report>,
         counters: Arc<Counters>,
         watchdog: Option<Watchdog>,
+        program: Option<PathBuf>,
     ) -> Self {
         Self {
             job: job_id(&cfg.output),
@@ -117,7 +118,7 @@ impl<S> Ctx<S> {
             dry_out: Mutex::new(std::io::BufWriter::new(std::io::stdout())),
             renamer: Arc::new(output::Renamer::default()),
             watchdog,
-            program: resolve_program(&cfg.command[0]),
+            program,
             short_of_resources: AtomicBool::new(false),
             store,
             cfg,
@@ -134,7 +135,7 @@ impl<S> Ctx<S> {
 /// A context over a [`idem_store::MemoryStore`] for the steps' unit tests: no report, no watchdog.
 #[cfg(test)]
 pub(super) fn test_ctx(cfg: RunConfig) -> Ctx<idem_store::MemoryStore> {
-    Ctx::new(idem_store::MemoryStore::new(), cfg, Stop::new(), None, Arc::default(), None)
+    Ctx::new(idem_store::MemoryStore::new(), cfg, Stop::new(), None, Arc::default(), None, None)
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -200,7 +201,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
 /// # Errors
 /// [`Error::ReadItems`] when the items file went away since it was checked, and report write failures.
 pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, stop: Stop) -> Result<Summary, Error> {
-    let CheckedConfig { mut cfg, total } = checked;
+    let CheckedConfig { mut cfg, total, program } = checked;
     if !cfg.dry_run {
         cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
     }
@@ -212,7 +213,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     let counters = Arc::new(Counters::default());
     let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
     let watchdog = if cfg.dry_run { None } else { Watchdog::start() };
-    let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog));
+    let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog, program));
     // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
     let window = (ctx.cfg.jobs * 4).max(256);
     let mut set = JoinSet::new();

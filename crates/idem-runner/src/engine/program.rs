@@ -18,7 +18,7 @@ pub fn owner_token() -> String {
 /// for `sh` with this machine's `PATH`.
 ///
 /// `None` as well when `PATH` is not [`searchable`].
-pub(super) fn resolve_program(name: &str) -> Option<PathBuf> {
+fn resolve_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') || name.contains('{') || !searchable() {
         return None;
     }
@@ -37,20 +37,26 @@ fn searchable() -> bool {
 /// Refuses a program that cannot start before anything runs: a typo in the command is the operator's error,
 /// and as an item failure it would make the first items poison, for good. A name with a placeholder is
 /// checked per item when it runs.
-pub(crate) fn check_program(name: &str) -> Result<(), Error> {
+///
+/// Returns the program found in `PATH` for a bare name ([`resolve_program`]: the run's one lookup), `None`
+/// for a path, a name with a placeholder, or a `PATH` the lookup cannot read.
+pub(crate) fn check_program(name: &str) -> Result<Option<PathBuf>, Error> {
     use std::os::unix::fs::PermissionsExt as _;
     if name.contains('{') {
-        return Ok(());
+        return Ok(None);
     }
     if !name.contains('/') {
         // Where the lookup cannot tell (an unusual PATH), the spawn decides.
-        if !searchable() || resolve_program(name).is_some() {
-            return Ok(());
+        if !searchable() {
+            return Ok(None);
         }
-        return Err(Error::Config(format!("cannot start {name}: not found in PATH")));
+        return match resolve_program(name) {
+            Some(path) => Ok(Some(path)),
+            None => Err(Error::Config(format!("cannot start {name}: not found in PATH"))),
+        };
     }
     match std::fs::metadata(name) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(None),
         Ok(_) => Err(Error::Config(format!("cannot start {name}: not an executable file"))),
         Err(e) => Err(Error::Config(format!("cannot start {name}: {e}"))),
     }
@@ -77,4 +83,25 @@ pub(super) fn jobs_within_descriptor_limit(jobs: usize) -> usize {
         return room;
     }
     jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_finds_a_bare_name_in_path_once_and_keeps_it() {
+        if !searchable() {
+            // A PATH the lookup cannot read (unset, or with a `~` entry) is left to the spawn: nothing to find.
+            assert_eq!(check_program("sh").expect("left to the spawn"), None);
+            return;
+        }
+        let sh = check_program("sh").expect("sh is in PATH").expect("found by the check");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        // A placeholder is checked when it runs; a path is spawned as it is.
+        assert_eq!(check_program("./{id}.sh").expect("not checked"), None);
+        assert_eq!(check_program(&sh.display().to_string()).expect("executable"), None);
+        let refused = check_program("idem-no-such-program").expect_err("refused");
+        assert_eq!(refused.to_string(), "cannot start idem-no-such-program: not found in PATH");
+    }
 }
