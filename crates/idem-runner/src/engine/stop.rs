@@ -4,10 +4,15 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-/// Asks a running [`run`] to stop: the first request stops claiming (running items finish), the second kills
-/// the children and releases their leases. Cheap to clone; all clones share one state.
+/// Asks a running [`run`](crate::run) to stop: the first request stops claiming (running items finish), the
+/// second kills the children and releases their leases. Cheap to clone; all clones share one state.
+///
+/// The run reads the level where it waits: at level 1 nothing new is read, claimed or started (items waiting
+/// for a slot or for another runner end not done), at level 2 running commands are killed (their attempts
+/// recorded as interrupted, not counted).
 #[derive(Clone, Debug)]
 pub struct Stop {
+    /// The level requested so far (0 none, 1 drain, 2 abort), watched by every wait that a stop ends.
     tx: Arc<watch::Sender<u8>>,
 }
 
