@@ -5,14 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use idem_server::Upstream;
-use idem_tower::{IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
+use idem_tower::{IdempotencyLayer, InFlight, InvalidatingStore, KeyPolicy, UnknownOutcome};
 
-use bytes::Bytes;
 use idem_server::ServerConfig;
-use idem_store::{
-    CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
-    Versioned, Written,
-};
+use idem_store::Limits;
 use serde::Deserialize;
 
 use crate::error::Error;
@@ -582,7 +578,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             // Records deleted or written through the admin listener (records endpoint, KV API) leave the
             // replay cache as they leave the store. The look-up reads records under the layer's own prefix.
             let kv_config = kv_config.with_record_prefix(layer.record_key_prefix());
-            let kv = idem_server::app(Invalidating { store: store.clone(), layer: layer.clone() }, kv_config);
+            let kv = idem_server::app(InvalidatingStore::new(store.clone(), layer.clone()), kv_config);
             let drain = layer.clone();
             let proxy = idem_server::proxy(layer, upstream);
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
@@ -630,71 +626,4 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
     tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })
-}
-
-/// The store as the admin listener sees it in proxy mode: every write also drops its key from the layer's
-/// replay cache, so an operator's delete of a record is not undone by a cached copy.
-#[derive(Clone)]
-struct Invalidating {
-    store: AnyStore,
-    layer: IdempotencyLayer<AnyStore>,
-}
-
-impl Invalidating {
-    /// Runs `write`, then drops `key` from the replay cache, as one task: a client that hangs up mid-request
-    /// drops this future, and must not leave the store changed but the cached copy in place. Invalidating only
-    /// after the write: a replay that read the old record meanwhile then drops its copy (the cache refuses
-    /// inserts whose read predates an invalidation), and a hit before the write lands answers what the store
-    /// still holds.
-    async fn then_invalidate<T: Send + 'static>(
-        &self,
-        key: &str,
-        write: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let (layer, key) = (self.layer.clone(), key.to_owned());
-        let task = tokio::spawn(async move {
-            let result = write.await;
-            layer.invalidate(&key);
-            result
-        });
-        task.await.unwrap_or_else(|e| Err(StoreError::unavailable(format!("the write's task failed: {e}"))))
-    }
-}
-
-impl Store for Invalidating {
-    fn limits(&self) -> &Limits {
-        self.store.limits()
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
-        self.store.get(key).await
-    }
-
-    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
-        self.store.get_many(keys).await
-    }
-
-    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
-        let (store, k) = (self.store.clone(), key.to_owned());
-        self.then_invalidate(key, async move { store.put(&k, value, precondition, ttl).await }).await
-    }
-
-    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
-        let (store, k) = (self.store.clone(), key.to_owned());
-        self.then_invalidate(key, async move { store.delete(&k, precondition).await }).await
-    }
-
-    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
-        self.store.list(prefix, cursor, limit).await
-    }
-
-    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
-        let (store, k) = (self.store.clone(), key.to_owned());
-        self.then_invalidate(key, async move { store.set_change(&k, change).await }).await
-    }
-
-    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
-        let (store, k, id) = (self.store.clone(), key.to_owned(), dedupe_id.map(str::to_owned));
-        self.then_invalidate(key, async move { store.counter_add(&k, delta, id.as_deref()).await }).await
-    }
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use idem_store::MemoryStore;
-use idem_tower::{Idempotency, IdempotencyLayer, InFlight, UnknownOutcome, UpstreamFailure};
+use idem_store::{MemoryStore, Precondition, Store};
+use idem_tower::{Idempotency, IdempotencyLayer, InFlight, InvalidatingStore, UnknownOutcome, UpstreamFailure};
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt, service_fn};
@@ -295,4 +295,25 @@ async fn a_caller_that_hangs_up_mid_execution_does_not_cancel_it_and_the_retry_r
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(text(retry).await, "order 1: {\"n\":1}\n");
     assert_eq!(h.executions(), 1);
+}
+
+/// A record deleted through `InvalidatingStore` (an operator's delete on the admin API) leaves the replay cache
+/// too: the retry executes again instead of replaying the deleted record from memory.
+#[tokio::test]
+async fn a_record_deleted_through_the_invalidating_store_is_not_replayed_from_the_cache() {
+    let h = Harness::new();
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::new(store.clone()).replay_cache(1 << 20);
+    let admin = InvalidatingStore::new(store.clone(), layer.clone());
+    let app = h.app(layer.clone());
+    assert_eq!(send(&app, "/orders", "k", "{}").await.status(), StatusCode::CREATED);
+    assert_eq!(send(&app, "/orders", "k", "{}").await.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.executions(), 1);
+    let records = store.list(layer.record_key_prefix(), None, 10).await.unwrap();
+    assert_eq!(records.items.len(), 1, "{records:?}");
+    admin.delete(&records.items[0].key, Precondition::Any).await.unwrap();
+    let again = send(&app, "/orders", "k", "{}").await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.executions(), 2, "executed again, not replayed from the cache");
 }
