@@ -33,9 +33,10 @@ mod record;
 
 pub use error::Error;
 pub use fingerprint::{Fingerprint, RequestParts, Scope};
+pub use idem_store::{Write, WriteOp};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
 pub use ledger::{
     Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, adopt, entry_prefix, error_fingerprint, plan,
 };
 pub use problem::ProblemType;
-pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, Write, WriteOp, judge};
+pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, judge};

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_store::{Generation, Precondition, Ttl};
+use idem_store::{Generation, Precondition, Ttl, Write, WriteOp};
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Fingerprint, IdempotencyKey, Scope};
@@ -231,31 +231,6 @@ pub fn judge(record: Option<Record>, fingerprint: &Fingerprint) -> Verdict {
             Outcome::Unknown { .. } => Verdict::Unknown,
         },
     }
-}
-
-/// A store write, to be performed as given: `op` on `key`, only if `precondition` holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Write {
-    /// The record's store key.
-    pub key: String,
-    /// Put or delete.
-    pub op: WriteOp,
-    /// The condition; after the claim always `Generation(fencing token)` or `Absent`.
-    pub precondition: Precondition,
-}
-
-/// The operation of a [`Write`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WriteOp {
-    /// Store `value` with `ttl`.
-    Put {
-        /// The encoded [`Record`].
-        value: Bytes,
-        /// The lease length (in progress) or the retention (finished).
-        ttl: Ttl,
-    },
-    /// Remove the record (release).
-    Delete,
 }
 
 /// A claim about to be made: [`Claim::write`] is the conditional create; once the store accepted it,

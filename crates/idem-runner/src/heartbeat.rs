@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use idem_core::Held;
 use idem_store::{Error as StoreError, Generation, Store};
 
-use crate::engine::apply;
+use idem_store::StoreExt;
 
 /// How soon a renewal that failed (not refused: the ledger did not answer or erred) is tried again, at most; a
 /// third of the lease when that is shorter.
@@ -63,7 +63,7 @@ impl<'a, S: Store> Heartbeat<'a, S> {
         while !self.lost {
             if self.in_flight.is_none() {
                 tokio::time::sleep_until(self.due).await;
-                self.in_flight = Some((Instant::now(), Box::pin(apply(self.store, held.renew()))));
+                self.in_flight = Some((Instant::now(), Box::pin(self.store.apply(held.renew()))));
             }
             self.answer(held).await;
         }
@@ -87,7 +87,7 @@ impl<'a, S: Store> Heartbeat<'a, S> {
             return true;
         }
         let sent = Instant::now();
-        match apply(self.store, held.renew()).await {
+        match self.store.apply(held.renew()).await {
             Ok(Some(g)) => {
                 self.renewed(held, sent, g);
                 true

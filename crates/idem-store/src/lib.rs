@@ -35,6 +35,7 @@ mod ops;
 mod store;
 mod types;
 mod update;
+mod write;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -49,3 +50,4 @@ pub use types::{
     millis_to_system_time, system_time_to_millis,
 };
 pub use update::{Decision, RetryPolicy, Updated};
+pub use write::{Write, WriteOp};

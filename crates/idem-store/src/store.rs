@@ -135,6 +135,26 @@ pub trait StoreExt: Store {
     {
         update::run(self, key, f, policy)
     }
+
+    /// Performs `write` as given: its put (returning the new generation) or delete (returning `None`), only
+    /// if its precondition holds. The fencing token of a lease is such a precondition: a holder that lost the
+    /// lease gets [`Error::PreconditionFailed`] instead of overwriting its successor.
+    ///
+    /// # Errors
+    /// As [`Store::put`] and [`Store::delete`].
+    fn apply(&self, write: crate::Write) -> impl Future<Output = Result<Option<Generation>, Error>> + Send
+    where
+        Self: Sync,
+    {
+        async move {
+            match write.op {
+                crate::WriteOp::Put { value, ttl } => {
+                    self.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
+                }
+                crate::WriteOp::Delete => self.delete(&write.key, write.precondition).await.map(|_| None),
+            }
+        }
+    }
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}

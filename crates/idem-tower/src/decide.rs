@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, Write, WriteOp, judge};
-use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, judge};
+use idem_store::{Error as StoreError, Store, StoreExt, system_time_to_millis};
 use tracing::error;
 
 use crate::config::{Config, InFlight};
@@ -99,7 +99,7 @@ async fn claim<St: Store>(
     fingerprint: &Fingerprint,
 ) -> Result<Lease, StoreError> {
     let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
-    match apply(store, claim.write()).await? {
+    match store.apply(claim.write()).await? {
         Some(generation) => Ok(claim.acquired(generation)),
         None => Err(StoreError::unavailable("the claim returned no generation")),
     }
@@ -136,15 +136,6 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
         }
         Verdict::Unknown => outcome_unknown(),
     })
-}
-
-pub(crate) async fn apply<St: Store>(store: &St, write: Write) -> Result<Option<Generation>, StoreError> {
-    match write.op {
-        WriteOp::Put { value, ttl } => {
-            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
-        }
-        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
-    }
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -19,8 +19,9 @@ use tower::{BoxError, Service};
 use tracing::{error, info, warn};
 
 use crate::config::{Config, UnknownOutcome};
-use crate::decide::{apply, now_ms};
+use crate::decide::now_ms;
 use crate::problem::{outcome_unknown_broken, outcome_unknown_now};
+use idem_store::StoreExt;
 
 /// How long a caller waits for its outcome to be stored before it is answered anyway.
 const ANSWER_WAIT: Duration = Duration::from_secs(3);
@@ -150,7 +151,7 @@ impl<St: Store> LeaseKeeper<St> {
                 }
                 () = tokio::time::sleep_until(next), if self.held && renewal.is_none() => {
                     next = tokio::time::Instant::now() + period;
-                    renewal = Some(Box::pin(apply(store, self.lease.renew())));
+                    renewal = Some(Box::pin(store.apply(self.lease.renew())));
                 }
             }
         }
@@ -199,7 +200,7 @@ impl<St: Store> LeaseKeeper<St> {
     async fn release(&mut self) {
         let mut adopted = false;
         loop {
-            match apply(&*self.store, self.lease.release()).await {
+            match self.store.apply(self.lease.release()).await {
                 Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
                 Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => {
                     adopted = true;
@@ -233,14 +234,13 @@ impl<St: Store> LeaseKeeper<St> {
         let token = config.replay_cache.as_ref().map(|c| c.token());
         loop {
             let sent = SystemTime::now();
-            match apply(&*self.store, self.lease.complete(outcome.clone(), now, config.retention)).await {
+            match self.store.apply(self.lease.complete(outcome.clone(), now, config.retention)).await {
                 Ok(_) => return self.remember(config, token, outcome, now, sent),
                 Err(e) if e.current_generation() == Some(None) => {
                     // Our lease lapsed and nobody claimed the key since: keep the result, unless someone
                     // claims it first (then the create fails and their record stands).
                     let sent = SystemTime::now();
-                    match apply(&*self.store, self.lease.complete_lapsed(outcome.clone(), now, config.retention)).await
-                    {
+                    match self.store.apply(self.lease.complete_lapsed(outcome.clone(), now, config.retention)).await {
                         Ok(_) => {
                             info!(key, "stored the outcome after the lease had lapsed");
                             self.remember(config, token, outcome, now, sent);

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use idem_core::{Held, ItemClaim};
 use idem_store::{Error as StoreError, Store};
 
+use super::Ctx;
 use super::stop::stopped;
-use super::{Ctx, apply};
 use crate::ItemError;
 use crate::heartbeat::Heartbeat;
+use idem_store::StoreExt;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
 /// keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost (taken over,
@@ -38,8 +39,8 @@ pub(super) async fn wait_for_slot<'a, S: Store>(
 /// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
 /// started is given back with [`Held::interrupted`] instead.)
 pub(super) async fn unclaim<S: Store>(ctx: &Ctx<S>, held: &Held) -> Result<(), StoreError> {
-    apply(&ctx.store, held.unclaim()).await?;
-    apply(&ctx.store, held.release()).await.map(|_| ())
+    ctx.store.apply(held.unclaim()).await?;
+    ctx.store.apply(held.release()).await.map(|_| ())
 }
 
 /// Another runner holds the item: counts this one as waiting (once) and pauses a quarter lease (0.1..=2 s)
@@ -80,18 +81,18 @@ pub(super) enum Claimed {
 /// Claims an item: its lease, then its entry (each conditional on what the judgement read).
 pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Claimed, ItemError> {
     let lease_sent = Instant::now();
-    let lease_gen = match apply(&ctx.store, claim.lease_write()).await {
+    let lease_gen = match ctx.store.apply(claim.lease_write()).await {
         Ok(Some(g)) => g,
         Ok(None) => return Err(ItemError::NoGeneration),
         Err(e) if e.is_precondition_failed() => return Ok(Claimed::Refused),
         Err(e) => return Err(ItemError::LedgerWrite(e)),
     };
-    let entry_gen = match apply(&ctx.store, claim.entry_write()).await {
+    let entry_gen = match ctx.store.apply(claim.entry_write()).await {
         Ok(Some(g)) => g,
         Ok(None) => return Err(ItemError::NoGeneration),
         Err(e) => {
             // Someone changed the entry between our read and our claim: give the lease back, judge again.
-            let _ = apply(&ctx.store, claim.lease_release(lease_gen)).await;
+            let _ = ctx.store.apply(claim.lease_release(lease_gen)).await;
             if e.is_precondition_failed() {
                 return Ok(Claimed::Changed);
             }

@@ -10,9 +10,10 @@ use idem_store::Store;
 use super::outcome::{Final, poisoned};
 use super::process::{ItemRun, Step};
 use super::settle::verify_cmd;
-use super::{Ctx, apply, now_ms};
+use super::{Ctx, now_ms};
 use crate::output::{self, Digest256, Invalid};
 use crate::{Item, ItemError};
+use idem_store::StoreExt;
 
 /// Items judged together: one ledger read and one trip to the blocking pool per chunk.
 pub(super) const CHUNK: usize = 128;
@@ -176,7 +177,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             }
             // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
             let write = idem_core::adopt(keys, &digest.sha256, digest.size, now_ms());
-            match apply(&ctx.store, write).await {
+            match ctx.store.apply(write).await {
                 Ok(_) => Final::Adopted { digest },
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
                 Err(e) => return Err(ItemError::LedgerWrite(e)),

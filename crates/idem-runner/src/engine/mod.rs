@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use idem_core::{RetryLimit, Write, WriteOp};
-use idem_store::{Error as StoreError, Generation, Store, system_time_to_millis};
+use idem_core::RetryLimit;
+use idem_store::{Store, system_time_to_millis};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -140,16 +140,6 @@ pub(super) fn test_ctx(cfg: RunConfig) -> Ctx<idem_store::MemoryStore> {
 
 pub(super) fn now_ms() -> u64 {
     system_time_to_millis(SystemTime::now())
-}
-
-/// Performs a ledger write; returns the new generation of a put.
-pub(crate) async fn apply<S: Store>(store: &S, write: Write) -> Result<Option<Generation>, StoreError> {
-    match write.op {
-        WriteOp::Put { value, ttl } => {
-            store.put(&write.key, value, write.precondition, ttl).await.map(|w| Some(w.generation()))
-        }
-        WriteOp::Delete => store.delete(&write.key, write.precondition).await.map(|_| None),
-    }
 }
 
 /// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.

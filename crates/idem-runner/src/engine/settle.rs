@@ -14,10 +14,11 @@ use super::attempt::{Attempt, describe, failed};
 use super::claim::unclaim;
 use super::outcome::{Final, poisoned};
 use super::process::Step;
-use super::{Ctx, apply, now_ms};
+use super::{Ctx, now_ms};
 use crate::heartbeat::Heartbeat;
 use crate::output;
 use crate::{Item, ItemError, OnPoison};
+use idem_store::StoreExt;
 
 /// Verifies the output the command wrote to `temp`, fsyncs it, and renames it to `output` behind the fence,
 /// with the lease renewed beside each step.
@@ -146,7 +147,7 @@ pub(super) async fn record_attempt<S: Store>(
             let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
             // Both fenced and independent, so they share one commit. If the done write is refused, giving
             // back the lease is still right: it was ours until now.
-            let (done, _) = tokio::join!(apply(&ctx.store, write), apply(&ctx.store, held.release()));
+            let (done, _) = tokio::join!(ctx.store.apply(write), ctx.store.apply(held.release()));
             match done {
                 Ok(_) => end(Final::Done { attempts: held.attempt(), digest, duration }),
                 Err(e) if e.is_precondition_failed() => {
@@ -160,12 +161,12 @@ pub(super) async fn record_attempt<S: Store>(
             ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
             let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
             let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
-            match apply(&ctx.store, write).await {
+            match ctx.store.apply(write).await {
                 Ok(_) => {}
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
                 Err(e) => return Err(ItemError::LedgerWrite(e)),
             }
-            let _ = apply(&ctx.store, held.release()).await;
+            let _ = ctx.store.apply(held.release()).await;
             match verdict {
                 FailureVerdict::Retry => Ok(Step::Judge),
                 FailureVerdict::Poison => {
@@ -197,8 +198,8 @@ pub(super) async fn record_attempt<S: Store>(
             // failed for good). But the entry says it was interrupted rather than going back to what it was:
             // the command may have written the final path itself, and with no entry that file would be
             // adopted as done. A crash still counts its attempts: the item may be what crashes the runner.
-            let _ = apply(&ctx.store, held.interrupted(now_ms())).await;
-            let _ = apply(&ctx.store, held.release()).await;
+            let _ = ctx.store.apply(held.interrupted(now_ms())).await;
+            let _ = ctx.store.apply(held.release()).await;
             end(Final::NotDone { reason: "interrupted" })
         }
     }
