@@ -31,8 +31,8 @@ use tower_http::timeout::TimeoutBody;
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then stops accepting and
-/// waits for the open connections to finish their requests. A connection with no request running is closed
-/// `idle_timeout` after its last request ended (or after it was accepted).
+/// waits for the open connections to finish their requests. A connection with no request running and nothing
+/// written for `idle_timeout` is shut down, and dropped if still open [`CLOSING_GRACE`] later.
 pub(crate) async fn serve_connections<L>(
     mut listener: L,
     router: Router,
@@ -105,8 +105,8 @@ async fn serve_one<I>(
                     }
                 } else if activity.idle_for(idle_timeout) {
                     tracing::debug!(%peer, timeout = ?idle_timeout, "closing an idle client connection");
-                    // Graceful: HTTP/2 gets a GOAWAY; a connection between requests or part-way through a
-                    // request header is closed at once.
+                    // Graceful: HTTP/2 gets a GOAWAY, HTTP/1.1 between requests closes at once; one stalled
+                    // part-way through a header waits for the rest, so the next wake drops it.
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
