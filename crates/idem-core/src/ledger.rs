@@ -33,7 +33,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_store::{Generation, Precondition, Ttl};
+use idem_store::{Generation, Precondition, Renewable, Ttl, Versioned};
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Write, WriteOp};
@@ -365,6 +365,32 @@ pub struct Held {
     entry_generation: Generation,
 }
 
+/// Kept by [`idem_store::LeaseKeeper`] while the item waits for a slot, runs and settles.
+impl Renewable for Held {
+    fn length(&self) -> Duration {
+        self.claim.lease
+    }
+
+    /// Extend the lease by its length from now (the store's now), only if still held.
+    fn renewal(&self) -> Write {
+        Write {
+            key: self.claim.keys.lease.clone(),
+            op: WriteOp::Put { value: Bytes::from(self.claim.owner.clone()), ttl: Ttl::After(self.claim.lease) },
+            precondition: Precondition::Generation(self.lease_generation),
+        }
+    }
+
+    fn renewed(&mut self, lease_generation: Generation) {
+        self.lease_generation = lease_generation;
+    }
+
+    /// The lease's value is the owner token, unique to a runner process; one process holds an item through
+    /// one keeper at a time, so a lease with its token is this claim's.
+    fn is_mine(&self, current: &Versioned) -> bool {
+        current.value().as_ref() == self.claim.owner.as_bytes()
+    }
+}
+
 impl Held {
     /// The fencing token: the entry generation the claim wrote. Greater than every earlier holder's.
     pub fn fencing_token(&self) -> Generation {
@@ -379,20 +405,6 @@ impl Held {
     /// The lease length.
     pub fn lease(&self) -> Duration {
         self.claim.lease
-    }
-
-    /// Extend the lease by its length from now (the store's now), only if still held.
-    pub fn renew(&self) -> Write {
-        Write {
-            key: self.claim.keys.lease.clone(),
-            op: WriteOp::Put { value: Bytes::from(self.claim.owner.clone()), ttl: Ttl::After(self.claim.lease) },
-            precondition: Precondition::Generation(self.lease_generation),
-        }
-    }
-
-    /// Records the generation the store gave an accepted [`Held::renew`].
-    pub fn renewed(&mut self, lease_generation: Generation) {
-        self.lease_generation = lease_generation;
     }
 
     /// Give the lease back (after done or failed, or when interrupted), only if still held.
@@ -587,9 +599,9 @@ mod tests {
         let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
         let mut held = claim.acquired(Generation::new(3), Generation::new(4));
         assert_eq!(held.fencing_token(), Generation::new(4));
-        assert_eq!(held.renew().precondition, Precondition::Generation(Generation::new(3)));
+        assert_eq!(held.renewal().precondition, Precondition::Generation(Generation::new(3)));
         held.renewed(Generation::new(9));
-        assert_eq!(held.renew().precondition, Precondition::Generation(Generation::new(9)));
+        assert_eq!(held.renewal().precondition, Precondition::Generation(Generation::new(9)));
         assert_eq!(held.release().precondition, Precondition::Generation(Generation::new(9)));
         assert_eq!(held.release().op, WriteOp::Delete);
         let done = held.done("ab", 2, 5, 1);

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_store::{Generation, Precondition, Ttl, Write, WriteOp};
+use idem_store::{Generation, Precondition, Renewable, Ttl, Versioned, Write, WriteOp};
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, Fingerprint, IdempotencyKey, Scope};
@@ -287,6 +287,30 @@ pub struct Lease {
     generation: Generation,
 }
 
+/// Kept by [`idem_store::LeaseKeeper`] while the request executes.
+impl Renewable for Lease {
+    fn length(&self) -> Duration {
+        self.claim.length
+    }
+
+    /// Extend the lease by its length from now (the store's now), only if still held.
+    fn renewal(&self) -> Write {
+        Write {
+            key: self.claim.key.0.clone(),
+            op: WriteOp::Put { value: self.claim.in_progress().encode(), ttl: Ttl::After(self.claim.length) },
+            precondition: Precondition::Generation(self.generation),
+        }
+    }
+
+    fn renewed(&mut self, generation: Generation) {
+        self.advanced(generation);
+    }
+
+    fn is_mine(&self, current: &Versioned) -> bool {
+        Record::decode(current.value()).is_ok_and(|record| Lease::is_mine(self, &record))
+    }
+}
+
 impl Lease {
     /// The fencing token: the generation of the holder's last accepted write.
     pub fn generation(&self) -> Generation {
@@ -306,15 +330,6 @@ impl Lease {
     /// The fingerprint of the request the lease was claimed for.
     pub fn fingerprint(&self) -> &Fingerprint {
         &self.claim.fingerprint
-    }
-
-    /// Extend the lease by its length from now (the store's now), only if still held.
-    pub fn renew(&self) -> Write {
-        Write {
-            key: self.claim.key.0.clone(),
-            op: WriteOp::Put { value: self.claim.in_progress().encode(), ttl: Ttl::After(self.claim.length) },
-            precondition: Precondition::Generation(self.generation),
-        }
     }
 
     /// Whether `record` is this lease's own in-progress record (same owner, claim time and fingerprint), e.g.
@@ -436,7 +451,7 @@ mod tests {
         assert_eq!(create.precondition, Precondition::Absent);
         assert!(matches!(create.op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == Duration::from_secs(10)));
         let mut lease = claim.acquired(Generation::new(5));
-        assert_eq!(lease.renew().precondition, Precondition::Generation(Generation::new(5)));
+        assert_eq!(lease.renewal().precondition, Precondition::Generation(Generation::new(5)));
         assert!(lease.is_mine(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),

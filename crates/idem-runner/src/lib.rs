@@ -23,7 +23,6 @@ mod admin;
 mod config;
 mod engine;
 mod error;
-mod heartbeat;
 mod items;
 mod output;
 mod progress;

@@ -29,6 +29,7 @@
 //! ```
 
 mod error;
+mod lease;
 mod limits;
 mod memory;
 mod ops;
@@ -39,8 +40,11 @@ mod write;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{Error, KeyProblem};
+pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
 pub use memory::MemoryStore;
 pub use ops::{CounterApplied, SetApplied, apply_counter, apply_set, decode_set, encode_set};

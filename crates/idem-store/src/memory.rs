@@ -15,6 +15,29 @@ use crate::{
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
     limits: Limits,
+    clock: Clock,
+}
+
+/// Where a [`MemoryStore`] reads "now" for TTLs and dedupe retention.
+#[derive(Clone, Copy, Debug, Default)]
+enum Clock {
+    /// The system clock.
+    #[default]
+    System,
+    /// Tokio's clock, from `origin` (the system time, in ms, when the store was made) at `start`: a test with
+    /// paused time moves it with `tokio::time::advance`, so leases lapse when the test says.
+    Tokio { origin_ms: u64, start: tokio::time::Instant },
+}
+
+impl Clock {
+    fn now_ms(self) -> u64 {
+        match self {
+            Clock::System => system_time_to_millis(SystemTime::now()),
+            Clock::Tokio { origin_ms, start } => {
+                origin_ms + u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX - origin_ms)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -51,10 +74,6 @@ impl Inner {
     }
 }
 
-fn now_ms() -> u64 {
-    system_time_to_millis(SystemTime::now())
-}
-
 impl MemoryStore {
     /// An empty store with default [`Limits`].
     pub fn new() -> Self {
@@ -63,7 +82,21 @@ impl MemoryStore {
 
     /// An empty store with these limits.
     pub fn with_limits(limits: Limits) -> Self {
-        Self { inner: Arc::default(), limits }
+        Self { inner: Arc::default(), limits, clock: Clock::System }
+    }
+
+    /// An empty store whose TTLs run on tokio's clock instead of the system's, for tests with paused time
+    /// (`#[tokio::test(start_paused = true)]`): `tokio::time::advance` makes a lease lapse exactly when the test
+    /// says. Expiry instants it reports are the system time at creation plus tokio's elapsed time. Must be
+    /// called inside a tokio runtime.
+    pub fn with_tokio_clock() -> Self {
+        let clock =
+            Clock::Tokio { origin_ms: system_time_to_millis(SystemTime::now()), start: tokio::time::Instant::now() };
+        Self { inner: Arc::default(), limits: Limits::default(), clock }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -82,13 +115,13 @@ impl Store for MemoryStore {
         self.limits.check_key(key)?;
         let inner = self.lock();
         Ok(inner
-            .live(key, now_ms())
+            .live(key, self.now_ms())
             .map(|e| Versioned::new(e.value.clone(), e.generation, e.expires_at_ms.map(millis_to_system_time))))
     }
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
         self.limits.check_put(key, &value, &ttl)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let current = inner.live(key, now);
         precondition.check(current.map(|e| e.generation))?;
@@ -101,7 +134,7 @@ impl Store for MemoryStore {
 
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
         self.limits.check_key(key)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let current = inner.live(key, now).map(|e| e.generation);
         precondition.check(current)?;
@@ -113,7 +146,7 @@ impl Store for MemoryStore {
         if !(1..=1000).contains(&limit) {
             return Err(Error::InvalidArgument { what: "limit" });
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let inner = self.lock();
         let start = match cursor {
             Some(c) if c >= prefix => std::ops::Bound::Excluded(c.to_owned()),
@@ -132,7 +165,7 @@ impl Store for MemoryStore {
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
         self.limits.check_set_change(key, &change)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let fingerprint = change.dedupe_id.as_ref().map(|_| change.fingerprint());
         let mut inner = self.lock();
         inner.set_dedupe.retain(|_, (_, _, until)| *until > now);
@@ -178,7 +211,7 @@ impl Store for MemoryStore {
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
         self.limits.check_counter(key, dedupe_id)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         inner.dedupe.retain(|_, (_, _, until)| *until > now);
         if let Some(id) = dedupe_id

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use idem_core::{Lease, Outcome, Record, StoredResponse};
-use idem_store::{Error as StoreError, Generation, Store};
+use idem_store::{Error as StoreError, LeaseKeeper, Lost, Renewable, Store};
 use tower::{BoxError, Service};
 use tracing::{error, info, warn};
 
@@ -59,17 +59,25 @@ where
     ResBody::Error: Into<BoxError>,
     St: Store,
 {
-    let mut keeper = LeaseKeeper { store: Arc::clone(&store), lease, held: true };
+    let mut keeper = LeaseHolder { store: Arc::clone(&store), lease };
+    // Renewals run beside the call; a renewal in flight when it ends is left to land or not (`adopt`).
+    let mut renewals = LeaseKeeper::new(&*store, keeper.lease.length(), tokio::time::Instant::now());
     // One deadline for the call and the part of the body that is stored: an upstream that stalls mid-body must
     // not keep the key in flight (and its lease renewed) forever.
     let deadline = tokio::time::Instant::now() + config.execution_timeout;
-    let response = match keeper.during(tokio::time::timeout_at(deadline, inner.call(request))).await {
+    let response = keeper.during(&mut renewals, tokio::time::timeout_at(deadline, inner.call(request))).await;
+    // Wherever the lease ends below (released, or its outcome written), a renewal still in flight is dropped
+    // first, not awaited: unpolled, it could hold what the store gave it (PostgreSQL's per-key lock) while the
+    // final write on the same key waits for it; if it landed, `adopt` recognises our own record.
+    let response = match response {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
+            drop(renewals);
             keeper.unknown(&config, "the inner service failed").await;
             return Err(e);
         }
         Err(_) => {
+            drop(renewals);
             let limit = humantime_secs(config.execution_timeout);
             keeper.unknown(&config, &format!("no response within {limit}")).await;
             let released = config.unknown_outcome == UnknownOutcome::Release;
@@ -78,10 +86,12 @@ where
     };
     match response.extensions().get::<UpstreamFailure>().cloned() {
         Some(UpstreamFailure::NotSent) => {
+            drop(renewals);
             keeper.release().await;
             return Ok(response.map(Body::new));
         }
         Some(UpstreamFailure::OutcomeUnknown { reason }) => {
+            drop(renewals);
             keeper.unknown(&config, &reason).await;
             return Ok(response.map(Body::new));
         }
@@ -90,6 +100,7 @@ where
     let status = response.status();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         // The upstream asked to be retried later: it did not do the work (docs/DESIGN.md step 5).
+        drop(renewals);
         keeper.release().await;
         return Ok(response.map(Body::new));
     }
@@ -97,7 +108,8 @@ where
     // A record must fit the store's value limit, or its completion write would fail and the key would free
     // up when the lease lapses, letting a retry execute again: keep room for the record's head.
     let limit = config.max_stored_body.min(store.limits().max_value_bytes().saturating_sub(RECORD_HEAD_ROOM));
-    let read = keeper.during(tokio::time::timeout_at(deadline, read_prefix(body, limit))).await;
+    let read = keeper.during(&mut renewals, tokio::time::timeout_at(deadline, read_prefix(body, limit))).await;
+    drop(renewals);
     let read = read.unwrap_or_else(|_| {
         Prefix::Broken(format!("the response body did not end within {}", humantime_secs(config.execution_timeout)))
     });
@@ -120,55 +132,29 @@ where
     }
 }
 
-type WriteFuture<'a> = dyn Future<Output = Result<Option<Generation>, StoreError>> + Send + 'a;
-
-/// Holds a lease while work runs: renews it every third of its length and performs the fenced final write.
-struct LeaseKeeper<St> {
+/// The layer's side of a claimed record: the lease (renewed by an [`idem_store::LeaseKeeper`] while the call
+/// runs) and the fenced writes that end it.
+struct LeaseHolder<St> {
     store: Arc<St>,
     lease: Lease,
-    held: bool,
 }
 
-impl<St: Store> LeaseKeeper<St> {
-    async fn during<F: Future>(&mut self, work: F) -> F::Output {
-        tokio::pin!(work);
-        let store = Arc::clone(&self.store);
-        let store = &*store;
-        let period = self.lease.length() / 3;
-        let mut next = tokio::time::Instant::now() + period;
-        // The renewal runs beside the work, not instead of it: a slow store must not stall reading the
-        // response (and a stalled renewal is exactly when the work must go on).
-        let mut renewal: Option<Pin<Box<WriteFuture<'_>>>> = None;
-        loop {
-            tokio::select! {
-                biased;
-                // A renewal cut off here may still land in the store and move the token past what we know;
-                // `adopt` recognises our own record then.
-                out = &mut work => return out,
-                result = async { match renewal.as_mut() { Some(r) => r.await, None => std::future::pending().await } }, if renewal.is_some() => {
-                    renewal = None;
-                    self.renewed(result);
-                }
-                () = tokio::time::sleep_until(next), if self.held && renewal.is_none() => {
-                    next = tokio::time::Instant::now() + period;
-                    renewal = Some(Box::pin(store.apply(self.lease.renew())));
-                }
-            }
-        }
-    }
-
-    fn renewed(&mut self, result: Result<Option<Generation>, StoreError>) {
-        match result {
-            Ok(Some(generation)) => self.lease.advanced(generation),
-            Ok(None) => {}
-            Err(e) if e.is_precondition_failed() => {
-                // Taken over (or lapsed): from here on every write of ours fails its fence.
-                self.held = false;
+impl<St: Store> LeaseHolder<St> {
+    /// Runs `work` while the lease is kept. A loss (taken over, or lapsed while the store did not answer) is
+    /// logged and counted; the work goes on, and the final write fails its fence unless the record is still
+    /// ours.
+    async fn during<F: Future>(&mut self, keeper: &mut LeaseKeeper<'_, St>, work: F) -> F::Output {
+        let key = self.lease.key().as_str().to_owned();
+        keeper
+            .during(&mut self.lease, work, |lost| {
                 metrics::counter!("idem_idempotency_leases_lost_total").increment(1);
-                warn!(key = self.lease.key().as_str(), "lease lost while the request was running");
-            }
-            Err(e) => warn!(key = self.lease.key().as_str(), error = %e, "lease renewal failed; will retry"),
-        }
+                let why = match lost {
+                    Lost::Refused => "another holder took the key over",
+                    Lost::Lapsed => "no renewal was accepted for a whole lease",
+                };
+                warn!(key, why, "lease lost while the request was running");
+            })
+            .await
     }
 
     async fn unknown(mut self, config: &Arc<Config>, reason: &str) {
@@ -185,11 +171,8 @@ impl<St: Store> LeaseKeeper<St> {
         if !matches!(e.current_generation(), Some(Some(_))) {
             return false;
         }
-        let Ok(Some(current)) = self.store.get(self.lease.key().as_str()).await else {
-            return false;
-        };
-        match Record::decode(current.value()) {
-            Ok(record) if self.lease.is_mine(&record) => {
+        match self.store.get(self.lease.key().as_str()).await {
+            Ok(Some(current)) if Renewable::is_mine(&self.lease, &current) => {
                 self.lease.advanced(current.generation());
                 true
             }

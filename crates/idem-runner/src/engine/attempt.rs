@@ -14,9 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::stop::stopped;
 use super::{Ctx, settle};
 use crate::Item;
-use crate::heartbeat::Heartbeat;
 use crate::output::{self, Digest256};
 use crate::watchdog::Watchdog;
+use idem_store::LeaseKeeper;
 
 pub(super) enum Attempt {
     Ok(Digest256),
@@ -128,7 +128,7 @@ fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
 pub(super) async fn attempt<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
-    heartbeat: &mut Heartbeat<'_, S>,
+    heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
     output: &Path,
     permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
@@ -169,7 +169,7 @@ pub(super) async fn attempt<S: Store>(
 async fn spawn<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
-    heartbeat: &mut Heartbeat<'_, S>,
+    heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
     temp: &Path,
 ) -> Result<tokio::process::Child, Attempt> {
@@ -246,7 +246,7 @@ async fn spawn<S: Store>(
 async fn wait<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
-    heartbeat: &mut Heartbeat<'_, S>,
+    heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
     mut child: tokio::process::Child,
     temp: &Path,
@@ -275,7 +275,7 @@ async fn wait<S: Store>(
     // the command's exit, its timeout or a second Ctrl-C.
     let status = tokio::select! {
         status = child.wait() => status,
-        () = heartbeat.until_lost(held) => {
+        _ = heartbeat.until_lost(held) => {
             // Taken over, or the ledger unreachable until the lease lapsed: the item is no longer ours.
             kill_group(&mut child).await;
             let _ = tokio::fs::remove_file(temp).await;

@@ -2,7 +2,9 @@
 //! and giving back a claim whose command never started.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use idem_core::{Held, ItemClaim};
 use idem_store::{Error as StoreError, Store};
@@ -10,7 +12,7 @@ use idem_store::{Error as StoreError, Store};
 use super::Ctx;
 use super::stop::stopped;
 use crate::ItemError;
-use crate::heartbeat::Heartbeat;
+use idem_store::LeaseKeeper;
 use idem_store::StoreExt;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
@@ -19,11 +21,11 @@ use idem_store::StoreExt;
 pub(super) async fn wait_for_slot<'a, S: Store>(
     ctx: &'a Ctx<S>,
     held: &mut Held,
-    heartbeat: &mut Heartbeat<'_, S>,
+    heartbeat: &mut LeaseKeeper<'_, S>,
 ) -> Result<tokio::sync::SemaphorePermit<'a>, ()> {
     let permit = tokio::select! {
         p = ctx.jobs.acquire() => p.map_err(|_| ())?,
-        () = heartbeat.until_lost(held) => return Err(()),
+        _ = heartbeat.until_lost(held) => return Err(()),
     };
     if ctx.stopping() {
         return Err(());

@@ -15,9 +15,9 @@ use super::judge::{Prefetched, judge};
 use super::outcome::Final;
 use super::settle::record_attempt;
 use super::{Ctx, now_ms};
-use crate::heartbeat::Heartbeat;
 use crate::output;
 use crate::{Item, ItemError};
+use idem_store::LeaseKeeper;
 
 /// Where an item is between its steps, the way `idem_core::Plan` says what its ledger entry needs.
 #[derive(Debug)]
@@ -117,7 +117,7 @@ async fn claim_and_run<'a, S: Store>(
         run.waiting = false;
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
-    let mut heartbeat = Heartbeat::new(&ctx.store, ctx.cfg.lease, lease_sent);
+    let mut heartbeat = LeaseKeeper::new(&ctx.store, ctx.cfg.lease, lease_sent);
     if run.permit.is_none() {
         match wait_for_slot(ctx, &mut held, &mut heartbeat).await {
             Ok(p) => run.permit = Some(p),

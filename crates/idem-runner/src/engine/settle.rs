@@ -15,9 +15,9 @@ use super::claim::unclaim;
 use super::outcome::{Final, poisoned};
 use super::process::Step;
 use super::{Ctx, now_ms};
-use crate::heartbeat::Heartbeat;
 use crate::output;
 use crate::{Item, ItemError, OnPoison};
+use idem_store::LeaseKeeper;
 use idem_store::StoreExt;
 
 /// Verifies the output the command wrote to `temp`, fsyncs it, and renames it to `output` behind the fence,
@@ -25,13 +25,13 @@ use idem_store::StoreExt;
 pub(super) async fn finish<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
-    heartbeat: &mut Heartbeat<'_, S>,
+    heartbeat: &mut LeaseKeeper<'_, S>,
     temp: &Path,
     output: &Path,
 ) -> Attempt {
     // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
     // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
-    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent() + held.lease() / 3);
+    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent().into_std() + held.lease() / 3);
     let (path, checks, to, renamer) =
         (temp.to_owned(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let mut finishing = tokio::task::spawn_blocking(move || {
@@ -51,7 +51,7 @@ pub(super) async fn finish<S: Store>(
     // called off: a lease lost meanwhile is left to the fence before the rename, which then refuses.
     let finished = tokio::select! {
         done = &mut finishing => done,
-        () = heartbeat.until_lost(held) => finishing.await,
+        _ = heartbeat.until_lost(held) => finishing.await,
     }
     .unwrap_or_else(|e| Err(Finish::Verify(e.to_string())));
     let digest = match finished {
@@ -69,7 +69,7 @@ pub(super) async fn finish<S: Store>(
     // `--verify` runs beside the heartbeat too; a lease lost meanwhile ends it (killed on drop).
     let verified = tokio::select! {
         verified = verify_cmd(ctx, temp) => Some(verified),
-        () = heartbeat.until_lost(held) => None,
+        _ = heartbeat.until_lost(held) => None,
     };
     match verified {
         Some(Ok(())) => {}
