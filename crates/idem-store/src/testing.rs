@@ -52,6 +52,10 @@ pub struct Operation<'a> {
     pub kind: OpKind,
     /// The key it names (the prefix for a listing).
     pub key: &'a str,
+    /// The value a put writes.
+    pub value: Option<&'a Bytes>,
+    /// The precondition of a put or delete.
+    pub precondition: Option<Precondition>,
 }
 
 type Rule = dyn FnMut(&Operation<'_>) -> Option<Fault> + Send;
@@ -105,9 +109,16 @@ impl<S: Store> FaultyStore<S> {
         self.injected.load(Ordering::Relaxed)
     }
 
-    fn fault(&self, kind: OpKind, key: &str) -> Option<Fault> {
+    fn fault(
+        &self,
+        kind: OpKind,
+        key: &str,
+        value: Option<&Bytes>,
+        precondition: Option<Precondition>,
+    ) -> Option<Fault> {
         let index = self.count.fetch_add(1, Ordering::Relaxed);
-        let fault = (self.rule.lock().unwrap_or_else(|p| p.into_inner()))(&Operation { index, kind, key });
+        let operation = Operation { index, kind, key, value, precondition };
+        let fault = (self.rule.lock().unwrap_or_else(|p| p.into_inner()))(&operation);
         if fault.is_some() {
             self.injected.fetch_add(1, Ordering::Relaxed);
         }
@@ -115,8 +126,8 @@ impl<S: Store> FaultyStore<S> {
     }
 
     /// Runs `op` under the fault the rule picks.
-    async fn run<T>(&self, kind: OpKind, key: &str, op: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
-        match self.fault(kind, key) {
+    async fn run<T>(&self, fault: Option<Fault>, op: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match fault {
             None => op.await,
             Some(Fault::Fail) => Err(injected("failed")),
             Some(Fault::LoseAnswer) => {
@@ -142,26 +153,27 @@ impl<S: Store> Store for FaultyStore<S> {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>, Error> {
-        self.run(OpKind::Get, key, self.inner.get(key)).await
+        self.run(self.fault(OpKind::Get, key, None, None), self.inner.get(key)).await
     }
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
-        self.run(OpKind::Put, key, self.inner.put(key, value, precondition, ttl)).await
+        let fault = self.fault(OpKind::Put, key, Some(&value), Some(precondition));
+        self.run(fault, self.inner.put(key, value, precondition, ttl)).await
     }
 
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
-        self.run(OpKind::Delete, key, self.inner.delete(key, precondition)).await
+        self.run(self.fault(OpKind::Delete, key, None, Some(precondition)), self.inner.delete(key, precondition)).await
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, Error> {
-        self.run(OpKind::List, prefix, self.inner.list(prefix, cursor, limit)).await
+        self.run(self.fault(OpKind::List, prefix, None, None), self.inner.list(prefix, cursor, limit)).await
     }
 
     async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
-        self.run(OpKind::SetChange, key, self.inner.set_change(key, change)).await
+        self.run(self.fault(OpKind::SetChange, key, None, None), self.inner.set_change(key, change)).await
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
-        self.run(OpKind::CounterAdd, key, self.inner.counter_add(key, delta, dedupe_id)).await
+        self.run(self.fault(OpKind::CounterAdd, key, None, None), self.inner.counter_add(key, delta, dedupe_id)).await
     }
 }

@@ -6,88 +6,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use idem_core::Record;
 use idem_sqlite::SqliteStore;
-use idem_store::{
-    CounterOutcome, Error, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl, Versioned,
-    Written,
-};
+use idem_store::testing::{Fault, FaultyStore};
+use idem_store::{Limits, Precondition, Store};
 use idem_tower::IdempotencyLayer;
 use tower::{Layer, ServiceExt};
 
 use crate::upstream;
 
-/// A real store whose lease renewals (fenced puts of an in-progress record) hang while `stall` is set, the
-/// way they would behind a network partition or a paused process.
-struct StallRenewals {
-    inner: SqliteStore,
-    stall: Arc<AtomicBool>,
-}
-
-impl Store for StallRenewals {
-    fn limits(&self) -> &Limits {
-        self.inner.limits()
-    }
-    async fn get(&self, key: &str) -> Result<Option<Versioned>, Error> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
-        let renewal = matches!(precondition, Precondition::Generation(_))
-            && matches!(Record::decode(&value), Ok(Record::InProgress { .. }));
-        while renewal && self.stall.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.inner.put(key, value, precondition, ttl).await
-    }
-    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
-        self.inner.delete(key, precondition).await
-    }
-    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, Error> {
-        self.inner.list(prefix, cursor, limit).await
-    }
-    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
-        self.inner.set_change(key, change).await
-    }
-    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
-        self.inner.counter_add(key, delta, dedupe_id).await
-    }
+/// A real store whose lease renewals (fenced puts of an in-progress record) are never answered while `stall`
+/// is set, the way they would not be behind a network partition or a paused store.
+fn stall_renewals(inner: SqliteStore, stall: Arc<AtomicBool>) -> FaultyStore<SqliteStore> {
+    FaultyStore::new(inner, move |op| {
+        let renewal = matches!(op.precondition, Some(Precondition::Generation(_)))
+            && op.value.is_some_and(|v| matches!(Record::decode(v), Ok(Record::InProgress { .. })));
+        (renewal && stall.load(Ordering::SeqCst)).then_some(Fault::Hang)
+    })
 }
 
 /// A real store whose completion writes (puts of a finished record) fail while `failing` is set, the way they
 /// would while the store is unreachable.
-struct FailCompletions {
-    inner: SqliteStore,
-    failing: Arc<AtomicBool>,
-}
-
-impl Store for FailCompletions {
-    fn limits(&self) -> &Limits {
-        self.inner.limits()
-    }
-    async fn get(&self, key: &str) -> Result<Option<Versioned>, Error> {
-        self.inner.get(key).await
-    }
-    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, Error> {
-        if self.failing.load(Ordering::SeqCst) && matches!(Record::decode(&value), Ok(Record::Finished { .. })) {
-            return Err(Error::unavailable("store unreachable (test)"));
-        }
-        self.inner.put(key, value, precondition, ttl).await
-    }
-    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, Error> {
-        self.inner.delete(key, precondition).await
-    }
-    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, Error> {
-        self.inner.list(prefix, cursor, limit).await
-    }
-    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, Error> {
-        self.inner.set_change(key, change).await
-    }
-    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
-        self.inner.counter_add(key, delta, dedupe_id).await
-    }
+fn fail_completions(inner: SqliteStore, failing: Arc<AtomicBool>) -> FaultyStore<SqliteStore> {
+    FaultyStore::new(inner, move |op| {
+        let completion = op.value.is_some_and(|v| matches!(Record::decode(v), Ok(Record::Finished { .. })));
+        (completion && failing.load(Ordering::SeqCst)).then_some(Fault::Fail)
+    })
 }
 
 fn request(path: &str) -> Request<Body> {
@@ -99,7 +45,7 @@ async fn a_lapsed_lease_is_taken_over_and_the_late_completion_is_fenced_off() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = SqliteStore::open(dir.path().join("idem.db"), Limits::default()).unwrap();
     let stall = Arc::new(AtomicBool::new(true));
-    let store = StallRenewals { inner: sqlite, stall: Arc::clone(&stall) };
+    let store = stall_renewals(sqlite, Arc::clone(&stall));
     let counts = Arc::new(upstream::Counts::default());
     let layer = IdempotencyLayer::new(store).lease(Duration::from_secs(1));
     let app = layer.layer(upstream::router(Arc::clone(&counts)));
@@ -169,7 +115,7 @@ async fn an_outcome_the_store_refused_for_a_while_is_still_recorded_once_it_is_b
     let sqlite = SqliteStore::open(dir.path().join("idem.db"), Limits::default()).unwrap();
     let observer = sqlite.clone();
     let failing = Arc::new(AtomicBool::new(true));
-    let store = FailCompletions { inner: sqlite, failing: Arc::clone(&failing) };
+    let store = fail_completions(sqlite, Arc::clone(&failing));
     let counts = Arc::new(upstream::Counts::default());
     let app = IdempotencyLayer::new(store).lease(Duration::from_secs(1)).layer(upstream::router(Arc::clone(&counts)));
     // The caller is answered (after a short wait) although its outcome is not stored yet.
@@ -191,5 +137,38 @@ async fn an_outcome_the_store_refused_for_a_while_is_still_recorded_once_it_is_b
     let retry = app.clone().oneshot(request("/orders")).await.unwrap();
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.headers()["location"], "/orders/1");
+    assert_eq!(counts.executions(), 1);
+}
+
+/// A renewal that landed but whose answer was lost moves the record's generation past what the holder knows;
+/// the next renewal is refused. The holder must recognise its own record and adopt the generation, not give
+/// the lease up as taken over: given up, the record would lapse mid-execution and a retry execute again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_renewal_whose_answer_was_lost_keeps_the_lease_and_retries_still_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteStore::open(dir.path().join("idem.db"), Limits::default()).unwrap();
+    let lost = Arc::new(AtomicBool::new(false));
+    let lost_once = Arc::clone(&lost);
+    let store = FaultyStore::new(sqlite, move |op| {
+        let renewal = matches!(op.precondition, Some(Precondition::Generation(_)))
+            && op.value.is_some_and(|v| matches!(Record::decode(v), Ok(Record::InProgress { .. })));
+        (renewal && !lost_once.swap(true, Ordering::SeqCst)).then_some(Fault::LoseAnswer)
+    });
+    let counts = Arc::new(upstream::Counts::default());
+    let app = IdempotencyLayer::new(store).lease(Duration::from_secs(1)).layer(upstream::router(Arc::clone(&counts)));
+    let first = tokio::spawn(app.clone().oneshot(request("/slow/3000")));
+    while counts.executions() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the point where the lease would have lapsed had it been given up (a lease after the lost renewal).
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let busy = app.clone().oneshot(request("/slow/3000")).await.unwrap();
+        assert_eq!(busy.status(), StatusCode::CONFLICT, "the key is still held by the first request");
+    }
+    assert!(lost.load(Ordering::SeqCst), "a renewal's answer was lost");
+    assert_eq!(first.await.unwrap().unwrap().headers()["location"], "/orders/1");
+    let replay = app.clone().oneshot(request("/slow/3000")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(counts.executions(), 1);
 }
