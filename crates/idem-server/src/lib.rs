@@ -25,6 +25,7 @@ mod metrics;
 mod problem;
 mod proxy;
 mod records;
+mod server;
 mod tls;
 mod upstream_conn;
 
@@ -41,6 +42,7 @@ pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
 pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Upstream, UpstreamError, proxy};
+pub use server::{DEFAULT_SHUTDOWN_GRACE, Ending, Server, Shutdown};
 pub use tls::{HANDSHAKE_TIMEOUT, TlsConfigSlot, serve_tls};
 
 /// Settings of the HTTP layer (store settings live with the store).

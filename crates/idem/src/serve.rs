@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idem_server::Upstream;
-use idem_tower::{IdempotencyLayer, InFlight, InvalidatingStore, KeyPolicy, UnknownOutcome};
+use idem_server::{Server, Shutdown, Upstream};
+use idem_tower::{IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
 
 use idem_server::ServerConfig;
 use idem_store::Limits;
@@ -466,31 +466,6 @@ impl ServeArgs {
     }
 }
 
-/// How long in-flight requests may run on after SIGINT/SIGTERM.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("shutting down: finishing in-flight requests");
-}
-
 /// Runs the server until SIGINT or SIGTERM, then finishes in-flight requests and flushes the store.
 ///
 /// # Errors
@@ -514,17 +489,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     };
     let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
     let local = listener.local_addr()?;
-    let mut server_config = ServerConfig::new();
+    let mut kv_config = ServerConfig::new();
     if let Some(t) = &config.auth_token {
-        server_config = server_config.with_auth_token(t.as_str());
+        kv_config = kv_config.with_auth_token(t.as_str());
     }
-    let kv_config = server_config;
-    // After the signal, in-flight requests get a bounded grace period: a client that stalls mid-request must
-    // not keep the process from exiting.
-    let (signalled, on_signal) = tokio::sync::watch::channel(false);
-    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
     let tls = match config.tls {
         Some((files, server_config)) => {
@@ -545,17 +513,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         }
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let idle = config.client_idle_timeout;
-    let serve_on = |router: axum::Router,
-                    listener: tokio::net::TcpListener,
-                    rx: tokio::sync::watch::Receiver<bool>|
-     -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>> {
-        match &tls {
-            Some(slot) => Box::pin(idem_server::serve_tls(router, listener, slot.clone(), idle, stop(rx))),
-            None => Box::pin(idem_server::serve(router, listener, idle, stop(rx))),
-        }
-    };
-    let serving = match (config.proxy, admin, upstream) {
+    let server = match (config.proxy, admin, upstream) {
         (Some(p), Some(admin), Some(upstream)) => {
             let admin_local = admin.local_addr()?;
             let replay_cache = match p.replay_cache {
@@ -575,12 +533,6 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .unknown_outcome(p.unknown_outcome)
                 .execution_timeout(p.upstream_timeout)
                 .replay_cache(replay_cache);
-            // Records deleted or written through the admin listener (records endpoint, KV API) leave the
-            // replay cache as they leave the store. The look-up reads records under the layer's own prefix.
-            let kv_config = kv_config.with_record_prefix(layer.record_key_prefix());
-            let kv = idem_server::app(InvalidatingStore::new(store.clone(), layer.clone()), kv_config);
-            let drain = layer.clone();
-            let proxy = idem_server::proxy(layer, upstream);
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
             println!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})",
@@ -589,39 +541,27 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             );
             println!("idem admin listening on {scheme}://{admin_local}");
             tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
-            let main = serve_on(proxy, listener, on_signal.clone());
-            let admin = serve_on(kv, admin, on_signal.clone());
-            Box::pin(async move {
-                let (a, b) = tokio::join!(main, admin);
-                // Executions whose clients hung up run detached from any connection: record them before the
-                // store closes, or a retry after the restart would execute them again.
-                drain.drain().await;
-                a.and(b)
-            }) as std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<()>> + Send>>
+            Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
         }
         _ => {
-            let kv = idem_server::app(store.clone(), kv_config);
             println!("idem listening on {scheme}://{local} (store {})", config.store_url.redacted());
             tracing::info!(%local, store = %config.store_url.redacted(), "listening");
-            serve_on(kv, listener, on_signal.clone())
+            Server::kv(listener, store.clone(), kv_config)
         }
     };
-    let mut on_signal = on_signal;
-    let served = tokio::select! {
-        r = serving => r,
-        () = async {
-            shutdown_signal().await;
-            let _ = signalled.send(true);
-            let _ = on_signal.wait_for(|s| *s).await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            tracing::warn!(grace = ?SHUTDOWN_GRACE, "requests still in flight after the grace period; closing them");
-            Ok(())
-        }
+    let server = match tls {
+        Some(slot) => server.tls(slot),
+        None => server,
     };
+    let shutdown = Shutdown::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { shutdown.on_signals().await }
+    });
+    let served = server.client_idle_timeout(config.client_idle_timeout).run(shutdown).await;
     store.close().await;
     tracing::info!("store flushed; bye");
-    served.map_err(Error::Io)
+    served.map(|_| ()).map_err(Error::Io)
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {

@@ -3,4 +3,5 @@
 
 mod kv_api;
 mod records;
+mod shutdown;
 mod unread_body;
