@@ -1,19 +1,18 @@
-//! `idem serve`: flags, environment and an optional TOML file merged into one typed config, then the server.
+//! `idem serve`'s configuration: flags, environment and an optional TOML file merged into one checked
+//! [`ServeConfig`] (a flag beats the environment, which beats the file, which beats the default).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idem_server::{Server, Shutdown, Upstream};
-use idem_tower::{IdempotencyLayer, InFlight, KeyPolicy, UnknownOutcome};
+use idem_tower::{InFlight, KeyPolicy, UnknownOutcome};
 
-use idem_server::ServerConfig;
 use idem_store::Limits;
 use serde::Deserialize;
 
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
-use idem_stores::{AnyStore, StoreUrl};
+use idem_stores::StoreUrl;
 
 /// Flags of `idem serve`. Each is also read from its `IDEM_*` environment variable and from the config file;
 /// a flag beats the environment, which beats the file, which beats the default.
@@ -170,43 +169,43 @@ struct FileConfig {
 /// The validated configuration of one server.
 #[derive(Debug)]
 pub struct ServeConfig {
-    listen: SocketAddr,
-    store_url: StoreUrl,
-    namespace: String,
-    limits: Limits,
-    auth_token: Option<String>,
+    pub(super) listen: SocketAddr,
+    pub(super) store_url: StoreUrl,
+    pub(super) namespace: String,
+    pub(super) limits: Limits,
+    pub(super) auth_token: Option<String>,
     /// The files and the configuration read from them at start-up.
-    tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
-    proxy: Option<ProxyConfig>,
-    client_idle_timeout: Duration,
+    pub(super) tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
+    pub(super) proxy: Option<ProxyConfig>,
+    pub(super) client_idle_timeout: Duration,
     /// What `--insecure` allowed, logged at start-up.
-    warnings: Vec<String>,
+    pub(super) warnings: Vec<String>,
 }
 
 /// The validated reverse-proxy settings.
 #[derive(Debug)]
-struct ProxyConfig {
-    upstream: String,
+pub(super) struct ProxyConfig {
+    pub(super) upstream: String,
     /// The TLS client of an https upstream, read from the files at start-up; `None`: the platform's store.
-    upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
-    admin_listen: SocketAddr,
-    retention: Duration,
-    lease: Duration,
-    key_policy: KeyPolicy,
-    methods: Vec<http::Method>,
-    max_stored_body: usize,
-    max_request_body: usize,
-    in_flight: InFlight,
-    upstream_timeout: Duration,
-    upstream_idle_timeout: Duration,
-    credential_headers: Vec<http::HeaderName>,
-    unknown_outcome: UnknownOutcome,
+    pub(super) upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    pub(super) admin_listen: SocketAddr,
+    pub(super) retention: Duration,
+    pub(super) lease: Duration,
+    pub(super) key_policy: KeyPolicy,
+    pub(super) methods: Vec<http::Method>,
+    pub(super) max_stored_body: usize,
+    pub(super) max_request_body: usize,
+    pub(super) in_flight: InFlight,
+    pub(super) upstream_timeout: Duration,
+    pub(super) upstream_idle_timeout: Duration,
+    pub(super) credential_headers: Vec<http::HeaderName>,
+    pub(super) unknown_outcome: UnknownOutcome,
     /// `None`: the default for the store.
-    replay_cache: Option<u64>,
+    pub(super) replay_cache: Option<u64>,
 }
 
 /// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
-const DEFAULT_REPLAY_CACHE: u64 = 16 << 20;
+pub(super) const DEFAULT_REPLAY_CACHE: u64 = 16 << 20;
 
 fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Duration, Error> {
     match value {
@@ -464,106 +463,4 @@ impl ServeArgs {
             proxy,
         })
     }
-}
-
-/// Runs the server until SIGINT or SIGTERM, then finishes in-flight requests and flushes the store.
-///
-/// # Errors
-/// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
-pub async fn run(config: ServeConfig) -> Result<(), Error> {
-    for warning in &config.warnings {
-        tracing::warn!("{warning}");
-    }
-    // Bind first: a busy port must not leave a freshly created database file or schema behind.
-    let listener = bind(config.listen).await?;
-    let admin = match &config.proxy {
-        Some(p) => Some(bind(p.admin_listen).await?),
-        None => None,
-    };
-    let upstream = match &config.proxy {
-        Some(p) => Some(
-            Upstream::with_tls(&p.upstream, p.upstream_timeout, p.upstream_idle_timeout, p.upstream_tls.clone())
-                .map_err(|e| Error::Config(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
-    let local = listener.local_addr()?;
-    let mut kv_config = ServerConfig::new();
-    if let Some(t) = &config.auth_token {
-        kv_config = kv_config.with_auth_token(t.as_str());
-    }
-    // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
-    let tls = match config.tls {
-        Some((files, server_config)) => {
-            let slot = idem_server::TlsConfigSlot::new(server_config);
-            tokio::spawn(files.reload_on_sighup(slot.clone())?);
-            Some(slot)
-        }
-        None => {
-            // SIGHUP's default action ends the process. A reload sent to every instance (systemd's ExecReload)
-            // must not kill one that has no certificate to re-read, and lose what it was doing.
-            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: no TLS certificate to reload; other settings are read only at start-up");
-                }
-            });
-            None
-        }
-    };
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let server = match (config.proxy, admin, upstream) {
-        (Some(p), Some(admin), Some(upstream)) => {
-            let admin_local = admin.local_addr()?;
-            let replay_cache = match p.replay_cache {
-                Some(bytes) => bytes,
-                None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
-                None => 0,
-            };
-            let layer = IdempotencyLayer::new(store.clone())
-                .retention(p.retention)
-                .lease(p.lease)
-                .key_policy(p.key_policy)
-                .methods(p.methods)
-                .max_stored_body(p.max_stored_body)
-                .max_request_body(p.max_request_body)
-                .in_flight(p.in_flight)
-                .credential_headers(p.credential_headers)
-                .unknown_outcome(p.unknown_outcome)
-                .execution_timeout(p.upstream_timeout)
-                .replay_cache(replay_cache);
-            // Tests and scripts read the bound addresses from these lines (useful with port 0).
-            println!(
-                "idem listening on {scheme}://{local} (proxy to {}, store {})",
-                p.upstream,
-                config.store_url.redacted()
-            );
-            println!("idem admin listening on {scheme}://{admin_local}");
-            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
-            Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
-        }
-        _ => {
-            println!("idem listening on {scheme}://{local} (store {})", config.store_url.redacted());
-            tracing::info!(%local, store = %config.store_url.redacted(), "listening");
-            Server::kv(listener, store.clone(), kv_config)
-        }
-    };
-    let server = match tls {
-        Some(slot) => server.tls(slot),
-        None => server,
-    };
-    let shutdown = Shutdown::new();
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { shutdown.on_signals().await }
-    });
-    let served = server.client_idle_timeout(config.client_idle_timeout).run(shutdown).await;
-    store.close().await;
-    tracing::info!("store flushed; bye");
-    served.map(|_| ()).map_err(Error::Io)
-}
-
-async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })
 }

@@ -1,0 +1,116 @@
+//! `idem serve`: the checked configuration ([`config`]) made into an `idem_server::Server`, run until a signal.
+
+mod config;
+
+use std::net::SocketAddr;
+
+use idem_server::{Server, ServerConfig, Shutdown, Upstream};
+use idem_stores::AnyStore;
+use idem_tower::IdempotencyLayer;
+
+use config::DEFAULT_REPLAY_CACHE;
+pub use config::{ServeArgs, ServeConfig};
+
+use crate::error::Error;
+
+/// Runs the server until SIGINT or SIGTERM, then finishes in-flight requests and flushes the store.
+///
+/// # Errors
+/// [`Error::OpenStore`], [`Error::Bind`], [`Error::Io`] while serving.
+pub async fn run(config: ServeConfig) -> Result<(), Error> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    // Bind first: a busy port must not leave a freshly created database file or schema behind.
+    let listener = bind(config.listen).await?;
+    let admin = match &config.proxy {
+        Some(p) => Some(bind(p.admin_listen).await?),
+        None => None,
+    };
+    let upstream = match &config.proxy {
+        Some(p) => Some(
+            Upstream::with_tls(&p.upstream, p.upstream_timeout, p.upstream_idle_timeout, p.upstream_tls.clone())
+                .map_err(|e| Error::Config(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
+    let local = listener.local_addr()?;
+    let mut kv_config = ServerConfig::new();
+    if let Some(t) = &config.auth_token {
+        kv_config = kv_config.with_auth_token(t.as_str());
+    }
+    // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
+    let tls = match config.tls {
+        Some((files, server_config)) => {
+            let slot = idem_server::TlsConfigSlot::new(server_config);
+            tokio::spawn(files.reload_on_sighup(slot.clone())?);
+            Some(slot)
+        }
+        None => {
+            // SIGHUP's default action ends the process. A reload sent to every instance (systemd's ExecReload)
+            // must not kill one that has no certificate to re-read, and lose what it was doing.
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: no TLS certificate to reload; other settings are read only at start-up");
+                }
+            });
+            None
+        }
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let server = match (config.proxy, admin, upstream) {
+        (Some(p), Some(admin), Some(upstream)) => {
+            let admin_local = admin.local_addr()?;
+            let replay_cache = match p.replay_cache {
+                Some(bytes) => bytes,
+                None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
+                None => 0,
+            };
+            let layer = IdempotencyLayer::new(store.clone())
+                .retention(p.retention)
+                .lease(p.lease)
+                .key_policy(p.key_policy)
+                .methods(p.methods)
+                .max_stored_body(p.max_stored_body)
+                .max_request_body(p.max_request_body)
+                .in_flight(p.in_flight)
+                .credential_headers(p.credential_headers)
+                .unknown_outcome(p.unknown_outcome)
+                .execution_timeout(p.upstream_timeout)
+                .replay_cache(replay_cache);
+            // Tests and scripts read the bound addresses from these lines (useful with port 0).
+            println!(
+                "idem listening on {scheme}://{local} (proxy to {}, store {})",
+                p.upstream,
+                config.store_url.redacted()
+            );
+            println!("idem admin listening on {scheme}://{admin_local}");
+            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
+            Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
+        }
+        _ => {
+            println!("idem listening on {scheme}://{local} (store {})", config.store_url.redacted());
+            tracing::info!(%local, store = %config.store_url.redacted(), "listening");
+            Server::kv(listener, store.clone(), kv_config)
+        }
+    };
+    let server = match tls {
+        Some(slot) => server.tls(slot),
+        None => server,
+    };
+    let shutdown = Shutdown::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { shutdown.on_signals().await }
+    });
+    let served = server.client_idle_timeout(config.client_idle_timeout).run(shutdown).await;
+    store.close().await;
+    tracing::info!("store flushed; bye");
+    served.map(|_| ()).map_err(Error::Io)
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })
+}
