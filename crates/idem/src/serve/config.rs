@@ -215,30 +215,35 @@ fn duration(flag: &str, value: Option<String>, default: Duration) -> Result<Dura
     }
 }
 
+/// Without `--upstream`, a proxy-only setting is a mistake worth one line, not a silent no-op.
+fn refuse_proxy_flags(args: &ProxyArgs, file: &FileConfig) -> Result<(), Error> {
+    let given = [
+        ("upstream-cacert", args.upstream_cacert.is_some() || file.upstream_cacert.is_some()),
+        ("upstream-cert", args.upstream_cert.is_some() || file.upstream_cert.is_some()),
+        ("upstream-cert-key", args.upstream_cert_key.is_some() || file.upstream_cert_key.is_some()),
+        ("admin-listen", args.admin_listen.is_some() || file.admin_listen.is_some()),
+        ("retention", args.retention.is_some() || file.retention.is_some()),
+        ("lease", args.lease.is_some() || file.lease.is_some()),
+        ("require-key", args.require_key || file.require_key.is_some()),
+        ("methods", args.methods.is_some() || file.methods.is_some()),
+        ("max-stored-body", args.max_stored_body.is_some() || file.max_stored_body.is_some()),
+        ("max-request-body", args.max_request_body.is_some() || file.max_request_body.is_some()),
+        ("in-flight-wait", args.in_flight_wait.is_some() || file.in_flight_wait.is_some()),
+        ("upstream-timeout", args.upstream_timeout.is_some() || file.upstream_timeout.is_some()),
+        ("upstream-idle-timeout", args.upstream_idle_timeout.is_some() || file.upstream_idle_timeout.is_some()),
+        ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
+        ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
+        ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
+    ];
+    match given.iter().find(|(_, set)| *set) {
+        Some((flag, _)) => Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL"))),
+        None => Ok(()),
+    }
+}
+
 fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyConfig>, Error> {
-    let Some(upstream) = args.upstream.or(file.upstream.take()) else {
-        let given = [
-            ("upstream-cacert", args.upstream_cacert.is_some() || file.upstream_cacert.is_some()),
-            ("upstream-cert", args.upstream_cert.is_some() || file.upstream_cert.is_some()),
-            ("upstream-cert-key", args.upstream_cert_key.is_some() || file.upstream_cert_key.is_some()),
-            ("admin-listen", args.admin_listen.is_some() || file.admin_listen.is_some()),
-            ("retention", args.retention.is_some() || file.retention.is_some()),
-            ("lease", args.lease.is_some() || file.lease.is_some()),
-            ("require-key", args.require_key || file.require_key.is_some()),
-            ("methods", args.methods.is_some() || file.methods.is_some()),
-            ("max-stored-body", args.max_stored_body.is_some() || file.max_stored_body.is_some()),
-            ("max-request-body", args.max_request_body.is_some() || file.max_request_body.is_some()),
-            ("in-flight-wait", args.in_flight_wait.is_some() || file.in_flight_wait.is_some()),
-            ("upstream-timeout", args.upstream_timeout.is_some() || file.upstream_timeout.is_some()),
-            ("upstream-idle-timeout", args.upstream_idle_timeout.is_some() || file.upstream_idle_timeout.is_some()),
-            ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
-            ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
-            ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
-        ];
-        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
-            return Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL")));
-        }
-        return Ok(None);
+    let Some(upstream) = args.upstream.clone().or(file.upstream.take()) else {
+        return refuse_proxy_flags(&args, file).map(|()| None);
     };
     // HOST:PORT means http://HOST:PORT, as for `idem kv --url` and curl.
     let upstream = crate::client::with_default_scheme(&upstream).into_owned();
