@@ -11,34 +11,13 @@ use idem_core::Held;
 use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::step::{Attempt, describe, failed};
 use super::stop::stopped;
 use super::{Ctx, settle};
 use crate::Item;
-use crate::output::{self, Digest256};
+use crate::output;
 use crate::watchdog::Watchdog;
 use idem_store::LeaseKeeper;
-
-pub(super) enum Attempt {
-    Ok(Digest256),
-    Failed {
-        ending: String,
-        stderr: Vec<u8>,
-        message: String,
-    },
-    Lost,
-    /// The run stopped before the command could start: nothing ran.
-    NotStarted,
-    /// The command ran and was killed by a second Ctrl-C or SIGTERM: it may have written anything.
-    Interrupted,
-}
-
-pub(super) fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
-    let ending = ending.into();
-    let text = String::from_utf8_lossy(&stderr);
-    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
-    let message = if last.is_empty() { ending.clone() } else { format!("{ending}: {last}") };
-    Attempt::Failed { ending, stderr, message }
-}
 
 /// A command's process group as the watchdog knows it: listed when made, unlisted when dropped.
 struct Watched<'a> {
@@ -71,15 +50,6 @@ async fn kill_group(child: &mut tokio::process::Child) {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
     let _ = child.kill().await;
-}
-
-pub(super) fn describe(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt as _;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit {code}"),
-        (None, Some(sig)) => format!("signal {sig}"),
-        (None, None) => "unknown ending".into(),
-    }
 }
 
 /// How long an attempt keeps trying to start its command while the runner is short of file descriptors or

@@ -8,8 +8,8 @@ use idem_core::{Entry, ItemKeys, Plan};
 use idem_store::Store;
 
 use super::outcome::{Final, poisoned};
-use super::process::{ItemRun, Step};
-use super::settle::verify_cmd;
+use super::step::{ItemRun, Prefetched, Step};
+use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
 use crate::output::{self, Digest256, Invalid};
 use crate::{Item, ItemError};
@@ -30,9 +30,6 @@ pub(super) async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<
     let done = check_done(ctx, chunk, &values).await;
     (done, values.into_iter().map(Some).collect())
 }
-
-/// An entry read ahead for an item: `Some(read)` saves [`process`] its first ledger read.
-pub(super) type Prefetched = Option<Option<idem_store::Versioned>>;
 
 async fn check_done<S: Store>(
     ctx: &Ctx<S>,

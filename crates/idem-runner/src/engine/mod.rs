@@ -14,8 +14,10 @@ mod outcome;
 mod process;
 mod program;
 mod settle;
+mod step;
 mod stop;
 mod summary;
+mod verify;
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -1,54 +1,22 @@
 //! One item from judgement to its end, as a loop over [`Step`]s: judge, claim, wait for a slot, run one
 //! attempt, record it; then judge again after a failure that may be retried, a lost lease or a claim refused.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use idem_core::{Entry, ItemClaim, ItemKeys};
 use idem_store::{Generation, Store};
-use tokio::sync::SemaphorePermit;
 
 use super::attempt::attempt;
 use super::claim::{Claimed, claim, unclaim, wait_for_holder, wait_for_slot};
-use super::judge::{Prefetched, judge};
+use super::judge::judge;
 use super::outcome::Final;
 use super::settle::record_attempt;
+use super::step::{ItemRun, Prefetched, Step};
 use super::{Ctx, now_ms};
 use crate::output;
 use crate::{Item, ItemError};
 use idem_store::LeaseKeeper;
-
-/// Where an item is between its steps, the way `idem_core::Plan` says what its ledger entry needs.
-#[derive(Debug)]
-pub(super) enum Step {
-    /// Read its entry (again) and judge it: first, and after a write refused by its precondition, a lease
-    /// lost, or a failure with attempts left.
-    Judge,
-    /// Another runner holds it: pause, then judge it again.
-    WaitForHolder,
-    /// It needs running: claim it over the entry it was judged on (with that entry's generation; `None` when
-    /// it had none), wait for a slot, run one attempt and record it.
-    Run(Option<(Generation, Entry)>),
-    /// It ended in this run.
-    End(Final),
-}
-
-/// One item's state across its steps.
-pub(super) struct ItemRun<'a> {
-    /// The item.
-    pub(super) item: &'a Item,
-    /// Its ledger keys.
-    pub(super) keys: ItemKeys,
-    /// Its final output path.
-    pub(super) output: PathBuf,
-    /// Its entry read ahead with its chunk, used by the first judgement.
-    pub(super) prefetched: Prefetched,
-    /// Counted in the progress's `waiting` (another runner holds it), until it is claimed or ends.
-    pub(super) waiting: bool,
-    /// Its slot, kept across a retry, so a failing item is retried (and found poison) before others start.
-    pub(super) permit: Option<SemaphorePermit<'a>>,
-}
 
 /// Runs one item to its end in this run. `Err`: the ledger failed, which is not the item's doing.
 pub(super) async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, prefetched: Prefetched) -> Result<Final, ItemError> {

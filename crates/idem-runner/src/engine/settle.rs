@@ -2,7 +2,6 @@
 //! and rename it into place ([`finish`]); then record how the attempt ended in the ledger ([`record_attempt`]).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -10,10 +9,10 @@ use std::time::Instant;
 use idem_core::{FailureVerdict, Held};
 use idem_store::Store;
 
-use super::attempt::{Attempt, describe, failed};
 use super::claim::unclaim;
 use super::outcome::{Final, poisoned};
-use super::process::Step;
+use super::step::{Attempt, Step, failed};
+use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
 use crate::output;
 use crate::{Item, ItemError, OnPoison};
@@ -108,27 +107,6 @@ enum Finish {
     Verify(String),
     /// The rename failed.
     Rename(String),
-}
-
-/// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
-pub(super) async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
-    let Some(script) = &ctx.cfg.verify else { return Ok(()) };
-    // Quoted for the shell: an output path is built from item text, which must never run as code.
-    let quoted = format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
-    let script = script.replace("{out}", &quoted);
-    let out = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(&script)
-        .env("IDEM_OUTPUT", path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| ("verify: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
-    if out.status.success() { Ok(()) } else { Err((format!("verify {}", describe(out.status)), out.stderr)) }
 }
 
 /// Records how an attempt ended in the ledger (done, failed, interrupted, or nothing when the lease was

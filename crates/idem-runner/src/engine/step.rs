@@ -1,0 +1,79 @@
+//! The types the steps of an item pass between them: where it is ([`Step`]), its state across them
+//! ([`ItemRun`]), and how one attempt ended ([`Attempt`]).
+
+use std::path::PathBuf;
+
+use idem_core::{Entry, ItemKeys};
+use idem_store::Generation;
+use tokio::sync::SemaphorePermit;
+
+use super::outcome::Final;
+use crate::Item;
+use crate::output::Digest256;
+
+/// Where an item is between its steps, the way `idem_core::Plan` says what its ledger entry needs.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Read its entry (again) and judge it: first, and after a write refused by its precondition, a lease
+    /// lost, or a failure with attempts left.
+    Judge,
+    /// Another runner holds it: pause, then judge it again.
+    WaitForHolder,
+    /// It needs running: claim it over the entry it was judged on (with that entry's generation; `None` when
+    /// it had none), wait for a slot, run one attempt and record it.
+    Run(Option<(Generation, Entry)>),
+    /// It ended in this run.
+    End(Final),
+}
+
+/// An entry read ahead for an item: `Some(read)` saves [`process`](super::process::process) its first ledger read.
+pub(super) type Prefetched = Option<Option<idem_store::Versioned>>;
+
+/// One item's state across its steps.
+pub(super) struct ItemRun<'a> {
+    /// The item.
+    pub(super) item: &'a Item,
+    /// Its ledger keys.
+    pub(super) keys: ItemKeys,
+    /// Its final output path.
+    pub(super) output: PathBuf,
+    /// Its entry read ahead with its chunk, used by the first judgement.
+    pub(super) prefetched: Prefetched,
+    /// Counted in the progress's `waiting` (another runner holds it), until it is claimed or ends.
+    pub(super) waiting: bool,
+    /// Its slot, kept across a retry, so a failing item is retried (and found poison) before others start.
+    pub(super) permit: Option<SemaphorePermit<'a>>,
+}
+
+/// How one attempt ended.
+pub(super) enum Attempt {
+    Ok(Digest256),
+    Failed {
+        ending: String,
+        stderr: Vec<u8>,
+        message: String,
+    },
+    Lost,
+    /// The run stopped before the command could start: nothing ran.
+    NotStarted,
+    /// The command ran and was killed by a second Ctrl-C or SIGTERM: it may have written anything.
+    Interrupted,
+}
+
+pub(super) fn failed(ending: impl Into<String>, stderr: Vec<u8>) -> Attempt {
+    let ending = ending.into();
+    let text = String::from_utf8_lossy(&stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("");
+    let message = if last.is_empty() { ending.clone() } else { format!("{ending}: {last}") };
+    Attempt::Failed { ending, stderr, message }
+}
+
+/// A command's ending in words: `exit N` or `signal N`.
+pub(super) fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => "unknown ending".into(),
+    }
+}

@@ -1,0 +1,28 @@
+//! `--verify CMD`: the user's own check of an output, run by `sh` with the path quoted.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use super::Ctx;
+use super::step::describe;
+
+/// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
+pub(super) async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
+    let Some(script) = &ctx.cfg.verify else { return Ok(()) };
+    // Quoted for the shell: an output path is built from item text, which must never run as code.
+    let quoted = format!("'{}'", path.display().to_string().replace('\'', "'\\''"));
+    let script = script.replace("{out}", &quoted);
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("IDEM_OUTPUT", path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ("verify: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
+    if out.status.success() { Ok(()) } else { Err((format!("verify {}", describe(out.status)), out.stderr)) }
+}
