@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -21,6 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_store::Store;
+use idem_tower::Body;
 use idem_tower::{BufferedBody, DrainLayer, IdempotencyLayer, UpstreamFailure};
 use tokio::time::Instant as Deadline;
 use tower::Layer;
@@ -285,7 +285,7 @@ impl Upstream {
         let target = match self.target(&parts.uri) {
             Ok(target) => target,
             Err(e) => {
-                return Problem::bad_request(ProblemType::InvalidTarget, e.to_string()).into_response();
+                return Problem::bad_request(ProblemType::InvalidTarget, e.to_string()).into_response().map(Body::new);
             }
         };
         strip_hop_by_hop(&mut parts.headers);
@@ -298,7 +298,9 @@ impl Upstream {
         let (body, replay) = match replayable(&parts, body).await {
             Ok(prepared) => prepared,
             Err(e) => {
-                return Problem::bad_request(ProblemType::RequestBodyUnreadable, e.to_string()).into_response();
+                return Problem::bad_request(ProblemType::RequestBodyUnreadable, e.to_string())
+                    .into_response()
+                    .map(Body::new);
             }
         };
         // What a second attempt needs: the head, and the body when it is whole in memory.
@@ -407,7 +409,7 @@ impl Upstream {
 
 /// The body to send, and its bytes when it can be sent again: the layer's buffered body, or a pass-through body
 /// of known length up to [`REPLAY_BUFFER`] bytes, read here. Longer or chunked bodies stream through once.
-async fn replayable(parts: &http::request::Parts, body: Body) -> Result<(Body, Option<Bytes>), axum::Error> {
+async fn replayable(parts: &http::request::Parts, body: Body) -> Result<(Body, Option<Bytes>), tower::BoxError> {
     if let Some(BufferedBody(bytes)) = parts.extensions.get::<BufferedBody>() {
         return Ok((body, Some(bytes.clone())));
     }
@@ -432,14 +434,15 @@ fn keep_alive_timeout(headers: &HeaderMap) -> Option<Duration> {
 
 /// 502 for a request the upstream did not execute: the layer releases the key ([`UpstreamFailure::NotSent`]).
 fn not_sent(detail: &str) -> Response<Body> {
-    let mut response = Problem::new(StatusCode::BAD_GATEWAY, ProblemType::UpstreamUnreachable, detail).into_response();
+    let mut response =
+        Problem::new(StatusCode::BAD_GATEWAY, ProblemType::UpstreamUnreachable, detail).into_response().map(Body::new);
     response.extensions_mut().insert(UpstreamFailure::NotSent);
     response
 }
 
 /// 502 or 504 for a request that may have taken effect: the layer stores it as unknown.
 fn unknown(status: StatusCode, detail: String, reason: String) -> Response<Body> {
-    let mut response = Problem::new(status, ProblemType::OutcomeUnknown, detail).into_response();
+    let mut response = Problem::new(status, ProblemType::OutcomeUnknown, detail).into_response().map(Body::new);
     response.extensions_mut().insert(UpstreamFailure::OutcomeUnknown { reason });
     response
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use axum::body::Body;
+use crate::body::Body;
 use http::{Response, StatusCode};
 use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, judge};
 use idem_store::{Error as StoreError, Store, StoreExt, system_time_to_millis};

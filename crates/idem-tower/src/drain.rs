@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use crate::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, Version, header};
 use http_body::{Body as _, Frame, SizeHint};
@@ -192,7 +192,7 @@ impl Watched {
 
 impl http_body::Body for Watched {
     type Data = Bytes;
-    type Error = axum::Error;
+    type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;

@@ -2,7 +2,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
+use crate::body::Body;
 use http::Response;
 
 /// The future of [`Idempotency`](crate::Idempotency): the stored, replayed or refused response.

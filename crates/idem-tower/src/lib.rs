@@ -1,4 +1,4 @@
-//! [`IdempotencyLayer`]: makes any tower / axum service safe to retry with the `Idempotency-Key` request
+//! [`IdempotencyLayer`]: makes any tower service (axum, hyper, tonic) safe to retry with the `Idempotency-Key` request
 //! header (IETF `draft-ietf-httpapi-idempotency-key-header`), Stripe compatible.
 //!
 //! For a covered method (POST and PATCH by default) carrying a key, the first request under (scope, key) is
@@ -28,6 +28,7 @@
 //! [`UpstreamFailure::NotSent`] releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`]
 //! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
 
+mod body;
 mod cache;
 mod config;
 mod decide;
@@ -40,6 +41,7 @@ mod prepare;
 mod problem;
 mod service;
 
+pub use body::Body;
 pub use config::{InFlight, KeyPolicy, UnknownOutcome};
 pub use drain::{DRAIN_IDLE, DRAIN_SLACK_BYTES, DRAIN_TIME, Drain, DrainFuture, DrainLayer};
 pub use execute::UpstreamFailure;

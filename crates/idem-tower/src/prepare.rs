@@ -1,7 +1,7 @@
 //! Step 1 of docs/DESIGN.md, before any store access: the key, the scope, the request body (buffered up to
 //! its limit) and the fingerprint. A client that hangs up during it leaves nothing behind.
 
-use axum::body::Body;
+use crate::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};

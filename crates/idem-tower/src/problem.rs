@@ -2,7 +2,7 @@
 //! flight, outcome unknown, store unavailable, ...). Types are [`ProblemType`]s, the ones the KV API uses, so
 //! clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md step 7).
 
-use axum::body::Body;
+use crate::body::Body;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use idem_core::{ProblemType, StoredResponse};
 use idem_store::Error as StoreError;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
+use crate::body::Body;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use idem_core::ProblemType;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use idem_store::{MemoryStore, Precondition, Store};
+use idem_tower::Body;
 use idem_tower::{Idempotency, IdempotencyLayer, InFlight, InvalidatingStore, UnknownOutcome, UpstreamFailure};
 use tokio::sync::Semaphore;
 use tower::util::BoxCloneService;

@@ -1,0 +1,81 @@
+//! [`Body`], the one body type of the layer: what it hands its inner service and what it answers with. Plain
+//! `http-body`, so the layer serves hyper, tonic and axum stacks alike.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use tower::BoxError;
+
+/// A request or response body of any kind, boxed: bytes frames, errors as [`BoxError`].
+///
+/// The layer's inner service receives `Request<Body>` (axum's `Router`, hyper's and tonic's services accept
+/// any `http_body::Body`), and the layer answers `Response<Body>`.
+#[derive(Debug)]
+pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
+
+impl Body {
+    /// Boxes `body` (no copy of its data).
+    pub fn new<B>(body: B) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self(body.map_err(Into::into).boxed_unsync())
+    }
+
+    /// A body with no data.
+    pub fn empty() -> Self {
+        Self::new(Empty::<Bytes>::new())
+    }
+}
+
+impl Default for Body {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl From<Bytes> for Body {
+    fn from(bytes: Bytes) -> Self {
+        Self::new(Full::new(bytes))
+    }
+}
+
+impl From<String> for Body {
+    fn from(text: String) -> Self {
+        Self::from(Bytes::from(text))
+    }
+}
+
+impl From<&'static str> for Body {
+    fn from(text: &'static str) -> Self {
+        Self::from(Bytes::from_static(text.as_bytes()))
+    }
+}
+
+impl From<Vec<u8>> for Body {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::from(Bytes::from(bytes))
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
