@@ -1,0 +1,104 @@
+//! [`AnyStore`]: the backend a [`StoreUrl`] names, opened, behind the one `Store` trait.
+
+use bytes::Bytes;
+use idem_postgres::PostgresStore;
+use idem_redis::RedisStore;
+use idem_sqlite::SqliteStore;
+use idem_store::{
+    CounterOutcome, Error as StoreError, Generation, Limits, MemoryStore, Page, Precondition, SetChange, SetOutcome,
+    Store, Ttl, Versioned, Written,
+};
+
+use crate::{Error, StoreUrl};
+
+/// A store chosen at run time by URL (see the crate documentation).
+#[derive(Clone, Debug)]
+pub enum AnyStore {
+    /// `memory:`: nothing survives the process.
+    Memory(MemoryStore),
+    /// `sqlite:PATH`: the embedded default.
+    Sqlite(SqliteStore),
+    /// `postgres://…`: tables in the schema named by the namespace.
+    Postgres(PostgresStore),
+    /// `redis://…` or `rediss://…`: keys under `<namespace>:`.
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    /// Opens the store `url` names. `namespace` (a lowercase identifier) names the PostgreSQL schema and the
+    /// Redis key prefix, so several deployments can share one database.
+    ///
+    /// # Errors
+    /// [`Error::Open`] when the backend refuses (its error is the source).
+    pub async fn open(url: &StoreUrl, namespace: &str, limits: Limits) -> Result<Self, Error> {
+        let failed = |source: Box<dyn std::error::Error + Send + Sync>| Error::Open { url: url.redacted(), source };
+        match url {
+            StoreUrl::Memory => Ok(AnyStore::Memory(MemoryStore::with_limits(limits))),
+            StoreUrl::Sqlite(path) => {
+                SqliteStore::open(path, limits).map(AnyStore::Sqlite).map_err(|e| failed(Box::new(e)))
+            }
+            StoreUrl::Postgres(u) => PostgresStore::connect(u, namespace, limits)
+                .await
+                .map(AnyStore::Postgres)
+                .map_err(|e| failed(Box::new(e))),
+            StoreUrl::Redis(u) => RedisStore::connect(u, &format!("{namespace}:"), limits)
+                .await
+                .map(AnyStore::Redis)
+                .map_err(|e| failed(Box::new(e))),
+        }
+    }
+
+    /// Finishes queued writes and releases the store (flushes and checkpoints SQLite).
+    pub async fn close(&self) {
+        match self {
+            AnyStore::Sqlite(s) => s.close().await,
+            // Memory has nothing to flush; PostgreSQL and Redis acknowledged every write already.
+            AnyStore::Memory(_) | AnyStore::Postgres(_) | AnyStore::Redis(_) => {}
+        }
+    }
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $e,
+            AnyStore::Sqlite($s) => $e,
+            AnyStore::Postgres($s) => $e,
+            AnyStore::Redis($s) => $e,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    fn limits(&self) -> &Limits {
+        each!(self, s => s.limits())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        each!(self, s => s.get(key).await)
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
+        each!(self, s => s.get_many(keys).await)
+    }
+
+    async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
+        each!(self, s => s.put(key, value, precondition, ttl).await)
+    }
+
+    async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
+        each!(self, s => s.delete(key, precondition).await)
+    }
+
+    async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {
+        each!(self, s => s.list(prefix, cursor, limit).await)
+    }
+
+    async fn set_change(&self, key: &str, change: SetChange) -> Result<SetOutcome, StoreError> {
+        each!(self, s => s.set_change(key, change).await)
+    }
+
+    async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, StoreError> {
+        each!(self, s => s.counter_add(key, delta, dedupe_id).await)
+    }
+}
