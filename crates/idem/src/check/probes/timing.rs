@@ -107,6 +107,13 @@ pub async fn in_flight(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
     ex.record(0, &first);
     let first = first.map_err(|e| ex.unanswered(0, &e))?;
     let duplicate = duplicate?;
+    // On a busy machine the duplicate can reach the API first; then the roles swap, and the "first" request
+    // is the one that must get 409 or the stored answer.
+    let (first, duplicate) = if first.status.as_u16() == 409 && duplicate.status.is_success() {
+        (duplicate, first)
+    } else {
+        (first, duplicate)
+    };
     if !first.status.is_success() {
         return Err(refused_first(&first));
     }
