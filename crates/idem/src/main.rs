@@ -1,7 +1,9 @@
 //! The `idem` command: `serve` the KV API (or proxy an upstream with Idempotency-Key handling), talk to it
-//! with `kv`, measure the store with `bench`, derive keys with `key`.
+//! with `kv`, measure the store with `bench`, derive keys with `key`, probe an API's Idempotency-Key handling
+//! with `check`.
 
 mod bench;
+mod check;
 mod client;
 mod error;
 mod key;
@@ -46,6 +48,10 @@ enum Command {
     Run(run::RunArgs),
     /// Inspect or trim the ledger of `idem run`.
     Runs(run::RunsArgs),
+    /// Probe any HTTP API's Idempotency-Key handling (replays, concurrent duplicates, key reuse, malformed
+    /// keys, scope, errors, expiry) and print a conformance report. Sends real writes: asks first unless
+    /// --yes. Exit 0: no probe failed; 1: one did; 2: bad usage or not confirmed (nothing sent).
+    Check(check::CheckArgs),
 }
 
 fn main() {
@@ -78,6 +84,8 @@ fn main() {
             // The runner's exit status says how the run ended (documented in `idem run --help`).
             Command::Run(args) => std::process::exit(run::run(args).await?),
             Command::Runs(args) => std::process::exit(run::runs(args).await?),
+            // The exit status says whether a probe failed (documented in `idem check --help`).
+            Command::Check(args) => std::process::exit(check::run(args).await?),
         }
     });
     if let Err(e) = result {

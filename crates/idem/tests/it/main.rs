@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod backend_restart;
+mod check;
 mod cli;
 mod common;
 mod crash;

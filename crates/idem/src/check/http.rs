@@ -1,0 +1,255 @@
+//! Sending planned requests and reading their answers: [`Sender`] (one reqwest client for the run, the
+//! clients' TLS settings), [`Seen`] (an answer and what the probes ask of it) and [`Exchange`] (one probe's
+//! requests, each sent at most once, and the log the JSON report shows).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+
+use super::report::Verdict;
+use super::target::{Planned, Target, excerpt};
+
+/// Sends planned requests. Cheap to clone: the client and the target are shared.
+#[derive(Clone)]
+pub struct Sender {
+    http: reqwest::Client,
+    target: Arc<Target>,
+    sent: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+}
+
+/// An answer: the status, header fields and the whole body.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The status.
+    pub status: StatusCode,
+    /// The header fields.
+    pub headers: HeaderMap,
+    /// The body, read whole.
+    pub body: Bytes,
+}
+
+/// What one request came to: an answer, or why none came (one line).
+pub type Answer = Result<Seen, String>;
+
+impl Sender {
+    /// A sender over `http` (built with the clients' TLS settings) for `target`.
+    pub fn new(http: reqwest::Client, target: Arc<Target>) -> Self {
+        Self { http, target, sent: Arc::default(), answered: Arc::default() }
+    }
+
+    /// The target request and the flags.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Requests sent so far, and how many of them got an answer.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.sent.load(Ordering::SeqCst), self.answered.load(Ordering::SeqCst))
+    }
+
+    /// Sends `planned` once (no retry: a retry is what the probes test) and reads the whole answer.
+    pub async fn send(&self, planned: &Planned) -> Answer {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        let result = async {
+            let response = self.target.build(&self.http, planned).send().await?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response.bytes().await?;
+            Ok::<_, reqwest::Error>(Seen { status, headers, body })
+        }
+        .await;
+        match result {
+            Ok(seen) => {
+                self.answered.fetch_add(1, Ordering::SeqCst);
+                Ok(seen)
+            }
+            Err(e) => Err(failure(&e)),
+        }
+    }
+}
+
+/// A transport failure on one line: the TLS refusal in words, else the error and its causes.
+fn failure(e: &reqwest::Error) -> String {
+    if let Some(tls) = idem_client::tls_failure(e) {
+        return tls;
+    }
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not connect"
+    } else {
+        "failed"
+    };
+    format!("{kind}: {}", crate::error::chain(e))
+}
+
+impl Seen {
+    /// `201 Created`.
+    pub fn status_text(&self) -> String {
+        let status = self.status;
+        format!("{} {}", status.as_u16(), status.canonical_reason().unwrap_or("(no reason phrase)"))
+    }
+
+    /// The first value of a field, as text.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `Location` field.
+    pub fn location(&self) -> Option<&str> {
+        self.field("location")
+    }
+
+    /// Whether the answer says it is a replay (`Idempotent-Replayed: true`, as Stripe and idem send it).
+    pub fn replayed(&self) -> bool {
+        self.field("idempotent-replayed").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+
+    /// The `type` of an RFC 9457 problem body.
+    pub fn problem_type(&self) -> Option<String> {
+        if !self.field("content-type").is_some_and(|t| t.contains("problem+json")) {
+            return None;
+        }
+        let problem: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
+        problem.get("type")?.as_str().map(str::to_owned)
+    }
+
+    /// The `Set-Cookie` field lines.
+    pub fn set_cookies(&self) -> Vec<&str> {
+        self.headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).collect()
+    }
+
+    /// The status with what tells answers apart: `201 Created, Location /orders/4`, or a problem's type.
+    pub fn brief(&self) -> String {
+        let mut text = self.status_text();
+        if let Some(location) = self.location() {
+            text.push_str(&format!(", Location {location}"));
+        }
+        if let Some(problem) = self.problem_type() {
+            text.push_str(&format!(" ({problem})"));
+        }
+        text
+    }
+
+    /// The body as short text for an observation.
+    pub fn excerpt(&self) -> String {
+        excerpt(&self.body, 48)
+    }
+
+    /// Whether `self` is the same answer as `other`: status, `Location` and body bytes.
+    pub fn same_answer(&self, other: &Seen) -> bool {
+        self.status == other.status && self.location() == other.location() && self.body == other.body
+    }
+
+    /// Whether `self` is `first` given back: marked as a replay, or the same answer.
+    pub fn is_answer_of(&self, first: &Seen) -> bool {
+        self.replayed() || self.same_answer(first)
+    }
+}
+
+/// One probe's requests: sends each planned request by its index and logs what came back.
+pub struct Exchange<'a> {
+    sender: &'a Sender,
+    plan: &'a [Planned],
+    /// Per planned request, in order: its answer's status (or failure), `None` while unsent.
+    pub log: Vec<Option<Result<Logged, String>>>,
+}
+
+/// What the report keeps of an answer.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Logged {
+    /// The status code.
+    pub status: u16,
+    /// Whether it was marked as a replay.
+    pub replayed: bool,
+    /// Its `Location`, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+impl<'a> Exchange<'a> {
+    /// An exchange over `plan` (nothing sent yet).
+    pub fn new(sender: &'a Sender, plan: &'a [Planned]) -> Self {
+        Self { sender, plan, log: vec![None; plan.len()] }
+    }
+
+    /// The target request and the flags.
+    pub fn target(&self) -> &Target {
+        self.sender.target()
+    }
+
+    /// Notes what request `i` came to.
+    pub fn record(&mut self, i: usize, answer: &Answer) {
+        self.log[i] = Some(match answer {
+            Ok(seen) => Ok(Logged {
+                status: seen.status.as_u16(),
+                replayed: seen.replayed(),
+                location: seen.location().map(str::to_owned),
+            }),
+            Err(e) => Err(e.clone()),
+        });
+    }
+
+    /// Sends request `i` and waits for its answer; a transport failure becomes the probe's FAIL.
+    ///
+    /// # Errors
+    /// The failing [`Verdict`] naming the request and the failure.
+    pub async fn send(&mut self, i: usize) -> Result<Seen, Verdict> {
+        let answer = self.sender.send(&self.plan[i]).await;
+        self.record(i, &answer);
+        answer.map_err(|e| self.unanswered(i, &e))
+    }
+
+    /// Starts request `i` on its own task (to send others while it runs); [`Exchange::record`] its answer.
+    pub fn spawn(&self, i: usize) -> tokio::task::JoinHandle<Answer> {
+        let (sender, planned) = (self.sender.clone(), self.plan[i].clone());
+        tokio::spawn(async move { sender.send(&planned).await })
+    }
+
+    /// Sends the requests `range` at once (each on its own task, released together) and logs their answers.
+    pub async fn send_at_once(&mut self, range: std::ops::Range<usize>) -> Vec<Answer> {
+        let barrier = Arc::new(tokio::sync::Barrier::new(range.len()));
+        let tasks: Vec<_> = range
+            .clone()
+            .map(|i| {
+                let (sender, planned, barrier) = (self.sender.clone(), self.plan[i].clone(), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    sender.send(&planned).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(tasks.len());
+        for (i, task) in range.zip(tasks) {
+            let answer = task.await.unwrap_or_else(|e| Err(format!("the sending task failed: {e}")));
+            self.record(i, &answer);
+            answers.push(answer);
+        }
+        answers
+    }
+
+    /// The FAIL for request `i` that got no answer.
+    pub fn unanswered(&self, i: usize, failure: &str) -> Verdict {
+        let planned = &self.plan[i];
+        Verdict::fail(format!("{} {} ({}) got no answer: {failure}", planned.method, planned.url, planned.note))
+    }
+
+    /// Request `i` as planned.
+    pub fn planned(&self, i: usize) -> &Planned {
+        &self.plan[i]
+    }
+}
+
+/// The FAIL for a probe whose first request was refused: nothing about keys can be judged from it.
+pub fn refused_first(seen: &Seen) -> Verdict {
+    Verdict::fail(format!(
+        "the first request got {} ({}): the probes need a request the API accepts (check the URL, --method, the \
+         body and the credential)",
+        seen.brief(),
+        seen.excerpt()
+    ))
+}
