@@ -476,6 +476,6 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     let drain = DrainLayer::new(layer.request_body_limit() as u64);
     Router::new()
         .fallback_service(layer.layer(upstream))
-        .layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+        .layer(crate::metrics::ProxyMetricsLayer)
         .layer(drain)
 }
