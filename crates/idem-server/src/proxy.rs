@@ -179,8 +179,11 @@ impl Upstream {
     }
 
     fn target(&self, original: &Uri) -> Result<Uri, http::Error> {
-        let path_and_query = original.path_and_query().map_or("/", PathAndQuery::as_str);
-        let path_and_query: PathAndQuery = format!("{}{}", self.inner.prefix, path_and_query).parse()?;
+        let path_and_query = match (self.inner.prefix.as_str(), original.path_and_query()) {
+            // No prefix: the request's own path and query, shared, not formatted and parsed again.
+            ("", Some(pq)) => pq.clone(),
+            (prefix, pq) => format!("{prefix}{}", pq.map_or("/", PathAndQuery::as_str)).parse()?,
+        };
         Uri::builder()
             .scheme(self.inner.scheme.clone())
             .authority(self.inner.authority.clone())
@@ -226,6 +229,11 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none of these: one pass over the names (standard names compare as enum values)
+    // costs less than hashing every hop-by-hop name for a removal.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -240,18 +248,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The RFC 7239 `Forwarded` element for this hop: `for` the client, `proto`, and `host` the client asked for.
 fn forwarded(client: Option<SocketAddr>, host: Option<&HeaderValue>) -> Option<HeaderValue> {
-    let mut element = match client {
+    use std::fmt::Write as _;
+    let mut element = String::with_capacity(96);
+    match client {
         // IPv6 addresses and ports must be quoted (RFC 7239 §6).
-        Some(addr) => format!("for=\"{addr}\""),
-        None => "for=unknown".to_owned(),
-    };
+        Some(addr) => {
+            let _ = write!(element, "for=\"{addr}\"");
+        }
+        None => element.push_str("for=unknown"),
+    }
     element.push_str(";proto=http");
     if let Some(host) = host.and_then(|h| h.to_str().ok())
         && host.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
     {
-        element.push_str(&format!(";host=\"{host}\""));
+        element.push_str(";host=\"");
+        element.push_str(host);
+        element.push('"');
     }
-    HeaderValue::from_str(&element).ok()
+    HeaderValue::from_maybe_shared(Bytes::from(element)).ok()
 }
 
 impl tower::Service<Request<Body>> for Upstream {
