@@ -69,6 +69,13 @@ pub enum UpstreamError {
 /// answers 502 / 504 marked [`UpstreamFailure::OutcomeUnknown`], which the layer stores as unknown.
 #[derive(Clone, Debug)]
 pub struct Upstream {
+    /// Shared: the layer and the router clone their inner service for every request (about ten clones per
+    /// proxied request), and two hyper clients cost a dozen reference counts and copies each.
+    inner: Arc<UpstreamInner>,
+}
+
+#[derive(Debug)]
+struct UpstreamInner {
     /// Pooled connections, each closed after `idle_timeout` without use.
     client: Client<ObservingConnector, Body>,
     /// No pool: the one retry of a request the upstream provably never read goes on a new connection.
@@ -79,6 +86,7 @@ pub struct Upstream {
     host: HeaderValue,
     timeout: Duration,
 }
+
 
 impl Upstream {
     /// An upstream at `url` (`http://HOST:PORT`, optionally with a path prefix every request path is appended
@@ -167,15 +175,18 @@ impl Upstream {
             .pool_max_idle_per_host(256)
             .build(connector.clone());
         let fresh = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build(connector);
-        Ok(Self { client, fresh, scheme, authority, prefix, host, timeout })
+        Ok(Self { inner: Arc::new(UpstreamInner { client, fresh, scheme, authority, prefix, host, timeout }) })
     }
 
     fn target(&self, original: &Uri) -> Result<Uri, http::Error> {
-        let path_and_query = original.path_and_query().map_or("/", PathAndQuery::as_str);
-        let path_and_query: PathAndQuery = format!("{}{}", self.prefix, path_and_query).parse()?;
+        let path_and_query = match (self.inner.prefix.as_str(), original.path_and_query()) {
+            // No prefix: the request's own path and query, shared, not formatted and parsed again.
+            ("", Some(pq)) => pq.clone(),
+            (prefix, pq) => format!("{prefix}{}", pq.map_or("/", PathAndQuery::as_str)).parse()?,
+        };
         Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .scheme(self.inner.scheme.clone())
+            .authority(self.inner.authority.clone())
             .path_and_query(path_and_query)
             .build()
     }
@@ -218,6 +229,11 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none of these: one pass over the names (standard names compare as enum values)
+    // costs less than hashing every hop-by-hop name for a removal.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -232,18 +248,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The RFC 7239 `Forwarded` element for this hop: `for` the client, `proto`, and `host` the client asked for.
 fn forwarded(client: Option<SocketAddr>, host: Option<&HeaderValue>) -> Option<HeaderValue> {
-    let mut element = match client {
+    use std::fmt::Write as _;
+    let mut element = String::with_capacity(96);
+    match client {
         // IPv6 addresses and ports must be quoted (RFC 7239 §6).
-        Some(addr) => format!("for=\"{addr}\""),
-        None => "for=unknown".to_owned(),
-    };
+        Some(addr) => {
+            let _ = write!(element, "for=\"{addr}\"");
+        }
+        None => element.push_str("for=unknown"),
+    }
     element.push_str(";proto=http");
     if let Some(host) = host.and_then(|h| h.to_str().ok())
         && host.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
     {
-        element.push_str(&format!(";host=\"{host}\""));
+        element.push_str(";host=\"");
+        element.push_str(host);
+        element.push('"');
     }
-    HeaderValue::from_str(&element).ok()
+    HeaderValue::from_maybe_shared(Bytes::from(element)).ok()
 }
 
 impl tower::Service<Request<Body>> for Upstream {
@@ -278,7 +300,7 @@ enum Sent {
 
 impl Upstream {
     async fn forward(&self, request: Request<Body>) -> Response<Body> {
-        let deadline = Deadline::now() + self.timeout;
+        let deadline = Deadline::now() + self.inner.timeout;
         let (mut parts, body) = request.into_parts();
         let client = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
         let original_host = parts.headers.get(header::HOST).cloned();
@@ -292,7 +314,7 @@ impl Upstream {
         if let Some(value) = forwarded(client, original_host.as_ref()) {
             parts.headers.append(header::FORWARDED, value);
         }
-        parts.headers.insert(header::HOST, self.host.clone());
+        parts.headers.insert(header::HOST, self.inner.host.clone());
         parts.uri = target;
         parts.version = http::Version::HTTP_11;
         let (body, replay) = match replayable(&parts, body).await {
@@ -313,7 +335,7 @@ impl Upstream {
             (head, bytes)
         });
         let started = Instant::now();
-        let mut sent = self.send(&self.client, Request::from_parts(parts, body), deadline).await;
+        let mut sent = self.send(&self.inner.client, Request::from_parts(parts, body), deadline).await;
         // RFC 9110 §9.2.2: a request may be retried automatically when it "was never applied"; the connection's
         // facts prove that only in the cases `upstream_conn` lists. One retry, on a new connection.
         if let Sent::Failed { unread: Some(unread), error } = &sent {
@@ -322,7 +344,7 @@ impl Upstream {
                 metrics::counter!("idem_upstream_retries_total", "reason" => label).increment(1);
                 let (head, ()) = head.into_parts();
                 let retry = Request::from_parts(head, Body::from(bytes));
-                sent = match self.send(&self.fresh, retry, deadline).await {
+                sent = match self.send(&self.inner.fresh, retry, deadline).await {
                     // Neither attempt was read: nothing took effect.
                     Sent::Failed { unread: Some(unread), error } => {
                         tracing::info!(reason = %unread.reason(), error = %crate::error_chain(&error), "upstream never read the retry");
@@ -369,7 +391,7 @@ impl Upstream {
             }
             Sent::TimedOut => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "timeout").increment(1);
-                let reason = format!("no response within {}", humantime::format_duration(self.timeout));
+                let reason = format!("no response within {}", humantime::format_duration(self.inner.timeout));
                 let detail = format!("the upstream sent {reason}; the request may or may not have taken effect");
                 unknown(StatusCode::GATEWAY_TIMEOUT, detail, reason)
             }
@@ -468,6 +490,6 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     let drain = DrainLayer::new(layer.request_body_limit() as u64);
     Router::new()
         .fallback_service(layer.layer(upstream))
-        .layer(axum::middleware::from_fn(crate::metrics::track_proxy))
+        .layer(crate::metrics::ProxyMetricsLayer)
         .layer(drain)
 }
