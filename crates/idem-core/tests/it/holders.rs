@@ -7,8 +7,8 @@
 //! - at most one holder believes it holds the lease at any instant (its last answered write was sent less than
 //!   a lease ago and its keeper has not lost it);
 //! - record: once the key has a finished record, it never changes, and every replay is of exactly it;
-//! - ledger: the item is done only with the digest of the output in place ("done implies the digest"), and
-//!   once done with an output in place, no holder executes it again.
+//! - ledger: the item is done only with the digest of the output in place ("done implies the digest"). (That a
+//!   done item with its output in place is not run again is the runner's judgement, tested in idem-runner.)
 
 use std::time::Duration;
 
