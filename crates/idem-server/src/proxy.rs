@@ -87,7 +87,6 @@ struct UpstreamInner {
     timeout: Duration,
 }
 
-
 impl Upstream {
     /// An upstream at `url` (`http://HOST:PORT`, optionally with a path prefix every request path is appended
     /// to), waiting at most `timeout` for a response to start, and reusing a pooled connection only while it
@@ -488,8 +487,5 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     metrics::counter!("idem_upstream_retries_total", "reason" => "not_written").increment(0);
     // A body refused by the layer's limit is drained before the 413 goes out (see `DrainLayer`).
     let drain = DrainLayer::new(layer.request_body_limit() as u64);
-    Router::new()
-        .fallback_service(layer.layer(upstream))
-        .layer(crate::metrics::ProxyMetricsLayer)
-        .layer(drain)
+    Router::new().fallback_service(layer.layer(upstream)).layer(crate::metrics::ProxyMetricsLayer).layer(drain)
 }
