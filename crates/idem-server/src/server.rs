@@ -20,10 +20,12 @@ use crate::{DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfigSlot, Upstream};
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// A named shutdown, shared by everything that must stop together (as mini-redis's `Shutdown`): one
-/// [`Shutdown::begin`] and every [`Shutdown::begun`] resolves. Cloning gives another handle to the same one.
+/// [`Shutdown::begin`] and every [`Shutdown::begun`] resolves; a [`Shutdown::force`] after it ends the grace
+/// at once. Cloning gives another handle to the same one.
 #[derive(Clone, Debug)]
 pub struct Shutdown {
-    tx: Arc<watch::Sender<bool>>,
+    /// 0 running, 1 shutting down (grace), 2 forced.
+    tx: Arc<watch::Sender<u8>>,
 }
 
 impl Default for Shutdown {
@@ -35,45 +37,70 @@ impl Default for Shutdown {
 impl Shutdown {
     /// A shutdown not begun yet.
     pub fn new() -> Self {
-        Self { tx: Arc::new(watch::channel(false).0) }
+        Self { tx: Arc::new(watch::channel(0).0) }
     }
 
     /// Begins the shutdown (idempotent).
     pub fn begin(&self) {
-        self.tx.send_replace(true);
+        self.tx.send_if_modified(|state| std::mem::replace(state, (*state).max(1)) != *state);
+    }
+
+    /// Ends the grace at once: requests still in flight are closed (begins the shutdown too).
+    pub fn force(&self) {
+        self.tx.send_replace(2);
     }
 
     /// Whether it has begun.
     pub fn is_begun(&self) -> bool {
-        *self.tx.borrow()
+        *self.tx.borrow() >= 1
     }
 
     /// Resolves once the shutdown has begun (at once if it already has).
     pub async fn begun(&self) {
         let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|begun| *begun).await;
+        let _ = rx.wait_for(|state| *state >= 1).await;
     }
 
-    /// Begins the shutdown on the first SIGINT or SIGTERM, logging it; resolves then.
+    /// Resolves once the shutdown was forced.
+    pub async fn forced(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|state| *state >= 2).await;
+    }
+
+    /// Begins the shutdown on the first SIGINT or SIGTERM and forces it on the second, logging each (as nginx
+    /// and most servers do: a second Ctrl-C means "now"). Resolves after the second signal, or once the
+    /// shutdown was forced otherwise.
     pub async fn on_signals(&self) {
-        let ctrl_c = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
+        let (Ok(mut int), Ok(mut term)) = (
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
+        ) else {
+            tracing::warn!("cannot listen for SIGINT/SIGTERM; the process stops only when killed");
+            return;
         };
         tokio::select! {
-            () = ctrl_c => {},
-            () = term => {},
-            () = self.begun() => return,
+            () = either(&mut int, &mut term) => {},
+            () = self.begun() => {},
         }
-        tracing::info!("shutting down: finishing in-flight requests");
-        self.begin();
+        if !self.is_begun() {
+            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+            self.begin();
+        }
+        tokio::select! {
+            () = either(&mut int, &mut term) => {
+                tracing::warn!("second signal: closing the requests still in flight now");
+                self.force();
+            }
+            () = self.forced() => {},
+        }
+    }
+}
+
+/// The next SIGINT or SIGTERM.
+async fn either(int: &mut tokio::signal::unix::Signal, term: &mut tokio::signal::unix::Signal) {
+    tokio::select! {
+        _ = int.recv() => {},
+        _ = term.recv() => {},
     }
 }
 
@@ -84,6 +111,9 @@ pub enum Ending {
     Drained,
     /// The grace period ran out with requests still in flight; they were closed.
     GraceExpired,
+    /// The shutdown was forced ([`Shutdown::force`], a second signal) with requests still in flight; they were
+    /// closed.
+    Forced,
 }
 
 type Drain = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -185,6 +215,7 @@ impl Server {
         // keep the process from exiting.
         tokio::select! {
             served = serving => served.map(|()| Ending::Drained),
+            () = shutdown.forced() => Ok(Ending::Forced),
             () = async { shutdown.begun().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!(?grace, "requests still in flight after the grace period; closing them");
                 Ok(Ending::GraceExpired)
