@@ -419,7 +419,9 @@ impl Upstream {
                 let facts = capture.connection_metadata().as_ref().and_then(Facts::of);
                 let unread = match facts {
                     Some(facts) => facts.unread(&error),
-                    None => None,
+                    // No connection captured (the failure came before hyper handed it over): a certificate
+                    // alert still proves the handshake, and with it the request, was refused.
+                    None => Facts::refused_handshake(&error),
                 };
                 Sent::Failed { error, unread }
             }

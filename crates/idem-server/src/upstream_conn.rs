@@ -158,7 +158,9 @@ impl Facts {
         None
     }
 
-    fn refused_handshake(error: &(dyn std::error::Error + 'static)) -> Option<Unread> {
+    /// A certificate alert in `error`'s chain: the upstream refused the TLS handshake, so no request on this
+    /// connection was ever decrypted (rustls does no post-handshake authentication or renegotiation).
+    pub(crate) fn refused_handshake(error: &(dyn std::error::Error + 'static)) -> Option<Unread> {
         use rustls::AlertDescription as A;
         match idem_tls::rustls_error_in(error)? {
             rustls::Error::AlertReceived(
