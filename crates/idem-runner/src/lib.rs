@@ -26,6 +26,7 @@ mod error;
 mod items;
 mod output;
 mod progress;
+mod queue;
 mod report;
 mod watchdog;
 
@@ -34,4 +35,5 @@ pub use config::{CheckedConfig, OnPoison, ProgressMode, RunConfig, default_ledge
 pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
 pub use error::Error;
 use error::ItemError;
-pub use items::{Item, ItemFormat, ItemReader, short_hash};
+pub use items::{Item, ItemFormat, ItemReader, is_stream, short_hash};
+pub use queue::QueueUrl;
