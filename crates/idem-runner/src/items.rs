@@ -95,8 +95,11 @@ impl ItemReader {
     }
 
     fn item(&self, line: u64, raw: String) -> Result<Item, Error> {
-        let id = item_id(&raw, self.json, self.id_field.as_deref())
-            .map_err(|reason| Error::BadItem { path: self.path.clone(), line, reason })?;
+        let id = item_id(&raw, self.json, self.id_field.as_deref()).map_err(|reason| Error::BadItem {
+            path: self.path.clone(),
+            line,
+            reason,
+        })?;
         Ok(Item { line, id, raw })
     }
 }
@@ -241,5 +244,53 @@ mod tests {
         assert!(matches!(&items[0], Err(Error::BadItem { line: 1, .. })));
         let items = read("{\"id\":1}\nnot json\n", ItemFormat::JsonLines, None);
         assert!(matches!(&items[1], Err(Error::BadItem { line: 2, .. })));
+    }
+
+    #[test]
+    fn a_message_takes_its_id_from_the_field_then_the_message_id_then_its_body() {
+        let item = parse_item(7, b" 42\n", Some("order-42"), ItemFormat::Auto, None).unwrap();
+        assert_eq!((item.line, item.id.as_str(), item.raw.as_str()), (7, "order-42", "42"));
+        // A message id that is no safe file name is hashed, never used as a path.
+        let item = parse_item(1, b"x", Some("../etc"), ItemFormat::Auto, None).unwrap();
+        assert_eq!(item.id, short_hash(b"../etc"));
+        // Without one: what a line of the same text would get.
+        assert_eq!(parse_item(1, b"photo-1.jpg", None, ItemFormat::Auto, None).unwrap().id, "photo-1.jpg");
+        let json = parse_item(1, br#"{"b":1,"a":2}"#, None, ItemFormat::Auto, None).unwrap();
+        assert_eq!(json.id, short_hash(&idem_core::canonical_payload(br#"{"a":2,"b":1}"#)));
+        // --id-field wins over the message id.
+        let field = parse_item(1, br#"{"id":"k","x":1}"#, Some("m-1"), ItemFormat::Auto, Some("id")).unwrap();
+        assert_eq!(field.id, "k");
+    }
+
+    #[test]
+    fn a_message_that_is_no_item_says_why() {
+        assert_eq!(parse_item(1, b" \n", None, ItemFormat::Auto, None).unwrap_err(), "the message body is empty");
+        assert_eq!(
+            parse_item(1, &[0xff, 0xfe], None, ItemFormat::Auto, None).unwrap_err(),
+            "the message body is not UTF-8"
+        );
+        let e = parse_item(1, b"not json", None, ItemFormat::Auto, Some("id")).unwrap_err();
+        assert!(e.starts_with("not JSON: "), "{e}");
+        assert_eq!(parse_item(1, br#"{"x":1}"#, None, ItemFormat::Auto, Some("id")).unwrap_err(), "no field \"id\"");
+    }
+
+    #[test]
+    fn a_fifo_is_a_stream_read_once_with_its_format_decided_by_the_line_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("items");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert!(is_stream(&fifo) && is_stream(Path::new("-")));
+        let file = dir.path().join("file");
+        std::fs::write(&file, "a\n").unwrap();
+        assert!(!is_stream(&file));
+        let writer = std::thread::spawn({
+            let fifo = fifo.clone();
+            move || std::fs::write(fifo, "\n{\"id\":\"a\"}\n{\"id\":\"b\"}\n").unwrap()
+        });
+        let items: Vec<Item> =
+            ItemReader::open(&fifo, ItemFormat::Auto, Some("id")).unwrap().map(Result::unwrap).collect();
+        writer.join().unwrap();
+        let got: Vec<(u64, &str)> = items.iter().map(|i| (i.line, i.id.as_str())).collect();
+        assert_eq!(got, [(2, "a"), (3, "b")], "the blank first line counted, the line read ahead kept");
     }
 }

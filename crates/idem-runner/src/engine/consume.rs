@@ -108,7 +108,10 @@ async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64) -> 
         }
         Err(reason) => {
             tracing::warn!("message {number} is no item ({reason}): rejected without requeue");
-            (Item { line: number, id: format!("message-{number}"), raw: String::new() }, Ok(Final::Malformed { reason }))
+            (
+                Item { line: number, id: format!("message-{number}"), raw: String::new() },
+                Ok(Final::Malformed { reason }),
+            )
         }
     };
     let disposition = disposition(&result);
@@ -178,4 +181,28 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
     }
     source.close().await;
     Ok(taken)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::Digest256;
+
+    #[test]
+    fn only_done_items_are_acknowledged_and_only_stops_and_ledger_failures_hand_messages_back() {
+        let digest = || Digest256 { sha256: "ab".repeat(32), size: 2 };
+        let cases = [
+            (Ok(Final::Done { attempts: 1, digest: digest(), duration: Duration::ZERO }), Disposition::Ack),
+            (Ok(Final::Skipped { digest: digest() }), Disposition::Ack),
+            (Ok(Final::Adopted { digest: digest() }), Disposition::Ack),
+            (Ok(Final::Poison { attempts: 2, error: "e".into() }), Disposition::DeadLetter),
+            (Ok(Final::Failed { attempts: 4, error: "e".into() }), Disposition::DeadLetter),
+            (Ok(Final::Malformed { reason: "r".into() }), Disposition::DeadLetter),
+            (Ok(Final::NotDone { reason: "interrupted" }), Disposition::Requeue),
+            (Err(ItemError::NoGeneration), Disposition::Requeue),
+        ];
+        for (result, expected) in cases {
+            assert_eq!(disposition(&result), expected, "{result:?}");
+        }
+    }
 }

@@ -278,11 +278,15 @@ mod tests {
         assert_eq!(late.status(), RunStatus::AllDone);
         let dry = Summary { total: 2, would_run: 2, dry_run: true, ..Summary::default() };
         assert_eq!(dry.status(), RunStatus::AllDone);
-        let codes: Vec<i32> = [RunStatus::AllDone, RunStatus::Failed, RunStatus::Poison, RunStatus::Interrupted]
-            .iter()
-            .map(|s| s.exit_code())
-            .collect();
-        assert_eq!(codes, [0, 1, 3, 130]);
+        let refused =
+            Summary { refused: Some("-:3: writes o/a, as an earlier item did".into()), ..interrupted.clone() };
+        assert_eq!(refused.status(), RunStatus::Refused, "a bad item in a stream is bad usage, above all else");
+        let codes: Vec<i32> =
+            [RunStatus::AllDone, RunStatus::Failed, RunStatus::Refused, RunStatus::Poison, RunStatus::Interrupted]
+                .iter()
+                .map(|s| s.exit_code())
+                .collect();
+        assert_eq!(codes, [0, 1, 2, 3, 130]);
     }
 
     #[test]

@@ -74,9 +74,7 @@ impl QueueUrl {
                 (k.to_owned(), percent_decode_str(v).decode_utf8_lossy().into_owned())
             })
             .collect();
-        let missing = |what: &str| {
-            Error::Config(format!("--items {}: name the {what} (…?{what}=NAME)", redact(items)))
-        };
+        let missing = |what: &str| Error::Config(format!("--items {}: name the {what} (…?{what}=NAME)", redact(items)));
         let url = if scheme.starts_with("amqp") {
             let queue = take("queue", &mut pairs)?.ok_or_else(|| missing("queue"))?;
             kept.extend(pairs.iter().map(|(k, v)| format!("{k}={v}")));
@@ -201,10 +199,10 @@ pub(crate) enum Next {
 
 /// A connected queue consumer.
 pub(crate) enum Source {
-    /// RabbitMQ.
-    Amqp(amqp::Consumer),
+    /// RabbitMQ (each boxed: hundreds of bytes of client state, made once per run).
+    Amqp(Box<amqp::Consumer>),
     /// NATS JetStream.
-    Nats(nats::Consumer),
+    Nats(Box<nats::Consumer>),
 }
 
 /// How the engine reads a queue.
@@ -228,9 +226,11 @@ impl Source {
     /// that is a refusal; later the connection is retried instead.
     pub(crate) async fn connect(url: &QueueUrl, cfg: SourceConfig) -> Result<Self, Error> {
         match url {
-            QueueUrl::Amqp { url: u, queue } => amqp::Consumer::connect(url, u, queue, cfg).await.map(Source::Amqp),
+            QueueUrl::Amqp { url: u, queue } => {
+                amqp::Consumer::connect(url, u, queue, cfg).await.map(|c| Source::Amqp(Box::new(c)))
+            }
             QueueUrl::Nats { url: u, stream, consumer } => {
-                nats::Consumer::connect(url, u, stream, consumer, cfg).await.map(Source::Nats)
+                nats::Consumer::connect(url, u, stream, consumer, cfg).await.map(|c| Source::Nats(Box::new(c)))
             }
         }
     }
@@ -248,8 +248,8 @@ impl Source {
     /// Stops consuming and closes the connection; the broker takes back every message not settled.
     pub(crate) async fn close(self) {
         match self {
-            Source::Amqp(c) => c.close().await,
-            Source::Nats(c) => c.close().await,
+            Source::Amqp(c) => (*c).close().await,
+            Source::Nats(c) => (*c).close().await,
         }
     }
 }
@@ -261,6 +261,7 @@ pub(crate) fn backoff(n: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -268,7 +269,10 @@ mod tests {
         let q = QueueUrl::parse("amqp://guest:secret@127.0.0.1:5672/%2f?queue=jobs&heartbeat=10").unwrap();
         assert_eq!(
             q,
-            Some(QueueUrl::Amqp { url: "amqp://guest:secret@127.0.0.1:5672/%2f?heartbeat=10".into(), queue: "jobs".into() })
+            Some(QueueUrl::Amqp {
+                url: "amqp://guest:secret@127.0.0.1:5672/%2f?heartbeat=10".into(),
+                queue: "jobs".into()
+            })
         );
         assert_eq!(q.unwrap().redacted(), "amqp://guest:***@127.0.0.1:5672/%2f?heartbeat=10 (queue jobs)");
         let n = QueueUrl::parse("nats://127.0.0.1:4222?stream=S&consumer=c%201").unwrap();

@@ -2,6 +2,7 @@
 //! at most the run's free room, so no more are taken ahead than the prefetch; the client reconnects by itself
 //! (each disconnect and reconnect logged), and a pull that fails is made again with backoff.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
@@ -43,14 +44,18 @@ impl Consumer {
         let shown = shown.redacted();
         let refuse = |e: &dyn std::fmt::Display| Error::Queue(format!("{shown}: {e}"));
         let logged = shown.clone();
+        // The client says Connected on its first connection too; only the later ones are reconnects.
+        let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let client = async_nats::ConnectOptions::new()
             .name("idem run")
             .connection_timeout(Duration::from_secs(5))
             .event_callback(move |event| {
                 let shown = logged.clone();
+                let again =
+                    matches!(event, async_nats::Event::Connected) && connected_before.swap(true, Ordering::SeqCst);
                 async move {
                     match event {
-                        async_nats::Event::Connected => tracing::warn!("reconnected to {shown}"),
+                        async_nats::Event::Connected if again => tracing::warn!("reconnected to {shown}"),
                         async_nats::Event::Disconnected => tracing::warn!("connection to {shown} lost; reconnecting"),
                         other => tracing::debug!("{shown}: {other}"),
                     }
@@ -145,13 +150,8 @@ impl Consumer {
     fn delivery(&mut self, message: async_nats::jetstream::Message) -> Delivery {
         self.received += 1;
         let id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
-        let item = parse_item(
-            self.received,
-            &message.payload,
-            id.as_deref(),
-            self.cfg.format,
-            self.cfg.id_field.as_deref(),
-        );
+        let item =
+            parse_item(self.received, &message.payload, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
         // A third of the ack wait, so two reminders may be lost before the server gives the message to another.
         Delivery { item, ack: Ack::Nats(Box::new(message)), keep_alive: Some(self.ack_wait / 3) }
     }

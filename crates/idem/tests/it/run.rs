@@ -4,8 +4,8 @@
 
 use crate::common;
 
-use std::io::Write as _;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
