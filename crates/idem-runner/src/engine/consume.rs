@@ -118,6 +118,7 @@ async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64) -> 
     if result.is_err() {
         tokio::time::sleep(LEDGER_FAILED_PAUSE).await;
     }
+    tracing::debug!(item = %item.id, "message settled: {disposition:?}");
     if let Err(e) = ack.settle(disposition).await {
         // The connection it came on is gone, and the broker with it took the message back: it comes again,
         // and the ledger judges it (done: acknowledged without running).

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
-use futures_util::{FutureExt as _, StreamExt as _};
+use futures_util::StreamExt as _;
 
 use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
 use crate::Error;
@@ -22,6 +22,9 @@ pub(crate) struct Consumer {
     client: async_nats::Client,
     consumer: PullConsumer,
     cfg: SourceConfig,
+    /// A pull request being made, on a task of its own: once sent, the server delivers to its inbox whether
+    /// or not anyone reads it, so it must never be dropped half made (the run may stop at any moment).
+    request: Option<tokio::task::JoinHandle<Result<pull::Batch, pull::BatchError>>>,
     /// The pull request being read.
     batch: Option<pull::Batch>,
     /// Messages the current pull request brought so far.
@@ -82,6 +85,7 @@ impl Consumer {
             client,
             consumer: pulled,
             cfg,
+            request: None,
             batch: None,
             in_batch: 0,
             failures: 0,
@@ -120,8 +124,20 @@ impl Consumer {
                     }
                 }
             }
-            let request = self.consumer.batch().max_messages(room.max(1)).expires(PULL_EXPIRES).messages().await;
-            match request {
+            let request = match self.request.as_mut() {
+                Some(pending) => pending,
+                None => {
+                    let consumer = self.consumer.clone();
+                    let size = room.max(1);
+                    self.request.insert(tokio::spawn(async move {
+                        consumer.batch().max_messages(size).expires(PULL_EXPIRES).messages().await
+                    }))
+                }
+            };
+            // Awaiting the task's handle is cancel-safe: a request the run stops waiting for is kept for close.
+            let made = request.await;
+            self.request = None;
+            match made.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
                 Ok(batch) => {
                     self.batch = Some(batch);
                     self.in_batch = 0;
@@ -157,10 +173,16 @@ impl Consumer {
     }
 
     pub(super) async fn close(mut self) {
-        // Messages the server sent for the last pull request but the run never took are handed back at once
-        // (else they would wait out the ack wait); those the run took it has settled already.
+        // Messages the server sends for the last pull request but the run never took are handed back at once
+        // (else they would wait out the ack wait); those the run took it has settled already. A request
+        // expires within PULL_EXPIRES, so this ends.
+        if let Some(request) = self.request.take()
+            && let Ok(Ok(batch)) = request.await
+        {
+            self.batch = Some(batch);
+        }
         if let Some(batch) = self.batch.as_mut() {
-            while let Some(Some(Ok(message))) = batch.next().now_or_never() {
+            while let Ok(Some(Ok(message))) = tokio::time::timeout(2 * PULL_EXPIRES, batch.next()).await {
                 let _ = message.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
             }
         }

@@ -213,3 +213,20 @@ async fn consumers_whose_connections_the_broker_closes_reconnect_and_finish() {
     assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
     rabbit.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_lets_running_items_finish_and_hands_the_other_messages_back() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish(&ids(20)).await;
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        super::ctrl_c_finishes_running_items_and_hands_the_rest_back(&job, || {
+            // The two done are acknowledged, the rest are ready again (none left unacknowledged).
+            assert_eq!(handle.block_on(rabbit.ready(&rabbit.queue)), 18);
+        })
+    });
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
+    rabbit.delete().await;
+}

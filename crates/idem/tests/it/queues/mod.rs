@@ -174,3 +174,31 @@ pub fn with_duplicates(ids: &[String]) -> Vec<String> {
     out.extend(late);
     out
 }
+
+/// Sends `sig` (`INT`, `TERM`) to `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success());
+}
+
+/// A consumer running as a service gets Ctrl-C after its first two items started: those two finish and are
+/// acknowledged, nothing else starts, the messages it took ahead go back (exit 130); a second consumer with
+/// `--until-empty` then does the other 18, none of them twice.
+pub fn ctrl_c_finishes_running_items_and_hands_the_rest_back(job: &QueueJob, after_stop: impl FnOnce()) {
+    let mut consumer = job.spawn(&["--jobs", "2", "--lease", "30s"], &[("SLEEP", "1")], "service");
+    wait_for("two items to start", Duration::from_secs(30), || job.log().len() == 2);
+    signal(consumer.id(), "INT");
+    let code = exit_within(&mut consumer, Duration::from_secs(30), "service", job);
+    let err = job.stderr_of("service");
+    assert_eq!(code, 130, "{err}");
+    assert!(err.contains(": 2 done now, 0 already done"), "{err}");
+    assert_eq!(job.log().len(), 2, "an item started after Ctrl-C: {err}");
+    after_stop();
+    let mut rest = job.spawn(&["--until-empty", "--jobs", "4"], &[], "rest");
+    let code = exit_within(&mut rest, Duration::from_secs(120), "rest", job);
+    let err = job.stderr_of("rest");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(": 18 done now, 0 already done"), "{err}");
+    let runs = job.executions_per_item();
+    assert_eq!((runs.len(), runs.values().all(|&n| n == 1)), (20, true), "{runs:?}");
+    job.assert_outputs_valid(&ids(20));
+}

@@ -242,3 +242,16 @@ async fn consumers_reconnect_after_their_nats_server_restarts_and_finish() {
     job.assert_outputs_valid(&ids);
     assert_eq!(js.pending().await, (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_lets_running_items_finish_and_hands_the_other_messages_back() {
+    let Some(url) = broker_url("IDEM_TEST_NATS_URL") else { return };
+    // An ack wait longer than the test: a message the stopped consumer kept without a Nak would never come back
+    // in time, and the second consumer would never find the stream drained.
+    let js = Js::new(&url, Some(Duration::from_secs(600))).await;
+    js.publish(&ids(20), None).await;
+    let job = QueueJob::new(js.items(), WRITE_JSON);
+    tokio::task::block_in_place(|| super::ctrl_c_finishes_running_items_and_hands_the_rest_back(&job, || {}));
+    assert_eq!(js.pending().await, (0, 0));
+    js.delete().await;
+}
