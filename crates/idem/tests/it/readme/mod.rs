@@ -356,15 +356,16 @@ fn upstream_dir(bin_dir: &Path) -> PathBuf {
     };
     let target_dir = bin_dir.parent().unwrap();
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "idem", "--example", "upstream", "--profile", profile, "--target-dir"])
+        .args(["build", "--quiet", "-p", "idem", "--example", "upstream", "--example", "queue", "--profile", profile])
+        .arg("--target-dir")
         .arg(target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();
     let dir = bin_dir.join("examples");
     assert!(
-        status.success() && dir.join("upstream").is_file(),
-        "cannot build the example upstream into {} ({status}); `cargo test -p idem` builds it",
+        status.success() && dir.join("upstream").is_file() && dir.join("queue").is_file(),
+        "cannot build the examples upstream and queue into {} ({status}); `cargo test -p idem` builds them",
         dir.display()
     );
     dir
