@@ -74,10 +74,11 @@ impl Consumer {
             ack_policy: AckPolicy::Explicit,
             ..pull::Config::default()
         };
-        let pulled: PullConsumer = s
-            .get_or_create_consumer(consumer, config)
-            .await
-            .map_err(|e| refuse(&format_args!("consumer {consumer}: {e}")))?;
+        let pulled: PullConsumer = match s.get_or_create_consumer(consumer, config).await {
+            Ok(c) => c,
+            // Another consumer starting at the same moment may have made it between the look-up and the create.
+            Err(e) => s.get_consumer(consumer).await.map_err(|_| refuse(&format_args!("consumer {consumer}: {e}")))?,
+        };
         let _ = s.info().await;
         let ack_wait = pulled.cached_info().config.ack_wait;
         Ok(Self {
