@@ -210,7 +210,8 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         None => None,
     };
     let counters = Arc::new(Counters::default());
-    let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
+    let known = (!cfg.streamed()).then_some(total);
+    let progress = Progress::start(cfg.progress, known, counters.clone(), cfg.dry_run);
     let watchdog = if cfg.dry_run { None } else { Watchdog::start() };
     let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog, program));
     let mut set = JoinSet::new();
