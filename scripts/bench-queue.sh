@@ -2,7 +2,8 @@
 # `idem run` from a queue against a plain consumer on the same broker, the same items from a file and from a
 # pipe, and GNU parallel fed the same ids on a pipe; messages (items) per second and CPU per message.
 #   AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/%2f) and NATS_URL (default nats://127.0.0.1:4222) name
-#   the brokers; N (default 5000) the messages; ROUNDS (default 3) how often each is run, back to back.
+#   the brokers; N (default 5000) the messages; ROUNDS (default 3) how often each is run, back to back;
+#   IDEM and QUEUE the release binaries of idem and of the example `queue` (built when unset).
 # Every run uses `--jobs 8` and the same trivial command, one `sh` per item writing one small JSON file. The
 # plain consumer (crates/idem/examples/queue.rs `consume`) runs that command for each message and acknowledges
 # it, with the same prefetch (16) and no ledger. CPU is the user + system time of the consumer and everything
@@ -13,9 +14,12 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}"
 if ! command -v parallel >/dev/null; then
   apt-get update && apt-get install -y parallel
 fi
-cargo build --release -p idem --bin idem --example queue >/dev/null
-idem="$CARGO_TARGET_DIR/release/idem"
-queue="$CARGO_TARGET_DIR/release/examples/queue"
+# IDEM and QUEUE name binaries built already (release); otherwise they are built now.
+if [ -z "${IDEM:-}" ] || [ -z "${QUEUE:-}" ]; then
+  cargo build --release -p idem --bin idem --example queue >/dev/null
+fi
+idem="${IDEM:-$CARGO_TARGET_DIR/release/idem}"
+queue="${QUEUE:-$CARGO_TARGET_DIR/release/examples/queue}"
 amqp="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 nats="${NATS_URL:-nats://127.0.0.1:4222}"
 n="${N:-5000}"
