@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Error, ItemFormat};
+use crate::{Error, ItemFormat, QueueUrl};
 
 /// What to do when an item turns poison in this run (the same error fingerprint twice). An item an earlier run
 /// found poison is skipped either way: it is a known fact, not a new failure.
@@ -27,8 +27,13 @@ pub enum ProgressMode {
 /// Everything one `idem run` needs. Build with [`RunConfig::new`] and set the rest.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
-    /// The items file.
+    /// The items: a regular file (checked whole before anything runs), or a stream read once: `-` (standard
+    /// input), a pipe or a FIFO. Not read when [`RunConfig::queue`] is set.
     pub items: PathBuf,
+    /// A message queue to take the items from instead ([`QueueUrl`]): one item per message.
+    pub queue: Option<QueueUrl>,
+    /// With a queue: end once it is drained, instead of waiting for more messages (for cron).
+    pub until_empty: bool,
     /// How to read it.
     pub format: ItemFormat,
     /// The JSON field holding each item's id.
@@ -66,6 +71,8 @@ impl RunConfig {
     pub fn new(items: impl Into<PathBuf>, output: impl Into<String>, command: Vec<String>) -> Self {
         Self {
             items: items.into(),
+            queue: None,
+            until_empty: false,
             format: ItemFormat::Auto,
             id_field: None,
             output: output.into(),
@@ -113,6 +120,14 @@ impl RunConfig {
         if self.format == ItemFormat::Lines && self.id_field.is_some() {
             return Err(Error::Config("--id-field needs JSON Lines items, not --format lines".into()));
         }
+        if self.queue.is_some() && self.dry_run {
+            // A dry run must change nothing, and taking a message and handing it back is a change (its
+            // delivery count, its place in the queue), over and over.
+            return Err(Error::Config("--dry-run reads a file or a pipe, not a queue".into()));
+        }
+        if self.until_empty && self.queue.is_none() {
+            return Err(Error::Config("--until-empty needs --items amqp://… or nats://… (a queue)".into()));
+        }
         if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
         }
@@ -149,6 +164,11 @@ impl RunConfig {
         Ok(CheckedConfig { cfg: self, total, program })
     }
 
+    /// True when the items are read once as they come (a stream or a queue), not checked whole before the run.
+    pub fn streamed(&self) -> bool {
+        self.queue.is_some() || crate::items::is_stream(&self.items)
+    }
+
     /// The output path of item `id`.
     pub fn output_path(&self, id: &str) -> PathBuf {
         PathBuf::from(self.output.replace("{id}", id))
@@ -173,7 +193,7 @@ impl CheckedConfig {
         &self.cfg
     }
 
-    /// How many items the file held when it was checked.
+    /// How many items the file held when it was checked (0 for a stream or a queue: not known before).
     pub fn items(&self) -> u64 {
         self.total
     }

@@ -39,6 +39,21 @@ pub enum Error {
         /// The output path they share.
         output: String,
     },
+    /// An item read from a stream writes the output path of an item before it (from a regular file this is
+    /// [`Error::DuplicateOutput`], found before anything runs).
+    #[error("{path}:{line}: writes {output}, as an earlier item did (two items with one output path)")]
+    RepeatedOutput {
+        /// The stream (`-`: standard input).
+        path: PathBuf,
+        /// 1-based line of the item refused.
+        line: u64,
+        /// The output path.
+        output: String,
+    },
+    /// The queue cannot be consumed at start-up: the broker does not answer, refuses the login, or has no such
+    /// queue (stream, consumer). Later connection failures are retried, not errors.
+    #[error("cannot consume {0}")]
+    Queue(String),
     /// The ledger store failed (unreachable, closed, or holding an unreadable entry).
     #[error("ledger store failed")]
     Store(#[from] idem_store::Error),

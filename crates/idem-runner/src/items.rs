@@ -1,4 +1,5 @@
-//! Work items, streamed from a file one line at a time (never all held at once).
+//! Work items, streamed one line at a time (never all held at once) from a regular file, a pipe (`-` for
+//! standard input) or a FIFO; [`parse_item`] makes an item of one line or one queue message.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -22,7 +23,7 @@ pub enum ItemFormat {
 /// One work item.
 #[derive(Clone, Debug)]
 pub struct Item {
-    /// 1-based line number in the items file.
+    /// 1-based line number in the items file (for a queue: the message's number in this run).
     pub line: u64,
     /// Its id: the `--id-field` value, a safe plain line as is, or a short hash of the canonical item.
     pub id: String,
@@ -30,55 +31,62 @@ pub struct Item {
     pub raw: String,
 }
 
-/// Reads items from `path` lazily.
-#[derive(Debug)]
+/// True when `path` names a stream that can be read only once: `-` (standard input), a pipe, a FIFO or a
+/// device. A regular file is read twice (checked whole before anything runs, then streamed).
+pub fn is_stream(path: &Path) -> bool {
+    path == Path::new("-") || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+}
+
+/// Reads items from a file or a stream lazily.
 pub struct ItemReader {
     path: PathBuf,
-    lines: std::io::Lines<BufReader<File>>,
+    lines: std::io::Lines<Box<dyn BufRead + Send>>,
+    /// The first non-empty line and its number, read ahead to decide the format.
+    first: Option<(u64, String)>,
     line: u64,
     json: bool,
     id_field: Option<String>,
 }
 
+impl std::fmt::Debug for ItemReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ItemReader").field("path", &self.path).field("line", &self.line).finish_non_exhaustive()
+    }
+}
+
 impl ItemReader {
-    /// Opens `path` and decides its format.
+    /// Opens `path` (`-`: standard input) and decides its format from its first non-empty line, which is
+    /// read ahead and kept, so a pipe loses nothing.
     ///
     /// # Errors
-    /// [`Error::ReadItems`] when the file cannot be opened or read; [`Error::Config`] when it is not a regular
-    /// file (stdin, a FIFO).
+    /// [`Error::ReadItems`] when it cannot be opened or read.
     pub fn open(path: &Path, format: ItemFormat, id_field: Option<&str>) -> Result<Self, Error> {
         let read_err = |source| Error::ReadItems { path: path.to_owned(), source };
-        // The file is read more than once (format, duplicate outputs, the run): a pipe would be empty by the
-        // run, and its items silently lost.
-        if !std::fs::metadata(path).map_err(read_err)?.is_file() {
-            return Err(Error::Config(format!(
-                "--items {} is not a regular file (a pipe or device is read more than once here); save the items \
-                 to a file first",
-                path.display()
-            )));
-        }
+        let input: Box<dyn BufRead + Send> = if path == Path::new("-") {
+            Box::new(BufReader::with_capacity(256 * 1024, std::io::stdin()))
+        } else {
+            Box::new(BufReader::with_capacity(256 * 1024, File::open(path).map_err(read_err)?))
+        };
+        let mut lines = input.lines();
+        let mut line = 0;
+        let first = loop {
+            match lines.next() {
+                None => break None,
+                Some(Err(e)) => return Err(read_err(e)),
+                Some(Ok(l)) => {
+                    line += 1;
+                    if !l.trim().is_empty() {
+                        break Some((line, l));
+                    }
+                }
+            }
+        };
         let json = match format {
             ItemFormat::JsonLines => true,
             ItemFormat::Lines => false,
-            ItemFormat::Auto => {
-                let first = BufReader::new(File::open(path).map_err(read_err)?)
-                    .lines()
-                    .map_while(Result::ok)
-                    .find(|l| !l.trim().is_empty());
-                id_field.is_some()
-                    || first.is_some_and(|l| {
-                        l.trim_start().starts_with('{') && serde_json::from_str::<serde_json::Value>(&l).is_ok()
-                    })
-            }
+            ItemFormat::Auto => id_field.is_some() || first.as_ref().is_some_and(|(_, l)| looks_like_json(l)),
         };
-        let file = File::open(path).map_err(read_err)?;
-        Ok(Self {
-            path: path.to_owned(),
-            lines: BufReader::with_capacity(256 * 1024, file).lines(),
-            line: 0,
-            json,
-            id_field: id_field.map(str::to_owned),
-        })
+        Ok(Self { path: path.to_owned(), lines, first, line, json, id_field: id_field.map(str::to_owned) })
     }
 
     /// True when items are JSON values.
@@ -86,40 +94,79 @@ impl ItemReader {
         self.json
     }
 
-    fn bad(&self, reason: String) -> Error {
-        Error::BadItem { path: self.path.clone(), line: self.line, reason }
+    fn item(&self, line: u64, raw: String) -> Result<Item, Error> {
+        let id = item_id(&raw, self.json, self.id_field.as_deref()).map_err(|reason| Error::BadItem {
+            path: self.path.clone(),
+            line,
+            reason,
+        })?;
+        Ok(Item { line, id, raw })
     }
+}
 
-    fn parse(&self, raw: String) -> Result<Item, Error> {
-        let id = if self.json {
-            let value: serde_json::Value =
-                serde_json::from_str(&raw).map_err(|e| self.bad(format!("not JSON: {e}")))?;
-            match &self.id_field {
-                Some(field) => {
-                    let id = match value.get(field) {
-                        Some(serde_json::Value::String(s)) => s.clone(),
-                        Some(serde_json::Value::Number(n)) => n.to_string(),
-                        Some(_) => return Err(self.bad(format!("field {field:?} is neither a string nor a number"))),
-                        None => return Err(self.bad(format!("no field {field:?}"))),
-                    };
-                    check_id(&id).map_err(|r| self.bad(format!("id {id:?} {r}")))?;
-                    id
-                }
-                None => short_hash(&idem_core::canonical_payload(raw.as_bytes())),
-            }
-        } else if check_id(&raw).is_ok() && raw.len() <= 100 {
-            raw.clone()
-        } else {
-            short_hash(raw.as_bytes())
-        };
-        Ok(Item { line: self.line, id, raw })
+/// A JSON object on one line (what `--format auto` takes for JSON Lines).
+fn looks_like_json(line: &str) -> bool {
+    line.trim_start().starts_with('{') && serde_json::from_str::<serde_json::Value>(line).is_ok()
+}
+
+/// The id of one item: the `--id-field` member of a JSON item, the hash of its canonical form without one;
+/// for a plain line the line itself when it is a safe id of at most 100 characters, else its hash.
+fn item_id(raw: &str, json: bool, id_field: Option<&str>) -> Result<String, String> {
+    if !json {
+        return Ok(if check_id(raw).is_ok() && raw.len() <= 100 { raw.to_owned() } else { short_hash(raw.as_bytes()) });
     }
+    let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| format!("not JSON: {e}"))?;
+    match id_field {
+        Some(field) => {
+            let id = match value.get(field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(serde_json::Value::Number(n)) => n.to_string(),
+                Some(_) => return Err(format!("field {field:?} is neither a string nor a number")),
+                None => return Err(format!("no field {field:?}")),
+            };
+            check_id(&id).map_err(|r| format!("id {id:?} {r}"))?;
+            Ok(id)
+        }
+        None => Ok(short_hash(&idem_core::canonical_payload(raw.as_bytes()))),
+    }
+}
+
+/// The item a queue message carries: `body` (trimmed) is the item; its id is the `--id-field` member when that
+/// is given, else the message's own id (`message_id`, hashed when it is no safe id), else what a line of the
+/// same text would get. `Err` says why the message cannot be an item.
+pub(crate) fn parse_item(
+    number: u64,
+    body: &[u8],
+    message_id: Option<&str>,
+    format: ItemFormat,
+    id_field: Option<&str>,
+) -> Result<Item, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "the message body is not UTF-8".to_owned())?;
+    let raw = text.trim().to_owned();
+    if raw.is_empty() {
+        return Err("the message body is empty".into());
+    }
+    let json = match format {
+        ItemFormat::JsonLines => true,
+        ItemFormat::Lines => false,
+        ItemFormat::Auto => id_field.is_some() || looks_like_json(&raw),
+    };
+    let id = match (id_field, message_id.filter(|m| !m.is_empty())) {
+        (None, Some(m)) if check_id(m).is_ok() => m.to_owned(),
+        (None, Some(m)) => short_hash(m.as_bytes()),
+        _ => item_id(&raw, json, id_field)?,
+    };
+    Ok(Item { line: number, id, raw })
 }
 
 impl Iterator for ItemReader {
     type Item = Result<Item, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some((line, raw)) = self.first.take() {
+            let raw = raw.trim().to_owned();
+            return Some(self.item(line, raw));
+        }
         loop {
             self.line += 1;
             let raw = match self.lines.next()? {
@@ -131,7 +178,7 @@ impl Iterator for ItemReader {
                 continue;
             }
             let raw = if trimmed.len() == raw.len() { raw } else { trimmed.to_owned() };
-            return Some(self.parse(raw));
+            return Some(self.item(self.line, raw));
         }
     }
 }
@@ -197,5 +244,53 @@ mod tests {
         assert!(matches!(&items[0], Err(Error::BadItem { line: 1, .. })));
         let items = read("{\"id\":1}\nnot json\n", ItemFormat::JsonLines, None);
         assert!(matches!(&items[1], Err(Error::BadItem { line: 2, .. })));
+    }
+
+    #[test]
+    fn a_message_takes_its_id_from_the_field_then_the_message_id_then_its_body() {
+        let item = parse_item(7, b" 42\n", Some("order-42"), ItemFormat::Auto, None).unwrap();
+        assert_eq!((item.line, item.id.as_str(), item.raw.as_str()), (7, "order-42", "42"));
+        // A message id that is no safe file name is hashed, never used as a path.
+        let item = parse_item(1, b"x", Some("../etc"), ItemFormat::Auto, None).unwrap();
+        assert_eq!(item.id, short_hash(b"../etc"));
+        // Without one: what a line of the same text would get.
+        assert_eq!(parse_item(1, b"photo-1.jpg", None, ItemFormat::Auto, None).unwrap().id, "photo-1.jpg");
+        let json = parse_item(1, br#"{"b":1,"a":2}"#, None, ItemFormat::Auto, None).unwrap();
+        assert_eq!(json.id, short_hash(&idem_core::canonical_payload(br#"{"a":2,"b":1}"#)));
+        // --id-field wins over the message id.
+        let field = parse_item(1, br#"{"id":"k","x":1}"#, Some("m-1"), ItemFormat::Auto, Some("id")).unwrap();
+        assert_eq!(field.id, "k");
+    }
+
+    #[test]
+    fn a_message_that_is_no_item_says_why() {
+        assert_eq!(parse_item(1, b" \n", None, ItemFormat::Auto, None).unwrap_err(), "the message body is empty");
+        assert_eq!(
+            parse_item(1, &[0xff, 0xfe], None, ItemFormat::Auto, None).unwrap_err(),
+            "the message body is not UTF-8"
+        );
+        let e = parse_item(1, b"not json", None, ItemFormat::Auto, Some("id")).unwrap_err();
+        assert!(e.starts_with("not JSON: "), "{e}");
+        assert_eq!(parse_item(1, br#"{"x":1}"#, None, ItemFormat::Auto, Some("id")).unwrap_err(), "no field \"id\"");
+    }
+
+    #[test]
+    fn a_fifo_is_a_stream_read_once_with_its_format_decided_by_the_line_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("items");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert!(is_stream(&fifo) && is_stream(Path::new("-")));
+        let file = dir.path().join("file");
+        std::fs::write(&file, "a\n").unwrap();
+        assert!(!is_stream(&file));
+        let writer = std::thread::spawn({
+            let fifo = fifo.clone();
+            move || std::fs::write(fifo, "\n{\"id\":\"a\"}\n{\"id\":\"b\"}\n").unwrap()
+        });
+        let items: Vec<Item> =
+            ItemReader::open(&fifo, ItemFormat::Auto, Some("id")).unwrap().map(Result::unwrap).collect();
+        writer.join().unwrap();
+        let got: Vec<(u64, &str)> = items.iter().map(|i| (i.line, i.id.as_str())).collect();
+        assert_eq!(got, [(2, "a"), (3, "b")], "the blank first line counted, the line read ahead kept");
     }
 }

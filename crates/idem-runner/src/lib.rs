@@ -1,5 +1,6 @@
-//! The engine of `idem run`: run a command over a file of work items so that reruns, crashes, duplicate
-//! runners and retries are boring (docs/DESIGN.md, "Runner contract").
+//! The engine of `idem run`: run a command over work items (a file, a pipe, or the messages of a RabbitMQ
+//! queue or a NATS JetStream consumer) so that reruns, crashes, duplicate runners, redeliveries and retries are
+//! boring (docs/DESIGN.md, "Runner contract").
 //!
 //! For each item the engine reads its ledger entry (`idem_core`'s ledger state machine) and its output file:
 //! done items whose output still has the recorded SHA-256 are skipped, a verified output without an entry is
@@ -26,6 +27,7 @@ mod error;
 mod items;
 mod output;
 mod progress;
+mod queue;
 mod report;
 mod watchdog;
 
@@ -34,4 +36,5 @@ pub use config::{CheckedConfig, OnPoison, ProgressMode, RunConfig, default_ledge
 pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
 pub use error::Error;
 use error::ItemError;
-pub use items::{Item, ItemFormat, ItemReader, short_hash};
+pub use items::{Item, ItemFormat, ItemReader, is_stream, short_hash};
+pub use queue::QueueUrl;

@@ -55,7 +55,8 @@ pub(crate) struct Progress {
 const PLAIN_EVERY: Duration = Duration::from_secs(5);
 
 impl Progress {
-    pub(crate) fn start(mode: ProgressMode, total: u64, counters: Arc<Counters>, dry_run: bool) -> Self {
+    /// Starts the display; `total` is `None` when it is not known ahead (a stream or a queue).
+    pub(crate) fn start(mode: ProgressMode, total: Option<u64>, counters: Arc<Counters>, dry_run: bool) -> Self {
         if mode == ProgressMode::Off || dry_run {
             return Self { task: None };
         }
@@ -64,10 +65,12 @@ impl Progress {
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let bar = terminal.then(|| {
-                let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-                let style =
-                    ProgressStyle::with_template("{bar:30.cyan/blue} {pos}/{len} {msg} · {per_sec} · ETA {eta}")
-                        .unwrap_or_else(|_| ProgressStyle::default_bar());
+                let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+                let template = match total {
+                    Some(_) => "{bar:30.cyan/blue} {pos}/{len} {msg} · {per_sec} · ETA {eta}",
+                    None => "{spinner} {pos} {msg} · {per_sec}",
+                };
+                let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
                 bar.set_style(style);
                 bar
             });
@@ -85,8 +88,9 @@ impl Progress {
                     }
                     None => {
                         let secs = started.elapsed().as_secs_f64().max(0.001);
+                        let of = total.map(|t| format!("/{t}")).unwrap_or_default();
                         eprintln!(
-                            "idem run: {finished}/{total} finished ({}), {:.1} items/s",
+                            "idem run: {finished}{of} finished ({}), {:.1} items/s",
                             counters.line(),
                             finished as f64 / secs
                         );

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem_runner::{ItemFormat, OnPoison, ProgressMode, RunConfig, Stop};
+use idem_runner::{ItemFormat, OnPoison, ProgressMode, QueueUrl, RunConfig, Stop};
 use idem_store::{Limits, Store};
 
 use crate::error::Error;
@@ -19,6 +19,11 @@ every attempt at the same item), IDEM_ATTEMPT.
 The ledger is a SQLite file next to the outputs (<output root>/.idem/ledger.db) unless --store names another \
 store; several runners on one PostgreSQL or Redis store (or one SQLite file on one machine) share the work.
 
+From a queue each message is an item (its id: --id-field, else the message id, else a hash of the body); it \
+is acknowledged once its output is durable and the ledger says done, rejected without requeue (to the \
+dead-letter exchange; JetStream: terminated) when poison or out of attempts, handed back when the run stops \
+first. --until-empty exits once the queue is drained; otherwise the run waits for more and reconnects.
+
 Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
 
 Attempts are counted across runs: an item out of attempts runs again when a rerun raises --retries, or after \
@@ -28,7 +33,8 @@ poison item runs again only after `idem runs forget`; a rerun skips it, runs the
 Exit status:
   0    every item is done
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
-  2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path)
+  2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path, a
+       queue that cannot be consumed); or, reading a pipe, such an item came: the items before it ran
   3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
        with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
   130  interrupted before every item was done";
@@ -37,9 +43,14 @@ Exit status:
 #[derive(Debug, clap::Args)]
 #[command(after_help = RUN_AFTER_HELP)]
 pub struct RunArgs {
-    /// The work items: JSON Lines, or one item per plain line.
+    /// The work items: a file of JSON Lines or plain lines; `-` (standard input), a pipe or a FIFO, read once
+    /// as they come; or a queue, one item per message: amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME (RabbitMQ)
+    /// or nats://HOST:PORT?stream=S&consumer=C (a JetStream durable pull consumer).
     #[arg(long)]
-    items: PathBuf,
+    items: String,
+    /// With a queue: exit once it is drained (for cron), instead of running as a service that waits for more.
+    #[arg(long)]
+    until_empty: bool,
     /// Where each item's output goes; must contain {id}. A `.json` output must parse as JSON.
     #[arg(long)]
     output: String,
@@ -178,7 +189,8 @@ fn runner_error(e: idem_runner::Error) -> Error {
         idem_runner::Error::Config(_)
         | idem_runner::Error::BadItem { .. }
         | idem_runner::Error::DuplicateOutput { .. }
-        | idem_runner::Error::ReadItems { .. } => Error::Config(crate::error::chain(&e)),
+        | idem_runner::Error::ReadItems { .. }
+        | idem_runner::Error::Queue(_) => Error::Config(crate::error::chain(&e)),
         other => Error::Failed(crate::error::chain(&other)),
     }
 }
@@ -188,7 +200,10 @@ fn runner_error(e: idem_runner::Error) -> Error {
 /// # Errors
 /// Refusals before anything ran (exit status 2) and ledger failures.
 pub async fn run(args: RunArgs) -> Result<i32, Error> {
-    let mut cfg = RunConfig::new(&args.items, &args.output, args.command);
+    let queue = QueueUrl::parse(&args.items).map_err(runner_error)?;
+    let mut cfg = RunConfig::new(PathBuf::from(&args.items), &args.output, args.command);
+    cfg.queue = queue;
+    cfg.until_empty = args.until_empty;
     cfg.jobs = args.jobs;
     cfg.retries = args.retries;
     cfg.on_poison = match args.on_poison {
@@ -222,6 +237,9 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     signals.abort();
     ledger.close().await;
     let summary = result.map_err(runner_error)?;
+    if let Some(why) = &summary.refused {
+        eprintln!("idem: {why}");
+    }
     eprint!("{}", summary.render());
     Ok(summary.status().exit_code())
 }

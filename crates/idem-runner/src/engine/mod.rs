@@ -9,7 +9,9 @@
 
 mod attempt;
 mod claim;
+mod consume;
 mod judge;
+mod lines;
 mod outcome;
 mod process;
 mod program;
@@ -34,11 +36,9 @@ use crate::output::{self, Checks};
 use crate::progress::{Counters, Progress};
 use crate::report::Report;
 use crate::watchdog::Watchdog;
-use crate::{CheckedConfig, Error, Item, ItemReader, RunConfig, job_id};
+use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig, job_id};
 
-use judge::{CHUNK, settle_done};
-use outcome::{Final, record, record_final};
-use process::process;
+use outcome::{Final, record};
 use program::jobs_within_descriptor_limit;
 
 pub(crate) use program::check_program;
@@ -140,13 +140,20 @@ pub(super) fn test_ctx(cfg: RunConfig) -> Ctx<idem_store::MemoryStore> {
     Ctx::new(idem_store::MemoryStore::new(), cfg, Stop::new(), None, Arc::default(), None, None)
 }
 
+/// What an item task hands back: the item and how it ended.
+type ItemTask = (Item, Result<Final, ItemError>);
+
 pub(super) fn now_ms() -> u64 {
     system_time_to_millis(SystemTime::now())
 }
 
-/// Checks every item (ids, duplicate outputs) before anything runs; returns how many there are.
+/// Checks every item of a regular file (ids, duplicate outputs) before anything runs; returns how many there
+/// are. A stream or a queue can be read only once: its items are checked as they arrive.
 pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     use sha2::Digest as _;
+    if cfg.streamed() {
+        return Ok(0);
+    }
     let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
     let mut total = 0;
     for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
@@ -203,11 +210,10 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         None => None,
     };
     let counters = Arc::new(Counters::default());
-    let progress = Progress::start(cfg.progress, total, counters.clone(), cfg.dry_run);
+    let known = (!cfg.streamed()).then_some(total);
+    let progress = Progress::start(cfg.progress, known, counters.clone(), cfg.dry_run);
     let watchdog = if cfg.dry_run { None } else { Watchdog::start() };
     let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog, program));
-    // Enough items in flight to keep the ledger busy while `jobs` commands run, few enough to stay small.
-    let window = (ctx.cfg.jobs * 4).max(256);
     let mut set = JoinSet::new();
     let mut summary = Summary {
         total,
@@ -216,46 +222,16 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         output: ctx.cfg.output.clone(),
         ..Summary::default()
     };
-    let mut reader = ItemReader::open(&ctx.cfg.items, ctx.cfg.format, ctx.cfg.id_field.as_deref())?;
-    let mut seen = 0u64;
-    let mut chunk: Vec<Item> = Vec::with_capacity(CHUNK);
-    let mut more = true;
-    while more {
-        if ctx.stopping() {
-            break;
-        }
-        // Read inline: the reader refills a 256 KiB buffer once per few thousand items, far cheaper than
-        // handing this thread's work elsewhere for every line.
-        while chunk.len() < CHUNK {
-            match reader.next() {
-                Some(item) => chunk.push(item?),
-                None => {
-                    more = false;
-                    break;
-                }
-            }
-        }
-        seen += chunk.len() as u64;
-        let (settled, prefetched) = settle_done(&ctx, &chunk).await;
-        for ((item, done), prefetched) in chunk.drain(..).zip(settled).zip(prefetched) {
-            if let Some(digest) = done {
-                record_final(&ctx, &mut summary, &item, Final::Skipped { digest })?;
-                continue;
-            }
-            while set.len() >= window {
-                if let Some(joined) = set.join_next().await {
-                    record(&ctx, &mut summary, joined)?;
-                }
-            }
-            let ctx = ctx.clone();
-            set.spawn(async move {
-                let result = process(&ctx, &item, prefetched).await;
-                (item, result)
-            });
-        }
-    }
+    let seen = match &ctx.cfg.queue {
+        Some(url) => consume::run_queue(&ctx, url, &mut summary, &mut set).await?,
+        None => lines::run_lines(&ctx, &mut summary, &mut set, ctx.cfg.streamed()).await?,
+    };
     while let Some(joined) = set.join_next().await {
         record(&ctx, &mut summary, joined)?;
+    }
+    if ctx.cfg.streamed() {
+        // Nothing was counted up front: the total is what came.
+        summary.total = seen;
     }
     // Lines appended to the items file during the run are seen but were not counted up front.
     summary.not_done += total.saturating_sub(seen);

@@ -14,14 +14,36 @@ use crate::{Error, FailedItem, Item, ItemError, Summary};
 /// (the ledger failed), which is not the item's doing.
 #[derive(Debug)]
 pub(super) enum Final {
-    Done { attempts: u32, digest: Digest256, duration: Duration },
-    Skipped { digest: Digest256 },
-    Adopted { digest: Digest256 },
-    Failed { attempts: u32, error: String },
-    Error { error: ItemError },
-    Poison { attempts: u32, error: String },
-    NotDone { reason: &'static str },
+    Done {
+        attempts: u32,
+        digest: Digest256,
+        duration: Duration,
+    },
+    Skipped {
+        digest: Digest256,
+    },
+    Adopted {
+        digest: Digest256,
+    },
+    Failed {
+        attempts: u32,
+        error: String,
+    },
+    Error {
+        error: ItemError,
+    },
+    Poison {
+        attempts: u32,
+        error: String,
+    },
+    NotDone {
+        reason: &'static str,
+    },
     WouldRun,
+    /// A queue message that is no item (not UTF-8, empty, no usable id): rejected without running.
+    Malformed {
+        reason: String,
+    },
 }
 
 pub(super) fn record(
@@ -83,6 +105,11 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
         Final::NotDone { reason } => {
             summary.not_done += 1;
             (*reason, 0, None, None, None)
+        }
+        Final::Malformed { reason } => {
+            summary.failed += 1;
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            ("malformed", 0, Some(reason.clone()), None, None)
         }
         Final::WouldRun => {
             summary.would_run += 1;

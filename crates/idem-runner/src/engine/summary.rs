@@ -13,12 +13,16 @@ pub enum RunStatus {
     Poison,
     /// Ctrl-C (or SIGTERM) stopped the run before every item was done.
     Interrupted,
+    /// A stream held a bad item (malformed, or a repeated output path): the items before it ran, nothing
+    /// after it was read.
+    Refused,
 }
 
 impl RunStatus {
-    /// 0 all done, 1 failures, 3 poison, 130 interrupted (2 is kept for bad usage).
+    /// 0 all done, 1 failures, 2 a bad item in a stream (bad usage), 3 poison, 130 interrupted.
     pub fn exit_code(self) -> i32 {
         match self {
+            RunStatus::Refused => 2,
             RunStatus::AllDone => 0,
             RunStatus::Failed => 1,
             RunStatus::Poison => 3,
@@ -30,7 +34,7 @@ impl RunStatus {
 /// What a run did.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
-    /// Items in the file.
+    /// Items in the file (a stream: lines read; a queue: messages taken, redeliveries included).
     pub total: u64,
     /// Items this run executed to done.
     pub done: u64,
@@ -62,6 +66,8 @@ pub struct Summary {
     pub retries: u32,
     /// The run's output template, which names the job (`idem runs forget --output`).
     pub output: String,
+    /// Why a stream's reading ended early: a malformed item or a repeated output path, one line.
+    pub refused: Option<String>,
 }
 
 /// Items out of attempts: each used every attempt it was allowed (`--retries` + 1 in all, counted across runs),
@@ -108,7 +114,9 @@ impl OutOfAttempts {
 impl Summary {
     /// How the run ended.
     pub fn status(&self) -> RunStatus {
-        if self.interrupted && (self.not_done > 0 || self.done + self.skipped + self.adopted < self.total) {
+        if self.refused.is_some() {
+            RunStatus::Refused
+        } else if self.interrupted && (self.not_done > 0 || self.done + self.skipped + self.adopted < self.total) {
             RunStatus::Interrupted
         } else if !self.poison.is_empty() {
             RunStatus::Poison
@@ -207,6 +215,9 @@ impl Summary {
                 self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
             ));
         }
+        if let Some(why) = &self.refused {
+            s.push_str(&format!("stopped reading the items: {why}; the items before it ran\n"));
+        }
         if self.halted && self.not_done > 0 {
             s.push_str(&format!(
                 "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
@@ -224,6 +235,7 @@ impl Summary {
                 RunStatus::Failed => "some items failed",
                 RunStatus::Poison => "poison items",
                 RunStatus::Interrupted => "interrupted",
+                RunStatus::Refused => "a bad item in the stream",
             }
         ));
         s
@@ -266,11 +278,15 @@ mod tests {
         assert_eq!(late.status(), RunStatus::AllDone);
         let dry = Summary { total: 2, would_run: 2, dry_run: true, ..Summary::default() };
         assert_eq!(dry.status(), RunStatus::AllDone);
-        let codes: Vec<i32> = [RunStatus::AllDone, RunStatus::Failed, RunStatus::Poison, RunStatus::Interrupted]
-            .iter()
-            .map(|s| s.exit_code())
-            .collect();
-        assert_eq!(codes, [0, 1, 3, 130]);
+        let refused =
+            Summary { refused: Some("-:3: writes o/a, as an earlier item did".into()), ..interrupted.clone() };
+        assert_eq!(refused.status(), RunStatus::Refused, "a bad item in a stream is bad usage, above all else");
+        let codes: Vec<i32> =
+            [RunStatus::AllDone, RunStatus::Failed, RunStatus::Refused, RunStatus::Poison, RunStatus::Interrupted]
+                .iter()
+                .map(|s| s.exit_code())
+                .collect();
+        assert_eq!(codes, [0, 1, 2, 3, 130]);
     }
 
     #[test]

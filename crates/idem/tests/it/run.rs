@@ -5,6 +5,7 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -914,19 +915,22 @@ fn a_file_half_written_at_the_final_path_before_kill_9_is_redone_not_adopted() {
 }
 
 #[test]
-fn items_from_a_pipe_are_refused_instead_of_silently_lost() {
+fn items_from_a_pipe_are_read_once_and_all_run() {
     let job = Job::new(&["a".to_owned()], WRITE_JSON);
-    let out = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args(["run", "--items", "/dev/stdin", "--output", &job.output(), "--"])
         .arg(job.path("work.sh"))
         .args(["{id}", "{out}"])
         .stdin(Stdio::piped())
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    child.stdin.take().unwrap().write_all(b"p1\np2\n\np3\n").unwrap();
+    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("not a regular file"), "{err}");
-    assert!(job.log().is_empty());
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("3 items in "), "{err}");
+    assert_eq!(job.executions_per_item(), BTreeMap::from([("p1".into(), 1), ("p2".into(), 1), ("p3".into(), 1)]));
 }
 
 #[test]

@@ -324,8 +324,9 @@ fn check_ports(blocks: &[&Block]) {
     let mut ports: BTreeMap<u16, usize> = BTreeMap::new();
     for block in blocks {
         for (at, _) in block.text.match_indices("127.0.0.1:") {
-            if block.text[..at].ends_with('@') {
-                continue; // `user@127.0.0.1:5432`: a database server the block uses, not one it starts
+            // `user@127.0.0.1:5432`, `nats://127.0.0.1:4222`: a server the block uses, not one it starts.
+            if block.text[..at].ends_with('@') || block.text[..at].ends_with("nats://") {
+                continue;
             }
             let digits: String = block.text[at + 10..].chars().take_while(char::is_ascii_digit).collect();
             let Ok(port) = digits.parse::<u16>() else { continue };
@@ -356,15 +357,16 @@ fn upstream_dir(bin_dir: &Path) -> PathBuf {
     };
     let target_dir = bin_dir.parent().unwrap();
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "idem", "--example", "upstream", "--profile", profile, "--target-dir"])
+        .args(["build", "--quiet", "-p", "idem", "--example", "upstream", "--example", "queue", "--profile", profile])
+        .arg("--target-dir")
         .arg(target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();
     let dir = bin_dir.join("examples");
     assert!(
-        status.success() && dir.join("upstream").is_file(),
-        "cannot build the example upstream into {} ({status}); `cargo test -p idem` builds it",
+        status.success() && dir.join("upstream").is_file() && dir.join("queue").is_file(),
+        "cannot build the examples upstream and queue into {} ({status}); `cargo test -p idem` builds them",
         dir.display()
     );
     dir

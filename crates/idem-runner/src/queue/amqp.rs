@@ -1,0 +1,154 @@
+//! A RabbitMQ queue as an item source (lapin): one connection and channel, `basic.qos` prefetch, a consumer
+//! with manual acknowledgement; reconnects with backoff when the connection drops.
+
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+
+use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
+use crate::Error;
+use crate::items::parse_item;
+
+/// How long a consumer with nothing in flight waits for a delivery before asking whether the queue is
+/// drained (`--until-empty`).
+const IDLE: Duration = Duration::from_millis(250);
+
+/// A connected consumer of one queue.
+pub(crate) struct Consumer {
+    /// The URL as given (password hidden in logs).
+    shown: String,
+    /// The URL lapin connects to.
+    url: String,
+    queue: String,
+    cfg: SourceConfig,
+    /// The live connection, its channel and consumer; `None` between a drop and the reconnect.
+    live: Option<(Connection, Channel, lapin::Consumer)>,
+    /// `--until-empty` found the queue drained and cancelled the consumer: what was already delivered still
+    /// comes, then the stream ends.
+    cancelled: bool,
+    /// Messages received so far (the items' numbers).
+    received: u64,
+}
+
+impl Consumer {
+    pub(super) async fn connect(shown: &QueueUrl, url: &str, queue: &str, cfg: SourceConfig) -> Result<Self, Error> {
+        let mut c = Self {
+            shown: shown.redacted(),
+            url: url.to_owned(),
+            queue: queue.to_owned(),
+            cfg,
+            live: None,
+            cancelled: false,
+            received: 0,
+        };
+        let live = c.open().await.map_err(|e| Error::Queue(format!("{}: {e}", c.shown)))?;
+        c.live = Some(live);
+        Ok(c)
+    }
+
+    /// A connection named after the queue (so an operator can tell idem's connections apart), a channel with
+    /// the prefetch, and a consumer that acknowledges by hand.
+    async fn open(&self) -> Result<(Connection, Channel, lapin::Consumer), lapin::Error> {
+        let props = ConnectionProperties::default().with_connection_name(format!("idem run {}", self.queue).into());
+        let conn = Connection::connect(&self.url, props).await?;
+        let channel = conn.create_channel().await?;
+        let prefetch = u16::try_from(self.cfg.prefetch).unwrap_or(u16::MAX);
+        channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+        let consumer = channel
+            .basic_consume(self.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await?;
+        Ok((conn, channel, consumer))
+    }
+
+    /// Reconnects until it succeeds, pausing with backoff between attempts; logs each outcome.
+    async fn reconnect(&mut self) {
+        let mut attempt = 0;
+        loop {
+            tokio::time::sleep(backoff(attempt)).await;
+            match self.open().await {
+                Ok(live) => {
+                    tracing::warn!("reconnected to {} after {} attempt(s)", self.shown, attempt + 1);
+                    self.live = Some(live);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("reconnecting to {}: {e}; trying again in {:?}", self.shown, backoff(attempt + 1));
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn next(&mut self, idle: bool) -> Next {
+        loop {
+            let Some((_, channel, consumer)) = self.live.as_mut() else {
+                if self.cancelled {
+                    return Next::Drained;
+                }
+                self.reconnect().await;
+                continue;
+            };
+            let wait_idle = self.cfg.until_empty && !self.cancelled;
+            let got = if wait_idle {
+                match tokio::time::timeout(IDLE, consumer.next()).await {
+                    Ok(got) => got,
+                    Err(_) if !idle => return Next::Idle,
+                    Err(_) => {
+                        // Nothing came and nothing is in flight: is the queue drained?
+                        match drained(channel, &self.queue).await {
+                            Ok(true) => {
+                                let tag = consumer.tag();
+                                if channel.basic_cancel(tag, BasicCancelOptions::default()).await.is_err() {
+                                    self.live = None;
+                                }
+                                self.cancelled = true;
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                tracing::warn!("connection to {} lost: {e}; reconnecting", self.shown);
+                                self.live = None;
+                            }
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                consumer.next().await
+            };
+            match got {
+                Some(Ok(delivery)) => return Next::Message(self.delivery(delivery)),
+                _ if self.cancelled => return Next::Drained,
+                Some(Err(e)) => tracing::warn!("connection to {} lost: {e}; reconnecting", self.shown),
+                None => tracing::warn!("the broker cancelled the consumer of {}; consuming again", self.shown),
+            }
+            // The broker has taken back every message of the dead channel; it delivers them again.
+            self.live = None;
+        }
+    }
+
+    fn delivery(&mut self, delivery: lapin::message::Delivery) -> Delivery {
+        self.received += 1;
+        let id = delivery.properties.message_id().as_ref().map(|m| m.as_str().to_owned());
+        let item =
+            parse_item(self.received, &delivery.data, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
+        Delivery { item, ack: Ack::Amqp(delivery.acker), keep_alive: None }
+    }
+
+    pub(super) async fn close(self) {
+        if let Some((conn, channel, _)) = self.live {
+            // Closing the channel hands every unacknowledged delivery back to the queue.
+            let _ = channel.close(200, "idem run stopped".into()).await;
+            let _ = conn.close(200, "idem run stopped".into()).await;
+        }
+    }
+}
+
+/// True when the queue has no message ready (a passive declare answers its count).
+async fn drained(channel: &Channel, queue: &str) -> Result<bool, lapin::Error> {
+    let opts = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
+    let q = channel.queue_declare(queue.into(), opts, FieldTable::default()).await?;
+    Ok(q.message_count() == 0)
+}

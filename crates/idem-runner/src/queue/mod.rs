@@ -1,0 +1,305 @@
+//! Message queues as item sources: a RabbitMQ queue (AMQP 0-9-1, [`amqp`]) or a NATS JetStream pull consumer
+//! ([`nats`]). Each message is an item; its acknowledgement is decided by how the item ended
+//! ([`Disposition`]): acknowledged once its output is durable and the ledger says done (or it was done
+//! already), rejected without requeue (to the dead-letter exchange; JetStream: terminated) when it is poison,
+//! out of attempts or no item at all, handed back when the run stops before finishing it.
+
+mod amqp;
+mod nats;
+
+use std::time::Duration;
+
+use percent_encoding::percent_decode_str;
+
+use crate::{Error, Item, ItemFormat};
+
+/// A queue to consume, from `--items amqp://…?queue=Q` or `--items nats://…?stream=S&consumer=C`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum QueueUrl {
+    /// A RabbitMQ queue: `amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME` (or `amqps://`).
+    Amqp {
+        /// The URL without its `queue` parameter, as lapin reads it (it takes `heartbeat`, `frame_max`,
+        /// `channel_max`, `connection_timeout`).
+        url: String,
+        /// The queue's name.
+        queue: String,
+    },
+    /// A JetStream stream and its durable pull consumer: `nats://HOST:PORT?stream=S&consumer=C` (or `tls://`).
+    Nats {
+        /// The server URL without the query.
+        url: String,
+        /// The stream's name.
+        stream: String,
+        /// The durable consumer's name; created (explicit acknowledgement, the server's defaults otherwise)
+        /// when the stream has none of that name.
+        consumer: String,
+    },
+}
+
+impl std::fmt::Debug for QueueUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl QueueUrl {
+    /// The queue named by `items`, or `None` when it is no queue URL (a path, or `-`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a queue URL without its queue (or stream and consumer), or with a parameter that
+    /// is given twice.
+    pub fn parse(items: &str) -> Result<Option<Self>, Error> {
+        let Some((scheme, _)) = items.split_once("://") else { return Ok(None) };
+        let scheme = scheme.to_ascii_lowercase();
+        if !["amqp", "amqps", "nats", "tls"].contains(&scheme.as_str()) {
+            return Ok(None);
+        }
+        let (base, query) = items.split_once('?').unwrap_or((items, ""));
+        let mut kept = Vec::new();
+        let take = |name: &str, pairs: &mut Vec<(String, String)>| -> Result<Option<String>, Error> {
+            let found: Vec<String> = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.clone()).collect();
+            pairs.retain(|(k, _)| k != name);
+            match found.as_slice() {
+                [] => Ok(None),
+                [one] if !one.is_empty() => Ok(Some(one.clone())),
+                [_] => Err(Error::Config(format!("--items {}: {name}= is empty", redact(items)))),
+                _ => Err(Error::Config(format!("--items {}: {name}= is given twice", redact(items)))),
+            }
+        };
+        let mut pairs: Vec<(String, String)> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k.to_owned(), percent_decode_str(v).decode_utf8_lossy().into_owned())
+            })
+            .collect();
+        let missing = |what: &str| Error::Config(format!("--items {}: name the {what} (…?{what}=NAME)", redact(items)));
+        let url = if scheme.starts_with("amqp") {
+            let queue = take("queue", &mut pairs)?.ok_or_else(|| missing("queue"))?;
+            kept.extend(pairs.iter().map(|(k, v)| format!("{k}={v}")));
+            let url = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+            QueueUrl::Amqp { url, queue }
+        } else {
+            let stream = take("stream", &mut pairs)?.ok_or_else(|| missing("stream"))?;
+            let consumer = take("consumer", &mut pairs)?.ok_or_else(|| missing("consumer"))?;
+            if let Some((k, _)) = pairs.first() {
+                return Err(Error::Config(format!(
+                    "--items {}: unknown parameter {k:?} (a NATS URL takes stream= and consumer=)",
+                    redact(items)
+                )));
+            }
+            QueueUrl::Nats { url: base.to_owned(), stream, consumer }
+        };
+        Ok(Some(url))
+    }
+
+    /// The URL with its password hidden, for messages.
+    pub fn redacted(&self) -> String {
+        match self {
+            QueueUrl::Amqp { url, queue } => format!("{} (queue {queue})", redact(url)),
+            QueueUrl::Nats { url, stream, consumer } => {
+                format!("{} (stream {stream}, consumer {consumer})", redact(url))
+            }
+        }
+    }
+}
+
+/// `scheme://user:***@host…`: the password of a URL hidden.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// What becomes of a message once its item ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// Done (now or before): acknowledged, gone from the queue.
+    Ack,
+    /// Poison, out of attempts, or not an item: rejected without requeue, so the broker dead-letters it
+    /// (AMQP: to the queue's dead-letter exchange, if it has one; JetStream: terminated, with its advisory).
+    DeadLetter,
+    /// Not finished in this run (stopped, the ledger failed): handed back for another delivery.
+    Requeue,
+}
+
+/// The handle that settles one message.
+pub(crate) enum Ack {
+    /// An AMQP delivery's acknowledgement, valid on the channel it came on.
+    Amqp(lapin::Acker),
+    /// A JetStream message (its reply subject is its acknowledgement).
+    Nats(Box<async_nats::jetstream::Message>),
+}
+
+impl Ack {
+    /// Settles the message. A failure means the broker has already taken it back (the connection it came on
+    /// is gone): it will be delivered again, and its item judged again, which the ledger makes harmless.
+    pub(crate) async fn settle(&self, disposition: Disposition) -> Result<(), String> {
+        match self {
+            Ack::Amqp(acker) => {
+                use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+                match disposition {
+                    Disposition::Ack => acker.ack(BasicAckOptions::default()).await,
+                    Disposition::DeadLetter => acker.reject(BasicRejectOptions { requeue: false }).await,
+                    Disposition::Requeue => acker.nack(BasicNackOptions { requeue: true, multiple: false }).await,
+                }
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }
+            Ack::Nats(message) => {
+                use async_nats::jetstream::AckKind;
+                let kind = match disposition {
+                    Disposition::Ack => AckKind::Ack,
+                    Disposition::DeadLetter => AckKind::Term,
+                    Disposition::Requeue => AckKind::Nak(None),
+                };
+                message.ack_with(kind).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Tells the broker the message is still being worked on (JetStream: `+WPI`, which restarts its ack wait);
+    /// nothing for AMQP, whose deliveries wait for their acknowledgement as long as the channel lives.
+    pub(crate) async fn in_progress(&self) {
+        if let Ack::Nats(message) = self {
+            let _ = message.ack_with(async_nats::jetstream::AckKind::Progress).await;
+        }
+    }
+}
+
+/// One message taken from the queue.
+pub(crate) struct Delivery {
+    /// Its item, or why it is none (not UTF-8, empty, no usable id).
+    pub(crate) item: Result<Item, String>,
+    /// How to settle it.
+    pub(crate) ack: Ack,
+    /// How often to tell the broker it is still being worked on, for brokers that redeliver a message held
+    /// too long (JetStream's ack wait).
+    pub(crate) keep_alive: Option<Duration>,
+}
+
+/// What [`Source::next`] got.
+pub(crate) enum Next {
+    /// A message.
+    Message(Delivery),
+    /// `--until-empty`: the queue has nothing left for this consumer.
+    Drained,
+    /// `--until-empty`: nothing came for a while, but the run had items in flight: ask again with what is in
+    /// flight now.
+    Idle,
+}
+
+/// A connected queue consumer.
+pub(crate) enum Source {
+    /// RabbitMQ (each boxed: hundreds of bytes of client state, made once per run).
+    Amqp(Box<amqp::Consumer>),
+    /// NATS JetStream.
+    Nats(Box<nats::Consumer>),
+}
+
+/// How the engine reads a queue.
+#[derive(Clone, Debug)]
+pub(crate) struct SourceConfig {
+    /// Messages taken ahead at most (AMQP prefetch; JetStream: the largest pull request).
+    pub(crate) prefetch: usize,
+    /// End once the queue is drained, instead of waiting for more.
+    pub(crate) until_empty: bool,
+    /// How message bodies are read.
+    pub(crate) format: ItemFormat,
+    /// The JSON field holding each item's id.
+    pub(crate) id_field: Option<String>,
+}
+
+impl Source {
+    /// Connects and starts consuming.
+    ///
+    /// # Errors
+    /// [`Error::Queue`] when the broker cannot be reached or the queue (stream) does not exist: at start-up
+    /// that is a refusal; later the connection is retried instead.
+    pub(crate) async fn connect(url: &QueueUrl, cfg: SourceConfig) -> Result<Self, Error> {
+        match url {
+            QueueUrl::Amqp { url: u, queue } => {
+                amqp::Consumer::connect(url, u, queue, cfg).await.map(|c| Source::Amqp(Box::new(c)))
+            }
+            QueueUrl::Nats { url: u, stream, consumer } => {
+                nats::Consumer::connect(url, u, stream, consumer, cfg).await.map(|c| Source::Nats(Box::new(c)))
+            }
+        }
+    }
+
+    /// The next message: waits for one, reconnecting (with backoff, each reconnect logged) when the broker
+    /// goes away. `room`: how many more messages the run takes now (at least 1); `idle`: nothing of this run
+    /// is in flight, so an empty queue means drained under `--until-empty`. Cancel-safe.
+    pub(crate) async fn next(&mut self, room: usize, idle: bool) -> Next {
+        match self {
+            Source::Amqp(c) => c.next(idle).await,
+            Source::Nats(c) => c.next(room, idle).await,
+        }
+    }
+
+    /// Stops consuming and closes the connection; the broker takes back every message not settled.
+    pub(crate) async fn close(self) {
+        match self {
+            Source::Amqp(c) => (*c).close().await,
+            Source::Nats(c) => (*c).close().await,
+        }
+    }
+}
+
+/// The pause before reconnect attempt `n` (0-based): 100 ms doubling up to 5 s.
+pub(crate) fn backoff(n: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << n.min(6))).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn queue_urls_name_their_queue_and_keep_the_rest() {
+        let q = QueueUrl::parse("amqp://guest:secret@127.0.0.1:5672/%2f?queue=jobs&heartbeat=10").unwrap();
+        assert_eq!(
+            q,
+            Some(QueueUrl::Amqp {
+                url: "amqp://guest:secret@127.0.0.1:5672/%2f?heartbeat=10".into(),
+                queue: "jobs".into()
+            })
+        );
+        assert_eq!(q.unwrap().redacted(), "amqp://guest:***@127.0.0.1:5672/%2f?heartbeat=10 (queue jobs)");
+        let n = QueueUrl::parse("nats://127.0.0.1:4222?stream=S&consumer=c%201").unwrap();
+        assert_eq!(
+            n,
+            Some(QueueUrl::Nats { url: "nats://127.0.0.1:4222".into(), stream: "S".into(), consumer: "c 1".into() })
+        );
+        assert_eq!(QueueUrl::parse("items.txt").unwrap(), None);
+        assert_eq!(QueueUrl::parse("-").unwrap(), None);
+        assert_eq!(QueueUrl::parse("./http://x").unwrap(), None);
+    }
+
+    #[test]
+    fn queue_urls_without_their_queue_are_refused_with_the_password_hidden() {
+        let e = QueueUrl::parse("amqp://u:pw@h/v").unwrap_err().to_string();
+        assert_eq!(e, "--items amqp://u:***@h/v: name the queue (…?queue=NAME)");
+        let e = QueueUrl::parse("nats://h:4222?stream=S").unwrap_err().to_string();
+        assert_eq!(e, "--items nats://h:4222?stream=S: name the consumer (…?consumer=NAME)");
+        let e = QueueUrl::parse("nats://h?stream=S&consumer=C&queue=x").unwrap_err().to_string();
+        assert!(e.contains("unknown parameter \"queue\""), "{e}");
+        let e = QueueUrl::parse("amqp://h?queue=a&queue=b").unwrap_err().to_string();
+        assert!(e.contains("queue= is given twice"), "{e}");
+    }
+
+    #[test]
+    fn reconnects_back_off_to_five_seconds() {
+        let pauses: Vec<u64> = (0..9).map(|n| backoff(n).as_millis() as u64).collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+    }
+}
