@@ -242,6 +242,30 @@ impl<'a> Exchange<'a> {
     pub fn planned(&self, i: usize) -> &Planned {
         &self.plan[i]
     }
+
+    /// Whether two executions' answers can be told apart: sends the control request `i` (another key, the same
+    /// body: a second execution) and compares its answer with `first`. A probe sends it only when its judgement
+    /// rests on an unmarked answer equal to `first`, which an API whose answers never differ gives every time.
+    ///
+    /// # Errors
+    /// The failing [`Verdict`] when the control request got no answer.
+    pub async fn executions_differ(&mut self, i: usize, first: &Seen) -> Result<bool, Verdict> {
+        let control = self.send(i).await?;
+        Ok(!control.same_answer(first))
+    }
+
+    /// The last request of the plan: the control request of the probes that have one.
+    pub fn last(&self) -> usize {
+        self.plan.len() - 1
+    }
+}
+
+/// The WARN for a probe that cannot judge: `seen`, then why nothing can be concluded from it.
+pub fn indistinct(seen: &str) -> Verdict {
+    Verdict::warn(format!(
+        "{seen}; a second execution under another key got the same: answers of two separate executions are \
+         identical: cannot tell a replay from a re-execution; make the API echo something per execution, e.g. an id"
+    ))
 }
 
 /// The FAIL for a probe whose first request was refused: nothing about keys can be judged from it.

@@ -49,6 +49,10 @@ pub struct Target {
     pub run: String,
 }
 
+/// What a control request is for ([`Target::control`]).
+const CONTROL_NOTE: &str =
+    "another key, same body: a second execution, sent only when the answers cannot otherwise be told apart";
+
 /// Who sends a request: the first caller (`--credential`, or none) or the second (`--second-credential`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -99,6 +103,12 @@ impl Target {
     /// The target request as the first caller sends it, with the one key `suffix` names.
     pub fn keyed(&self, note: &'static str, suffix: &str) -> Planned {
         Planned { keys: vec![Self::field(&self.key(suffix))], ..self.unkeyed(note) }
+    }
+
+    /// The control request of `probe`: another key, the same body (a second execution), sent only when the
+    /// probe's answers are equal and unmarked, to learn whether two executions' answers can be told apart.
+    pub fn control(&self, probe: &str) -> Planned {
+        self.keyed(CONTROL_NOTE, &format!("{probe}-control"))
     }
 
     /// The target request without any key.

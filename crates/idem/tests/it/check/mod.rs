@@ -215,17 +215,18 @@ async fn a_dry_run_prints_every_request_and_sends_none() {
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["dry_run"], true);
-    assert_eq!(report["requests_planned"], 37);
+    // 37 and the control requests of replay, concurrent, mismatch, other-target, in-flight, errors, expiry.
+    assert_eq!(report["requests_planned"], 44);
     let listed: usize =
         report["probes"].as_array().unwrap().iter().map(|p| p["requests"].as_array().unwrap().len()).sum();
-    assert_eq!(listed, 37);
+    assert_eq!(listed, 44);
     // As a table: a heading, then one line per request; credential values are not printed.
     args.retain(|a| a != "json" && a != "--format");
     let (code, out, _) = check(args).await;
     assert_eq!(code, 0);
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("idem check --dry-run: 37 requests planned, none sent; keys start with idem-check-"));
-    assert_eq!(lines.len(), 1 + 37, "{out}");
+    assert!(lines[0].starts_with("idem check --dry-run: 44 requests planned, none sent; keys start with idem-check-"));
+    assert_eq!(lines.len(), 1 + 44, "{out}");
     assert!(!out.contains("alice") && !out.contains("bob"), "{out}");
     assert!(out.contains("authorization: *** (second credential)"), "{out}");
     assert_eq!(counts.executions(), 0, "a dry run sends nothing");
@@ -239,7 +240,7 @@ async fn without_yes_and_without_a_terminal_it_refuses_and_sends_nothing() {
     assert_eq!(out, "");
     assert_eq!(
         err,
-        "idem: standard input is not a terminal: give --yes to send these 29 requests, or --dry-run to list them\n"
+        "idem: standard input is not a terminal: give --yes to send these 33 requests, or --dry-run to list them\n"
     );
     assert_eq!(counts.executions(), 0);
 }
@@ -310,7 +311,9 @@ async fn the_json_report_names_each_probe_its_requests_and_their_answers() {
     assert_eq!(replay["spec"], "draft §2.6");
     assert_eq!(replay["result"], "PASS");
     let requests = replay["requests"].as_array().unwrap();
-    assert_eq!(requests.len(), 2);
+    // The control request was not sent: the retry was marked as a replay.
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[2]["answer"], serde_json::Value::Null);
     assert_eq!(requests[0]["method"], "POST");
     assert_eq!(requests[0]["caller"], "first");
     assert_eq!(requests[0]["body"], "main");
@@ -348,7 +351,7 @@ async fn the_table_has_a_row_per_probe_and_a_summary() {
         "{out}"
     );
     assert!(
-        err.starts_with("idem check: 2 probes, up to 2 requests (real writes), every key starting with idem-check-"),
+        err.starts_with("idem check: 2 probes, up to 3 requests (real writes), every key starting with idem-check-"),
         "{err}"
     );
 }
@@ -396,11 +399,58 @@ async fn on_a_terminal_it_prints_the_plan_and_sends_only_after_a_yes() {
     let (up, counts) = start_upstream().await;
     let Some((code, shown)) = check_on_a_terminal(format!("{up}/orders"), "n\n").await else { return };
     assert_eq!(code, 2, "{shown}");
-    assert!(shown.contains("idem check: 1 probe, up to 2 requests (real writes)"), "{shown}");
-    assert!(shown.contains("Send these 2 requests? [y/N] idem: not confirmed: nothing sent"), "{shown}");
+    assert!(shown.contains("idem check: 1 probe, up to 3 requests (real writes)"), "{shown}");
+    assert!(shown.contains("Send these 3 requests? [y/N] idem: not confirmed: nothing sent"), "{shown}");
     assert_eq!(counts.executions(), 0);
     let Some((code, shown)) = check_on_a_terminal(format!("{up}/orders"), "y\n").await else { return };
     assert_eq!(code, 1, "the bare upstream fails the replay probe: {shown}");
     assert!(shown.contains("0 PASS, 1 FAIL, 0 WARN, 0 N/A; 2 requests sent"), "{shown}");
     assert_eq!(counts.executions(), 2);
+}
+
+/// An API that ignores the key and always answers `201 {}` executes every request: no probe may call its
+/// identical answers replays (PASS, or a FAIL for "the first answer back"); each says it cannot tell.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_whose_answers_never_differ_gets_warn_not_pass() {
+    let (url, executed) = naive::start_constant().await;
+    let mut args = full_flags(&url);
+    for (flag, path) in [("--slow-url", "slow"), ("--error-url", "error"), ("--other-url", "other")] {
+        let at = args.iter().position(|a| a == flag).unwrap();
+        args[at + 1] = format!("{url}/{path}");
+    }
+    args.extend(["--retention-probe".to_owned(), "1s".to_owned()]);
+    let (code, out, err) = check(args).await;
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let results: BTreeMap<String, String> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["probe"].as_str().unwrap().to_owned(), p["result"].as_str().unwrap().to_owned()))
+        .collect();
+    // malformed: the keys were accepted (true whatever the answers); scope: the same answer for both callers.
+    let expected = self::results(["N/A", "WARN", "WARN", "WARN", "WARN", "FAIL", "WARN", "WARN", "WARN", "WARN"]);
+    assert_eq!(results, expected, "{report:#}");
+    assert_eq!(code, 1);
+    // Every probe's control request was sent: 1 + 3 + 17 + 3 + 4 + 4 + 3 + 3 + 3 + 3, all executed.
+    assert_eq!(report["requests_sent"], 44);
+    assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 44);
+    let why = "answers of two separate executions are identical: cannot tell a replay from a re-execution; make the \
+               API echo something per execution, e.g. an id";
+    for probe in ["replay", "concurrent", "mismatch", "other-target", "in-flight", "errors", "expiry"] {
+        let seen = observed(&report, probe);
+        assert!(seen.ends_with(why), "{probe}: {seen}");
+        assert!(!seen.contains("got the first answer back"), "{probe}: {seen}");
+    }
+    assert_eq!(
+        observed(&report, "replay"),
+        format!(
+            "201 Created twice with identical bodies, no replay marker; a second execution under another key got the same: {why}"
+        )
+    );
+    assert_eq!(
+        observed(&report, "errors"),
+        format!(
+            "503 Service Unavailable twice with identical bodies, no replay marker; a second execution under another key got the same: {why}"
+        )
+    );
 }
