@@ -129,6 +129,20 @@ const MAX_RETENTION_PROBE: Duration = Duration::from_secs(3600);
 /// request got an answer (exit 1).
 pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     let target = Arc::new(target(&args)?);
+    // The TLS files are read before the plan is printed: a bad one is refused before any prompt or dry run.
+    let timeout = parse_duration("--timeout", &args.timeout)?;
+    let http = args
+        .tls
+        .config()?
+        .apply(idem_client::client_builder())
+        .timeout(timeout)
+        // A redirect is an answer to report, not to follow.
+        .redirect(reqwest::redirect::Policy::none())
+        // Only the URLs the user names are contacted: an HTTP_PROXY or ALL_PROXY in the environment would send
+        // every request, credentials included, to the proxy.
+        .no_proxy()
+        .build()
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
     let selected: Vec<Probe> = ALL.into_iter().filter(|p| args.only.is_empty() || args.only.contains(p)).collect();
     let plans: Vec<(Probe, Result<Vec<Planned>, String>)> = selected.iter().map(|&p| (p, p.plan(&target))).collect();
     let total: usize = plans.iter().map(|(_, plan)| plan.as_ref().map_or(0, Vec::len)).sum();
@@ -146,16 +160,6 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     if !args.yes {
         confirm(total)?;
     }
-    let timeout = parse_duration("--timeout", &args.timeout)?;
-    let http = args
-        .tls
-        .config()?
-        .apply(idem_client::client_builder())
-        .timeout(timeout)
-        // A redirect is an answer to report, not to follow.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
     let sender = Sender::new(http, Arc::clone(&target));
     let mut reports = Vec::new();
     for (probe, plan) in &plans {

@@ -454,3 +454,59 @@ async fn an_api_whose_answers_never_differ_gets_warn_not_pass() {
         )
     );
 }
+
+/// A proxy named in the environment is not used: the check contacts only the URLs given, so neither the
+/// requests nor the credential reach the proxy.
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_variables_in_the_environment_are_not_used() {
+    let (up, counts) = start_upstream().await;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&reached);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = proxy.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let url = format!("{up}/orders");
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        let args = ["check", &url, "--only", "replay", "--credential", "Authorization: Bearer alice", "--yes"];
+        let envs =
+            [("HTTP_PROXY", proxy_url.as_str()), ("http_proxy", proxy_url.as_str()), ("ALL_PROXY", proxy_url.as_str())];
+        idem(&args, &envs)
+    })
+    .await
+    .unwrap();
+    // The bare upstream executes the retry: the replay probe fails, with answers (no "no answer from").
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("no answer"), "{err}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0, "connections to the proxy");
+    assert_eq!(counts.executions(), 2, "the replay probe's two requests reached the API");
+}
+
+/// A TLS file that cannot be read is refused before the plan is printed, the prompt shown or anything sent,
+/// also with --dry-run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_tls_file_is_refused_before_the_plan() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem").display().to_string();
+    let url = format!("{up}/orders");
+    for flags in [
+        vec!["--cacert", &missing, "--yes"],
+        vec!["--cacert", &missing, "--dry-run"],
+        vec!["--cert", &missing, "--yes"],
+        vec!["--cert", &missing, "--cert-key", &missing, "--dry-run"],
+    ] {
+        let mut args = vec![url.clone()];
+        args.extend(flags.iter().map(|s| (*s).to_owned()));
+        let (code, out, err) = check(args).await;
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert_eq!(out, "", "{flags:?}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.starts_with("idem: ") && err.contains("missing.pem"), "{flags:?}: {err}");
+    }
+    assert_eq!(counts.executions(), 0);
+}
