@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
 use super::report::Verdict;
-use super::target::{Planned, Target, excerpt};
+use super::target::{Planned, Target, excerpt, shown};
 
 /// Sends planned requests. Cheap to clone: the client and the target are shared.
 #[derive(Clone)]
@@ -235,7 +235,7 @@ impl<'a> Exchange<'a> {
     /// The FAIL for request `i` that got no answer.
     pub fn unanswered(&self, i: usize, failure: &str) -> Verdict {
         let planned = &self.plan[i];
-        Verdict::fail(format!("{} {} ({}) got no answer: {failure}", planned.method, planned.url, planned.note))
+        Verdict::fail(format!("{} {} ({}) got no answer: {failure}", planned.method, shown(&planned.url), planned.note))
     }
 
     /// Request `i` as planned.

@@ -152,7 +152,7 @@ impl Target {
 
     /// One line saying what `planned` sends; credential values are hidden.
     pub fn describe(&self, planned: &Planned) -> String {
-        let mut line = format!("{} {}", planned.method, planned.url);
+        let mut line = format!("{} {}", planned.method, shown(&planned.url));
         if planned.keys.is_empty() {
             line.push_str("  (no Idempotency-Key)");
         }
@@ -209,6 +209,12 @@ pub fn excerpt(bytes: &[u8], max: usize) -> String {
         shown.push('…');
     }
     shown
+}
+
+/// `url` as printed (plan, `--dry-run`, report, messages): a password in its userinfo hidden (`user:***@host`),
+/// as everywhere else idem prints a URL.
+pub fn shown(url: &Url) -> String {
+    idem_stores::redact(url.as_str())
 }
 
 /// A `Name: value` flag as a header field.

@@ -510,3 +510,50 @@ async fn a_bad_tls_file_is_refused_before_the_plan() {
     }
     assert_eq!(counts.executions(), 0);
 }
+
+/// A password in the URL's userinfo is hidden wherever the URL is printed: the plan, --dry-run (table and
+/// JSON) and the report.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_in_the_url_is_never_printed() {
+    let (up, _counts) = start_upstream().await;
+    let url = up.replace("http://", "http://user:secret@") + "/orders";
+    let runs: [&[&str]; 3] =
+        [&["--dry-run"], &["--dry-run", "--format", "json"], &["--only", "replay", "--yes", "--format", "json"]];
+    for flags in runs {
+        let mut args = vec![url.clone()];
+        args.extend(flags.iter().map(|s| (*s).to_owned()));
+        let (_, out, err) = check(args).await;
+        assert!(!out.contains("secret") && !err.contains("secret"), "{flags:?}: {out}{err}");
+        assert!(out.contains("http://user:***@127.0.0.1:"), "{flags:?}: {out}");
+    }
+}
+
+/// A URL that is not an API's full URL is refused before anything is sent: exit 2, one line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_that_is_not_an_apis_is_refused() {
+    let (up, counts) = start_upstream().await;
+    let cases: [(Vec<String>, &str); 5] = [
+        (vec!["http://127.0.0.1:0/orders".into()], "idem: URL \"http://127.0.0.1:0/orders\" has port 0;"),
+        (vec!["/orders".into()], "idem: URL \"/orders\" is a relative URL;"),
+        (vec!["orders".into()], "idem: URL \"orders\" is a relative URL (no host with a dot or a port);"),
+        (vec!["mailto:x@y".into()], "idem: URL \"mailto:x@y\" has the scheme mailto, not http or https;"),
+        (
+            vec![format!("{up}/orders"), "--other-url".into(), "orders".into()],
+            "idem: --other-url \"orders\" is a relative URL",
+        ),
+    ];
+    for (mut args, message) in cases {
+        args.push("--yes".into());
+        let (code, out, err) = check(args.clone()).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(out, "");
+        assert!(err.starts_with(message), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    // What the clients take stays accepted: HOST:PORT without a scheme.
+    let bare = up.trim_start_matches("http://").to_owned() + "/orders";
+    let (code, out, err) = check(vec![bare, "--dry-run".into(), "--only".into(), "replay".into()]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("idem check --dry-run: 3 requests planned"), "{out}");
+    assert_eq!(counts.executions(), 0);
+}
