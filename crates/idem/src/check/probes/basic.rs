@@ -45,13 +45,17 @@ pub async fn replay(ex: &mut Exchange<'_>) -> Judged {
     let marker = if retry.replayed() { "marked Idempotent-Replayed: true" } else { "no replay marker" };
     Ok(if differences.is_empty() {
         if !retry.replayed() && !ex.executions_differ(ex.last(), &first).await? {
-            return Ok(indistinct(&format!("{} twice with identical bodies, no replay marker", first.brief())));
+            return Ok(indistinct(&format!(
+                "{} twice with identical bodies ({}), no replay marker",
+                first.brief(),
+                first.size()
+            )));
         }
         let location = first.location().map(|l| format!(", Location {l}")).unwrap_or_default();
         Verdict::pass(format!(
-            "{} twice; body ({} bytes){location} and Content-Type identical; {marker}",
+            "{} twice; body ({}){location} and Content-Type identical; {marker}",
             first.status_text(),
-            first.body.len()
+            first.size()
         ))
     } else {
         Verdict::fail(format!("the retry got another answer: {}; {marker}", differences.join("; ")))
@@ -71,8 +75,10 @@ fn differences(first: &Seen, retry: &Seen) -> Vec<String> {
             differences.push(format!("{name} {} then {}", a.unwrap_or("(none)"), b.unwrap_or("(none)")));
         }
     }
-    if first.body != retry.body {
-        differences.push(format!("body {} then {}", first.excerpt(), retry.excerpt()));
+    if !first.same_body(retry) {
+        let long = first.body_len.max(retry.body_len) > crate::check::http::BODY_KEPT as u64;
+        let sizes = if long { format!(" ({} then {})", first.size(), retry.size()) } else { String::new() };
+        differences.push(format!("body {} then {}{sizes}", first.excerpt(), retry.excerpt()));
     }
     differences
 }

@@ -19,7 +19,7 @@ pub fn plan_errors(target: &Target) -> Result<Vec<Planned>, String> {
 
 /// Whether the retry got the first answer back: marked as a replay, or the same status and body bytes.
 fn pinned(first: &Seen, retry: &Seen) -> bool {
-    retry.replayed() || (retry.status == first.status && retry.body == first.body)
+    retry.replayed() || (retry.status == first.status && retry.same_body(first))
 }
 
 /// Error answers. The draft (§2.6) has a duplicate answered with the earlier result, "success or an error", so

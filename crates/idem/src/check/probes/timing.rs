@@ -44,7 +44,8 @@ pub async fn concurrent(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
             continue;
         }
         replayed += usize::from(seen.replayed());
-        let identity = seen.location().map_or_else(|| format!("{:?}", seen.body), str::to_owned);
+        let identity =
+            seen.location().map_or_else(|| format!("{} {:?}", seen.body_len, seen.body_digest), str::to_owned);
         outcomes.entry((seen.status.as_u16(), identity)).or_insert((0, seen)).0 += 1;
     }
     if !failures.is_empty() {

@@ -444,7 +444,7 @@ async fn an_api_whose_answers_never_differ_gets_warn_not_pass() {
     assert_eq!(
         observed(&report, "replay"),
         format!(
-            "201 Created twice with identical bodies, no replay marker; a second execution under another key got the same: {why}"
+            "201 Created twice with identical bodies (2 bytes), no replay marker; a second execution under another key got the same: {why}"
         )
     );
     assert_eq!(
@@ -556,4 +556,32 @@ async fn a_url_that_is_not_an_apis_is_refused() {
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("idem check --dry-run: 3 requests planned"), "{out}");
     assert_eq!(counts.executions(), 0);
+}
+
+/// Bodies are read to the end but kept only to 1 MiB: a 3 MiB body is compared by length and SHA-256 (and the
+/// observation says so), and a body that never ends stops at --timeout with a report, memory bounded.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_and_endless_bodies_are_read_within_a_bound() {
+    let (url, _executed) = naive::start_constant().await;
+    let args = [&format!("{url}/big"), "--only", "replay", "--yes", "--format", "json"];
+    let (code, out, err) = check(args.map(str::to_owned).to_vec()).await;
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let seen = observed(&report, "replay");
+    assert!(
+        seen.starts_with(
+            "201 Created twice with identical bodies (3145728 bytes, over the 1 MiB kept: compared by length and \
+             SHA-256), no replay marker"
+        ),
+        "{seen}"
+    );
+    let args = [&format!("{url}/endless"), "--only", "replay", "--yes", "--timeout", "2s"];
+    let started = std::time::Instant::now();
+    let (code, out, err) = check(args.map(str::to_owned).to_vec()).await;
+    assert_eq!(code, 1, "{out}{err}");
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with(&format!("idem: no answer from {url}/endless (1 sent): POST ")), "{err}");
+    assert!(last.contains("timed out"), "{err}");
+    // The whole run ended: one request, cut by its --timeout (generous bound for a busy machine).
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
 }

@@ -142,7 +142,7 @@ async fn idempotency(State(naive): State<Arc<Naive>>, request: Request, next: Ne
 
 /// An API that ignores `Idempotency-Key` and whose answers never differ: every request executes (counted) and
 /// gets `201 {}`; under `/error` a `503 {}`, under `/slow` the `201 {}` after a second, under `/big` 3 MiB of
-/// `x`. Returns its URL and the executions counter.
+/// `x`, under `/endless` a chunked body that never ends. Returns its URL and the executions counter.
 pub async fn start_constant() -> (String, Arc<AtomicU64>) {
     let executed = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&executed);
@@ -154,6 +154,12 @@ pub async fn start_constant() -> (String, Arc<AtomicU64>) {
             match path.as_str() {
                 "/error" => (StatusCode::SERVICE_UNAVAILABLE, "{}").into_response(),
                 "/big" => (StatusCode::CREATED, vec![b'x'; 3 << 20]).into_response(),
+                // A chunked body that never ends: 64 KiB chunks for as long as the client reads.
+                "/endless" => {
+                    let chunks =
+                        futures_util::stream::repeat_with(|| Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 1 << 16])));
+                    (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
+                }
                 _ => {
                     if path == "/slow" {
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
