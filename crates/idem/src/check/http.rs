@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
+use sha2::{Digest, Sha256};
 
 use super::report::Verdict;
-use super::target::{Planned, Target, excerpt};
+use super::target::{Planned, Target, excerpt, shown};
 
 /// Sends planned requests. Cheap to clone: the client and the target are shared.
 #[derive(Clone)]
@@ -21,15 +22,23 @@ pub struct Sender {
     answered: Arc<AtomicUsize>,
 }
 
-/// An answer: the status, header fields and the whole body.
+/// How much of a body is kept: answers are compared by length and SHA-256 of the whole body, so a body of any
+/// length (or one that never ends, until `--timeout`) costs at most this much memory.
+pub const BODY_KEPT: usize = 1 << 20;
+
+/// An answer: the status, header fields, the body's first [`BODY_KEPT`] bytes, its length and digest.
 #[derive(Clone, Debug)]
 pub struct Seen {
     /// The status.
     pub status: StatusCode,
     /// The header fields.
     pub headers: HeaderMap,
-    /// The body, read whole.
+    /// The body's first [`BODY_KEPT`] bytes (all of it when shorter).
     pub body: Bytes,
+    /// The whole body's length in bytes.
+    pub body_len: u64,
+    /// SHA-256 of the whole body: what answers are compared by.
+    pub body_digest: [u8; 32],
 }
 
 /// What one request came to: an answer, or why none came (one line).
@@ -55,11 +64,18 @@ impl Sender {
     pub async fn send(&self, planned: &Planned) -> Answer {
         self.sent.fetch_add(1, Ordering::SeqCst);
         let result = async {
-            let response = self.target.build(&self.http, planned).send().await?;
+            let mut response = self.target.build(&self.http, planned).send().await?;
             let status = response.status();
             let headers = response.headers().clone();
-            let body = response.bytes().await?;
-            Ok::<_, reqwest::Error>(Seen { status, headers, body })
+            let (mut kept, mut body_len, mut digest) = (Vec::new(), 0u64, Sha256::new());
+            while let Some(chunk) = response.chunk().await? {
+                body_len += chunk.len() as u64;
+                digest.update(&chunk);
+                let room = BODY_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..room.min(chunk.len())]);
+            }
+            let body_digest = digest.finalize().into();
+            Ok::<_, reqwest::Error>(Seen { status, headers, body: Bytes::from(kept), body_len, body_digest })
         }
         .await;
         match result {
@@ -142,7 +158,21 @@ impl Seen {
 
     /// Whether `self` is the same answer as `other`: status, `Location` and body bytes.
     pub fn same_answer(&self, other: &Seen) -> bool {
-        self.status == other.status && self.location() == other.location() && self.body == other.body
+        self.status == other.status && self.location() == other.location() && self.same_body(other)
+    }
+
+    /// Whether the bodies are the same bytes: the same length and SHA-256.
+    pub fn same_body(&self, other: &Seen) -> bool {
+        self.body_len == other.body_len && self.body_digest == other.body_digest
+    }
+
+    /// The body's size for an observation, saying when it was longer than what is kept.
+    pub fn size(&self) -> String {
+        if self.body_len > BODY_KEPT as u64 {
+            format!("{} bytes, over the 1 MiB kept: compared by length and SHA-256", self.body_len)
+        } else {
+            format!("{} bytes", self.body_len)
+        }
     }
 
     /// Whether `self` is `first` given back: marked as a replay, or the same answer.
@@ -235,13 +265,37 @@ impl<'a> Exchange<'a> {
     /// The FAIL for request `i` that got no answer.
     pub fn unanswered(&self, i: usize, failure: &str) -> Verdict {
         let planned = &self.plan[i];
-        Verdict::fail(format!("{} {} ({}) got no answer: {failure}", planned.method, planned.url, planned.note))
+        Verdict::fail(format!("{} {} ({}) got no answer: {failure}", planned.method, shown(&planned.url), planned.note))
     }
 
     /// Request `i` as planned.
     pub fn planned(&self, i: usize) -> &Planned {
         &self.plan[i]
     }
+
+    /// Whether two executions' answers can be told apart: sends the control request `i` (another key, the same
+    /// body: a second execution) and compares its answer with `first`. A probe sends it only when its judgement
+    /// rests on an unmarked answer equal to `first`, which an API whose answers never differ gives every time.
+    ///
+    /// # Errors
+    /// The failing [`Verdict`] when the control request got no answer.
+    pub async fn executions_differ(&mut self, i: usize, first: &Seen) -> Result<bool, Verdict> {
+        let control = self.send(i).await?;
+        Ok(!control.same_answer(first))
+    }
+
+    /// The last request of the plan: the control request of the probes that have one.
+    pub fn last(&self) -> usize {
+        self.plan.len() - 1
+    }
+}
+
+/// The WARN for a probe that cannot judge: `seen`, then why nothing can be concluded from it.
+pub fn indistinct(seen: &str) -> Verdict {
+    Verdict::warn(format!(
+        "{seen}; a second execution under another key got the same: answers of two separate executions are \
+         identical: cannot tell a replay from a re-execution; make the API echo something per execution, e.g. an id"
+    ))
 }
 
 /// The FAIL for a probe whose first request was refused: nothing about keys can be judged from it.

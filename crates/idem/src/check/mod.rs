@@ -22,7 +22,7 @@ use crate::error::Error;
 use http::{Exchange, Sender};
 use probes::{ALL, Probe};
 use report::{ProbeReport, Report, RequestReport, Verdict};
-use target::{Planned, Target, header_flag, variant_of};
+use target::{Planned, Target, header_flag, shown, variant_of};
 
 const CHECK_AFTER_HELP: &str = "\
 Probes (--only takes their names; each runs with keys of its own):
@@ -129,6 +129,20 @@ const MAX_RETENTION_PROBE: Duration = Duration::from_secs(3600);
 /// request got an answer (exit 1).
 pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     let target = Arc::new(target(&args)?);
+    // The TLS files are read before the plan is printed: a bad one is refused before any prompt or dry run.
+    let timeout = parse_duration("--timeout", &args.timeout)?;
+    let http = args
+        .tls
+        .config()?
+        .apply(idem_client::client_builder())
+        .timeout(timeout)
+        // A redirect is an answer to report, not to follow.
+        .redirect(reqwest::redirect::Policy::none())
+        // Only the URLs the user names are contacted: an HTTP_PROXY or ALL_PROXY in the environment would send
+        // every request, credentials included, to the proxy.
+        .no_proxy()
+        .build()
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
     let selected: Vec<Probe> = ALL.into_iter().filter(|p| args.only.is_empty() || args.only.contains(p)).collect();
     let plans: Vec<(Probe, Result<Vec<Planned>, String>)> = selected.iter().map(|&p| (p, p.plan(&target))).collect();
     let total: usize = plans.iter().map(|(_, plan)| plan.as_ref().map_or(0, Vec::len)).sum();
@@ -146,16 +160,6 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     if !args.yes {
         confirm(total)?;
     }
-    let timeout = parse_duration("--timeout", &args.timeout)?;
-    let http = args
-        .tls
-        .config()?
-        .apply(idem_client::client_builder())
-        .timeout(timeout)
-        // A redirect is an answer to report, not to follow.
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
     let sender = Sender::new(http, Arc::clone(&target));
     let mut reports = Vec::new();
     for (probe, plan) in &plans {
@@ -170,7 +174,11 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
         };
         // Nothing answered at all: the URL is wrong or down, and every further probe would say the same.
         if let (sent @ 1.., 0) = sender.counts() {
-            return Err(Error::Failed(format!("no answer from {} ({sent} sent): {}", target.url, verdict.observed)));
+            return Err(Error::Failed(format!(
+                "no answer from {} ({sent} sent): {}",
+                shown(&target.url),
+                verdict.observed
+            )));
         }
         reports.push(ProbeReport {
             probe: probe.name(),
@@ -195,7 +203,7 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
 fn target(args: &CheckArgs) -> Result<Target, Error> {
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| Error::Config(format!("--method {:?} is not an HTTP method", args.method)))?;
-    let url = crate::client::server_url("URL", &args.url)?;
+    let url = api_url("URL", &args.url)?;
     let (body, content_type, json) = match (&args.json, &args.data) {
         (Some(json), _) => {
             let bytes = crate::key::payload(json)?;
@@ -226,8 +234,7 @@ fn target(args: &CheckArgs) -> Result<Target, Error> {
     if second_credential.is_some() && second_credential == credential {
         return Err(Error::Config("--second-credential is the same as --credential: give another caller's".into()));
     }
-    let optional_url =
-        |flag: &str, given: &Option<String>| given.as_deref().map(|u| crate::client::server_url(flag, u)).transpose();
+    let optional_url = |flag: &str, given: &Option<String>| given.as_deref().map(|u| api_url(flag, u)).transpose();
     if !(2..=64).contains(&args.concurrency) {
         return Err(Error::Config(format!("--concurrency {} is outside 2..=64", args.concurrency)));
     }
@@ -261,6 +268,40 @@ fn target(args: &CheckArgs) -> Result<Target, Error> {
     })
 }
 
+/// `given` (the value of `flag`) as the URL of an API to write to: a server URL as the clients take one, but
+/// never a guess. A path (`/orders`), a bare word (`orders`, which would become the host `orders`), another
+/// scheme written without `//` (`mailto:x@y`, which would become a user and a host) and port 0 are refused.
+///
+/// # Errors
+/// [`Error::Config`]: one line naming `flag`, the value (password hidden) and what to give.
+fn api_url(flag: &str, given: &str) -> Result<reqwest::Url, Error> {
+    let shown = idem_stores::redact(given);
+    let refuse = |why: &str| {
+        Error::Config(format!("{flag} {shown:?} {why}; give the API's full URL, e.g. http://HOST:PORT/orders"))
+    };
+    if !given.contains("://") {
+        if given.starts_with('/') || given.starts_with('.') {
+            return Err(refuse("is a relative URL"));
+        }
+        // `host:port…` has a port after the colon; `mailto:x@y` has a scheme.
+        if let Some((scheme, rest)) = given.split_once(':')
+            && !rest.starts_with(|c: char| c.is_ascii_digit())
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        {
+            return Err(refuse(&format!("has the scheme {scheme}, not http or https")));
+        }
+        let host = given.split(['/', '?', '#']).next().unwrap_or_default();
+        if !(host.contains(['.', ':']) || host == "localhost" || host.starts_with('[')) {
+            return Err(refuse("is a relative URL (no host with a dot or a port)"));
+        }
+    }
+    let url = crate::client::server_url(flag, given)?;
+    if url.port() == Some(0) {
+        return Err(refuse("has port 0"));
+    }
+    Ok(url)
+}
+
 /// A positive duration flag like `30s`.
 fn parse_duration(flag: &str, given: &str) -> Result<Duration, Error> {
     let d = humantime::parse_duration(given)
@@ -275,7 +316,7 @@ fn parse_duration(flag: &str, given: &str) -> Result<Duration, Error> {
 fn plan_summary(target: &Target, plans: &[(Probe, Result<Vec<Planned>, String>)], total: usize) -> String {
     let mut per_url: Vec<(String, usize)> = Vec::new();
     for planned in plans.iter().filter_map(|(_, p)| p.as_ref().ok()).flatten() {
-        let line = format!("{} {}", planned.method, planned.url);
+        let line = format!("{} {}", planned.method, shown(&planned.url));
         match per_url.iter_mut().find(|(l, _)| *l == line) {
             Some((_, n)) => *n += 1,
             None => per_url.push((line, 1)),
@@ -329,7 +370,7 @@ fn print_dry_run(
             .collect();
         let json = serde_json::json!({
             "dry_run": true,
-            "target": format!("{} {}", target.method, target.url),
+            "target": format!("{} {}", target.method, shown(&target.url)),
             "key_prefix": format!("{}-", target.run),
             "requests_planned": total,
             "probes": probes,

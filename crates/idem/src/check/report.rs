@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::http::Logged;
-use super::target::{Caller, Planned, Target};
+use super::target::{Caller, Planned, Target, shown};
 
 /// A probe's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -120,7 +120,7 @@ impl RequestReport {
         Self {
             note: planned.note,
             method: planned.method.to_string(),
-            url: planned.url.to_string(),
+            url: shown(&planned.url),
             idempotency_key: planned.key_texts(),
             caller: planned.caller,
             body: if planned.variant { "other" } else { "main" },
@@ -177,7 +177,7 @@ impl Report {
         }
         let exit_status = i32::from(counts.fail > 0);
         Self {
-            target: format!("{} {}", target.method, target.url),
+            target: format!("{} {}", target.method, shown(&target.url)),
             key_prefix: format!("{}-", target.run),
             requests_sent: sent.0,
             requests_answered: sent.1,

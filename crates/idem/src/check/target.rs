@@ -49,6 +49,10 @@ pub struct Target {
     pub run: String,
 }
 
+/// What a control request is for ([`Target::control`]).
+const CONTROL_NOTE: &str =
+    "another key, same body: a second execution, sent only when the answers cannot otherwise be told apart";
+
 /// Who sends a request: the first caller (`--credential`, or none) or the second (`--second-credential`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -101,6 +105,12 @@ impl Target {
         Planned { keys: vec![Self::field(&self.key(suffix))], ..self.unkeyed(note) }
     }
 
+    /// The control request of `probe`: another key, the same body (a second execution), sent only when the
+    /// probe's answers are equal and unmarked, to learn whether two executions' answers can be told apart.
+    pub fn control(&self, probe: &str) -> Planned {
+        self.keyed(CONTROL_NOTE, &format!("{probe}-control"))
+    }
+
     /// The target request without any key.
     pub fn unkeyed(&self, note: &'static str) -> Planned {
         Planned {
@@ -142,7 +152,7 @@ impl Target {
 
     /// One line saying what `planned` sends; credential values are hidden.
     pub fn describe(&self, planned: &Planned) -> String {
-        let mut line = format!("{} {}", planned.method, planned.url);
+        let mut line = format!("{} {}", planned.method, shown(&planned.url));
         if planned.keys.is_empty() {
             line.push_str("  (no Idempotency-Key)");
         }
@@ -199,6 +209,12 @@ pub fn excerpt(bytes: &[u8], max: usize) -> String {
         shown.push('…');
     }
     shown
+}
+
+/// `url` as printed (plan, `--dry-run`, report, messages): a password in its userinfo hidden (`user:***@host`),
+/// as everywhere else idem prints a URL.
+pub fn shown(url: &Url) -> String {
+    idem_stores::redact(url.as_str())
 }
 
 /// A `Name: value` flag as a header field.

@@ -1,7 +1,7 @@
 //! Sequential probes: a missing key, replay fidelity, the same key with another payload, and the same key on
 //! another method or URL.
 
-use crate::check::http::{Exchange, Seen, refused_first};
+use crate::check::http::{Exchange, Seen, indistinct, refused_first};
 use crate::check::report::Verdict;
 use crate::check::target::{Planned, Target};
 
@@ -28,12 +28,13 @@ pub async fn missing_key(ex: &mut Exchange<'_>) -> Judged {
 
 /// The same key and body twice.
 pub fn plan_replay(target: &Target) -> Vec<Planned> {
-    vec![target.keyed("first", "replay"), target.keyed("retry: same key and body", "replay")]
+    vec![target.keyed("first", "replay"), target.keyed("retry: same key and body", "replay"), target.control("replay")]
 }
 
 /// Replay fidelity (draft §2.6, "duplicate request": respond with the result of the previously completed
 /// operation): the retry gets the same status, body bytes, `Location` and `Content-Type`. A replay marker
-/// (`Idempotent-Replayed: true`) is reported, not required.
+/// (`Idempotent-Replayed: true`) is reported, not required; without one, an identical retry passes only when a
+/// second execution under another key answers differently (else it may have executed again: WARN).
 pub async fn replay(ex: &mut Exchange<'_>) -> Judged {
     let first = ex.send(0).await?;
     if !first.status.is_success() {
@@ -43,11 +44,18 @@ pub async fn replay(ex: &mut Exchange<'_>) -> Judged {
     let differences = differences(&first, &retry);
     let marker = if retry.replayed() { "marked Idempotent-Replayed: true" } else { "no replay marker" };
     Ok(if differences.is_empty() {
+        if !retry.replayed() && !ex.executions_differ(ex.last(), &first).await? {
+            return Ok(indistinct(&format!(
+                "{} twice with identical bodies ({}), no replay marker",
+                first.brief(),
+                first.size()
+            )));
+        }
         let location = first.location().map(|l| format!(", Location {l}")).unwrap_or_default();
         Verdict::pass(format!(
-            "{} twice; body ({} bytes){location} and Content-Type identical; {marker}",
+            "{} twice; body ({}){location} and Content-Type identical; {marker}",
             first.status_text(),
-            first.body.len()
+            first.size()
         ))
     } else {
         Verdict::fail(format!("the retry got another answer: {}; {marker}", differences.join("; ")))
@@ -67,8 +75,10 @@ fn differences(first: &Seen, retry: &Seen) -> Vec<String> {
             differences.push(format!("{name} {} then {}", a.unwrap_or("(none)"), b.unwrap_or("(none)")));
         }
     }
-    if first.body != retry.body {
-        differences.push(format!("body {} then {}", first.excerpt(), retry.excerpt()));
+    if !first.same_body(retry) {
+        let long = first.body_len.max(retry.body_len) > crate::check::http::BODY_KEPT as u64;
+        let sizes = if long { format!(" ({} then {})", first.size(), retry.size()) } else { String::new() };
+        differences.push(format!("body {} then {}{sizes}", first.excerpt(), retry.excerpt()));
     }
     differences
 }
@@ -76,7 +86,7 @@ fn differences(first: &Seen, retry: &Seen) -> Vec<String> {
 /// The same key, first with the body, then with another.
 pub fn plan_mismatch(target: &Target) -> Vec<Planned> {
     let other = Planned { variant: true, ..target.keyed("same key, another body", "mismatch") };
-    vec![target.keyed("first", "mismatch"), other]
+    vec![target.keyed("first", "mismatch"), other, target.control("mismatch")]
 }
 
 /// Payload mismatch (draft §2.2: a key is not reused with another payload; §2.7: 422; Stripe answers 400).
@@ -86,7 +96,15 @@ pub async fn mismatch(ex: &mut Exchange<'_>) -> Judged {
         return Err(refused_first(&first));
     }
     let other = ex.send(1).await?;
-    Ok(match other.status.as_u16() {
+    let status = other.status.as_u16();
+    if !matches!(status, 400 | 422)
+        && !other.replayed()
+        && other.same_answer(&first)
+        && !ex.executions_differ(ex.last(), &first).await?
+    {
+        return Ok(indistinct(&format!("the other body got the same answer as the first: {}", other.brief())));
+    }
+    Ok(match status {
         422 => Verdict::pass(other.brief()),
         400 => Verdict::pass(format!("{} (Stripe's answer)", other.brief())),
         _ if other.is_answer_of(&first) => {
@@ -113,6 +131,7 @@ pub fn plan_other_target(target: &Target) -> Vec<Planned> {
     if let Some(url) = &target.other_url {
         plan.push(Planned { url: url.clone(), ..target.keyed("same key and body, --other-url", "other-target") });
     }
+    plan.push(target.control("other-target"));
     plan
 }
 
@@ -124,15 +143,20 @@ pub async fn other_target(ex: &mut Exchange<'_>) -> Judged {
         return Err(refused_first(&first));
     }
     let mut seen = Vec::new();
-    let mut replayed = Vec::new();
-    for i in 1..ex.log.len() {
+    let (mut replayed, mut unmarked) = (Vec::new(), 0);
+    for i in 1..ex.last() {
         let answer = ex.send(i).await?;
         let planned = ex.planned(i);
         let what = format!("{} {}: {}", planned.method, planned.url.path(), answer.brief());
         if answer.is_answer_of(&first) {
             replayed.push(format!("{what}{}", marked(&answer)));
+            unmarked += usize::from(!answer.replayed());
         }
         seen.push(what);
+    }
+    // Only unmarked equal answers: they may be executions of their own, if no execution's answer differs.
+    if unmarked == replayed.len() && unmarked > 0 && !ex.executions_differ(ex.last(), &first).await? {
+        return Ok(indistinct(&format!("the same answer as the first: {}", replayed.join("; "))));
     }
     if !replayed.is_empty() {
         return Ok(Verdict::fail(format!("got the first answer back: {}", replayed.join("; "))));

@@ -1,7 +1,7 @@
 //! What a key keeps: whether an error answer is pinned to it, and whether it is released after the stated
 //! retention.
 
-use crate::check::http::{Exchange, Seen, refused_first};
+use crate::check::http::{Exchange, Seen, indistinct, refused_first};
 use crate::check::report::Verdict;
 use crate::check::target::{Planned, Target};
 
@@ -13,12 +13,13 @@ pub fn plan_errors(target: &Target) -> Result<Vec<Planned>, String> {
         return Err("not probed: give --error-url (a URL of the API that answers the request with a 5xx or 429)".into());
     };
     let at = |note| Planned { url: url.clone(), ..target.keyed(note, "errors") };
-    Ok(vec![at("first, to --error-url"), at("retry: same key and body")])
+    let control = Planned { url: url.clone(), ..target.control("errors") };
+    Ok(vec![at("first, to --error-url"), at("retry: same key and body"), control])
 }
 
 /// Whether the retry got the first answer back: marked as a replay, or the same status and body bytes.
 fn pinned(first: &Seen, retry: &Seen) -> bool {
-    retry.replayed() || (retry.status == first.status && retry.body == first.body)
+    retry.replayed() || (retry.status == first.status && retry.same_body(first))
 }
 
 /// Error answers. The draft (§2.6) has a duplicate answered with the earlier result, "success or an error", so
@@ -35,6 +36,11 @@ pub async fn errors(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
         )));
     }
     let retry = ex.send(1).await?;
+    // An unmarked identical error may be a second execution failing the same way: pinned only if another
+    // execution's answer differs.
+    if !retry.replayed() && pinned(&first, &retry) && !ex.executions_differ(ex.last(), &first).await? {
+        return Ok(indistinct(&format!("{} twice with identical bodies, no replay marker", first.brief())));
+    }
     let how = if retry.replayed() {
         "the retry got it replayed (Idempotent-Replayed: true)".to_owned()
     } else {
@@ -60,7 +66,11 @@ pub fn plan_expiry(target: &Target) -> Result<Vec<Planned>, String> {
     if target.retention.is_none() {
         return Err("not probed: give --retention-probe DURATION (the retention the API states)".into());
     }
-    Ok(vec![target.keyed("first", "expiry"), target.keyed("the same after --retention-probe", "expiry")])
+    Ok(vec![
+        target.keyed("first", "expiry"),
+        target.keyed("the same after --retention-probe", "expiry"),
+        target.control("expiry"),
+    ])
 }
 
 /// Expiry (draft §2.3: a key is kept for a stated time, then may be used again): after `--retention-probe`
@@ -74,6 +84,9 @@ pub async fn expiry(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
     tokio::time::sleep(wait).await;
     let later = ex.send(1).await?;
     let after = humantime::format_duration(wait);
+    if !later.replayed() && later.same_answer(&first) && !ex.executions_differ(ex.last(), &first).await? {
+        return Ok(indistinct(&format!("after {after} the same answer as the first: {}", later.brief())));
+    }
     Ok(if later.is_answer_of(&first) {
         Verdict::fail(format!("still the first answer after {after}: {}{}", later.brief(), marked(&later)))
     } else if later.status.is_success() {

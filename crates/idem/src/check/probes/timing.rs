@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::check::http::{Answer, Exchange, Seen, refused_first};
+use crate::check::http::{Answer, Exchange, Seen, indistinct, refused_first};
 use crate::check::report::Verdict;
 use crate::check::target::{Planned, Target};
 
@@ -13,13 +13,16 @@ pub const IN_FLIGHT_DELAY: Duration = Duration::from_millis(250);
 
 /// `--concurrency` identical requests under one key.
 pub fn plan_concurrent(target: &Target) -> Vec<Planned> {
-    (0..target.concurrency).map(|_| target.keyed("one of the requests sent at once", "concurrent")).collect()
+    let mut plan: Vec<Planned> =
+        (0..target.concurrency).map(|_| target.keyed("one of the requests sent at once", "concurrent")).collect();
+    plan.push(target.control("concurrent"));
+    plan
 }
 
 /// Concurrent duplicates (draft §2.6: one execution; §2.7: 409 for a request that arrives while the first is
 /// processed): exactly one outcome among the answers that are not 409, every 409 with `Retry-After`.
 pub async fn concurrent(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
-    let answers = ex.send_at_once(0..ex.log.len()).await;
+    let answers = ex.send_at_once(0..ex.last()).await;
     let total = answers.len();
     let mut failures = Vec::new();
     // Outcomes told apart by status and Location (the resource), or the body when there is no Location.
@@ -41,7 +44,8 @@ pub async fn concurrent(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
             continue;
         }
         replayed += usize::from(seen.replayed());
-        let identity = seen.location().map_or_else(|| format!("{:?}", seen.body), str::to_owned);
+        let identity =
+            seen.location().map_or_else(|| format!("{} {:?}", seen.body_len, seen.body_digest), str::to_owned);
         outcomes.entry((seen.status.as_u16(), identity)).or_insert((0, seen)).0 += 1;
     }
     if !failures.is_empty() {
@@ -54,6 +58,13 @@ pub async fn concurrent(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
         [(count, seen)] => {
             if !seen.status.is_success() {
                 return Err(refused_first(seen));
+            }
+            // More than one unmarked answer: each may be an execution, unless executions answer differently.
+            if count.saturating_sub(replayed) > 1 && !ex.executions_differ(ex.last(), seen).await? {
+                return Ok(indistinct(&format!(
+                    "{total} at once, {count} × {} ({replayed} marked replays), {conflicts} × 409",
+                    seen.brief()
+                )));
             }
             let observed = format!(
                 "{total} at once, one outcome: {}; {count} × that answer ({replayed} marked replays), {conflicts} × 409",
@@ -84,7 +95,8 @@ pub fn plan_in_flight(target: &Target) -> Result<Vec<Planned>, String> {
         return Err("not probed: give --slow-url (a URL of the API that answers the request slowly)".into());
     };
     let at = |note| Planned { url: url.clone(), ..target.keyed(note, "in-flight") };
-    Ok(vec![at("first, to --slow-url"), at("the same while the first runs")])
+    let control = Planned { url: url.clone(), ..target.control("in-flight") };
+    Ok(vec![at("first, to --slow-url"), at("the same while the first runs"), control])
 }
 
 /// In flight (draft §2.7: "409 Conflict" for a retry while the original is processed): the duplicate gets 409
@@ -116,6 +128,9 @@ pub async fn in_flight(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
     };
     if !first.status.is_success() {
         return Err(refused_first(&first));
+    }
+    if !duplicate.replayed() && duplicate.same_answer(&first) && !ex.executions_differ(ex.last(), &first).await? {
+        return Ok(indistinct(&format!("the duplicate got the same answer as the first: {}", duplicate.brief())));
     }
     Ok(match duplicate.status.as_u16() {
         409 => match duplicate.field("retry-after") {

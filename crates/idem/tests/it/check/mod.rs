@@ -215,17 +215,18 @@ async fn a_dry_run_prints_every_request_and_sends_none() {
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["dry_run"], true);
-    assert_eq!(report["requests_planned"], 37);
+    // 37 and the control requests of replay, concurrent, mismatch, other-target, in-flight, errors, expiry.
+    assert_eq!(report["requests_planned"], 44);
     let listed: usize =
         report["probes"].as_array().unwrap().iter().map(|p| p["requests"].as_array().unwrap().len()).sum();
-    assert_eq!(listed, 37);
+    assert_eq!(listed, 44);
     // As a table: a heading, then one line per request; credential values are not printed.
     args.retain(|a| a != "json" && a != "--format");
     let (code, out, _) = check(args).await;
     assert_eq!(code, 0);
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("idem check --dry-run: 37 requests planned, none sent; keys start with idem-check-"));
-    assert_eq!(lines.len(), 1 + 37, "{out}");
+    assert!(lines[0].starts_with("idem check --dry-run: 44 requests planned, none sent; keys start with idem-check-"));
+    assert_eq!(lines.len(), 1 + 44, "{out}");
     assert!(!out.contains("alice") && !out.contains("bob"), "{out}");
     assert!(out.contains("authorization: *** (second credential)"), "{out}");
     assert_eq!(counts.executions(), 0, "a dry run sends nothing");
@@ -239,7 +240,7 @@ async fn without_yes_and_without_a_terminal_it_refuses_and_sends_nothing() {
     assert_eq!(out, "");
     assert_eq!(
         err,
-        "idem: standard input is not a terminal: give --yes to send these 29 requests, or --dry-run to list them\n"
+        "idem: standard input is not a terminal: give --yes to send these 33 requests, or --dry-run to list them\n"
     );
     assert_eq!(counts.executions(), 0);
 }
@@ -310,7 +311,9 @@ async fn the_json_report_names_each_probe_its_requests_and_their_answers() {
     assert_eq!(replay["spec"], "draft §2.6");
     assert_eq!(replay["result"], "PASS");
     let requests = replay["requests"].as_array().unwrap();
-    assert_eq!(requests.len(), 2);
+    // The control request was not sent: the retry was marked as a replay.
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[2]["answer"], serde_json::Value::Null);
     assert_eq!(requests[0]["method"], "POST");
     assert_eq!(requests[0]["caller"], "first");
     assert_eq!(requests[0]["body"], "main");
@@ -348,7 +351,7 @@ async fn the_table_has_a_row_per_probe_and_a_summary() {
         "{out}"
     );
     assert!(
-        err.starts_with("idem check: 2 probes, up to 2 requests (real writes), every key starting with idem-check-"),
+        err.starts_with("idem check: 2 probes, up to 3 requests (real writes), every key starting with idem-check-"),
         "{err}"
     );
 }
@@ -396,11 +399,189 @@ async fn on_a_terminal_it_prints_the_plan_and_sends_only_after_a_yes() {
     let (up, counts) = start_upstream().await;
     let Some((code, shown)) = check_on_a_terminal(format!("{up}/orders"), "n\n").await else { return };
     assert_eq!(code, 2, "{shown}");
-    assert!(shown.contains("idem check: 1 probe, up to 2 requests (real writes)"), "{shown}");
-    assert!(shown.contains("Send these 2 requests? [y/N] idem: not confirmed: nothing sent"), "{shown}");
+    assert!(shown.contains("idem check: 1 probe, up to 3 requests (real writes)"), "{shown}");
+    assert!(shown.contains("Send these 3 requests? [y/N] idem: not confirmed: nothing sent"), "{shown}");
     assert_eq!(counts.executions(), 0);
     let Some((code, shown)) = check_on_a_terminal(format!("{up}/orders"), "y\n").await else { return };
     assert_eq!(code, 1, "the bare upstream fails the replay probe: {shown}");
     assert!(shown.contains("0 PASS, 1 FAIL, 0 WARN, 0 N/A; 2 requests sent"), "{shown}");
     assert_eq!(counts.executions(), 2);
+}
+
+/// An API that ignores the key and always answers `201 {}` executes every request: no probe may call its
+/// identical answers replays (PASS, or a FAIL for "the first answer back"); each says it cannot tell.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_whose_answers_never_differ_gets_warn_not_pass() {
+    let (url, executed) = naive::start_constant().await;
+    let mut args = full_flags(&url);
+    for (flag, path) in [("--slow-url", "slow"), ("--error-url", "error"), ("--other-url", "other")] {
+        let at = args.iter().position(|a| a == flag).unwrap();
+        args[at + 1] = format!("{url}/{path}");
+    }
+    args.extend(["--retention-probe".to_owned(), "1s".to_owned()]);
+    let (code, out, err) = check(args).await;
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let results: BTreeMap<String, String> = report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["probe"].as_str().unwrap().to_owned(), p["result"].as_str().unwrap().to_owned()))
+        .collect();
+    // malformed: the keys were accepted (true whatever the answers); scope: the same answer for both callers.
+    let expected = self::results(["N/A", "WARN", "WARN", "WARN", "WARN", "FAIL", "WARN", "WARN", "WARN", "WARN"]);
+    assert_eq!(results, expected, "{report:#}");
+    assert_eq!(code, 1);
+    // Every probe's control request was sent: 1 + 3 + 17 + 3 + 4 + 4 + 3 + 3 + 3 + 3, all executed.
+    assert_eq!(report["requests_sent"], 44);
+    assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 44);
+    let why = "answers of two separate executions are identical: cannot tell a replay from a re-execution; make the \
+               API echo something per execution, e.g. an id";
+    for probe in ["replay", "concurrent", "mismatch", "other-target", "in-flight", "errors", "expiry"] {
+        let seen = observed(&report, probe);
+        assert!(seen.ends_with(why), "{probe}: {seen}");
+        assert!(!seen.contains("got the first answer back"), "{probe}: {seen}");
+    }
+    assert_eq!(
+        observed(&report, "replay"),
+        format!(
+            "201 Created twice with identical bodies (2 bytes), no replay marker; a second execution under another key got the same: {why}"
+        )
+    );
+    assert_eq!(
+        observed(&report, "errors"),
+        format!(
+            "503 Service Unavailable twice with identical bodies, no replay marker; a second execution under another key got the same: {why}"
+        )
+    );
+}
+
+/// A proxy named in the environment is not used: the check contacts only the URLs given, so neither the
+/// requests nor the credential reach the proxy.
+#[tokio::test(flavor = "multi_thread")]
+async fn proxy_variables_in_the_environment_are_not_used() {
+    let (up, counts) = start_upstream().await;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&reached);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = proxy.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let url = format!("{up}/orders");
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        let args = ["check", &url, "--only", "replay", "--credential", "Authorization: Bearer alice", "--yes"];
+        let envs =
+            [("HTTP_PROXY", proxy_url.as_str()), ("http_proxy", proxy_url.as_str()), ("ALL_PROXY", proxy_url.as_str())];
+        idem(&args, &envs)
+    })
+    .await
+    .unwrap();
+    // The bare upstream executes the retry: the replay probe fails, with answers (no "no answer from").
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("no answer"), "{err}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0, "connections to the proxy");
+    assert_eq!(counts.executions(), 2, "the replay probe's two requests reached the API");
+}
+
+/// A TLS file that cannot be read is refused before the plan is printed, the prompt shown or anything sent,
+/// also with --dry-run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_tls_file_is_refused_before_the_plan() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem").display().to_string();
+    let url = format!("{up}/orders");
+    for flags in [
+        vec!["--cacert", &missing, "--yes"],
+        vec!["--cacert", &missing, "--dry-run"],
+        vec!["--cert", &missing, "--yes"],
+        vec!["--cert", &missing, "--cert-key", &missing, "--dry-run"],
+    ] {
+        let mut args = vec![url.clone()];
+        args.extend(flags.iter().map(|s| (*s).to_owned()));
+        let (code, out, err) = check(args).await;
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert_eq!(out, "", "{flags:?}");
+        assert_eq!(err.lines().count(), 1, "{flags:?}: {err}");
+        assert!(err.starts_with("idem: ") && err.contains("missing.pem"), "{flags:?}: {err}");
+    }
+    assert_eq!(counts.executions(), 0);
+}
+
+/// A password in the URL's userinfo is hidden wherever the URL is printed: the plan, --dry-run (table and
+/// JSON) and the report.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_password_in_the_url_is_never_printed() {
+    let (up, _counts) = start_upstream().await;
+    let url = up.replace("http://", "http://user:secret@") + "/orders";
+    let runs: [&[&str]; 3] =
+        [&["--dry-run"], &["--dry-run", "--format", "json"], &["--only", "replay", "--yes", "--format", "json"]];
+    for flags in runs {
+        let mut args = vec![url.clone()];
+        args.extend(flags.iter().map(|s| (*s).to_owned()));
+        let (_, out, err) = check(args).await;
+        assert!(!out.contains("secret") && !err.contains("secret"), "{flags:?}: {out}{err}");
+        assert!(out.contains("http://user:***@127.0.0.1:"), "{flags:?}: {out}");
+    }
+}
+
+/// A URL that is not an API's full URL is refused before anything is sent: exit 2, one line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_that_is_not_an_apis_is_refused() {
+    let (up, counts) = start_upstream().await;
+    let cases: [(Vec<String>, &str); 5] = [
+        (vec!["http://127.0.0.1:0/orders".into()], "idem: URL \"http://127.0.0.1:0/orders\" has port 0;"),
+        (vec!["/orders".into()], "idem: URL \"/orders\" is a relative URL;"),
+        (vec!["orders".into()], "idem: URL \"orders\" is a relative URL (no host with a dot or a port);"),
+        (vec!["mailto:x@y".into()], "idem: URL \"mailto:x@y\" has the scheme mailto, not http or https;"),
+        (
+            vec![format!("{up}/orders"), "--other-url".into(), "orders".into()],
+            "idem: --other-url \"orders\" is a relative URL",
+        ),
+    ];
+    for (mut args, message) in cases {
+        args.push("--yes".into());
+        let (code, out, err) = check(args.clone()).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(out, "");
+        assert!(err.starts_with(message), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    // What the clients take stays accepted: HOST:PORT without a scheme.
+    let bare = up.trim_start_matches("http://").to_owned() + "/orders";
+    let (code, out, err) = check(vec![bare, "--dry-run".into(), "--only".into(), "replay".into()]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("idem check --dry-run: 3 requests planned"), "{out}");
+    assert_eq!(counts.executions(), 0);
+}
+
+/// Bodies are read to the end but kept only to 1 MiB: a 3 MiB body is compared by length and SHA-256 (and the
+/// observation says so), and a body that never ends stops at --timeout with a report, memory bounded.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_and_endless_bodies_are_read_within_a_bound() {
+    let (url, _executed) = naive::start_constant().await;
+    let args = [&format!("{url}/big"), "--only", "replay", "--yes", "--format", "json"];
+    let (code, out, err) = check(args.map(str::to_owned).to_vec()).await;
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let seen = observed(&report, "replay");
+    assert!(
+        seen.starts_with(
+            "201 Created twice with identical bodies (3145728 bytes, over the 1 MiB kept: compared by length and \
+             SHA-256), no replay marker"
+        ),
+        "{seen}"
+    );
+    let args = [&format!("{url}/endless"), "--only", "replay", "--yes", "--timeout", "2s"];
+    let started = std::time::Instant::now();
+    let (code, out, err) = check(args.map(str::to_owned).to_vec()).await;
+    assert_eq!(code, 1, "{out}{err}");
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with(&format!("idem: no answer from {url}/endless (1 sent): POST ")), "{err}");
+    assert!(last.contains("timed out"), "{err}");
+    // The whole run ended: one request, cut by its --timeout (generous bound for a busy machine).
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
 }

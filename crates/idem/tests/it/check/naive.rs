@@ -139,3 +139,38 @@ async fn idempotency(State(naive): State<Arc<Naive>>, request: Request, next: Ne
     }
     Response::from_parts(parts, Body::from(body))
 }
+
+/// An API that ignores `Idempotency-Key` and whose answers never differ: every request executes (counted) and
+/// gets `201 {}`; under `/error` a `503 {}`, under `/slow` the `201 {}` after a second, under `/big` 3 MiB of
+/// `x`, under `/endless` a chunked body that never ends. Returns its URL and the executions counter.
+pub async fn start_constant() -> (String, Arc<AtomicU64>) {
+    let executed = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&executed);
+    let app = axum::Router::new().fallback(move |request: Request| {
+        let counter = Arc::clone(&counter);
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let path = request.uri().path().to_owned();
+            match path.as_str() {
+                "/error" => (StatusCode::SERVICE_UNAVAILABLE, "{}").into_response(),
+                "/big" => (StatusCode::CREATED, vec![b'x'; 3 << 20]).into_response(),
+                // A chunked body that never ends: 64 KiB chunks for as long as the client reads.
+                "/endless" => {
+                    let chunks =
+                        futures_util::stream::repeat_with(|| Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; 1 << 16])));
+                    (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
+                }
+                _ => {
+                    if path == "/slow" {
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    (StatusCode::CREATED, [("content-type", "application/json")], "{}").into_response()
+                }
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, executed)
+}
