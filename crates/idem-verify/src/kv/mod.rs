@@ -126,6 +126,7 @@ fn summarize(opts: &Options, clock: &Clock, mut ops: Vec<KvOp>) -> Summary {
     bound_unknown(&mut ops, &faults, opts.backend);
     let (histories, mut anomalies) = check::check(&ops);
     anomalies.extend(answers_in_doubt(&ops, &faults));
+    anomalies.extend(no_recovery(&ops, &faults));
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
     for op in &ops {
         let key = match (op.status, &op.ret) {
@@ -185,6 +186,30 @@ fn bound_unknown(ops: &mut [KvOp], faults: &[crate::history::Fault], backend: Ba
 /// How long after an answer a write cut off on its way to PostgreSQL or Redis may still run there: the longest
 /// delay the nemesis puts on the link (0.4 s per chunk, a few chunks) and then some, in microseconds.
 const REMOTE_SLACK: Micros = 3_000_000;
+
+/// A disk-full fault after which no write succeeded within 10 s (while clients went on writing): the store did
+/// not recover when space returned.
+fn no_recovery(ops: &[KvOp], faults: &[crate::history::Fault]) -> Vec<Anomaly> {
+    let last = ops.iter().map(|op| op.invoke_us).max().unwrap_or(0);
+    faults
+        .iter()
+        .filter(|f| f.kind == "disk-full" && f.end_us + 10_000_000 < last)
+        .filter(|f| {
+            !ops.iter().any(|op| {
+                op.invoke_us >= f.end_us
+                    && op.invoke_us < f.end_us + 10_000_000
+                    && matches!(op.ret, Ret::Written { .. } | Ret::Added { .. } | Ret::Deleted)
+            })
+        })
+        .map(|f| Anomaly {
+            kind: "no recovery".into(),
+            subject: "store".into(),
+            detail: format!("no write succeeded in the 10 s after the disk had space again ({} us)", f.end_us),
+            at_us: Some(f.end_us),
+            ops: Vec::new(),
+        })
+        .collect()
+}
 
 /// Answers the contract does not allow: a 4xx other than 404/412 (the harness sends only valid requests), and a
 /// 500 (idem answers a store it cannot reach, or a full disk, with 503 `store-unavailable`).
