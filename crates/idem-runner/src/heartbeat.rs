@@ -80,6 +80,10 @@ impl<'a, S: Store> Heartbeat<'a, S> {
     /// settles a renewal in flight, then renews now unless the lease was set less than a third of its length
     /// ago. False when the lease is lost or this renewal failed: the caller no longer holds the item.
     pub(crate) async fn fence(&mut self, held: &mut Held) -> bool {
+        if planted("runner-fence") {
+            // The planted bug "runner-fence": the fence not checked.
+            return true;
+        }
         if !self.settle(held).await {
             return false;
         }
@@ -98,6 +102,14 @@ impl<'a, S: Store> Heartbeat<'a, S> {
 
     /// Waits for the renewal in flight (if any) until the lease would lapse, and records its answer.
     async fn answer(&mut self, held: &mut Held) {
+        if planted("runner-fence") {
+            // The planted bug "runner-fence", its other half: a lost lease never noticed.
+            if let Some((_, renewal)) = self.in_flight.take() {
+                let _ = renewal.await;
+            }
+            self.due = tokio::time::Instant::now() + self.lease / 3;
+            return;
+        }
         let Some((sent, renewal)) = self.in_flight.as_mut() else { return };
         let lapses = tokio::time::Instant::from_std(self.sent + self.lease);
         let result = tokio::select! {
@@ -128,4 +140,17 @@ impl<'a, S: Store> Heartbeat<'a, S> {
         self.sent = sent;
         self.due = tokio::time::Instant::from_std(sent) + self.lease / 3;
     }
+}
+
+/// Test-only: whether `idem-verify` planted `bug` through `IDEM_PLANTED_BUG`, to show its checker catches it.
+/// Compiled to `false` without debug assertions, so a release build can never carry a planted bug.
+#[cfg(debug_assertions)]
+fn planted(bug: &str) -> bool {
+    std::env::var("IDEM_PLANTED_BUG").is_ok_and(|v| v == bug)
+}
+
+/// Release builds: never.
+#[cfg(not(debug_assertions))]
+fn planted(_bug: &str) -> bool {
+    false
 }

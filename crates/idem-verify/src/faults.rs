@@ -53,8 +53,28 @@ impl Kind {
     }
 }
 
-/// The process ids of the `idem run` processes alive now, with a label for each.
-pub type Runners = Arc<std::sync::Mutex<Vec<(String, u32)>>>;
+/// The `idem run` processes alive now (a label and the process id each), and the execution log of the batch
+/// they work on.
+#[derive(Debug, Default)]
+pub struct RunnerSet {
+    /// Label and process id of each runner alive.
+    pub alive: Vec<(String, u32)>,
+    /// The batch's execution log (`exec-item` lines).
+    pub log: Option<std::path::PathBuf>,
+}
+
+/// Shared between the runner workload and the nemesis.
+pub type Runners = Arc<std::sync::Mutex<RunnerSet>>;
+
+/// The runner whose command started last (from the batch's execution log), if it is alive: pausing it mid-
+/// command, with the command's output still to come, is the case the fence before the rename is for.
+fn busiest_runner(set: &RunnerSet) -> Option<(String, u32)> {
+    let text = std::fs::read_to_string(set.log.as_ref()?).ok()?;
+    text.lines().rev().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
+        let pid = u32::try_from(v.get("runner")?.as_u64()?).ok()?;
+        set.alive.iter().find(|(_, p)| *p == pid).cloned()
+    })
+}
 
 /// What the nemesis may act on.
 pub struct Targets {
@@ -119,7 +139,7 @@ async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, St
         }
         Kind::PauseServe => {
             let i = rng.random_range(0..t.serves.len());
-            let pause = between(rng, lease_ms * 3 / 2, lease_ms * 3);
+            let pause = between(rng, lease_ms * 3 / 2, lease_ms * 5 / 2);
             let pid = t.serves[i].lock().await.pid()?;
             signal(pid, "STOP").await;
             tokio::time::sleep(pause).await;
@@ -128,17 +148,22 @@ async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, St
         }
         Kind::Kill9Runner | Kind::PauseRunner => {
             let (label, pid) = {
-                let runners = t.runners.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
-                if runners.is_empty() {
+                let set = t.runners.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+                if set.alive.is_empty() {
                     return None;
                 }
-                runners[rng.random_range(0..runners.len())].clone()
+                let random = set.alive[rng.random_range(0..set.alive.len())].clone();
+                // Half the pauses go to the runner that started a command last.
+                let targeted =
+                    (kind == Kind::PauseRunner && rng.random_bool(0.5)).then(|| busiest_runner(&set)).flatten();
+                targeted.unwrap_or(random)
             };
             if kind == Kind::Kill9Runner {
                 signal(pid, "KILL").await;
                 Some((label, "killed".into()))
             } else {
-                let pause = between(rng, lease_ms * 2, lease_ms * 4);
+                // Long enough for another runner to take the item over and finish it meanwhile.
+                let pause = between(rng, lease_ms * 4, lease_ms * 7);
                 signal(pid, "STOP").await;
                 tokio::time::sleep(pause).await;
                 signal(pid, "CONT").await;

@@ -172,6 +172,10 @@ impl Error {
 /// # Errors
 /// When the run cannot be set up; what the checker finds is in the summary.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
+    // A directory of an earlier run (it has a summary) is replaced: its logs must not mix with this run's.
+    if opts.out.join("summary.json").is_file() {
+        std::fs::remove_dir_all(&opts.out).map_err(|e| Error::io(format!("clearing {}", opts.out.display()), e))?;
+    }
     std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(format!("creating {}", opts.out.display()), e))?;
     let started = std::time::Instant::now();
     let mut summary = match opts.workload {

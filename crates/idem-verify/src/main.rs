@@ -42,9 +42,22 @@ struct Cli {
     planted_bug: Option<String>,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    // The runner workload's item command: `idem-verify exec-item ...` (not for people).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("exec-item") {
+        return idem_verify::runner::exec_item::main(&args[2..]);
+    }
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(verify(Cli::parse())),
+        Err(e) => {
+            eprintln!("idem-verify: cannot start the runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn verify(cli: Cli) -> ExitCode {
     let idem = match cli.idem.clone().map(Ok).unwrap_or_else(idem_verify::procs::idem_next_to_me) {
         Ok(p) => p,
         Err(e) => {

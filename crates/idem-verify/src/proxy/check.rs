@@ -23,6 +23,17 @@ fn costs_a_lease(f: &Fault) -> bool {
     f.target != "upstream link"
 }
 
+/// Whether a fault that can cost a lease came while `e` ran or was being completed (its upstream time, then 3 s).
+/// A kill or pause of a proxy that ended within 100 ms of the execution's start did not touch it: a stopped or
+/// dead proxy forwards nothing, so the execution came through after it (or through the other proxy).
+fn touched(e: &Execution, faults: &[Fault]) -> bool {
+    let end = e.start_us + delay_of(&e.key) + 3_000_000;
+    faults.iter().any(|f| {
+        let grace = if f.target.starts_with("idem serve") { 100_000 } else { 0 };
+        costs_a_lease(f) && f.start_us <= end && f.end_us > e.start_us + grace
+    })
+}
+
 fn delay_of(key: &str) -> Micros {
     let body = body_for(key);
     let ms: u64 = body.trim_matches(|c: char| !c.is_ascii_digit()).parse().unwrap_or(0);
@@ -37,6 +48,9 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
     let mut execs_of: BTreeMap<&str, Vec<&Execution>> = BTreeMap::new();
     for e in executions {
         execs_of.entry(e.key.as_str()).or_default().push(e);
+    }
+    for execs in execs_of.values_mut() {
+        execs.sort_by_key(|e| e.start_us);
     }
     let mut anomalies = Vec::new();
     let mut notes: BTreeMap<String, u64> = BTreeMap::new();
@@ -120,10 +134,7 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
             }
         }
         // The newest execution that no fault touched must be what the record holds.
-        let untouched = execs.iter().rev().find(|e| {
-            let end = e.start_us + delay_of(key) + 3_000_000;
-            !faults.iter().any(|f| costs_a_lease(f) && f.start_us <= end && f.end_us >= e.start_us)
-        });
+        let untouched = execs.iter().rev().find(|e| !touched(e, &faults));
         if let (Some(stored), Some(newest)) =
             (replays.last().and_then(|a| a.exec).and_then(|e| by_exec.get(&e)), untouched)
             && stored.start_us < newest.start_us
