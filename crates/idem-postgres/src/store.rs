@@ -286,11 +286,18 @@ async fn returning<C: deadpool_postgres::GenericClient>(
 }
 
 /// The failed precondition, carrying the generation current now.
-async fn refused<C: deadpool_postgres::GenericClient>(c: &C, sql: &Sql, key: &str) -> StoreError {
-    match returning(c, &sql.read_generation, &[&key]).await {
-        Ok(current) => StoreError::PreconditionFailed { current },
-        Err(e) => e,
-    }
+/// After a conditional write returned no row: the refusal, naming a current generation that fails
+/// `precondition`, or `None` when the key changed between the refused statement and this read so that the
+/// precondition now holds (a create-only put refused, then the key deleted): the caller tries the write again,
+/// since a refusal naming "absent" for a create-only put would contradict itself.
+async fn refusal<C: deadpool_postgres::GenericClient>(
+    c: &C,
+    sql: &Sql,
+    key: &str,
+    precondition: Precondition,
+) -> Result<Option<StoreError>, StoreError> {
+    let current = returning(c, &sql.read_generation, &[&key]).await?;
+    Ok(precondition.check(current).err())
 }
 
 /// A live row read under its row lock (`SELECT ... FOR UPDATE`).
@@ -346,38 +353,42 @@ impl Store for PostgresStore {
         let (mode, after) = ttl_args(ttl);
         let v: &[u8] = &value;
         let none: Option<i64> = None;
-        let written = match precondition {
-            Precondition::Generation(g) => {
-                let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
-                returning(&c, &sql.update_if_generation, &[&key, &v, &g, &mode, &after]).await?.map(|g| (g, false))
+        if precondition == Precondition::Any {
+            // Replace if live, else create; a race between the two (a concurrent create or delete) just means
+            // trying again.
+            for _ in 0..CREATE_RACES {
+                if let Some(g) = returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await? {
+                    return Ok(Written::new(g, false));
+                }
+                if let Some(g) = returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await? {
+                    return Ok(Written::new(g, true));
+                }
             }
-            Precondition::Present => {
-                returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, false))
-            }
-            Precondition::Absent => {
-                returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, true))
-            }
-            Precondition::Any => {
-                // Replace if live, else create; a race between the two (a concurrent create or delete) just
-                // means trying again.
-                let mut out = None;
-                for _ in 0..CREATE_RACES {
-                    if let Some(g) = returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await? {
-                        out = Some((g, false));
-                        break;
-                    }
-                    if let Some(g) = returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await? {
-                        out = Some((g, true));
-                        break;
+            return Err(StoreError::backend("unconditional put kept racing with creates and deletes"));
+        }
+        for _ in 0..CREATE_RACES {
+            let written = match precondition {
+                Precondition::Generation(g) => {
+                    let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
+                    returning(&c, &sql.update_if_generation, &[&key, &v, &g, &mode, &after]).await?.map(|g| (g, false))
+                }
+                Precondition::Present | Precondition::Any => {
+                    returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, false))
+                }
+                Precondition::Absent => {
+                    returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, true))
+                }
+            };
+            match written {
+                Some((g, created)) => return Ok(Written::new(g, created)),
+                None => {
+                    if let Some(refusal) = refusal(&c, sql, key, precondition).await? {
+                        return Err(refusal);
                     }
                 }
-                Some(out.ok_or_else(|| StoreError::backend("unconditional put kept racing with creates and deletes"))?)
             }
-        };
-        match written {
-            Some((g, created)) => Ok(Written::new(g, created)),
-            None => Err(refused(&c, sql, key).await),
         }
+        Err(StoreError::backend("conditional put kept racing with creates and deletes"))
     }
 
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
@@ -385,30 +396,37 @@ impl Store for PostgresStore {
         let c = self.inner.pool.get().await.map_err(pool_err)?;
         let sql = &self.inner.sql;
         let none: Option<i64> = None;
-        let deleted = match precondition {
-            Precondition::Generation(g) => {
-                let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
-                returning(&c, &sql.delete_if_generation, &[&key, &g]).await?
+        for _ in 0..CREATE_RACES {
+            let deleted = match precondition {
+                Precondition::Generation(g) => {
+                    let g = i64::try_from(g.get()).unwrap_or(i64::MAX);
+                    returning(&c, &sql.delete_if_generation, &[&key, &g]).await?
+                }
+                Precondition::Present => returning(&c, &sql.delete_if_present, &[&key, &none]).await?,
+                Precondition::Absent => {
+                    // Nothing to delete when absent; when present, the precondition fails.
+                    return match returning(&c, &sql.read_generation, &[&key]).await? {
+                        None => Ok(None),
+                        current => Err(StoreError::PreconditionFailed { current }),
+                    };
+                }
+                Precondition::Any => {
+                    let stmt = c.prepare_cached(&sql.delete_any).await.map_err(pg_err)?;
+                    let row = c.query_opt(&stmt, &[&key]).await.map_err(pg_err)?;
+                    // An expired row is removed too, but it was absent: report nothing deleted.
+                    return Ok(row.filter(|r| r.get::<_, bool>(1)).map(|r| gen_of(r.get(0))));
+                }
+            };
+            match deleted {
+                Some(g) => return Ok(Some(g)),
+                None => {
+                    if let Some(refusal) = refusal(&c, sql, key, precondition).await? {
+                        return Err(refusal);
+                    }
+                }
             }
-            Precondition::Present => returning(&c, &sql.delete_if_present, &[&key, &none]).await?,
-            Precondition::Absent => {
-                // Nothing to delete when absent; when present, the precondition fails.
-                return match returning(&c, &sql.read_generation, &[&key]).await? {
-                    None => Ok(None),
-                    current => Err(StoreError::PreconditionFailed { current }),
-                };
-            }
-            Precondition::Any => {
-                let stmt = c.prepare_cached(&sql.delete_any).await.map_err(pg_err)?;
-                let row = c.query_opt(&stmt, &[&key]).await.map_err(pg_err)?;
-                // An expired row is removed too, but it was absent: report nothing deleted.
-                return Ok(row.filter(|r| r.get::<_, bool>(1)).map(|r| gen_of(r.get(0))));
-            }
-        };
-        match deleted {
-            Some(g) => Ok(Some(g)),
-            None => Err(refused(&c, sql, key).await),
         }
+        Err(StoreError::backend("conditional delete kept racing with creates and deletes"))
     }
 
     async fn list(&self, prefix: &str, cursor: Option<&str>, limit: usize) -> Result<Page, StoreError> {

@@ -26,6 +26,7 @@ mod engine;
 mod error;
 mod items;
 mod output;
+mod planted;
 mod progress;
 mod queue;
 mod report;

@@ -87,7 +87,19 @@ fn to_usize(n: i64) -> usize {
 }
 
 fn sql_err(e: rusqlite::Error) -> StoreError {
-    StoreError::backend(e)
+    if disk_full(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
+}
+
+/// SQLITE_FULL: the disk (or the file system's quota) is full. The batch rolled back and nothing was written;
+/// the same write succeeds once space returns, so callers get [`StoreError::Unavailable`] (HTTP 503 with
+/// `Retry-After`), not a failure a retry cannot fix.
+fn disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+}
+
+/// The error a write gets when its batch rolled back.
+fn batch_err(e: Arc<rusqlite::Error>) -> StoreError {
+    if disk_full(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
 }
 
 impl SqliteStore {
@@ -153,7 +165,7 @@ impl SqliteStore {
         let job: writer::Apply = Box::new(move |ctx| {
             let result = apply(ctx)?;
             let finish: Finish = Box::new(move |batch| {
-                let _ = tx.send(batch.map_err(StoreError::backend).and(result));
+                let _ = tx.send(batch.map_err(batch_err).and(result));
             });
             Ok(finish)
         });

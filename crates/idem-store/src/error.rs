@@ -69,14 +69,16 @@ pub enum Error {
         /// How many read-modify-write attempts ran.
         attempts: u32,
     },
-    /// The backend could not be reached (connection refused or lost); retrying later may succeed.
+    /// The backend could not be reached (connection refused or lost), or its disk is full (SQLite); retrying
+    /// later may succeed.
     #[error("store unavailable")]
     Unavailable {
         /// What the backend said.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The backend failed in a way a retry will not fix (corrupt file, full disk, bug).
+    /// The backend failed in a way a retry will not fix (corrupt file, bug). A full disk is [`Error::Unavailable`]:
+    /// the same write succeeds once space returns.
     #[error("storage backend failed")]
     Backend {
         /// What the backend said.

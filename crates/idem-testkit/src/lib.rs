@@ -179,6 +179,9 @@ pub struct Postgres {
     /// The certificates it serves.
     pub pki: Pki,
     child: Child,
+    bin: PathBuf,
+    owner: Option<(u32, u32)>,
+    data: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -220,18 +223,7 @@ impl Postgres {
         } else {
             None
         };
-        let cmd = |program: &str| {
-            let program = bin.join(program);
-            match owner {
-                Some((uid, gid)) => {
-                    let mut c = Command::new("setpriv");
-                    c.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".to_owned()]);
-                    c.arg(program);
-                    c
-                }
-                None => Command::new(program),
-            }
-        };
+        let cmd = |program: &str| pg_command(&bin, owner, program);
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let own = |path: &Path| {
@@ -260,23 +252,28 @@ impl Postgres {
         )
         .unwrap();
         let port = free_port();
-        let mut child = cmd("postgres")
-            .args(["-D".as_ref(), data.as_os_str()])
-            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
-            .args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"])
-            // Throw-away data; every conformance check opens a pool of its own.
-            .args(["-c", "fsync=off", "-c", "max_connections=300"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run postgres");
-        let stderr = child.stderr.take().unwrap();
-        let server = Self { port, pki, child, _dir: dir };
-        if let Err(log) = wait_for_line(stderr, "database system is ready to accept connections") {
-            panic!("the throw-away PostgreSQL did not start:\n{log}");
+        let child = spawn_postgres(&bin, owner, &data, port);
+        Some(Self { port, pki, child, bin, owner, data, _dir: dir })
+    }
+
+    /// Stops the server as a crash would (SIGQUIT: immediate shutdown, no checkpoint) and starts it again on
+    /// the same port and data directory, waiting until it accepts connections. Committed data survives: the
+    /// operating system still holds what `fsync=off` did not flush.
+    ///
+    /// # Panics
+    /// When it does not start again (with its log).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn_postgres(&self.bin, self.owner, &self.data, self.port);
+    }
+
+    fn stop(&mut self) {
+        // SIGQUIT: immediate shutdown, the postmaster ends its backends and exits. Kill as the last resort.
+        let sent = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
+        if !sent.is_ok_and(|s| s.success()) {
+            let _ = self.child.kill();
         }
-        Some(server)
+        let _ = self.child.wait();
     }
 
     /// `postgres://postgres@HOST:PORT/postgres?QUERY` (`query` without the `?`; empty for none).
@@ -288,13 +285,43 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        // SIGQUIT: immediate shutdown, the postmaster ends its backends and exits. Kill as the last resort.
-        let sent = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
-        if !sent.is_ok_and(|s| s.success()) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        self.stop();
     }
+}
+
+/// `program` of the PostgreSQL installation in `bin`, run as `owner` (uid, gid) when given.
+fn pg_command(bin: &Path, owner: Option<(u32, u32)>, program: &str) -> Command {
+    let program = bin.join(program);
+    match owner {
+        Some((uid, gid)) => {
+            let mut c = Command::new("setpriv");
+            c.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".to_owned()]);
+            c.arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Starts the postmaster on `data` and `port` and waits until it accepts connections.
+fn spawn_postgres(bin: &Path, owner: Option<(u32, u32)>, data: &Path, port: u16) -> Child {
+    let mut child = pg_command(bin, owner, "postgres")
+        .args(["-D".as_ref(), data.as_os_str()])
+        .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="])
+        .args(["-c", "ssl=on", "-c", "ssl_cert_file=server.crt", "-c", "ssl_key_file=server.key"])
+        // Throw-away data; every conformance check opens a pool of its own.
+        .args(["-c", "fsync=off", "-c", "max_connections=300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run postgres");
+    let stderr = child.stderr.take().unwrap();
+    if let Err(log) = wait_for_line(stderr, "database system is ready to accept connections") {
+        let _ = child.kill();
+        panic!("the throw-away PostgreSQL did not start:\n{log}");
+    }
+    child
 }
 
 /// A throw-away `redis-server` with TLS only (`--port 0 --tls-port P`), its certificate from a [`Pki`], no
@@ -307,7 +334,9 @@ pub struct Redis {
     /// The certificates it serves.
     pub pki: Pki,
     child: Child,
-    _dir: tempfile::TempDir,
+    program: PathBuf,
+    durable: bool,
+    dir: tempfile::TempDir,
 }
 
 impl Redis {
@@ -318,6 +347,15 @@ impl Redis {
     /// # Panics
     /// When it is missing under `IDEM_TEST_REQUIRE_BACKENDS`, or does not start (with its log).
     pub fn start() -> Option<Self> {
+        Self::start_with(false)
+    }
+
+    /// Like [`Redis::start`], but with `durable` the server keeps an append-only file fsynced on every write
+    /// (`appendonly yes`, `appendfsync always`), so a [`Redis::restart`] loses no acknowledged write.
+    ///
+    /// # Panics
+    /// As [`Redis::start`].
+    pub fn start_with(durable: bool) -> Option<Self> {
         let program = std::env::var_os("IDEM_TEST_REDIS_SERVER").map(PathBuf::from).unwrap_or("redis-server".into());
         if Command::new(&program).arg("--version").output().is_err() {
             missing("no redis-server program (set IDEM_TEST_REDIS_SERVER)");
@@ -326,23 +364,19 @@ impl Redis {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::new();
         let port = free_port();
-        let mut child = Command::new(&program)
-            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "127.0.0.2"])
-            .args(["--tls-cert-file".as_ref(), pki.cert.as_os_str(), "--tls-key-file".as_ref(), pki.key.as_os_str()])
-            .args(["--tls-ca-cert-file".as_ref(), pki.ca.as_os_str(), "--tls-auth-clients".as_ref(), "no".as_ref()])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run redis-server");
-        let stdout = child.stdout.take().unwrap();
-        let server = Self { port, pki, child, _dir: dir };
-        if let Err(log) = wait_for_line(stdout, "Ready to accept connections") {
-            panic!("the throw-away redis-server did not start (is it built with TLS?):\n{log}");
-        }
-        Some(server)
+        let child = spawn_redis(&program, &pki, port, dir.path(), durable);
+        Some(Self { port, pki, child, program, durable, dir })
+    }
+
+    /// Kills the server (SIGKILL, as a crash) and starts it again on the same port and directory, waiting
+    /// until it accepts connections. Only a server started `durable` keeps its data.
+    ///
+    /// # Panics
+    /// When it does not start again (with its log).
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_redis(&self.program, &self.pki, self.port, self.dir.path(), self.durable);
     }
 
     /// `rediss://HOST:PORT` with `query` (without the `?`; empty for none).
@@ -357,6 +391,33 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts `redis-server` with TLS only on `port`, its files in `dir`, and waits until it accepts connections.
+fn spawn_redis(program: &Path, pki: &Pki, port: u16, dir: &Path, durable: bool) -> Child {
+    let persistence: [&str; 6] = if durable {
+        ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        ["--save", "", "--appendonly", "no", "--appendfsync", "no"]
+    };
+    let mut child = Command::new(program)
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "127.0.0.2"])
+        .args(["--tls-cert-file".as_ref(), pki.cert.as_os_str(), "--tls-key-file".as_ref(), pki.key.as_os_str()])
+        .args(["--tls-ca-cert-file".as_ref(), pki.ca.as_os_str(), "--tls-auth-clients".as_ref(), "no".as_ref()])
+        .args(persistence)
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run redis-server");
+    let stdout = child.stdout.take().unwrap();
+    if let Err(log) = wait_for_line(stdout, "Ready to accept connections") {
+        let _ = child.kill();
+        panic!("the throw-away redis-server did not start (is it built with TLS?):\n{log}");
+    }
+    child
 }
 
 /// A TLS server on a free loopback port that presents `cert`/`key` (PEM files) and nothing else: for tests of

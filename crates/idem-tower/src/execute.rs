@@ -217,7 +217,12 @@ impl<St: Store> LeaseHolder<St> {
         let token = config.replay_cache.as_ref().map(|c| c.token());
         loop {
             let sent = SystemTime::now();
-            match self.store.apply(self.lease.complete(outcome.clone(), now, config.retention)).await {
+            let mut complete = self.lease.complete(outcome.clone(), now, config.retention);
+            if planted("proxy-completion") {
+                // The planted bug "proxy-completion": the completion written without its fence.
+                complete.precondition = idem_store::Precondition::Any;
+            }
+            match self.store.apply(complete).await {
                 Ok(_) => return self.remember(config, token, outcome, now, sent),
                 Err(e) if e.current_generation() == Some(None) => {
                     // Our lease lapsed and nobody claimed the key since: keep the result, unless someone
@@ -273,6 +278,19 @@ impl<St: Store> LeaseHolder<St> {
         metrics::counter!("idem_idempotency_takeovers_total").increment(1);
         warn!(key, error = %e, "completion refused by the fence: another holder took the key over");
     }
+}
+
+/// Test-only: whether `idem-verify` planted `bug` through `IDEM_PLANTED_BUG`, to show its checker catches it.
+/// Compiled to `false` without debug assertions, so a release build can never carry a planted bug.
+#[cfg(debug_assertions)]
+fn planted(bug: &str) -> bool {
+    std::env::var("IDEM_PLANTED_BUG").is_ok_and(|v| v == bug)
+}
+
+/// Release builds: never.
+#[cfg(not(debug_assertions))]
+fn planted(_bug: &str) -> bool {
+    false
 }
 
 enum Prefix<B> {

@@ -187,3 +187,48 @@ async fn a_newer_schema_is_refused() {
     let err = SqliteStore::open(&path, Limits::default()).unwrap_err();
     assert!(matches!(err, idem_sqlite::Error::SchemaTooNew { found: 3, known: 2, .. }), "{err}");
 }
+
+/// A full disk is a store that is unavailable for now (503 `store-unavailable` with `Retry-After` over HTTP),
+/// not a failure a retry cannot fix: once space returns the same write succeeds, and nothing acknowledged
+/// before is lost. Found by `idem-verify`'s disk-full fault, which got 500 `store-failed`. Needs a tmpfs it can
+/// mount (root); skipped with a printed reason otherwise.
+#[tokio::test]
+async fn a_full_disk_is_unavailable_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(dir.path())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        return;
+    }
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path());
+    let store = SqliteStore::open(dir.path().join("full.db"), Limits::default()).unwrap();
+    let kept = store.put("kept", "acknowledged".into(), Precondition::Any, Ttl::Keep).await.unwrap().generation();
+    // Fill the disk with a file, then grow the database until a write is refused.
+    let filler = dir.path().join("filler");
+    let _ = std::fs::write(&filler, vec![0u8; 4 << 20]);
+    let mut refusal = None;
+    for i in 0..64 {
+        if let Err(e) = store.put(&format!("big/{i}"), vec![b'x'; 256 << 10].into(), Precondition::Any, Ttl::Keep).await
+        {
+            refusal = Some(e);
+            break;
+        }
+    }
+    let refusal = refusal.expect("no write failed on a full disk");
+    assert!(matches!(refusal, Error::Unavailable { .. }), "a full disk must be unavailable, got {refusal:?}");
+    std::fs::remove_file(&filler).unwrap();
+    store.put("after", "space returned".into(), Precondition::Any, Ttl::Keep).await.unwrap();
+    let read = store.get("kept").await.unwrap().unwrap();
+    assert_eq!((read.value().as_ref(), read.generation()), (&b"acknowledged"[..], kept));
+}

@@ -28,7 +28,8 @@ macro_rules! conformance_tests {
             preconditions_on_put, preconditions_on_delete, expired_keys_read_absent, generations_never_reused,
             ttl_keep_and_clear, list_pages_while_writing, update_under_contention, raw_cas_under_contention, counter_dedupe_under_contention,
             set_changes_under_contention, limits_refuse_bad_input, matches_btreemap_model, get_many_matches_get,
-            counter_dedupe_refuses_another_delta, set_dedupe_replays_and_refuses, dedupe_reuse_under_contention);
+            counter_dedupe_refuses_another_delta, set_dedupe_replays_and_refuses, dedupe_reuse_under_contention,
+            refusals_carry_the_generation_that_refused);
     };
     (@each $make:expr; $($check:ident),*) => {
         $(
@@ -62,7 +63,8 @@ mod kv;
 mod model;
 
 pub use contention::{
-    counter_dedupe_under_contention, raw_cas_under_contention, set_changes_under_contention, update_under_contention,
+    counter_dedupe_under_contention, raw_cas_under_contention, refusals_carry_the_generation_that_refused,
+    set_changes_under_contention, update_under_contention,
 };
 pub use dedupe::{
     counter_dedupe_refuses_another_delta, dedupe_reuse_under_contention, limits_refuse_bad_input,

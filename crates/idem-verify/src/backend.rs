@@ -1,0 +1,148 @@
+//! The store under test: an SQLite directory (on a small tmpfs where the machine allows, for the disk-full
+//! fault), or a throw-away PostgreSQL or Redis server the harness starts on ports of its own (from
+//! `idem-testkit`) behind a [`FaultProxy`], so it can restart the server and break the link. The machine's own
+//! servers are never touched.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::faultproxy::{FaultProxy, local};
+use crate::{Backend, Error};
+
+/// The running store of one run.
+#[derive(Debug)]
+pub struct StoreEnv {
+    /// Which backend.
+    pub backend: Backend,
+    server: Server,
+    /// The proxy between idem and a PostgreSQL or Redis server.
+    pub link: Option<FaultProxy>,
+    /// The SQLite directory (on the tmpfs when [`StoreEnv::tmpfs`]).
+    pub dir: PathBuf,
+    /// Whether `dir` is a size-limited tmpfs the harness mounted (the disk-full fault needs one).
+    pub tmpfs: bool,
+    _scratch: tempfile::TempDir,
+}
+
+#[derive(Debug)]
+enum Server {
+    None,
+    Postgres(Box<idem_testkit::Postgres>),
+    Redis(Box<idem_testkit::Redis>),
+}
+
+/// Size of the SQLite tmpfs: room for the store and its WAL, small enough to fill in a moment.
+const TMPFS_SIZE: &str = "64m";
+
+impl StoreEnv {
+    /// Starts the store for `backend`. For SQLite, `want_tmpfs` mounts a 64 MiB tmpfs for the data (as root;
+    /// when the mount is refused the data stays on the ordinary disk and the disk-full fault is left out).
+    ///
+    /// # Errors
+    /// [`Error::Setup`] when the PostgreSQL or Redis programs are missing, or a port cannot be bound.
+    pub async fn start(backend: Backend, want_tmpfs: bool) -> Result<Self, Error> {
+        let scratch = tempfile::tempdir().map_err(|e| Error::io("making a scratch directory", e))?;
+        let dir = scratch.path().join("data");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("making the data directory", e))?;
+        let mut env = Self { backend, server: Server::None, link: None, dir, tmpfs: false, _scratch: scratch };
+        match backend {
+            Backend::Sqlite => env.tmpfs = want_tmpfs && mount_tmpfs(&env.dir),
+            Backend::Postgres => {
+                let pg = tokio::task::spawn_blocking(idem_testkit::Postgres::start)
+                    .await
+                    .map_err(|e| Error::Setup(e.to_string()))?
+                    .ok_or_else(|| Error::Setup("no PostgreSQL server programs to start one with".into()))?;
+                env.link = Some(FaultProxy::start(local(pg.port)).await.map_err(|e| Error::io("proxy", e))?);
+                env.server = Server::Postgres(Box::new(pg));
+            }
+            Backend::Redis => {
+                let redis = tokio::task::spawn_blocking(|| idem_testkit::Redis::start_with(true))
+                    .await
+                    .map_err(|e| Error::Setup(e.to_string()))?
+                    .ok_or_else(|| Error::Setup("no redis-server program to start one with".into()))?;
+                env.link = Some(FaultProxy::start(local(redis.port)).await.map_err(|e| Error::io("proxy", e))?);
+                env.server = Server::Redis(Box::new(redis));
+            }
+        }
+        Ok(env)
+    }
+
+    /// The store URL idem gets: an SQLite file `name.db` in the data directory, or the server through the proxy.
+    pub fn url(&self, name: &str) -> String {
+        let port = self.link.as_ref().map(|l| l.port).unwrap_or_default();
+        match &self.server {
+            Server::None => format!("sqlite:{}", self.dir.join(format!("{name}.db")).display()),
+            Server::Postgres(_) => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            Server::Redis(r) => format!("rediss://127.0.0.1:{port}?cacert={}", r.pki.ca.display()),
+        }
+    }
+
+    /// Whether the store is a server the harness may restart.
+    pub fn restartable(&self) -> bool {
+        !matches!(self.server, Server::None)
+    }
+
+    /// Restarts the PostgreSQL or Redis server as a crash would (SIGQUIT / SIGKILL), same port and data.
+    pub async fn restart(&mut self) {
+        let server = std::mem::replace(&mut self.server, Server::None);
+        self.server = tokio::task::spawn_blocking(move || {
+            let mut server = server;
+            match &mut server {
+                Server::Postgres(pg) => pg.restart(),
+                Server::Redis(r) => r.restart(),
+                Server::None => {}
+            }
+            server
+        })
+        .await
+        .unwrap_or(Server::None);
+    }
+
+    /// Fills the SQLite tmpfs to the last byte with a file of zeros; returns its path (remove it to free the
+    /// space).
+    ///
+    /// # Errors
+    /// When there is no tmpfs or the file cannot be written.
+    pub fn fill_disk(&self) -> Result<PathBuf, Error> {
+        if !self.tmpfs {
+            return Err(Error::Setup("no tmpfs to fill".into()));
+        }
+        let filler = self.dir.join("filler");
+        // dd stops at ENOSPC, which is the point; its exit status says so and is not an error here.
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", &format!("of={}", filler.display()), "bs=64k"])
+            .stderr(std::process::Stdio::null())
+            .status();
+        // What dd's blocks left over, byte by byte would take long; one more small write usually finds it.
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", &format!("of={}", filler.display()), "bs=512", "oflag=append", "conv=notrunc"])
+            .stderr(std::process::Stdio::null())
+            .status();
+        Ok(filler)
+    }
+}
+
+impl Drop for StoreEnv {
+    fn drop(&mut self) {
+        if self.tmpfs {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// Mounts a tmpfs of [`TMPFS_SIZE`] on `dir`; false when the machine refuses (not root, no CAP_SYS_ADMIN).
+fn mount_tmpfs(dir: &Path) -> bool {
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_SIZE}"), "tmpfs"])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!(
+            "idem-verify: cannot mount a tmpfs on {} (needs root): the disk-full fault is left out",
+            dir.display()
+        );
+    }
+    ok
+}

@@ -1,0 +1,219 @@
+//! The nemesis: faults on a random schedule drawn from the run's seed, each recorded in the history with when
+//! it began and ended. Every fault heals before the next one starts, and the last one heals before the run
+//! stops, so the final reads see the store after every fault.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::Mutex;
+
+use crate::backend::StoreEnv;
+use crate::faultproxy::{FaultProxy, Mode};
+use crate::history::{Clock, Fault};
+use crate::procs::{Serve, signal};
+
+/// A kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// kill -9 of an `idem serve`, then a restart on the same ports.
+    Kill9Serve,
+    /// SIGSTOP of an `idem serve` for longer than its lease, then SIGCONT.
+    PauseServe,
+    /// kill -9 of an `idem run` (the workload starts another).
+    Kill9Runner,
+    /// SIGSTOP of an `idem run` for longer than its lease, then SIGCONT.
+    PauseRunner,
+    /// Crash and restart of the PostgreSQL or Redis server.
+    StoreRestart,
+    /// Every connection between idem and its store reset, and new ones refused for a while.
+    StoreNetDrop,
+    /// Every chunk between idem and its store delayed for a while.
+    StoreNetDelay,
+    /// Every connection between the proxy and its upstream reset, new ones refused for a while.
+    UpstreamNetDrop,
+    /// Every chunk between the proxy and its upstream delayed for a while.
+    UpstreamNetDelay,
+    /// The SQLite tmpfs filled to the last byte for a while.
+    DiskFull,
+}
+
+impl Kind {
+    /// The name in the history and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kill9Serve | Kind::Kill9Runner => "kill9",
+            Kind::PauseServe | Kind::PauseRunner => "pause",
+            Kind::StoreRestart => "store-restart",
+            Kind::StoreNetDrop | Kind::UpstreamNetDrop => "net-drop",
+            Kind::StoreNetDelay | Kind::UpstreamNetDelay => "net-delay",
+            Kind::DiskFull => "disk-full",
+        }
+    }
+}
+
+/// The `idem run` processes alive now (a label and the process id each), and the execution log of the batch
+/// they work on.
+#[derive(Debug, Default)]
+pub struct RunnerSet {
+    /// Label and process id of each runner alive.
+    pub alive: Vec<(String, u32)>,
+    /// The batch's execution log (`exec-item` lines).
+    pub log: Option<std::path::PathBuf>,
+}
+
+/// Shared between the runner workload and the nemesis.
+pub type Runners = Arc<std::sync::Mutex<RunnerSet>>;
+
+/// The runner whose command started last (from the batch's execution log), if it is alive: pausing it mid-
+/// command, with the command's output still to come, is the case the fence before the rename is for.
+fn busiest_runner(set: &RunnerSet) -> Option<(String, u32)> {
+    let text = std::fs::read_to_string(set.log.as_ref()?).ok()?;
+    text.lines().rev().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find_map(|v| {
+        let pid = u32::try_from(v.get("runner")?.as_u64()?).ok()?;
+        set.alive.iter().find(|(_, p)| *p == pid).cloned()
+    })
+}
+
+/// What the nemesis may act on.
+pub struct Targets {
+    /// The `idem serve` processes.
+    pub serves: Vec<Arc<Mutex<Serve>>>,
+    /// The store.
+    pub store: Arc<Mutex<StoreEnv>>,
+    /// The link from the proxy to its upstream.
+    pub upstream: Option<Arc<FaultProxy>>,
+    /// The runners alive.
+    pub runners: Option<Runners>,
+    /// The lease idem was given: pauses last longer.
+    pub lease: Duration,
+}
+
+/// Runs faults drawn from `seed` among `kinds`, one at a time with a pause of `gap` (1..=3 s by default)
+/// before each, until `stop` is set; returns once the fault in progress has healed.
+pub async fn nemesis(
+    seed: u64,
+    kinds: Vec<Kind>,
+    targets: Targets,
+    clock: Clock,
+    gap: (Duration, Duration),
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    if kinds.is_empty() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6e656d65_73697300);
+    let mut stop = stop;
+    loop {
+        let wait = rng.random_range(gap.0..=gap.1);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let kind = kinds[rng.random_range(0..kinds.len())];
+        let start = clock.now();
+        let Some((target, detail)) = inject(kind, &targets, &mut rng).await else { continue };
+        clock.fault(Fault { kind: kind.name().into(), target, start_us: start, end_us: clock.now(), detail });
+    }
+}
+
+fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo_ms..=hi_ms))
+}
+
+/// Injects one fault and heals it; the target and the numbers, or `None` when there was nothing to act on.
+async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, String)> {
+    let lease_ms = u64::try_from(t.lease.as_millis()).unwrap_or(1000);
+    match kind {
+        Kind::Kill9Serve => {
+            let i = rng.random_range(0..t.serves.len());
+            let down = between(rng, 0, 300);
+            let mut serve = t.serves[i].lock().await;
+            serve.kill9().await;
+            tokio::time::sleep(down).await;
+            if let Err(e) = serve.restart().await {
+                eprintln!("idem-verify: idem serve #{i} did not restart: {e}");
+            }
+            Some((format!("idem serve #{i}"), format!("down {} ms", down.as_millis())))
+        }
+        Kind::PauseServe => {
+            let i = rng.random_range(0..t.serves.len());
+            let pause = between(rng, lease_ms * 3 / 2, lease_ms * 5 / 2);
+            let pid = t.serves[i].lock().await.pid()?;
+            signal(pid, "STOP").await;
+            tokio::time::sleep(pause).await;
+            signal(pid, "CONT").await;
+            Some((format!("idem serve #{i}"), format!("stopped {} ms", pause.as_millis())))
+        }
+        Kind::Kill9Runner | Kind::PauseRunner => {
+            let (label, pid) = {
+                let set = t.runners.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
+                if set.alive.is_empty() {
+                    return None;
+                }
+                let random = set.alive[rng.random_range(0..set.alive.len())].clone();
+                // Half the pauses go to the runner that started a command last.
+                let targeted =
+                    (kind == Kind::PauseRunner && rng.random_bool(0.5)).then(|| busiest_runner(&set)).flatten();
+                targeted.unwrap_or(random)
+            };
+            if kind == Kind::Kill9Runner {
+                signal(pid, "KILL").await;
+                Some((label, "killed".into()))
+            } else {
+                // Long enough for another runner to take the item over and finish it meanwhile.
+                let pause = between(rng, lease_ms * 4, lease_ms * 7);
+                signal(pid, "STOP").await;
+                tokio::time::sleep(pause).await;
+                signal(pid, "CONT").await;
+                Some((label, format!("stopped {} ms", pause.as_millis())))
+            }
+        }
+        Kind::StoreRestart => {
+            let mut store = t.store.lock().await;
+            store.restart().await;
+            Some(("store server".into(), String::new()))
+        }
+        Kind::StoreNetDrop | Kind::UpstreamNetDrop | Kind::StoreNetDelay | Kind::UpstreamNetDelay => {
+            let store = t.store.lock().await;
+            let (link, target) = match kind {
+                Kind::StoreNetDrop | Kind::StoreNetDelay => (store.link.as_ref()?, "store link"),
+                _ => (t.upstream.as_deref()?, "upstream link"),
+            };
+            if matches!(kind, Kind::StoreNetDrop | Kind::UpstreamNetDrop) {
+                let down = between(rng, 200, 1500);
+                link.set(Mode::Refuse);
+                link.reset_all();
+                tokio::time::sleep(down).await;
+                link.set(Mode::Pass);
+                Some((target.into(), format!("refused {} ms", down.as_millis())))
+            } else {
+                let delay = between(rng, 20, 400);
+                let span = between(rng, 1000, 3000);
+                link.set(Mode::Delay(delay));
+                tokio::time::sleep(span).await;
+                link.set(Mode::Pass);
+                Some((target.into(), format!("{} ms per chunk for {} ms", delay.as_millis(), span.as_millis())))
+            }
+        }
+        Kind::DiskFull => {
+            let store = t.store.lock().await;
+            let filler = store.fill_disk().ok()?;
+            let span = between(rng, 1000, 2500);
+            // SQLite rewrites its write-ahead log in place after each checkpoint, so a full disk bites only
+            // when the files must grow: a few large values make them, as growing data would.
+            let url = t.serves[0].lock().await.url.clone();
+            let ballast = async {
+                let Ok(http) = idem_client::client_builder().timeout(Duration::from_secs(5)).build() else { return };
+                for i in 0..4 {
+                    let body = vec![b'x'; 1 << 20];
+                    let _ = http.put(format!("{url}/v1/kv/ballast-{i}")).body(body).send().await;
+                }
+            };
+            let _ = tokio::join!(ballast, tokio::time::sleep(span));
+            let _ = std::fs::remove_file(&filler);
+            Some(("sqlite tmpfs".into(), format!("full for {} ms", span.as_millis())))
+        }
+    }
+}

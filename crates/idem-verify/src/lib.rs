@@ -1,0 +1,195 @@
+//! idem's verification harness: random concurrent clients drive real `idem` processes (`idem serve`, the
+//! proxy, `idem run`) over HTTP and the command line while a nemesis injects faults (kill -9, SIGSTOP beyond
+//! the lease, store restarts, network drops and delays, a full disk); every operation is recorded with its
+//! invocation and completion instants and its result, and the history is checked afterwards: linearizability
+//! per key for the KV store, exactly-once for the proxy and the runner. `RELIABILITY.md` has the figures;
+//! `scripts/verify.sh` runs it.
+
+pub mod backend;
+pub mod faultproxy;
+pub mod faults;
+pub mod history;
+pub mod kv;
+pub mod procs;
+pub mod proxy;
+pub mod report;
+pub mod runner;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The backend under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The embedded SQLite store (a file, on a small tmpfs where the machine allows).
+    Sqlite,
+    /// A throw-away PostgreSQL cluster the harness starts.
+    Postgres,
+    /// A throw-away Redis server the harness starts (append-only file, fsync always).
+    Redis,
+}
+
+/// The workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Get / put / conditional put / delete / counter add on a few hot keys; checked for linearizability.
+    Kv,
+    /// POSTs with Idempotency-Keys through `idem serve --upstream`; checked for exactly-once execution.
+    Proxy,
+    /// Overlapping `idem run` processes on one item list; checked for one valid output per item.
+    Runner,
+}
+
+/// What one run does.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The backend.
+    pub backend: Backend,
+    /// The workload.
+    pub workload: Workload,
+    /// Seeds the clients' choices and the fault schedule.
+    pub seed: u64,
+    /// How long the clients run.
+    pub duration: Duration,
+    /// Whether to inject faults.
+    pub faults: bool,
+    /// The `idem` binary.
+    pub idem: PathBuf,
+    /// Where the history, the logs and a failure page go.
+    pub out: PathBuf,
+    /// `IDEM_PLANTED_BUG` for the idem processes (debug builds of idem only).
+    pub planted_bug: Option<String>,
+    /// Concurrent clients (KV, proxy) or items (runner).
+    pub clients: usize,
+}
+
+/// Something the checker found that the contract forbids.
+#[derive(Clone, Debug, Serialize)]
+pub struct Anomaly {
+    /// What kind (`not linearizable`, `executed twice`, ...).
+    pub kind: String,
+    /// The key or item.
+    pub subject: String,
+    /// What happened, in words.
+    pub detail: String,
+    /// When (microseconds since the start), where one instant says it.
+    pub at_us: Option<u64>,
+    /// The operations involved (their ids in the history).
+    pub ops: Vec<u64>,
+}
+
+/// The outcome of one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// The workload.
+    pub workload: Workload,
+    /// The backend.
+    pub backend: Backend,
+    /// The seed.
+    pub seed: u64,
+    /// Operations recorded.
+    pub operations: usize,
+    /// Of which with an unknown outcome.
+    pub unknown: usize,
+    /// Answers by kind (HTTP status, or `timeout`), for the record.
+    pub answers: BTreeMap<String, usize>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, usize>,
+    /// Histories checked (keys, idempotency keys, items).
+    pub histories: usize,
+    /// What the checker found.
+    pub anomalies: Vec<Anomaly>,
+    /// Other figures of the workload (executions, takeovers...).
+    pub notes: BTreeMap<String, u64>,
+    /// Seconds the run took, checking included.
+    pub seconds: f64,
+    /// The history file.
+    pub history: PathBuf,
+    /// The failure page, when something was found.
+    pub failure_page: Option<PathBuf>,
+}
+
+impl Summary {
+    /// One line: what ran, the figures, and what was found.
+    pub fn line(&self) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        format!(
+            "{:?}/{:?} seed {}: {} operations ({} unknown), faults [{}], {} histories checked, {} anomalies, {:.1} s",
+            self.workload,
+            self.backend,
+            self.seed,
+            self.operations,
+            self.unknown,
+            faults.join(", "),
+            self.histories,
+            self.anomalies.len(),
+            self.seconds
+        )
+        .to_lowercase()
+    }
+}
+
+/// The harness's errors: it could not set a run up (the verdict on idem is in [`Summary::anomalies`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The `idem` binary is not where it was looked for.
+    #[error("no idem binary at {}: build it first (cargo build -p idem --bin idem; scripts/verify.sh does)", path.display())]
+    NoIdem {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// `idem serve` or `idem run` did not start.
+    #[error("{0}")]
+    Start(String),
+    /// The backend could not be set up (missing programs, no port).
+    #[error("cannot set up the backend: {0}")]
+    Setup(String),
+}
+
+impl Error {
+    /// An I/O error with what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { what: what.into(), source }
+    }
+}
+
+/// Runs one workload on one backend and checks its history; writes the history (and, when something is found,
+/// the failure page) under `opts.out`.
+///
+/// # Errors
+/// When the run cannot be set up; what the checker finds is in the summary.
+pub async fn run(opts: &Options) -> Result<Summary, Error> {
+    // A directory of an earlier run (it has a summary) is replaced: its logs must not mix with this run's.
+    if opts.out.join("summary.json").is_file() {
+        std::fs::remove_dir_all(&opts.out).map_err(|e| Error::io(format!("clearing {}", opts.out.display()), e))?;
+    }
+    std::fs::create_dir_all(&opts.out).map_err(|e| Error::io(format!("creating {}", opts.out.display()), e))?;
+    let started = std::time::Instant::now();
+    let mut summary = match opts.workload {
+        Workload::Kv => kv::run(opts).await?,
+        Workload::Proxy => proxy::run(opts).await?,
+        Workload::Runner => runner::run(opts).await?,
+    };
+    summary.seconds = started.elapsed().as_secs_f64();
+    let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
+    let _ = std::fs::write(opts.out.join("summary.json"), json);
+    Ok(summary)
+}
+
+/// The environment of the idem processes of a run: the planted bug, when one is asked for.
+pub fn idem_env(opts: &Options) -> Vec<(String, String)> {
+    opts.planted_bug.iter().map(|b| (procs::PLANTED_BUG_VAR.to_owned(), b.clone())).collect()
+}

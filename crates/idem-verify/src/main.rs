@@ -1,0 +1,122 @@
+//! `idem-verify`: runs workloads against real idem processes under injected faults and checks their histories
+//! (see the crate's documentation and `RELIABILITY.md`). Exit status: 0 nothing found, 1 an anomaly was found
+//! (the failure page's path is printed), 2 bad usage or a run that could not be set up.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use idem_verify::{Backend, Options, Workload};
+
+/// Record histories of real concurrent operations against idem under injected faults, and check them.
+#[derive(Parser, Debug)]
+#[command(name = "idem-verify")]
+struct Cli {
+    /// Backends to run on (repeatable; default all three).
+    #[arg(long, value_enum)]
+    backend: Vec<Backend>,
+    /// Workloads to run (repeatable; default all three).
+    #[arg(long, value_enum)]
+    workload: Vec<Workload>,
+    /// Seed for the clients' choices and the fault schedule (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// How long each workload's clients run, e.g. `20s`, `5m`.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    duration: Duration,
+    /// Run without faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Concurrent clients (KV, proxy) or items (runner); default 8, 6 and 24.
+    #[arg(long)]
+    clients: Option<usize>,
+    /// The idem binary (default: next to this one).
+    #[arg(long)]
+    idem: Option<PathBuf>,
+    /// Where histories, logs and failure pages go (default: a new directory under the system's temporary one).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Plant a bug in idem (debug builds only): kv-precondition, proxy-completion or runner-fence.
+    #[arg(long)]
+    planted_bug: Option<String>,
+}
+
+fn main() -> ExitCode {
+    // The runner workload's item command: `idem-verify exec-item ...` (not for people).
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("exec-item") {
+        return idem_verify::runner::exec_item::main(&args[2..]);
+    }
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(verify(Cli::parse())),
+        Err(e) => {
+            eprintln!("idem-verify: cannot start the runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn verify(cli: Cli) -> ExitCode {
+    let idem = match cli.idem.clone().map(Ok).unwrap_or_else(idem_verify::procs::idem_next_to_me) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("idem-verify: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let seed = cli.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
+    });
+    let out = cli.out.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("idem-verify-{seed}")));
+    let backends = if cli.backend.is_empty() {
+        vec![Backend::Sqlite, Backend::Postgres, Backend::Redis]
+    } else {
+        cli.backend.clone()
+    };
+    let workloads = if cli.workload.is_empty() {
+        vec![Workload::Kv, Workload::Proxy, Workload::Runner]
+    } else {
+        cli.workload.clone()
+    };
+    println!("idem-verify: seed {seed}, output in {}", out.display());
+    let mut found = false;
+    for &backend in &backends {
+        for &workload in &workloads {
+            let default_clients = match workload {
+                Workload::Kv => 8,
+                Workload::Proxy => 6,
+                Workload::Runner => 24,
+            };
+            let opts = Options {
+                backend,
+                workload,
+                seed,
+                duration: cli.duration,
+                faults: !cli.no_faults,
+                idem: idem.clone(),
+                out: out.join(format!("{workload:?}-{backend:?}").to_lowercase()),
+                planted_bug: cli.planted_bug.clone(),
+                clients: cli.clients.unwrap_or(default_clients),
+            };
+            match idem_verify::run(&opts).await {
+                Ok(summary) => {
+                    println!("{}", summary.line());
+                    for a in summary.anomalies.iter().take(10) {
+                        println!("  ANOMALY {}: {}: {}", a.kind, a.subject, a.detail);
+                    }
+                    if let Some(page) = &summary.failure_page {
+                        println!("  failure page: {}", page.display());
+                        println!("  history: {}", summary.history.display());
+                        found = true;
+                    }
+                }
+                Err(e) => {
+                    eprintln!("idem-verify: {workload:?} on {backend:?}: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    if found { ExitCode::from(1) } else { ExitCode::SUCCESS }
+}
