@@ -48,13 +48,15 @@ impl std::fmt::Debug for PostgresStore {
 /// `UPDATE`/`DELETE` condition, and an `ON CONFLICT DO UPDATE ... WHERE`, against the newest committed version
 /// of the row once it holds the row lock, so a lost race simply matches no row: it becomes a failed
 /// precondition, never a lost update or a database error. `nextval` in a `SET` is evaluated on that locked
-/// row too, so per key generations increase in commit order.
+/// row too (re-evaluated when the row changed while the statement waited). An INSERT's is not: creates are
+/// numbered again under the new row's lock (see [`create`]), so per key generations increase in commit order.
 struct Sql {
     get: String,
     read_generation: String,
     update_if_generation: String,
     update_if_present: String,
     insert_if_absent: String,
+    renumber: String,
     delete_if_generation: String,
     delete_if_present: String,
     delete_any: String,
@@ -95,6 +97,9 @@ impl Sql {
                  SET value = excluded.value, generation = nextval('{s}.generation'), expires_at = excluded.expires_at \
                  WHERE k.expires_at IS NOT NULL AND k.expires_at <= now() AND $3::bigint IS NULL \
                  RETURNING k.generation"
+            ),
+            renumber: format!(
+                "UPDATE {s}.kv k SET generation = nextval('{s}.generation') WHERE k.key = $1 RETURNING k.generation"
             ),
             delete_if_generation: format!(
                 "DELETE FROM {s}.kv k WHERE k.key = $1 AND k.generation = $2 AND {LIVE} RETURNING k.generation"
@@ -326,8 +331,45 @@ async fn write_locked(
     let keep = (0i32, None::<f64>);
     match current {
         Some(_) => returning(tx, &sql.update_if_present, &[&key, &value, &none, &keep.0, &keep.1]).await,
-        None => returning(tx, &sql.insert_if_absent, &[&key, &value, &none, &keep.0, &keep.1]).await,
+        None => create(tx, sql, key, &[&key, &value, &none, &keep.0, &keep.1]).await,
     }
+}
+
+/// Creates `key` (absent, or there but expired) with `insert_if_absent` and its `params`, inside the caller's
+/// transaction, and numbers the new row once the transaction holds its lock. `None` when the key is live.
+///
+/// Why not the INSERT's own `nextval`: PostgreSQL evaluates it before the statement waits on a conflicting row.
+/// When that row gets a newer version and is then deleted while the INSERT waits, the INSERT lands with a
+/// number older than the version it followed, and a reader sees the key's generation go back (found by
+/// `idem-verify`; test `generations::a_create_racing_a_write_and_a_delete_gets_a_higher_generation`).
+/// A number taken under the new row's lock is above every version committed before it.
+async fn create<C: deadpool_postgres::GenericClient>(
+    tx: &C,
+    sql: &Sql,
+    key: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<Generation>, StoreError> {
+    if returning(tx, &sql.insert_if_absent, params).await?.is_none() {
+        return Ok(None);
+    }
+    returning(tx, &sql.renumber, &[&key]).await
+}
+
+/// [`create`] in a transaction of its own, committed when it created the key.
+async fn create_alone(
+    c: &mut deadpool_postgres::Object,
+    sql: &Sql,
+    key: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<Generation>, StoreError> {
+    let tx = c.transaction().await.map_err(pg_err)?;
+    let created = create(&tx, sql, key, params).await?;
+    if created.is_some() {
+        tx.commit().await.map_err(pg_err)?;
+    } else {
+        tx.rollback().await.map_err(pg_err)?;
+    }
+    Ok(created)
 }
 
 /// How often a read-modify-write transaction is retried when a concurrent create beat it to an absent key.
@@ -348,7 +390,7 @@ impl Store for PostgresStore {
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         self.inner.limits.check_put(key, &value, &ttl)?;
-        let c = self.inner.pool.get().await.map_err(pool_err)?;
+        let mut c = self.inner.pool.get().await.map_err(pool_err)?;
         let sql = &self.inner.sql;
         let (mode, after) = ttl_args(ttl);
         let v: &[u8] = &value;
@@ -360,7 +402,7 @@ impl Store for PostgresStore {
                 if let Some(g) = returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await? {
                     return Ok(Written::new(g, false));
                 }
-                if let Some(g) = returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await? {
+                if let Some(g) = create_alone(&mut c, sql, key, &[&key, &v, &none, &mode, &after]).await? {
                     return Ok(Written::new(g, true));
                 }
             }
@@ -376,7 +418,7 @@ impl Store for PostgresStore {
                     returning(&c, &sql.update_if_present, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, false))
                 }
                 Precondition::Absent => {
-                    returning(&c, &sql.insert_if_absent, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, true))
+                    create_alone(&mut c, sql, key, &[&key, &v, &none, &mode, &after]).await?.map(|g| (g, true))
                 }
             };
             match written {

@@ -4,5 +4,6 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod conformance;
+mod generations;
 mod migrations;
 mod tls;
