@@ -28,6 +28,7 @@ mod error;
 mod fingerprint;
 mod key;
 mod ledger;
+mod planted;
 mod problem;
 mod record;
 
@@ -38,5 +39,6 @@ pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
 pub use ledger::{
     Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, adopt, entry_prefix, error_fingerprint, plan,
 };
+pub use planted::planted;
 pub use problem::ProblemType;
 pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, judge};

@@ -26,7 +26,6 @@ mod engine;
 mod error;
 mod items;
 mod output;
-mod planted;
 mod progress;
 mod queue;
 mod report;

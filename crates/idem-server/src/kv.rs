@@ -107,7 +107,7 @@ where
 {
     if let Some(precondition) = conditions.as_precondition() {
         // The planted bug "kv-precondition": the compare-and-swap skipped.
-        let precondition = if planted("kv-precondition") { Precondition::Any } else { precondition };
+        let precondition = if idem_core::planted("kv-precondition") { Precondition::Any } else { precondition };
         return timed(op, write(precondition)).await;
     }
     let mut current = timed("get", store.get(key)).await?.map(|v| v.generation());
@@ -126,19 +126,6 @@ where
         }
     }
     Err(refused(op, StoreError::UpdateExhausted { attempts: CONDITIONAL_ATTEMPTS }))
-}
-
-/// Test-only: whether `idem-verify` planted `bug` through `IDEM_PLANTED_BUG`, to show its checker catches it.
-/// Compiled to `false` without debug assertions, so a release build can never carry a planted bug.
-#[cfg(debug_assertions)]
-fn planted(bug: &str) -> bool {
-    std::env::var("IDEM_PLANTED_BUG").is_ok_and(|v| v == bug)
-}
-
-/// Release builds: never.
-#[cfg(not(debug_assertions))]
-fn planted(_bug: &str) -> bool {
-    false
 }
 
 fn header_value(s: &str) -> HeaderValue {

@@ -218,7 +218,7 @@ impl<St: Store> LeaseHolder<St> {
         loop {
             let sent = SystemTime::now();
             let mut complete = self.lease.complete(outcome.clone(), now, config.retention);
-            if planted("proxy-completion") {
+            if idem_core::planted("proxy-completion") {
                 // The planted bug "proxy-completion": the completion written without its fence.
                 complete.precondition = idem_store::Precondition::Any;
             }
@@ -278,19 +278,6 @@ impl<St: Store> LeaseHolder<St> {
         metrics::counter!("idem_idempotency_takeovers_total").increment(1);
         warn!(key, error = %e, "completion refused by the fence: another holder took the key over");
     }
-}
-
-/// Test-only: whether `idem-verify` planted `bug` through `IDEM_PLANTED_BUG`, to show its checker catches it.
-/// Compiled to `false` without debug assertions, so a release build can never carry a planted bug.
-#[cfg(debug_assertions)]
-fn planted(bug: &str) -> bool {
-    std::env::var("IDEM_PLANTED_BUG").is_ok_and(|v| v == bug)
-}
-
-/// Release builds: never.
-#[cfg(not(debug_assertions))]
-fn planted(_bug: &str) -> bool {
-    false
 }
 
 enum Prefix<B> {

@@ -246,7 +246,7 @@ async fn wait<S: Store>(
     let status = tokio::select! {
         status = child.wait() => status,
         // The planted bug "runner-fence", its other half: a lost lease never noticed while the command runs.
-        _ = heartbeat.until_lost(held), if !crate::planted::planted("runner-fence") => {
+        _ = heartbeat.until_lost(held), if !idem_core::planted("runner-fence") => {
             // Taken over, or the ledger unreachable until the lease lapsed: the item is no longer ours.
             kill_group(&mut child).await;
             let _ = tokio::fs::remove_file(temp).await;

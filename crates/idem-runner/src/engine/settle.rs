@@ -87,7 +87,7 @@ pub(super) async fn finish<S: Store>(
     // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
     // The planted bug "runner-fence" (idem-verify, debug builds only): the fence not checked.
-    if !crate::planted::planted("runner-fence") && !heartbeat.fence(held).await {
+    if !idem_core::planted("runner-fence") && !heartbeat.fence(held).await {
         let _ = tokio::fs::remove_file(temp).await;
         return Attempt::Lost;
     }
