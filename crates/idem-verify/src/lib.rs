@@ -60,6 +60,9 @@ pub struct Options {
     pub faults: bool,
     /// The `idem` binary.
     pub idem: PathBuf,
+    /// The `idem-verify` binary: the runner workload's item command is `idem-verify exec-item …` (a test
+    /// binary cannot stand in for it).
+    pub harness: PathBuf,
     /// Where the history, the logs and a failure page go.
     pub out: PathBuf,
     /// `IDEM_PLANTED_BUG` for the idem processes (debug builds of idem only).

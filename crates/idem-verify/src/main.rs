@@ -65,6 +65,13 @@ async fn verify(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let harness = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("idem-verify: cannot find this executable: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let seed = cli.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
     });
@@ -95,6 +102,7 @@ async fn verify(cli: Cli) -> ExitCode {
                 duration: cli.duration,
                 faults: !cli.no_faults,
                 idem: idem.clone(),
+                harness: harness.clone(),
                 out: out.join(format!("{workload:?}-{backend:?}").to_lowercase()),
                 planted_bug: cli.planted_bug.clone(),
                 clients: cli.clients.unwrap_or(default_clients),

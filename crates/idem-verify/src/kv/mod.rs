@@ -278,8 +278,12 @@ async fn client(shared: Arc<Shared>, id: u32, seed: u64, (begin, deadline): (Ins
             }
             Ret::Unknown { .. } | Ret::NotSent => {}
         }
+        // A client backs off after a failure (idem's 503 says `Retry-After: 1`), as real ones do. Without it
+        // a broken store link turned each client into hundreds of failed writes a second, each of unknown
+        // outcome for seconds, and the checker's search over their orders ran out of memory.
+        let pause = if matches!(op.ret, Ret::Unknown { .. }) { 300..=1000 } else { 2..=8 };
         shared.ops.lock().unwrap_or_else(|e| e.into_inner()).push(op);
-        tokio::time::sleep(Duration::from_millis(rng.random_range(2..=8))).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(pause))).await;
     }
 }
 

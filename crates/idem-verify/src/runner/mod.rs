@@ -84,7 +84,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(700), Duration::from_millis(2000));
     let nemesis = tokio::spawn(faults::nemesis(opts.seed, kinds, targets, clock.clone(), gap, stopped));
-    let me = std::env::current_exe().map_err(|e| Error::io("finding this executable", e))?;
+    let me = opts.harness.clone();
     let deadline = Instant::now() + opts.duration;
     let mut batches = Vec::new();
     loop {

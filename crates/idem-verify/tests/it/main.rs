@@ -1,0 +1,55 @@
+//! The harness in CI: a short run of every workload on every backend under faults finds nothing, and each
+//! planted bug is caught. One test binary; the runs take turns (each starts its own servers and idem
+//! processes, and two at once on 2 cores would stretch the timings the faults are planned around).
+//!
+//! PostgreSQL and Redis runs start throw-away servers (`idem-testkit`) and skip with a printed reason when
+//! their programs are missing, unless `IDEM_TEST_REQUIRE_BACKENDS` is set. The `idem` binary must be built
+//! (`cargo test --workspace` builds it; alone: `cargo build -p idem --bin idem` first).
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+mod planted;
+mod workloads;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use idem_verify::{Backend, Error, Options, Summary, Workload};
+
+/// One run at a time in this binary.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// Runs `workload` on `backend` for `seconds` with faults (and `planted`, a planted bug), on a runtime of its
+/// own; `None` when the backend's server programs are missing (skipped with a printed reason).
+fn run(backend: Backend, workload: Workload, seconds: u64, seed: u64, planted: Option<&str>) -> Option<Summary> {
+    let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let idem = idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}"));
+    let out = tempfile::tempdir().unwrap().keep();
+    let opts = Options {
+        backend,
+        workload,
+        seed,
+        duration: Duration::from_secs(seconds),
+        faults: true,
+        idem,
+        harness: env!("CARGO_BIN_EXE_idem-verify").into(),
+        out: out.join(format!("{workload:?}-{backend:?}").to_lowercase()),
+        planted_bug: planted.map(str::to_owned),
+        clients: match workload {
+            Workload::Kv => 8,
+            Workload::Proxy => 6,
+            Workload::Runner => 24,
+        },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    match rt.block_on(idem_verify::run(&opts)) {
+        Ok(summary) => {
+            eprintln!("{}", summary.line());
+            Some(summary)
+        }
+        Err(Error::Setup(why)) if std::env::var_os("IDEM_TEST_REQUIRE_BACKENDS").is_none() => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("{workload:?} on {backend:?} could not be set up: {e}"),
+    }
+}
