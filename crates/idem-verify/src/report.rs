@@ -121,7 +121,7 @@ fn page(opts: &Options, anomaly: &Anomaly, mut rows: Vec<Row>, faults: &[Fault])
 <style>body{{font-family:sans-serif;margin:16px}} td{{font-family:monospace;padding:0 8px}} .culprit{{color:#d62728;font-weight:bold}}</style></head>
 <body><h1>{kind}: {subject}</h1>
 <p>{detail}</p>
-<p>workload {workload:?}, backend {backend:?}, seed <b>{seed}</b> (rerun: <code>scripts/verify.sh --workload {wl} --backend {be} --seed {seed}</code>); history: <code>{history}</code></p>
+<p>workload {workload:?}, backend {backend:?}, seed <b>{seed}</b> (rerun: <code>scripts/verify.sh --workload {wl} --backend {be} --seed {seed}{planted}</code>); history: <code>{history}</code></p>
 <p>Each bar is one operation from its invocation to its answer; bars that overlap were concurrent and may take effect in either order. Grey dashed: no answer (unknown outcome). Red: the operation whose answer no order of what came before fits. Shaded: faults.</p>
 {svg}
 <table>{table}</table></body></html>
@@ -134,6 +134,8 @@ fn page(opts: &Options, anomaly: &Anomaly, mut rows: Vec<Row>, faults: &[Fault])
         wl = format!("{:?}", opts.workload).to_lowercase(),
         be = format!("{:?}", opts.backend).to_lowercase(),
         seed = opts.seed,
+        // A planted bug is part of what reproduces the run.
+        planted = opts.planted_bug.as_deref().map(|b| format!(" -- --planted-bug {}", escape(b))).unwrap_or_default(),
         history = escape(&opts.out.join("history.jsonl").display().to_string()),
     )
 }

@@ -19,11 +19,19 @@ use idem_verify::{Backend, Error, Options, Summary, Workload};
 static TURN: Mutex<()> = Mutex::new(());
 
 /// Runs `workload` on `backend` for `seconds` with faults (and `planted`, a planted bug), on a runtime of its
-/// own; `None` when the backend's server programs are missing (skipped with a printed reason).
-fn run(backend: Backend, workload: Workload, seconds: u64, seed: u64, planted: Option<&str>) -> Option<Summary> {
+/// own; `None` when the backend's server programs are missing (skipped with a printed reason). The history,
+/// logs and failure page are in the returned directory, removed when it drops (`keep()` it to look).
+fn run(
+    backend: Backend,
+    workload: Workload,
+    seconds: u64,
+    seed: u64,
+    planted: Option<&str>,
+) -> Option<(Summary, tempfile::TempDir)> {
     let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let idem = idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}"));
-    let out = tempfile::tempdir().unwrap().keep();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path();
     let opts = Options {
         backend,
         workload,
@@ -44,7 +52,7 @@ fn run(backend: Backend, workload: Workload, seconds: u64, seed: u64, planted: O
     match rt.block_on(idem_verify::run(&opts)) {
         Ok(summary) => {
             eprintln!("{}", summary.line());
-            Some(summary)
+            Some((summary, dir))
         }
         Err(Error::Setup(why)) if std::env::var_os("IDEM_TEST_REQUIRE_BACKENDS").is_none() => {
             eprintln!("skipped: {why}");

@@ -8,7 +8,7 @@ use crate::run;
 
 fn caught(backend: Backend, workload: Workload, bug: &str, seconds: u64) {
     for seed in [1, 2, 3] {
-        let Some(s) = run(backend, workload, seconds, seed, Some(bug)) else { return };
+        let Some((s, _dir)) = run(backend, workload, seconds, seed, Some(bug)) else { return };
         if !s.anomalies.is_empty() {
             let page = s.failure_page.expect("an anomaly comes with a failure page");
             assert!(page.is_file(), "no failure page at {}", page.display());

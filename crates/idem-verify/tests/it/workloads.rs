@@ -9,7 +9,11 @@ use crate::run;
 const SECONDS: u64 = 8;
 
 fn clean(backend: Backend, workload: Workload) {
-    let Some(s) = run(backend, workload, SECONDS, 7, None) else { return };
+    let Some((s, dir)) = run(backend, workload, SECONDS, 7, None) else { return };
+    if !s.anomalies.is_empty() {
+        // Kept for a look: the failure page and the history are named in the message below.
+        let _ = dir.keep();
+    }
     assert!(s.operations > 0, "{}: nothing was recorded", s.line());
     assert!(s.histories > 0, "{}: nothing was checked", s.line());
     assert!(s.faults.values().sum::<usize>() > 0, "{}: no fault was injected", s.line());
