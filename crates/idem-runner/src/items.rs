@@ -171,6 +171,12 @@ impl Iterator for ItemReader {
             self.line += 1;
             let raw = match self.lines.next()? {
                 Ok(l) => l,
+                // `lines()` fails a line that is not UTF-8 as `InvalidData`: that is a bad item, named by its
+                // line like the others, not a failure to read.
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    let reason = "not UTF-8 text (items are UTF-8 lines)".to_owned();
+                    return Some(Err(Error::BadItem { path: self.path.clone(), line: self.line, reason }));
+                }
                 Err(source) => return Some(Err(Error::ReadItems { path: self.path.clone(), source })),
             };
             let trimmed = raw.trim();

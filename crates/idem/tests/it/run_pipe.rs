@@ -57,6 +57,17 @@ fn a_malformed_item_in_a_pipe_stops_the_reading_with_its_line() {
     assert_eq!(executed(dir.path()), ["x"]);
 }
 
+/// A line that is not UTF-8 is a bad item named by its line (it was "cannot read items from -", no line, no
+/// reason).
+#[test]
+fn a_line_that_is_not_utf8_in_a_pipe_stops_the_reading_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = run_from_stdin(dir.path(), b"u1\nu2\n\xff\xfe\nu4\n", &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.lines().any(|l| l.starts_with("idem: -:3: not UTF-8 text")), "{err}");
+    assert_eq!(executed(dir.path()), ["u1", "u2"]);
+}
+
 #[test]
 fn items_from_a_fifo_are_run_and_a_second_pass_runs_nothing() {
     let dir = tempfile::tempdir().unwrap();
