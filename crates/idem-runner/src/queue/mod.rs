@@ -245,14 +245,26 @@ impl Source {
         }
     }
 
-    /// Stops consuming and closes the connection; the broker takes back every message not settled.
+    /// Stops consuming and closes the connection; the broker takes back every message not settled. Gives up
+    /// after [`CLOSE_LIMIT`]: with the broker unreachable, async-nats answers a flush (and a pull request) only
+    /// once it has reconnected, so a run told to stop waited for the server to come back (found by a break-it
+    /// review; test `queues::nats::a_run_told_to_stop_ends_while_its_server_is_down`). What was not handed
+    /// back is redelivered by the broker anyway, after its ack wait.
     pub(crate) async fn close(self) {
-        match self {
-            Source::Amqp(c) => (*c).close().await,
-            Source::Nats(c) => (*c).close().await,
+        let close = async {
+            match self {
+                Source::Amqp(c) => (*c).close().await,
+                Source::Nats(c) => (*c).close().await,
+            }
+        };
+        if tokio::time::timeout(CLOSE_LIMIT, close).await.is_err() {
+            tracing::warn!("the broker did not answer the close within {CLOSE_LIMIT:?}: leaving the connection");
         }
     }
 }
+
+/// How long closing a consumer may take (handing back unsettled messages, flushing acknowledgements).
+pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The pause before reconnect attempt `n` (0-based): 100 ms doubling up to 5 s.
 pub(crate) fn backoff(n: u32) -> Duration {

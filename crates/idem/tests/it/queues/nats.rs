@@ -255,3 +255,30 @@ async fn ctrl_c_lets_running_items_finish_and_hands_the_other_messages_back() {
     assert_eq!(js.pending().await, (0, 0));
     js.delete().await;
 }
+
+/// A consumer told to stop while its NATS server is down ends within the close limit (5 s) instead of waiting
+/// for the server to come back (async-nats answers a flush only after reconnecting); its items were done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_told_to_stop_ends_while_its_server_is_down() {
+    if broker_url("IDEM_TEST_NATS_URL").is_none() {
+        return;
+    }
+    let store = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = tokio::task::block_in_place(|| ThrowAwayNats::start(port, store.path()));
+    let url = format!("nats://127.0.0.1:{port}");
+    let js = Js::new(&url, None).await;
+    let ids = ids(10);
+    js.publish(&ids, None).await;
+    let job = QueueJob::new(js.items(), WRITE_JSON);
+    let mut consumer = job.spawn(&["--jobs", "2"], &[], "service");
+    tokio::task::block_in_place(|| wait_for("10 executions", Duration::from_secs(60), || job.log().len() >= 10));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    super::signal(consumer.id(), "INT");
+    let started = std::time::Instant::now();
+    tokio::task::block_in_place(|| exit_within(&mut consumer, Duration::from_secs(20), "service", &job));
+    assert!(started.elapsed() < Duration::from_secs(15), "it took {:?} to stop", started.elapsed());
+    job.assert_outputs_valid(&ids);
+}
