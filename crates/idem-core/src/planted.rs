@@ -4,7 +4,7 @@
 /// The environment variable naming the planted bug.
 const VAR: &str = "IDEM_PLANTED_BUG";
 
-/// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `runner-fence`). Compiled to
+/// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`, `runner-fence`). Compiled to
 /// `false` without debug assertions, so a release build can never carry a planted bug.
 #[doc(hidden)]
 #[cfg(debug_assertions)]

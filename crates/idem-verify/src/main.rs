@@ -35,9 +35,10 @@ struct Cli {
     #[arg(long)]
     idem: Option<PathBuf>,
     /// Where histories, logs and failure pages go (default: a new directory under the system's temporary one).
+    /// A workload's directory left by an earlier run there is replaced.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Plant a bug in idem (debug builds only): kv-precondition, proxy-completion or runner-fence.
+    /// Plant a bug in idem (debug builds only): kv-precondition, proxy-completion, proxy-fingerprint or runner-fence.
     #[arg(long)]
     planted_bug: Option<String>,
 }
@@ -49,7 +50,22 @@ fn main() -> ExitCode {
         return idem_verify::runner::exec_item::main(&args[2..]);
     }
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt.block_on(verify(Cli::parse())),
+        Ok(rt) => {
+            let cli = Cli::parse();
+            // Ctrl-C drops the run: the idem processes are killed on drop, the throw-away servers stopped and
+            // the tmpfs unmounted by their owners' `Drop` (a kill -9 of the harness leaves them behind).
+            let code = rt.block_on(async {
+                tokio::select! {
+                    code = verify(cli) => code,
+                    _ = tokio::signal::ctrl_c() => {
+                        eprintln!("idem-verify: interrupted; stopping the processes and servers it started");
+                        ExitCode::from(130)
+                    }
+                }
+            });
+            rt.shutdown_timeout(std::time::Duration::from_secs(10));
+            code
+        }
         Err(e) => {
             eprintln!("idem-verify: cannot start the runtime: {e}");
             ExitCode::from(2)
@@ -108,6 +124,11 @@ async fn verify(cli: Cli) -> ExitCode {
                 clients: cli.clients.unwrap_or(default_clients),
             };
             match idem_verify::run(&opts).await {
+                Ok(summary) if summary.histories == 0 => {
+                    // Exit 0 says "nothing found"; a run that checked nothing must not say it.
+                    eprintln!("idem-verify: {}: nothing was recorded to check (is --duration 0?)", summary.line());
+                    return ExitCode::from(2);
+                }
                 Ok(summary) => {
                     println!("{}", summary.line());
                     for a in summary.anomalies.iter().take(10) {

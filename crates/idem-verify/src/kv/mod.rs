@@ -211,13 +211,24 @@ fn no_recovery(ops: &[KvOp], faults: &[crate::history::Fault]) -> Vec<Anomaly> {
         .collect()
 }
 
-/// Answers the contract does not allow: a 4xx other than 404/412 (the harness sends only valid requests), and a
-/// 500 (idem answers a store it cannot reach, or a full disk, with 503 `store-unavailable`).
+/// Answers the contract does not allow for the call (the harness sends only valid requests): anything but
+/// 200/404 to a read, 200/201/412 to a put, 204/412 to a delete, 200 to a counter add, or 503
+/// `store-unavailable` (a store idem cannot reach, or a full disk). A 404 to a write used to pass as an
+/// unknown outcome, so an idem refusing a precondition on a missing key with 404 instead of 412 went
+/// unnoticed (found by a break-it review).
 fn answers_in_doubt(ops: &[KvOp], faults: &[crate::history::Fault]) -> Vec<Anomaly> {
     let mut out = Vec::new();
     for op in ops {
         let Some(status) = op.status else { continue };
-        if (400..500).contains(&status) && status != 404 && status != 412 || status == 500 {
+        let allowed = status == 503
+            || match op.call {
+                Call::Get => matches!(status, 200 | 404),
+                Call::Put { .. } => matches!(status, 200 | 201 | 412),
+                Call::Delete { .. } => matches!(status, 204 | 412),
+                Call::Add { .. } => status == 200,
+                Call::Barrier { .. } => true,
+            };
+        if !allowed {
             let during: Vec<&str> = faults
                 .iter()
                 .filter(|f| f.start_us <= op.complete_us.unwrap_or(op.invoke_us) && f.end_us >= op.invoke_us)
@@ -379,5 +390,39 @@ async fn final_reads(shared: &Shared) {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(call: Call, status: u16) -> KvOp {
+        let ret = Ret::Unknown { why: format!("answered {status}") };
+        KvOp {
+            id: 1,
+            client: 0,
+            key: "k".into(),
+            call,
+            ret,
+            invoke_us: 0,
+            complete_us: Some(1),
+            bound_us: None,
+            status: Some(status),
+        }
+    }
+
+    #[test]
+    fn a_404_is_an_answer_only_to_a_read() {
+        assert!(answers_in_doubt(&[op(Call::Get, 404)], &[]).is_empty());
+        assert!(answers_in_doubt(&[op(Call::Put { value: 1, pre: Pre::Present }, 503)], &[]).is_empty());
+        for call in
+            [Call::Put { value: 1, pre: Pre::Present }, Call::Delete { pre: Pre::Gen(3) }, Call::Add { delta: 1 }]
+        {
+            let found = answers_in_doubt(&[op(call.clone(), 404)], &[]);
+            assert_eq!(found.len(), 1, "{call:?} answered 404 passed");
+            assert_eq!(found[0].kind, "answered 404");
+        }
+        assert_eq!(answers_in_doubt(&[op(Call::Get, 500)], &[]).len(), 1);
     }
 }

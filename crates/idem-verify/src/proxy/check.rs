@@ -72,7 +72,22 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
                 ops: a.map(|a| vec![a.id]).unwrap_or_default(),
             });
         };
-        for a in tries {
+        for a in tries.iter().filter(|a| a.reused) {
+            match (a.status, a.problem.as_deref()) {
+                (Some(422), Some(p)) if p.ends_with("idempotency-key-reused") => note("reused-key probes refused", 1),
+                (None, _) | (Some(500..=599), _) => note("reused-key probes unanswered", 1),
+                (status, problem) => anomaly(
+                    "reused key accepted",
+                    format!(
+                        "attempt #{} sent the key with another body after it was answered, and got {status:?} {problem:?} (exec {:?}) instead of 422",
+                        a.id, a.exec
+                    ),
+                    Some(a),
+                ),
+            }
+        }
+        let tries: Vec<&Attempt> = tries.iter().copied().filter(|a| !a.reused).collect();
+        for a in &tries {
             match (a.status, a.exec) {
                 (Some(200..=299), Some(e)) => match by_exec.get(&e) {
                     Some(x) if x.key == *key => {}

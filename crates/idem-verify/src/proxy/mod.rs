@@ -52,6 +52,10 @@ pub struct Attempt {
     pub exec: Option<u64>,
     /// The problem type of an error answer, or what went wrong without one.
     pub problem: Option<String>,
+    /// A probe: the key sent once more with another body after it was answered 2xx. It must be refused
+    /// (422 `idempotency-key-reused`, draft §2.7), never executed nor answered from the record.
+    #[serde(default)]
+    pub reused: bool,
 }
 
 struct Shared {
@@ -160,10 +164,18 @@ async fn client(shared: Arc<Shared>, id: u32, mut rng: StdRng, (begin, deadline)
     while Instant::now() < deadline {
         let round = begin.elapsed().as_secs() / ROUND.as_secs();
         let key = format!("o{round}-{}", rng.random_range(0..POOL));
-        if !settled.contains(&key)
-            && !send_until_answered(&shared, &http, id, &key, &mut rng, deadline + Duration::from_secs(30)).await
-        {
-            settled.insert(key);
+        if !settled.contains(&key) {
+            if !send_until_answered(&shared, &http, id, &key, &mut rng, deadline + Duration::from_secs(30)).await {
+                settled.insert(key);
+            } else if rng.random_bool(0.25) {
+                // The same key with another body, once: a fingerprint that left the body out would execute it
+                // or answer it from the record.
+                let proxy = rng.random_range(0..shared.proxies.len());
+                let body = body_for(&key).replace('}', ", \"reused\": true}");
+                let mut a = attempt(&shared, &http, id, &key, proxy, body).await;
+                a.reused = true;
+                shared.attempts.lock().unwrap_or_else(|e| e.into_inner()).push(a);
+            }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
     }
@@ -186,7 +198,7 @@ async fn send_until_answered(
 ) -> bool {
     while Instant::now() < give_up {
         let proxy = rng.random_range(0..shared.proxies.len());
-        let a = attempt(shared, http, client, key, proxy).await;
+        let a = attempt(shared, http, client, key, proxy, body_for(key)).await;
         let status = a.status;
         let problem = a.problem.clone().unwrap_or_default();
         shared.attempts.lock().unwrap_or_else(|e| e.into_inner()).push(a);
@@ -202,14 +214,21 @@ async fn send_until_answered(
     false
 }
 
-async fn attempt(shared: &Shared, http: &reqwest::Client, client: u32, key: &str, proxy: usize) -> Attempt {
+async fn attempt(
+    shared: &Shared,
+    http: &reqwest::Client,
+    client: u32,
+    key: &str,
+    proxy: usize,
+    body: String,
+) -> Attempt {
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let invoke_us = shared.clock.now();
     let sent = http
         .post(format!("{}/orders", shared.proxies[proxy]))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
-        .body(body_for(key))
+        .body(body)
         .send()
         .await;
     let mut a = Attempt {
@@ -223,6 +242,7 @@ async fn attempt(shared: &Shared, http: &reqwest::Client, client: u32, key: &str
         replayed: false,
         exec: None,
         problem: None,
+        reused: false,
     };
     let response = match sent {
         Ok(r) => r,

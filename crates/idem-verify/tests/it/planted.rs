@@ -40,3 +40,10 @@ fn proxy_completion_is_caught() {
 fn runner_fence_is_caught() {
     caught(Backend::Redis, Workload::Runner, "runner-fence", 10);
 }
+
+/// The body left out of the fingerprint: a reused key with another body is answered from the record instead
+/// of 422 (the proxy workload's reused-key probe; found missing by a break-it review).
+#[test]
+fn proxy_fingerprint_is_caught() {
+    caught(Backend::Sqlite, Workload::Proxy, "proxy-fingerprint", 8);
+}
