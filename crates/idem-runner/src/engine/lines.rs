@@ -166,5 +166,15 @@ pub(super) async fn run_lines<S: Store + Clone>(
             });
         }
     }
+    // The reader thread drops its sender only at the stream's end (or a bad item): a stop that finds it still
+    // open, or items still queued, cut the stream short, and a wrapper must not read "every item done" (exit 0)
+    // from it (found by a break-it review).
+    if let Lines::Stream(rx) = &lines
+        && ctx.stopping()
+        && summary.refused.is_none()
+        && (!rx.is_closed() || !rx.is_empty())
+    {
+        summary.stream_cut = true;
+    }
     Ok(seen)
 }

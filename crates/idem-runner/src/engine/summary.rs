@@ -58,6 +58,9 @@ pub struct Summary {
     pub would_run: u64,
     /// A stop was requested.
     pub interrupted: bool,
+    /// A stop ended the reading of a stream before its end (its writer had not closed it, or items read were
+    /// left): more items may have followed, so the run is interrupted even when every item read is done.
+    pub stream_cut: bool,
     /// Was this a dry run.
     pub dry_run: bool,
     /// Wall time.
@@ -116,7 +119,9 @@ impl Summary {
     pub fn status(&self) -> RunStatus {
         if self.refused.is_some() {
             RunStatus::Refused
-        } else if self.interrupted && (self.not_done > 0 || self.done + self.skipped + self.adopted < self.total) {
+        } else if self.interrupted
+            && (self.stream_cut || self.not_done > 0 || self.done + self.skipped + self.adopted < self.total)
+        {
             RunStatus::Interrupted
         } else if !self.poison.is_empty() {
             RunStatus::Poison
@@ -276,6 +281,9 @@ mod tests {
         // A stop requested once every item was done changes nothing.
         let late = Summary { interrupted: true, ..all.clone() };
         assert_eq!(late.status(), RunStatus::AllDone);
+        // ...unless it cut a stream short: items may have followed.
+        let cut = Summary { stream_cut: true, ..late.clone() };
+        assert_eq!(cut.status(), RunStatus::Interrupted);
         let dry = Summary { total: 2, would_run: 2, dry_run: true, ..Summary::default() };
         assert_eq!(dry.status(), RunStatus::AllDone);
         let refused =

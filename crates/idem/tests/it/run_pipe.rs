@@ -140,3 +140,35 @@ fn a_hundred_thousand_items_from_seq_all_run_once_in_bounded_memory() {
     eprintln!("seq 100000 | idem run: max RSS {rss} KiB");
     assert!(rss < 64 * 1024, "max RSS {rss} KiB for 100,000 piped items");
 }
+
+/// Ctrl-C while the stream's writer still has it open: the items read finish, and the run says it was
+/// interrupted (exit 130), since more may have followed; it said "every item done" (exit 0).
+#[test]
+fn ctrl_c_on_a_stream_still_open_is_an_interruption_not_every_item_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("echo \"$1\" >> {}; echo \"$1\" > \"$2\"", dir.path().join("log").display());
+    let output = dir.path().join("o/{id}.txt").display().to_string();
+    let mut child = Command::new(BIN)
+        .args(["run", "--items", "-", "--output", &output])
+        .args(["--", "sh", "-c", &script, "sh", "{id}", "{out}"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"g1\n").unwrap();
+    stdin.flush().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while executed(dir.path()).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "g1 never ran");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(executed(dir.path()), ["g1"]);
+}
