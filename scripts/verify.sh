@@ -7,17 +7,22 @@
 #                     [-- other idem-verify flags, e.g. --planted-bug kv-precondition]
 #
 # Default: every backend and workload for 20 s each (about 4 minutes); --long: 30 minutes in all, shared out.
-# Exit status: 0 nothing found, 1 an anomaly was found (the failure page's path is printed), 2 bad usage.
+# Exit status: 0 nothing found, 1 an anomaly was found (the failure page's path is printed), 2 bad usage or a
+# run that could not be set up (or checked nothing). The harness's own flags: scripts/verify.sh -- --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 backend=all workload=all seed="" long=0 extra=()
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+# Bad usage is exit 2 (1 means an anomaly was found), so `${2:?}` (exit 1) is not used.
+value() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "verify.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h|--help) usage; exit 0 ;;
     --long) long=1 ;;
-    --backend) backend="${2:?--backend needs a value}"; shift ;;
-    --workload) workload="${2:?--workload needs a value}"; shift ;;
-    --seed) seed="${2:?--seed needs a value}"; shift ;;
+    --backend) value "$@"; backend="$2"; shift ;;
+    --workload) value "$@"; workload="$2"; shift ;;
+    --seed) value "$@"; seed="$2"; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "verify.sh: unknown argument $1 (see the comment at the top of $0)" >&2; exit 2 ;;
   esac

@@ -61,6 +61,10 @@ fn main() -> ExitCode {
                         eprintln!("idem-verify: interrupted; stopping the processes and servers it started");
                         ExitCode::from(130)
                     }
+                    () = terminated() => {
+                        eprintln!("idem-verify: terminated; stopping the processes and servers it started");
+                        ExitCode::from(143)
+                    }
                 }
             });
             rt.shutdown_timeout(std::time::Duration::from_secs(10));
@@ -73,7 +77,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// SIGTERM (`timeout`, a CI runner giving up); never, where it cannot be watched.
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            term.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// The bugs idem's debug builds can plant (`idem_core::planted`); another name would plant nothing and pass.
+const PLANTED_BUGS: [&str; 4] = ["kv-precondition", "proxy-completion", "proxy-fingerprint", "runner-fence"];
+
 async fn verify(cli: Cli) -> ExitCode {
+    if let Some(bug) = &cli.planted_bug
+        && !PLANTED_BUGS.contains(&bug.as_str())
+    {
+        eprintln!("idem-verify: no planted bug is called {bug}: one of {}", PLANTED_BUGS.join(", "));
+        return ExitCode::from(2);
+    }
     let idem = match cli.idem.clone().map(Ok).unwrap_or_else(idem_verify::procs::idem_next_to_me) {
         Ok(p) => p,
         Err(e) => {

@@ -29,7 +29,8 @@ pub fn idem_next_to_me() -> Result<PathBuf, Error> {
 
 /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid` with kill(1): the crate forbids unsafe code.
 pub async fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().await;
+    // A process that already exited is no error here: kill(1)'s complaint about it is noise.
+    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).stderr(Stdio::null()).status().await;
 }
 
 /// One `idem serve` process that can be killed and started again on the same ports.

@@ -28,6 +28,9 @@ pub struct Row {
 /// How many rows a page shows at most (the last ones before the anomaly).
 const MAX_ROWS: usize = 48;
 
+/// Characters of a row's label on the time line (about 7 px each in 12 px monospace: within `left`).
+const LABEL_CHARS: usize = 64;
+
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
@@ -54,7 +57,7 @@ fn page(opts: &Options, anomaly: &Anomaly, mut rows: Vec<Row>, faults: &[Fault])
     let t0 = rows.iter().map(|r| r.start).min().unwrap_or(0);
     let t1 = rows.iter().map(|r| r.end.unwrap_or(r.start)).chain(rows.iter().map(|r| r.start)).max().unwrap_or(t0) + 1;
     let t1 = t1.max(t0 + 1000);
-    let (left, width, row_h) = (330.0, 900.0, 22.0);
+    let (left, width, row_h) = (480.0, 860.0, 22.0);
     let x = |t: Micros| left + (t.saturating_sub(t0).min(t1 - t0)) as f64 / (t1 - t0) as f64 * width;
     let height = rows.len() as f64 * row_h + 60.0;
     let mut svg = String::new();
@@ -89,7 +92,7 @@ fn page(opts: &Options, anomaly: &Anomaly, mut rows: Vec<Row>, faults: &[Fault])
             svg,
             r#"<text x="4" y="{:.1}" fill="{colour}">{}</text>"#,
             y + 4.0,
-            escape(&format!("{:<10} {}", r.lane, r.label)).chars().take(46).collect::<String>()
+            escape(&format!("{:<10} {}", r.lane, r.label).chars().take(LABEL_CHARS).collect::<String>())
         );
         let _ = write!(
             svg,
