@@ -226,7 +226,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
     // Everything that can refuse the run (flags, the command, every item) is checked before the ledger is opened:
     // a refused run must leave no ledger, which `idem runs status` would report as a run with nothing in it.
-    let checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
+    let mut checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
+    // So is the queue: a broker that cannot be reached, refuses the login or lacks the queue refuses the run
+    // here, and the run consumes on this connection.
+    checked.connect().await.map_err(runner_error)?;
     let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
     let stop = Stop::new();
     let signals = tokio::spawn(watch_signals(stop.clone()));

@@ -218,6 +218,28 @@ pub(crate) struct SourceConfig {
     pub(crate) id_field: Option<String>,
 }
 
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Amqp(_) => "Source::Amqp",
+            Source::Nats(_) => "Source::Nats",
+        })
+    }
+}
+
+impl SourceConfig {
+    /// How a run of `cfg` reads its queue: at most twice `--jobs` messages taken ahead (`--jobs` commands
+    /// running and as many claimed ahead, as with a file).
+    pub(crate) fn of(cfg: &crate::RunConfig) -> Self {
+        SourceConfig {
+            prefetch: cfg.jobs.saturating_mul(2),
+            until_empty: cfg.until_empty,
+            format: cfg.format,
+            id_field: cfg.id_field.clone(),
+        }
+    }
+}
+
 impl Source {
     /// Connects and starts consuming.
     ///

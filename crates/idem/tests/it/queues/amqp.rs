@@ -230,3 +230,17 @@ async fn ctrl_c_lets_running_items_finish_and_hands_the_other_messages_back() {
     assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
     rabbit.delete().await;
 }
+
+/// A port on this machine nothing listens on (bound, then let go).
+pub(super) fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_broker_that_cannot_be_reached_refuses_the_run_and_leaves_no_ledger() {
+    let job = QueueJob::new(format!("amqp://guest:guest@127.0.0.1:{}/%2f?queue=q", closed_port()), WRITE_JSON);
+    let (code, err) = job.run(&["--until-empty"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("Connection refused") || err.contains("connection refused"), "{err}");
+    assert!(!job.path("out/.idem").exists(), "a refused run made a ledger: {err}");
+}
