@@ -79,6 +79,21 @@ impl Consumer {
             // Another consumer starting at the same moment may have made it between the look-up and the create.
             Err(e) => s.get_consumer(consumer).await.map_err(|_| refuse(&format_args!("consumer {consumer}: {e}")))?,
         };
+        let policy = pulled.cached_info().config.ack_policy;
+        if policy != AckPolicy::Explicit {
+            // Under `none` the server counts a message done once sent, under `all` an acknowledgement covers
+            // every earlier message too: either way a runner killed mid-item loses messages.
+            return Err(refuse(&format_args!(
+                "consumer {consumer} of stream {stream} has ack policy {}; idem needs AckPolicy::Explicit (each \
+                 message acknowledged once its item is done): delete it (nats consumer rm {stream} {consumer}) \
+                 or name another consumer (consumer=NAME), which idem then makes",
+                match policy {
+                    AckPolicy::None => "none",
+                    AckPolicy::All => "all",
+                    AckPolicy::Explicit => "explicit",
+                }
+            )));
+        }
         let _ = s.info().await;
         let ack_wait = pulled.cached_info().config.ack_wait;
         Ok(Self {
