@@ -52,6 +52,23 @@ impl Rabbit {
         }
     }
 
+    /// Publishes one persistent message per (message-id, body).
+    async fn publish_bodies(&self, messages: &[(&str, &str)]) {
+        for (id, body) in messages {
+            let props = BasicProperties::default().with_message_id((*id).into()).with_delivery_mode(2);
+            self.channel
+                .basic_publish(
+                    "".into(),
+                    self.queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    props,
+                )
+                .await
+                .unwrap();
+        }
+    }
+
     /// Messages ready in `queue` (unacknowledged ones of a closed channel are back among them).
     async fn ready(&self, queue: &str) -> u32 {
         let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
@@ -243,4 +260,28 @@ fn a_broker_that_cannot_be_reached_refuses_the_run_and_leaves_no_ledger() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("Connection refused") || err.contains("connection refused"), "{err}");
     assert!(!job.path("out/.idem").exists(), "a refused run made a ledger: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_id_reused_with_another_body_is_dead_lettered_not_taken_for_done() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish_bodies(&[("job-same", "the first body"), ("job-same", "another body"), ("job-other", "x")]).await;
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("id reused with another body: the ledger has job-same recorded for another item text"),
+        "{err}"
+    );
+    assert!(err.contains(": 2 done now, 0 already done, 0 adopted, 1 failed"), "{err}");
+    let runs = job.executions_per_item();
+    assert_eq!(runs, [("job-other".to_owned(), 1), ("job-same".to_owned(), 1)].into(), "{err}");
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 1));
+    // The same body again is a duplicate, acknowledged as done without running.
+    rabbit.publish_bodies(&[("job-same", "the first body")]).await;
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(job.log().len(), 2, "{err}");
+    rabbit.delete().await;
 }
