@@ -217,6 +217,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         dry_run: ctx.cfg.dry_run,
         retries: ctx.cfg.retries,
         output: ctx.cfg.output.clone(),
+        queue: ctx.cfg.queue.is_some(),
         ..Summary::default()
     };
     let seen = match &ctx.cfg.queue {
