@@ -105,6 +105,18 @@ impl QueueUrl {
     }
 }
 
+/// `HOST:PORT` of a broker URL (`default_port` when it names none), for messages.
+pub(crate) fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // A port follows the last colon, unless that colon is inside an IPv6 literal's brackets.
+    match host.rsplit_once(':') {
+        Some((_, port)) if !port.contains(']') => host.to_owned(),
+        _ => format!("{host}:{default_port}"),
+    }
+}
+
 /// `scheme://user:***@host…`: the password of a URL hidden.
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
@@ -317,6 +329,14 @@ mod tests {
         assert!(e.contains("unknown parameter \"queue\""), "{e}");
         let e = QueueUrl::parse("amqp://h?queue=a&queue=b").unwrap_err().to_string();
         assert!(e.contains("queue= is given twice"), "{e}");
+    }
+
+    #[test]
+    fn host_and_port_are_named_with_the_default_port_filled_in() {
+        assert_eq!(host_port("amqp://u:p@h:1234/%2f?x=1", 5672), "h:1234");
+        assert_eq!(host_port("amqp://h/v", 5672), "h:5672");
+        assert_eq!(host_port("nats://[::1]", 4222), "[::1]:4222");
+        assert_eq!(host_port("nats://[::1]:9", 4222), "[::1]:9");
     }
 
     #[test]

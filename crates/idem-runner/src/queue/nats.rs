@@ -66,7 +66,13 @@ impl Consumer {
             })
             .connect(url)
             .await
-            .map_err(|e| refuse(&e))?;
+            .map_err(|e| match e.kind() {
+                // The client's own word for it is a bare "timed out".
+                async_nats::ConnectErrorKind::TimedOut => {
+                    refuse(&format_args!("no NATS server answered at {} within 5 s", super::host_port(url, 4222)))
+                }
+                _ => refuse(&e),
+            })?;
         let js = async_nats::jetstream::new(client.clone());
         let mut s = js.get_stream(stream).await.map_err(|e| refuse(&format_args!("stream {stream}: {e}")))?;
         let config = pull::Config {
