@@ -162,7 +162,9 @@ impl Summary {
             ));
             return s;
         }
-        if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
+        if self.queue && self.total == 0 {
+            s.push_str("nothing to do: the queue was empty\n");
+        } else if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
             s.push_str(&format!(
                 "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
                 self.total, self.adopted
@@ -377,5 +379,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("to run them again, `idem runs forget --output 'o/{id}' "), "{text}");
+    }
+
+    #[test]
+    fn an_empty_queue_is_said_to_be_empty() {
+        let text = Summary { queue: true, ..Summary::default() }.render();
+        assert!(text.starts_with("nothing to do: the queue was empty\n"), "{text}");
     }
 }

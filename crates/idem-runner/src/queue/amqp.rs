@@ -133,7 +133,14 @@ impl Consumer {
         self.received += 1;
         let id = delivery.properties.message_id().as_ref().map(|m| m.as_str().to_owned());
         let item =
-            parse_item(self.received, &delivery.data, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
+            parse_item(self.received, &delivery.data, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref())
+                .map_err(|reason| {
+                    let from = match &id {
+                        Some(id) => format!("message-id {id:?}, delivery tag {}", delivery.delivery_tag),
+                        None => format!("no message-id, delivery tag {}", delivery.delivery_tag),
+                    };
+                    super::not_an_item(reason, &from, &delivery.data)
+                });
         Delivery { item, ack: Ack::Amqp(delivery.acker), keep_alive: None }
     }
 

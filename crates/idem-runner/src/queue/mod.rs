@@ -288,6 +288,15 @@ impl Source {
     }
 }
 
+/// Where a message that is no item came from and how its body begins, for the warning that rejects it:
+/// `reason; <from>, body "<first 60 bytes, escaped>"`.
+pub(crate) fn not_an_item(reason: String, from: &str, body: &[u8]) -> String {
+    const EXCERPT: usize = 60;
+    let shown = body[..body.len().min(EXCERPT)].escape_ascii().to_string();
+    let more = if body.len() > EXCERPT { "…" } else { "" };
+    format!("{reason}; {from}, body \"{shown}\"{more} ({} bytes)", body.len())
+}
+
 /// The pause before reconnect attempt `n` (0-based): 100 ms doubling up to 5 s.
 pub(crate) fn backoff(n: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << n.min(6))).min(Duration::from_secs(5))
@@ -337,6 +346,20 @@ mod tests {
         assert_eq!(host_port("amqp://h/v", 5672), "h:5672");
         assert_eq!(host_port("nats://[::1]", 4222), "[::1]:4222");
         assert_eq!(host_port("nats://[::1]:9", 4222), "[::1]:9");
+    }
+
+    #[test]
+    fn a_message_that_is_no_item_is_named_with_an_escaped_excerpt_of_its_body() {
+        let long = [b'a'; 70];
+        assert_eq!(
+            not_an_item("the message body is empty".into(), "delivery tag 3", b""),
+            "the message body is empty; delivery tag 3, body \"\" (0 bytes)"
+        );
+        assert_eq!(
+            not_an_item("not UTF-8".into(), "stream sequence 9", b"\xff\"x\n"),
+            "not UTF-8; stream sequence 9, body \"\\xff\\\"x\\n\" (4 bytes)"
+        );
+        assert!(not_an_item("r".into(), "f", &long).ends_with(&format!("\"{}\"… (70 bytes)", "a".repeat(60))));
     }
 
     #[test]

@@ -189,7 +189,14 @@ impl Consumer {
         self.received += 1;
         let id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
         let item =
-            parse_item(self.received, &message.payload, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
+            parse_item(self.received, &message.payload, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref())
+                .map_err(|reason| {
+                    let from = match message.info() {
+                        Ok(info) => format!("stream sequence {}", info.stream_sequence),
+                        Err(_) => "stream sequence unknown".to_owned(),
+                    };
+                    super::not_an_item(reason, &from, &message.payload)
+                });
         // A third of the ack wait, so two reminders may be lost before the server gives the message to another.
         Delivery { item, ack: Ack::Nats(Box::new(message)), keep_alive: Some(self.ack_wait / 3) }
     }

@@ -290,3 +290,32 @@ async fn a_message_id_reused_with_another_body_is_dead_lettered_not_taken_for_do
     assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 2));
     rabbit.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_is_no_item_is_named_by_its_id_tag_and_body_and_an_empty_queue_is_said_empty() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish_bodies(&[("m-empty", "  ")]).await;
+    let props = BasicProperties::default().with_delivery_mode(2);
+    rabbit
+        .channel
+        .basic_publish("".into(), rabbit.queue.as_str().into(), BasicPublishOptions::default(), b"\xff\xfeab", props)
+        .await
+        .unwrap();
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the message body is empty; message-id \"m-empty\", delivery tag 1, body \"  \" (2 bytes)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the message body is not UTF-8; no message-id, delivery tag 2, body \"\\xff\\xfeab\" (4 bytes)"),
+        "{err}"
+    );
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 2));
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.starts_with("nothing to do: the queue was empty\n"), "{err}");
+    rabbit.delete().await;
+}
