@@ -85,6 +85,10 @@ pub enum Entry {
         /// The last error message, if an earlier attempt failed.
         #[serde(default)]
         last_error: Option<String>,
+        /// Lowercase hex SHA-256 of the item's text as read (a message body, an items line), when the writer
+        /// recorded it (entries written before it was recorded lack it, and are not compared).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        item_sha256: Option<String>,
     },
     /// The last attempt failed.
     Failed {
@@ -98,6 +102,10 @@ pub enum Entry {
         poison: bool,
         /// When it failed, in milliseconds since the Unix epoch.
         finished_at_ms: u64,
+        /// Lowercase hex SHA-256 of the item's text as read (a message body, an items line), when the writer
+        /// recorded it (entries written before it was recorded lack it, and are not compared).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        item_sha256: Option<String>,
     },
     /// An attempt whose command started was stopped by the operator (a second Ctrl-C, or SIGTERM) and given
     /// back. It is not counted (an interruption is not the item's failure, so even with no retries left the
@@ -117,6 +125,10 @@ pub enum Entry {
         /// The last error message, if an earlier attempt failed.
         #[serde(default)]
         last_error: Option<String>,
+        /// Lowercase hex SHA-256 of the item's text as read (a message body, an items line), when the writer
+        /// recorded it (entries written before it was recorded lack it, and are not compared).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        item_sha256: Option<String>,
     },
     /// Finished: the output was verified, renamed into place and has this digest.
     Done {
@@ -132,6 +144,10 @@ pub enum Entry {
         finished_at_ms: u64,
         /// How long the successful attempt ran, in milliseconds.
         duration_ms: u64,
+        /// Lowercase hex SHA-256 of the item's text as read (a message body, an items line), when the writer
+        /// recorded it (entries written before it was recorded lack it, and are not compared).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        item_sha256: Option<String>,
     },
 }
 
@@ -156,6 +172,16 @@ impl Entry {
             Entry::Running { attempt, .. } => *attempt,
             Entry::Interrupted { attempt, .. } => attempt.saturating_sub(1),
             Entry::Failed { attempts, .. } | Entry::Done { attempts, .. } => *attempts,
+        }
+    }
+
+    /// The SHA-256 (lowercase hex) of the item text the entry was written for, if recorded.
+    pub fn item_sha256(&self) -> Option<&str> {
+        match self {
+            Entry::Running { item_sha256, .. }
+            | Entry::Failed { item_sha256, .. }
+            | Entry::Interrupted { item_sha256, .. }
+            | Entry::Done { item_sha256, .. } => item_sha256.as_deref(),
         }
     }
 
@@ -223,8 +249,8 @@ pub fn plan(entry: Option<&Entry>, limit: RetryLimit) -> Plan {
 }
 
 /// The write that records an output found in place, verified, with no entry: create-only, so it never
-/// overwrites what another runner recorded meanwhile.
-pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64) -> Write {
+/// overwrites what another runner recorded meanwhile. `item_sha256`: the SHA-256 of the item's text, if known.
+pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64, item_sha256: Option<&str>) -> Write {
     let entry = Entry::Done {
         attempts: 0,
         sha256: sha256.to_owned(),
@@ -232,6 +258,7 @@ pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64) -> Write {
         owner: "adopted".into(),
         finished_at_ms: now_ms,
         duration_ms: 0,
+        item_sha256: item_sha256.map(str::to_owned),
     };
     Write {
         key: keys.entry.clone(),
@@ -250,6 +277,8 @@ pub struct ItemClaim {
     lease: Duration,
     /// The entry read before claiming and its generation; the entry write is conditional on it.
     prev: Option<(Generation, Entry)>,
+    /// The SHA-256 of the item's text, recorded in every entry this claim writes.
+    item_sha256: Option<String>,
 }
 
 impl ItemClaim {
@@ -262,7 +291,15 @@ impl ItemClaim {
         lease: Duration,
         prev: Option<(Generation, Entry)>,
     ) -> Self {
-        Self { keys, owner: owner.into(), now_ms, lease, prev }
+        Self { keys, owner: owner.into(), now_ms, lease, prev, item_sha256: None }
+    }
+
+    /// Records `item_sha256` (lowercase hex SHA-256 of the item's text) in every entry the claim writes, so a
+    /// later item under the same id with another text can be told apart ([`Entry::item_sha256`]).
+    #[must_use]
+    pub fn with_item_sha256(mut self, item_sha256: impl Into<String>) -> Self {
+        self.item_sha256 = Some(item_sha256.into());
+        self
     }
 
     /// The attempt number this claim starts. A done item being redone starts again at 1.
@@ -315,6 +352,7 @@ impl ItemClaim {
             started_at_ms: self.now_ms,
             failures,
             last_error,
+            item_sha256: self.item_sha256.clone(),
         };
         Write {
             key: self.keys.entry.clone(),
@@ -439,6 +477,7 @@ impl Held {
             interrupted_at_ms: now_ms,
             failures: self.failures.clone(),
             last_error: self.last_error.clone(),
+            item_sha256: self.claim.item_sha256.clone(),
         })
     }
 
@@ -451,6 +490,7 @@ impl Held {
             owner: self.claim.owner.clone(),
             finished_at_ms: now_ms,
             duration_ms,
+            item_sha256: self.claim.item_sha256.clone(),
         };
         self.entry(entry)
     }
@@ -474,6 +514,7 @@ impl Held {
             last_error: message.to_owned(),
             poison,
             finished_at_ms: now_ms,
+            item_sha256: self.claim.item_sha256.clone(),
         };
         (self.entry(entry), verdict)
     }
@@ -540,6 +581,7 @@ mod tests {
             last_error: "boom".into(),
             poison: false,
             finished_at_ms: 0,
+            item_sha256: None,
         };
         let retry = ItemClaim::new(keys, "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())))
             .acquired(Generation::new(7), Generation::new(8));
@@ -671,7 +713,8 @@ mod tests {
                 attempt: 1,
                 interrupted_at_ms: 9,
                 failures: Vec::new(),
-                last_error: None
+                last_error: None,
+                item_sha256: None,
             }
         );
         assert_eq!(entry.attempts(), 0, "the interrupted attempt is not counted");
@@ -698,6 +741,7 @@ mod tests {
             last_error: "boom".into(),
             poison: false,
             finished_at_ms: 0,
+            item_sha256: None,
         };
         let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(2), failed)))
             .acquired(Generation::new(3), Generation::new(4));
@@ -759,6 +803,7 @@ mod tests {
             owner: "o".into(),
             finished_at_ms: 0,
             duration_ms: 0,
+            item_sha256: None,
         };
         assert_eq!(plan(Some(&done), LIMIT), Plan::CheckDone { sha256: "ff".into(), size: 1 });
         let redo = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), Some((Generation::new(3), done)));
@@ -766,7 +811,19 @@ mod tests {
         // A redo interrupted does not put the old digest back: the file may be the interrupted command's.
         let interrupted = decoded(&redo.clone().acquired(Generation::new(4), Generation::new(5)).interrupted(6));
         assert_eq!(plan(Some(&interrupted), LIMIT), Plan::Retry { attempts: 0 });
-        let adopt = adopt(&keys(), "ff", 1, 0);
+        let adopt = adopt(&keys(), "ff", 1, 0, None);
         assert_eq!(adopt.precondition, Precondition::Absent);
+    }
+
+    #[test]
+    fn entries_written_before_the_item_text_was_recorded_decode_without_it_and_new_ones_carry_it() {
+        let old =
+            br#"{"state":"done","attempts":1,"sha256":"ab","size":2,"owner":"o","finished_at_ms":1,"duration_ms":0}"#;
+        assert_eq!(Entry::decode(old).unwrap().item_sha256(), None);
+        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
+            .with_item_sha256("cd")
+            .acquired(Generation::new(3), Generation::new(4));
+        assert_eq!(decoded(&held.done("ab", 2, 5, 1)).item_sha256(), Some("cd"));
+        assert!(!String::from_utf8_lossy(&Entry::decode(old).unwrap().encode()).contains("item_sha256"));
     }
 }

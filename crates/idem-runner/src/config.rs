@@ -158,10 +158,13 @@ impl RunConfig {
     ///
     /// # Errors
     /// [`Error::Config`], [`Error::ReadItems`], [`Error::BadItem`], [`Error::DuplicateOutput`].
-    pub fn checked(self) -> Result<CheckedConfig, Error> {
+    pub fn checked(mut self) -> Result<CheckedConfig, Error> {
         let program = self.check_settings()?;
         let total = crate::engine::precheck(&self)?;
-        Ok(CheckedConfig { cfg: self, total, program })
+        if !self.dry_run {
+            self.jobs = crate::engine::jobs_within_descriptor_limit(self.jobs);
+        }
+        Ok(CheckedConfig { cfg: self, total, program, source: None })
     }
 
     /// True when the items are read once as they come (a stream or a queue), not checked whole before the run.
@@ -177,7 +180,7 @@ impl RunConfig {
 
 /// A [`RunConfig`] whose settings and items passed [`RunConfig::checked`], for
 /// [`run_checked`](crate::run_checked).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct CheckedConfig {
     pub(crate) cfg: RunConfig,
     pub(crate) total: u64,
@@ -185,9 +188,25 @@ pub struct CheckedConfig {
     /// its typed name as argv[0]. `None` for a path, a name with a placeholder, a `PATH` the lookup cannot
     /// read, or a dry run (each spawn then looks it up as usual).
     pub(crate) program: Option<PathBuf>,
+    /// The queue, connected and consuming ([`CheckedConfig::connect`]); `None` for a file or a pipe, or when
+    /// the run connects it itself.
+    pub(crate) source: Option<crate::queue::Source>,
 }
 
 impl CheckedConfig {
+    /// Connects to the queue of a queue run (for a file or a pipe: nothing), so that a broker that cannot be
+    /// reached, refuses the login or has no such queue refuses the run before the caller opens or creates a
+    /// ledger. The run then consumes on this connection.
+    ///
+    /// # Errors
+    /// [`Error::Queue`].
+    pub async fn connect(&mut self) -> Result<(), Error> {
+        if let (Some(url), None) = (&self.cfg.queue, &self.source) {
+            self.source = Some(crate::queue::Source::connect(url, crate::queue::SourceConfig::of(&self.cfg)).await?);
+        }
+        Ok(())
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RunConfig {
         &self.cfg

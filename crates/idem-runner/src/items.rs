@@ -189,6 +189,12 @@ impl Iterator for ItemReader {
     }
 }
 
+/// The SHA-256 (lowercase hex) of an item's text as read, recorded in its ledger entries: a later item under
+/// the same id with another text is told apart by it.
+pub(crate) fn text_sha256(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
 /// The first 16 hex digits (64 bits) of the SHA-256 of `bytes`.
 pub fn short_hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);

@@ -59,10 +59,11 @@ fn main() {
     let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         // The platform verifier logs every refused certificate at ERROR, a second line beside the one-line
-        // message the clients print for it.
+        // message the clients print for it; lapin logs a refused login, a missing queue or vhost and every
+        // failed reconnect at ERROR before idem's own line says the same (IDEM_LOG=lapin=debug shows them).
         .with_env_filter(
             EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rustls_platform_verifier=off"))),
+                .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rustls_platform_verifier=off,lapin=off"))),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())

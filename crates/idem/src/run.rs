@@ -19,8 +19,8 @@ every attempt at the same item), IDEM_ATTEMPT.
 The ledger is a SQLite file next to the outputs (<output root>/.idem/ledger.db) unless --store names another \
 store; several runners on one PostgreSQL or Redis store (or one SQLite file on one machine) share the work.
 
-From a queue each message is an item (its id: --id-field, else the message id, else a hash of the body); it \
-is acknowledged once its output is durable and the ledger says done, rejected without requeue (to the \
+From a queue each message is an item (its id: --id-field, else the message id, else what a line of the same \
+text gets: a safe plain body is its own id, anything else a short hash); it is acknowledged once its output is durable and the ledger says done, rejected without requeue (to the \
 dead-letter exchange; JetStream: terminated) when poison or out of attempts, handed back when the run stops \
 first. --until-empty exits once the queue is drained; otherwise the run waits for more and reconnects.
 
@@ -95,7 +95,7 @@ pub struct RunArgs {
     /// Prefix of IDEM_IDEMPOTENCY_KEY.
     #[arg(long, default_value = "run")]
     key_prefix: String,
-    /// List what would run and why; run nothing.
+    /// List what would run and why; run nothing. Refused for a queue (taking messages changes it).
     #[arg(long)]
     dry_run: bool,
     /// No progress display (the summary is still printed).
@@ -226,7 +226,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
     // Everything that can refuse the run (flags, the command, every item) is checked before the ledger is opened:
     // a refused run must leave no ledger, which `idem runs status` would report as a run with nothing in it.
-    let checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
+    let mut checked = tokio::task::block_in_place(|| cfg.checked()).map_err(runner_error)?;
+    // So is the queue: a broker that cannot be reached, refuses the login or lacks the queue refuses the run
+    // here, and the run consumes on this connection.
+    checked.connect().await.map_err(runner_error)?;
     let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
     let stop = Stop::new();
     let signals = tokio::spawn(watch_signals(stop.clone()));

@@ -132,17 +132,15 @@ async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64) -> 
 pub(super) async fn run_queue<S: Store + Clone + 'static>(
     ctx: &Arc<Ctx<S>>,
     url: &QueueUrl,
+    source: Option<Source>,
     summary: &mut Summary,
     set: &mut JoinSet<ItemTask>,
 ) -> Result<u64, Error> {
     let limit = ctx.cfg.jobs.saturating_mul(2);
-    let source_cfg = SourceConfig {
-        prefetch: limit,
-        until_empty: ctx.cfg.until_empty,
-        format: ctx.cfg.format,
-        id_field: ctx.cfg.id_field.clone(),
+    let source = match source {
+        Some(connected) => connected,
+        None => Source::connect(url, SourceConfig::of(&ctx.cfg)).await?,
     };
-    let source = Source::connect(url, source_cfg).await?;
     let room = Arc::new(Semaphore::new(limit));
     let (tx, mut rx) = mpsc::channel(limit);
     let (shutdown, shutdown_rx) = oneshot::channel();

@@ -41,6 +41,8 @@ async fn check_done<S: Store>(
         .iter()
         .zip(chunk)
         .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
+            // An entry recorded for another text is judged one by one, where it is said (or refused).
+            Entry::Done { item_sha256: Some(recorded), .. } if recorded != crate::items::text_sha256(&item.raw) => None,
             Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_path(&item.id), Digest256 { sha256, size })),
             _ => None,
         })
@@ -125,6 +127,33 @@ async fn output_state<S: Store>(
     })
 }
 
+/// An item whose id names an entry recorded for another text. From a queue it is rejected without running
+/// (the message is dead-lettered; JetStream: terminated) and counted as failed: a producer reusing a message
+/// id for another payload would otherwise have it acknowledged as done, or retried under another's count.
+/// From a file or a pipe it is warned about once and judged by its entry as usual (see docs/DESIGN.md,
+/// "Item text"): `None`.
+fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
+    if ctx.cfg.queue.is_some() {
+        let reason = format!(
+            "id reused with another body: the ledger has {} recorded for another item text; the message is \
+             rejected without requeue and not run",
+            item.id
+        );
+        tracing::warn!("{reason}");
+        return Some(Final::Malformed { reason });
+    }
+    if !std::mem::replace(warned, true) {
+        tracing::warn!(
+            "item {} (line {}): id reused with another body: the ledger has it recorded for another item text \
+             (the items file changed?); judged by that entry (done stays done): `idem runs forget` it to run \
+             this text",
+            item.id,
+            item.line
+        );
+    }
+    None
+}
+
 /// Judges an item from its ledger entry (read ahead with its chunk the first time, else now) and the file at
 /// its final path: it ends here (skipped, adopted, poison, out of attempts; in a dry run, would run), waits
 /// for another runner's last attempt, or needs running.
@@ -141,6 +170,12 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         }
         None => (None, None),
     };
+    if let Some(recorded) = entry.as_ref().and_then(Entry::item_sha256)
+        && recorded != run.text_sha256
+        && let Some(fin) = reused(ctx, item, &mut run.text_warned)
+    {
+        return Ok(Step::End(fin));
+    }
     let plan = idem_core::plan(entry.as_ref(), ctx.limit);
     // Its last allowed attempt may still be running in another runner: "out of attempts" only once that
     // runner's lease is gone (it crashed), else wait for its result like any held item.
@@ -173,7 +208,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
                 return Ok(Step::End(Final::Adopted { digest }));
             }
             // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
-            let write = idem_core::adopt(keys, &digest.sha256, digest.size, now_ms());
+            let write = idem_core::adopt(keys, &digest.sha256, digest.size, now_ms(), Some(&run.text_sha256));
             match ctx.store.apply(write).await {
                 Ok(_) => Final::Adopted { digest },
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
@@ -227,6 +262,8 @@ mod tests {
             output: ctx.cfg.output_path(&item.id),
             prefetched: None,
             waiting: false,
+            text_sha256: crate::items::text_sha256(&item.raw),
+            text_warned: false,
             permit: None,
         };
         judge(ctx, &mut run).await.expect("the memory store answers")
@@ -250,6 +287,7 @@ mod tests {
             owner: "o".into(),
             finished_at_ms: 0,
             duration_ms: 0,
+            item_sha256: None,
         }
     }
 
@@ -260,6 +298,7 @@ mod tests {
             last_error: "exit 1: boom".into(),
             poison,
             finished_at_ms: 0,
+            item_sha256: None,
         }
     }
 
@@ -349,6 +388,7 @@ mod tests {
             started_at_ms: 0,
             failures: vec!["a".into(), "b".into(), "c".into()],
             last_error: Some("exit 1: c".into()),
+            item_sha256: None,
         };
         put_entry(&ctx, "a", &running).await;
         let lease = ItemKeys::new(&ctx.job, "a").lease().to_owned();

@@ -39,7 +39,7 @@ use crate::watchdog::Watchdog;
 use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig, job_id};
 
 use outcome::{Final, record};
-use program::jobs_within_descriptor_limit;
+pub(crate) use program::jobs_within_descriptor_limit;
 
 pub(crate) use program::check_program;
 pub use program::owner_token;
@@ -200,10 +200,7 @@ pub async fn run<S: Store + Clone>(store: S, cfg: RunConfig, stop: Stop) -> Resu
 /// # Errors
 /// [`Error::ReadItems`] when the items file went away since it was checked, and report write failures.
 pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, stop: Stop) -> Result<Summary, Error> {
-    let CheckedConfig { mut cfg, total, program } = checked;
-    if !cfg.dry_run {
-        cfg.jobs = jobs_within_descriptor_limit(cfg.jobs);
-    }
+    let CheckedConfig { cfg, total, program, source } = checked;
     let started = Instant::now();
     let report = match &cfg.report {
         Some(path) => Some(Report::create(path)?),
@@ -220,10 +217,11 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         dry_run: ctx.cfg.dry_run,
         retries: ctx.cfg.retries,
         output: ctx.cfg.output.clone(),
+        queue: ctx.cfg.queue.is_some(),
         ..Summary::default()
     };
     let seen = match &ctx.cfg.queue {
-        Some(url) => consume::run_queue(&ctx, url, &mut summary, &mut set).await?,
+        Some(url) => consume::run_queue(&ctx, url, source, &mut summary, &mut set).await?,
         None => lines::run_lines(&ctx, &mut summary, &mut set, ctx.cfg.streamed()).await?,
     };
     while let Some(joined) = set.join_next().await {

@@ -26,6 +26,8 @@ pub(super) async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, prefetched: Pre
         output: ctx.cfg.output_path(&item.id),
         prefetched,
         waiting: false,
+        text_sha256: crate::items::text_sha256(&item.raw),
+        text_warned: false,
         permit: None,
     };
     let mut step = Step::Judge;
@@ -70,7 +72,8 @@ async fn claim_and_run<'a, S: Store>(
     if ctx.stopping() {
         return Ok(not_started());
     }
-    let claim_ = ItemClaim::new(run.keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev);
+    let claim_ = ItemClaim::new(run.keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev)
+        .with_item_sha256(run.text_sha256.clone());
     let (mut held, lease_sent, previous) = match claim(ctx, claim_).await? {
         Claimed::Held { held, lease_sent, previous } => (held, lease_sent, previous),
         Claimed::Refused => {

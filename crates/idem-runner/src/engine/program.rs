@@ -72,7 +72,7 @@ const FDS_PER_JOB: u64 = 8;
 /// `--jobs`, lowered (with a warning) to what the open-file limit (`ulimit -n`) leaves room for, as GNU
 /// parallel does: past it, spawns, output checks and ledger reopenings fail with EMFILE, which must not be
 /// blamed on items.
-pub(super) fn jobs_within_descriptor_limit(jobs: usize) -> usize {
+pub(crate) fn jobs_within_descriptor_limit(jobs: usize) -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
     let room = usize::try_from(limit.saturating_sub(RUNNER_FDS) / FDS_PER_JOB).unwrap_or(usize::MAX).max(1);
     if jobs > room {

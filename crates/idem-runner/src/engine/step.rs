@@ -41,6 +41,10 @@ pub(super) struct ItemRun<'a> {
     pub(super) prefetched: Prefetched,
     /// Counted in the progress's `waiting` (another runner holds it), until it is claimed or ends.
     pub(super) waiting: bool,
+    /// The SHA-256 of its text ([`crate::items::text_sha256`]), recorded in its entries.
+    pub(super) text_sha256: String,
+    /// Its entry was already found recorded for another text, and said so (warned once per item).
+    pub(super) text_warned: bool,
     /// Its slot, kept across a retry, so a failing item is retried (and found poison) before others start.
     pub(super) permit: Option<SemaphorePermit<'a>>,
 }

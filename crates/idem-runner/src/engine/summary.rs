@@ -71,6 +71,9 @@ pub struct Summary {
     pub output: String,
     /// Why a stream's reading ended early: a malformed item or a repeated output path, one line.
     pub refused: Option<String>,
+    /// The items came from a queue: a message that ended failed or poison was rejected (dead-lettered or
+    /// dropped), so no rerun sees it again until it is published again.
+    pub queue: bool,
 }
 
 /// Items out of attempts: each used every attempt it was allowed (`--retries` + 1 in all, counted across runs),
@@ -164,7 +167,9 @@ impl Summary {
             ));
             return s;
         }
-        if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
+        if self.queue && self.total == 0 {
+            s.push_str("nothing to do: the queue was empty\n");
+        } else if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
             s.push_str(&format!(
                 "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
                 self.total, self.adopted
@@ -192,7 +197,19 @@ impl Summary {
         if unshown > 0 {
             s.push_str(&format!("… and {unshown} more items out of attempts (see --report)\n"));
         }
-        if failed.count > 0 {
+        if failed.count > 0 && self.queue {
+            // Their messages were rejected: neither a rerun nor a forget alone brings them back.
+            s.push_str(&format!(
+                "{} items out of attempts (--retries {} allows {} in all, counted across runs); their messages \
+                 were rejected without requeue (to the dead-letter exchange, or dropped; JetStream: terminated): \
+                 to run them again, `{}`, then publish the messages again (e.g. move them from the dead-letter \
+                 queue)\n",
+                failed.count,
+                self.retries,
+                self.retries.saturating_add(1),
+                self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
+            ));
+        } else if failed.count > 0 {
             // Attempts are counted across runs and the limit is the current run's: raising it is what gives
             // more (the smallest value that gives every one of them another), forgetting starts from zero.
             s.push_str(&format!(
@@ -211,7 +228,15 @@ impl Summary {
         if self.poison.len() > 10 {
             s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
         }
-        if !self.poison.is_empty() {
+        if !self.poison.is_empty() && self.queue {
+            let complete = self.poison.len() <= 10;
+            s.push_str(&format!(
+                "poison items (the same error twice) are not run again, and their messages were rejected without \
+                 requeue (to the dead-letter exchange, or dropped; JetStream: terminated): once the cause is \
+                 fixed, `{}`, then publish the messages again (e.g. move them from the dead-letter queue)\n",
+                self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
+            ));
+        } else if !self.poison.is_empty() {
             // Poison stays in the ledger across runs (neither a fixed command nor --retries revives it): say how.
             let complete = self.poison.len() <= 10;
             s.push_str(&format!(
@@ -345,5 +370,28 @@ mod tests {
         let text = s.render();
         assert!(text.contains("… and 2 more items out of attempts (see --report)\n"), "{text}");
         assert!(text.contains("`idem runs forget --output 'o/{id}' ID…`"), "{text}");
+    }
+
+    #[test]
+    fn from_a_queue_failed_and_poison_items_need_their_messages_published_again() {
+        let mut s = Summary { total: 2, failed: 1, queue: true, output: "o/{id}".into(), ..Summary::default() };
+        s.out_of_attempts.add(failed_item(1, 4));
+        s.poison.push(("p".into(), "exit 2: bad".into()));
+        let text = s.render();
+        assert!(!text.contains("retries them") && !text.contains("rerun with"), "{text}");
+        assert!(
+            text.contains(
+                "once the cause is fixed, `idem runs forget --output 'o/{id}' p`, then publish the messages again \
+                 (e.g. move them from the dead-letter queue)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("to run them again, `idem runs forget --output 'o/{id}' "), "{text}");
+    }
+
+    #[test]
+    fn an_empty_queue_is_said_to_be_empty() {
+        let text = Summary { queue: true, ..Summary::default() }.render();
+        assert!(text.starts_with("nothing to do: the queue was empty\n"), "{text}");
     }
 }

@@ -44,7 +44,7 @@ impl Consumer {
             cancelled: false,
             received: 0,
         };
-        let live = c.open().await.map_err(|e| Error::Queue(format!("{}: {e}", c.shown)))?;
+        let live = c.open().await.map_err(|e| Error::Queue(format!("{}: {}", c.shown, refusal(&c.url, &e))))?;
         c.live = Some(live);
         Ok(c)
     }
@@ -133,7 +133,14 @@ impl Consumer {
         self.received += 1;
         let id = delivery.properties.message_id().as_ref().map(|m| m.as_str().to_owned());
         let item =
-            parse_item(self.received, &delivery.data, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
+            parse_item(self.received, &delivery.data, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref())
+                .map_err(|reason| {
+                    let from = match &id {
+                        Some(id) => format!("message-id {id:?}, delivery tag {}", delivery.delivery_tag),
+                        None => format!("no message-id, delivery tag {}", delivery.delivery_tag),
+                    };
+                    super::not_an_item(reason, &from, &delivery.data)
+                });
         Delivery { item, ack: Ack::Amqp(delivery.acker), keep_alive: None }
     }
 
@@ -151,4 +158,25 @@ async fn drained(channel: &Channel, queue: &str) -> Result<bool, lapin::Error> {
     let opts = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
     let q = channel.queue_declare(queue.into(), opts, FieldTable::default()).await?;
     Ok(q.message_count() == 0)
+}
+
+/// Why the first connection failed, in words: lapin's own for most, but a server that is no AMQP broker
+/// shows as a parser's internals, and an empty vhost (`…:5672/?queue=q`) as "vhost  not found".
+fn refusal(url: &str, e: &lapin::Error) -> String {
+    use lapin::ErrorKind;
+    let port = if url.starts_with("amqps") { 5671 } else { 5672 };
+    match e.kind() {
+        ErrorKind::ParsingError(_) | ErrorKind::InvalidProtocolVersion(_) => {
+            format!("the server at {} did not answer as an AMQP 0-9-1 broker", super::host_port(url, port))
+        }
+        ErrorKind::ProtocolError(_) if empty_vhost(url) => format!("{e} (the default vhost is written %2f)"),
+        _ => e.to_string(),
+    }
+}
+
+/// True when the URL's path is a lone `/`: the empty vhost, not the default one (`/`, written `%2f`).
+fn empty_vhost(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    path.split('?').next() == Some("/")
 }

@@ -105,6 +105,18 @@ impl QueueUrl {
     }
 }
 
+/// `HOST:PORT` of a broker URL (`default_port` when it names none), for messages.
+pub(crate) fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // A port follows the last colon, unless that colon is inside an IPv6 literal's brackets.
+    match host.rsplit_once(':') {
+        Some((_, port)) if !port.contains(']') => host.to_owned(),
+        _ => format!("{host}:{default_port}"),
+    }
+}
+
 /// `scheme://user:***@host…`: the password of a URL hidden.
 fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
@@ -218,6 +230,28 @@ pub(crate) struct SourceConfig {
     pub(crate) id_field: Option<String>,
 }
 
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Amqp(_) => "Source::Amqp",
+            Source::Nats(_) => "Source::Nats",
+        })
+    }
+}
+
+impl SourceConfig {
+    /// How a run of `cfg` reads its queue: at most twice `--jobs` messages taken ahead (`--jobs` commands
+    /// running and as many claimed ahead, as with a file).
+    pub(crate) fn of(cfg: &crate::RunConfig) -> Self {
+        SourceConfig {
+            prefetch: cfg.jobs.saturating_mul(2),
+            until_empty: cfg.until_empty,
+            format: cfg.format,
+            id_field: cfg.id_field.clone(),
+        }
+    }
+}
+
 impl Source {
     /// Connects and starts consuming.
     ///
@@ -266,6 +300,15 @@ impl Source {
 /// How long closing a consumer may take (handing back unsettled messages, flushing acknowledgements).
 pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
+/// Where a message that is no item came from and how its body begins, for the warning that rejects it:
+/// `reason; <from>, body "<first 60 bytes, escaped>"`.
+pub(crate) fn not_an_item(reason: String, from: &str, body: &[u8]) -> String {
+    const EXCERPT: usize = 60;
+    let shown = body[..body.len().min(EXCERPT)].escape_ascii().to_string();
+    let more = if body.len() > EXCERPT { "…" } else { "" };
+    format!("{reason}; {from}, body \"{shown}\"{more} ({} bytes)", body.len())
+}
+
 /// The pause before reconnect attempt `n` (0-based): 100 ms doubling up to 5 s.
 pub(crate) fn backoff(n: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << n.min(6))).min(Duration::from_secs(5))
@@ -307,6 +350,28 @@ mod tests {
         assert!(e.contains("unknown parameter \"queue\""), "{e}");
         let e = QueueUrl::parse("amqp://h?queue=a&queue=b").unwrap_err().to_string();
         assert!(e.contains("queue= is given twice"), "{e}");
+    }
+
+    #[test]
+    fn host_and_port_are_named_with_the_default_port_filled_in() {
+        assert_eq!(host_port("amqp://u:p@h:1234/%2f?x=1", 5672), "h:1234");
+        assert_eq!(host_port("amqp://h/v", 5672), "h:5672");
+        assert_eq!(host_port("nats://[::1]", 4222), "[::1]:4222");
+        assert_eq!(host_port("nats://[::1]:9", 4222), "[::1]:9");
+    }
+
+    #[test]
+    fn a_message_that_is_no_item_is_named_with_an_escaped_excerpt_of_its_body() {
+        let long = [b'a'; 70];
+        assert_eq!(
+            not_an_item("the message body is empty".into(), "delivery tag 3", b""),
+            "the message body is empty; delivery tag 3, body \"\" (0 bytes)"
+        );
+        assert_eq!(
+            not_an_item("not UTF-8".into(), "stream sequence 9", b"\xff\"x\n"),
+            "not UTF-8; stream sequence 9, body \"\\xff\\\"x\\n\" (4 bytes)"
+        );
+        assert!(not_an_item("r".into(), "f", &long).ends_with(&format!("\"{}\"… (70 bytes)", "a".repeat(60))));
     }
 
     #[test]

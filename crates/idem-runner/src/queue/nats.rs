@@ -66,7 +66,13 @@ impl Consumer {
             })
             .connect(url)
             .await
-            .map_err(|e| refuse(&e))?;
+            .map_err(|e| match e.kind() {
+                // The client's own word for it is a bare "timed out".
+                async_nats::ConnectErrorKind::TimedOut => {
+                    refuse(&format_args!("no NATS server answered at {} within 5 s", super::host_port(url, 4222)))
+                }
+                _ => refuse(&e),
+            })?;
         let js = async_nats::jetstream::new(client.clone());
         let mut s = js.get_stream(stream).await.map_err(|e| refuse(&format_args!("stream {stream}: {e}")))?;
         let config = pull::Config {
@@ -79,6 +85,21 @@ impl Consumer {
             // Another consumer starting at the same moment may have made it between the look-up and the create.
             Err(e) => s.get_consumer(consumer).await.map_err(|_| refuse(&format_args!("consumer {consumer}: {e}")))?,
         };
+        let policy = pulled.cached_info().config.ack_policy;
+        if policy != AckPolicy::Explicit {
+            // Under `none` the server counts a message done once sent, under `all` an acknowledgement covers
+            // every earlier message too: either way a runner killed mid-item loses messages.
+            return Err(refuse(&format_args!(
+                "consumer {consumer} of stream {stream} has ack policy {}; idem needs AckPolicy::Explicit (each \
+                 message acknowledged once its item is done): delete it (nats consumer rm {stream} {consumer}) \
+                 or name another consumer (consumer=NAME), which idem then makes",
+                match policy {
+                    AckPolicy::None => "none",
+                    AckPolicy::All => "all",
+                    AckPolicy::Explicit => "explicit",
+                }
+            )));
+        }
         let _ = s.info().await;
         let ack_wait = pulled.cached_info().config.ack_wait;
         Ok(Self {
@@ -168,7 +189,14 @@ impl Consumer {
         self.received += 1;
         let id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
         let item =
-            parse_item(self.received, &message.payload, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref());
+            parse_item(self.received, &message.payload, id.as_deref(), self.cfg.format, self.cfg.id_field.as_deref())
+                .map_err(|reason| {
+                    let from = match message.info() {
+                        Ok(info) => format!("stream sequence {}", info.stream_sequence),
+                        Err(_) => "stream sequence unknown".to_owned(),
+                    };
+                    super::not_an_item(reason, &from, &message.payload)
+                });
         // A third of the ack wait, so two reminders may be lost before the server gives the message to another.
         Delivery { item, ack: Ack::Nats(Box::new(message)), keep_alive: Some(self.ack_wait / 3) }
     }

@@ -52,6 +52,23 @@ impl Rabbit {
         }
     }
 
+    /// Publishes one persistent message per (message-id, body).
+    async fn publish_bodies(&self, messages: &[(&str, &str)]) {
+        for (id, body) in messages {
+            let props = BasicProperties::default().with_message_id((*id).into()).with_delivery_mode(2);
+            self.channel
+                .basic_publish(
+                    "".into(),
+                    self.queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body.as_bytes(),
+                    props,
+                )
+                .await
+                .unwrap();
+        }
+    }
+
     /// Messages ready in `queue` (unacknowledged ones of a closed channel are back among them).
     async fn ready(&self, queue: &str) -> u32 {
         let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
@@ -147,6 +164,8 @@ async fn a_poison_message_fails_twice_then_sits_in_the_dead_letter_queue_and_the
     let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty", "--jobs", "2", "--on-poison", "skip"]));
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("poison item job-poison: exit 3: cannot parse item at offset "), "{err}");
+    // `idem runs forget` alone would not run it again: its message is in the dead-letter queue.
+    assert!(err.contains("job-poison`, then publish the messages again"), "{err}");
     let runs = job.executions_per_item();
     assert_eq!(runs.get("job-poison"), Some(&2), "two identical failures, then no more");
     assert_eq!(runs.values().filter(|&&n| n == 1).count(), 20);
@@ -228,5 +247,75 @@ async fn ctrl_c_lets_running_items_finish_and_hands_the_other_messages_back() {
         })
     });
     assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
+    rabbit.delete().await;
+}
+
+/// A port on this machine nothing listens on (bound, then let go).
+pub(super) fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_broker_that_cannot_be_reached_refuses_the_run_and_leaves_no_ledger() {
+    let job = QueueJob::new(format!("amqp://guest:guest@127.0.0.1:{}/%2f?queue=q", closed_port()), WRITE_JSON);
+    let (code, err) = job.run(&["--until-empty"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("Connection refused") || err.contains("connection refused"), "{err}");
+    assert!(!job.path("out/.idem").exists(), "a refused run made a ledger: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_id_reused_with_another_body_is_dead_lettered_not_taken_for_done() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish_bodies(&[("job-same", "the first body"), ("job-same", "another body"), ("job-other", "x")]).await;
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("id reused with another body: the ledger has job-same recorded for another item text"),
+        "{err}"
+    );
+    assert!(err.contains(": 2 done now, 0 already done, 0 adopted, 1 failed"), "{err}");
+    let runs = job.executions_per_item();
+    assert_eq!(runs, [("job-other".to_owned(), 1), ("job-same".to_owned(), 1)].into(), "{err}");
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 1));
+    // Both again (either may have won the first run, the two being in flight at once): the one recorded is a
+    // duplicate, acknowledged as done without running; the other is dead-lettered again.
+    rabbit.publish_bodies(&[("job-same", "the first body"), ("job-same", "another body")]).await;
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(": 0 done now, 1 already done, 0 adopted, 1 failed"), "{err}");
+    assert_eq!(job.log().len(), 2, "{err}");
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 2));
+    rabbit.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_is_no_item_is_named_by_its_id_tag_and_body_and_an_empty_queue_is_said_empty() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish_bodies(&[("m-empty", "  ")]).await;
+    let props = BasicProperties::default().with_delivery_mode(2);
+    rabbit
+        .channel
+        .basic_publish("".into(), rabbit.queue.as_str().into(), BasicPublishOptions::default(), b"\xff\xfeab", props)
+        .await
+        .unwrap();
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("the message body is empty; message-id \"m-empty\", delivery tag 1, body \"  \" (2 bytes)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the message body is not UTF-8; no message-id, delivery tag 2, body \"\\xff\\xfeab\" (4 bytes)"),
+        "{err}"
+    );
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 2));
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.starts_with("nothing to do: the queue was empty\n"), "{err}");
     rabbit.delete().await;
 }

@@ -202,3 +202,26 @@ pub fn ctrl_c_finishes_running_items_and_hands_the_rest_back(job: &QueueJob, aft
     assert_eq!((runs.len(), runs.values().all(|&n| n == 1)), (20, true), "{runs:?}");
     job.assert_outputs_valid(&ids(20));
 }
+
+#[test]
+fn an_amqp_url_at_a_nats_server_says_it_is_no_amqp_broker() {
+    let Some(nats) = broker_url("IDEM_TEST_NATS_URL") else { return };
+    let host_port = nats.split_once("://").unwrap().1.trim_end_matches('/');
+    let job = QueueJob::new(format!("amqp://guest:guest@{host_port}/%2f?queue=q"), WRITE_JSON);
+    let (code, err) = job.run(&["--until-empty"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("the server at {host_port} did not answer as an AMQP 0-9-1 broker")), "{err}");
+    assert!(!err.contains("Parsing Error") && !err.contains("ERROR"), "{err}");
+}
+
+#[test]
+fn a_nats_url_at_a_server_that_never_answers_says_so_after_5_s() {
+    // Accepts connections (the kernel's backlog) and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let job = QueueJob::new(format!("nats://127.0.0.1:{port}?stream=S&consumer=C"), WRITE_JSON);
+    let (code, err) = job.run(&["--until-empty"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("no NATS server answered at 127.0.0.1:{port} within 5 s")), "{err}");
+    drop(listener);
+}

@@ -282,3 +282,27 @@ async fn a_run_told_to_stop_ends_while_its_server_is_down() {
     assert!(started.elapsed() < Duration::from_secs(15), "it took {:?} to stop", started.elapsed());
     job.assert_outputs_valid(&ids);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_consumer_that_does_not_acknowledge_each_message_is_refused_and_nothing_runs() {
+    let Some(url) = broker_url("IDEM_TEST_NATS_URL") else { return };
+    for (policy, shown) in [(AckPolicy::None, "none"), (AckPolicy::All, "all")] {
+        let js = Js::new(&url, None).await;
+        let s = js.js.get_stream(&js.stream).await.unwrap();
+        let config = pull::Config { durable_name: Some(js.consumer.clone()), ack_policy: policy, ..Default::default() };
+        s.create_consumer(config).await.unwrap();
+        js.publish(&ids(3), None).await;
+        let job = QueueJob::new(js.items(), WRITE_JSON);
+        let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains(&format!("consumer workers of stream {} has ack policy {shown}", js.stream))
+                && err.contains("idem needs AckPolicy::Explicit"),
+            "{err}"
+        );
+        assert!(job.log().is_empty(), "an item ran");
+        assert!(!job.path("out/.idem").exists(), "a refused run made a ledger: {err}");
+        assert_eq!(js.pending().await, (3, 0), "no message taken");
+        js.delete().await;
+    }
+}
