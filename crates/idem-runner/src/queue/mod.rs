@@ -66,18 +66,26 @@ impl QueueUrl {
                 _ => Err(Error::Config(format!("--items {}: {name}= is given twice", redact(items)))),
             }
         };
-        let mut pairs: Vec<(String, String)> = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (k.to_owned(), percent_decode_str(v).decode_utf8_lossy().into_owned())
-            })
+        // Values decoded for idem's own parameters; lapin's are handed on as written (decoding then joining
+        // them again would turn an encoded `&` into a new parameter).
+        let raw: Vec<(&str, &str)> =
+            query.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))).collect();
+        let mut pairs: Vec<(String, String)> = raw
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), percent_decode_str(v).decode_utf8_lossy().into_owned()))
             .collect();
         let missing = |what: &str| Error::Config(format!("--items {}: name the {what} (…?{what}=NAME)", redact(items)));
         let url = if scheme.starts_with("amqp") {
             let queue = take("queue", &mut pairs)?.ok_or_else(|| missing("queue"))?;
-            kept.extend(pairs.iter().map(|(k, v)| format!("{k}={v}")));
+            // A misspelt parameter (`hearbeat`) would otherwise be ignored by lapin without a word.
+            if let Some((k, _)) = raw.iter().find(|(k, _)| *k != "queue" && !AMQP_PARAMETERS.contains(k)) {
+                return Err(Error::Config(format!(
+                    "--items {}: unknown parameter {k:?} (an AMQP URL takes queue= and lapin's {})",
+                    redact(items),
+                    AMQP_PARAMETERS.join("=, ") + "="
+                )));
+            }
+            kept.extend(raw.iter().filter(|(k, _)| *k != "queue").map(|(k, v)| format!("{k}={v}")));
             let url = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
             QueueUrl::Amqp { url, queue }
         } else {
@@ -297,6 +305,9 @@ impl Source {
     }
 }
 
+/// The query parameters lapin reads from an AMQP URL (amq-protocol-uri).
+const AMQP_PARAMETERS: [&str; 5] = ["heartbeat", "frame_max", "channel_max", "connection_timeout", "auth_mechanism"];
+
 /// How long closing a consumer may take (handing back unsettled messages, flushing acknowledgements).
 pub(crate) const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
@@ -348,6 +359,11 @@ mod tests {
         assert_eq!(e, "--items nats://h:4222?stream=S: name the consumer (…?consumer=NAME)");
         let e = QueueUrl::parse("nats://h?stream=S&consumer=C&queue=x").unwrap_err().to_string();
         assert!(e.contains("unknown parameter \"queue\""), "{e}");
+        // AMQP: a misspelt lapin parameter is refused; an encoded value is handed on as written.
+        let e = QueueUrl::parse("amqp://h/%2f?queue=q&hearbeat=5").unwrap_err().to_string();
+        assert!(e.contains("unknown parameter \"hearbeat\""), "{e}");
+        let q = QueueUrl::parse("amqp://h/%2f?queue=a%26b&auth_mechanism=a%26b").unwrap().unwrap();
+        assert_eq!(q, QueueUrl::Amqp { url: "amqp://h/%2f?auth_mechanism=a%26b".into(), queue: "a&b".into() });
         let e = QueueUrl::parse("amqp://h?queue=a&queue=b").unwrap_err().to_string();
         assert!(e.contains("queue= is given twice"), "{e}");
     }
