@@ -483,13 +483,24 @@ fn a_rerun_skips_known_poison_items_and_does_the_rest() {
         r#"if [ "$1" = bad ]; then echo "connecting to db-$$: connection refused" >&2; exit 2; fi
 sleep 0.4; {WRITE_JSON}"#
     );
-    let job = Job::new(&all, &script);
-    let (code, _, err) = job.run(&["--jobs", "4"]);
-    assert_eq!(code, 3, "{err}");
-    let per = job.executions_per_item();
-    assert_eq!(per["bad"], 2);
-    let good_ran = per.len() - 1;
-    assert!(good_ran < 49, "the run did not halt: {err}");
+    // The runtime starts the 50 claimed items in no fixed order; on a loaded machine the bad item now and then
+    // comes last, after every good one finished, and there is no halt to see: such a try is made again (a run
+    // that never halts fails the third time; the halt itself is `poison_item_halts_the_run_and_the_report_names_it`).
+    let mut tries = 0;
+    let (job, err, good_ran) = loop {
+        tries += 1;
+        let job = Job::new(&all, &script);
+        let (code, _, err) = job.run(&["--jobs", "4"]);
+        assert_eq!(code, 3, "{err}");
+        let per = job.executions_per_item();
+        assert_eq!(per["bad"], 2);
+        let good_ran = per.len() - 1;
+        if good_ran < 49 || tries == 3 {
+            break (job, err, good_ran);
+        }
+        eprintln!("the bad item came last (try {tries}): again");
+    };
+    assert!(good_ran < 49, "the run did not halt in three tries: {err}");
     assert_eq!(job.log().len(), good_ran + 2);
     let forget = format!("`idem runs forget --output '{}' bad` retries them\n", job.output());
     assert!(err.contains(&format!(
