@@ -44,7 +44,23 @@ impl Consumer {
             cancelled: false,
             received: 0,
         };
-        let live = c.open().await.map_err(|e| Error::Queue(format!("{}: {}", c.shown, refusal(&c.url, &e))))?;
+        let mut attempt = 0;
+        let live = loop {
+            match c.open().await {
+                Ok(live) => break live,
+                // A service waits for a broker that is not up yet, as for one that went away; a cron run
+                // (`--until-empty`) and every other refusal (login, vhost, queue, URL) end the run at once.
+                Err(e) if !c.cfg.until_empty && unreachable(&e) => {
+                    tracing::warn!("connecting to {}: {e}; trying again in {:?}", c.shown, backoff(attempt));
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(Error::Queue(format!("{}: {}", c.shown, refusal(&c.url, &e)))),
+            }
+        };
+        if attempt > 0 {
+            tracing::warn!("connected to {} after {} attempt(s)", c.shown, attempt + 1);
+        }
         c.live = Some(live);
         Ok(c)
     }
@@ -179,4 +195,21 @@ fn empty_vhost(url: &str) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let path = rest.find('/').map_or("", |i| &rest[i..]);
     path.split('?').next() == Some("/")
+}
+
+/// True when no broker answered (refused, reset, timed out, unreachable): worth waiting for.
+fn unreachable(e: &lapin::Error) -> bool {
+    use std::io::ErrorKind as Io;
+    match e.kind() {
+        lapin::ErrorKind::IOError(io) => matches!(
+            io.kind(),
+            Io::ConnectionRefused
+                | Io::ConnectionReset
+                | Io::ConnectionAborted
+                | Io::TimedOut
+                | Io::HostUnreachable
+                | Io::NetworkUnreachable
+        ),
+        _ => false,
+    }
 }

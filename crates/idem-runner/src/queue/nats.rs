@@ -46,33 +46,56 @@ impl Consumer {
     ) -> Result<Self, Error> {
         let shown = shown.redacted();
         let refuse = |e: &dyn std::fmt::Display| Error::Queue(format!("{shown}: {e}"));
-        let logged = shown.clone();
         // The client says Connected on its first connection too; only the later ones are reconnects.
         let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let client = async_nats::ConnectOptions::new()
-            .name("idem run")
-            .connection_timeout(Duration::from_secs(5))
-            .event_callback(move |event| {
-                let shown = logged.clone();
-                let again =
-                    matches!(event, async_nats::Event::Connected) && connected_before.swap(true, Ordering::SeqCst);
-                async move {
-                    match event {
-                        async_nats::Event::Connected if again => tracing::warn!("reconnected to {shown}"),
-                        async_nats::Event::Disconnected => tracing::warn!("connection to {shown} lost; reconnecting"),
-                        other => tracing::debug!("{shown}: {other}"),
+        let mut attempt = 0;
+        let client = loop {
+            let logged = shown.clone();
+            let connected_before = std::sync::Arc::clone(&connected_before);
+            let made = async_nats::ConnectOptions::new()
+                .name("idem run")
+                .connection_timeout(Duration::from_secs(5))
+                .event_callback(move |event| {
+                    let shown = logged.clone();
+                    let again =
+                        matches!(event, async_nats::Event::Connected) && connected_before.swap(true, Ordering::SeqCst);
+                    async move {
+                        match event {
+                            async_nats::Event::Connected if again => tracing::warn!("reconnected to {shown}"),
+                            async_nats::Event::Disconnected => {
+                                tracing::warn!("connection to {shown} lost; reconnecting")
+                            }
+                            other => tracing::debug!("{shown}: {other}"),
+                        }
                     }
-                }
-            })
-            .connect(url)
-            .await
-            .map_err(|e| match e.kind() {
-                // The client's own word for it is a bare "timed out".
+                })
+                .connect(url)
+                .await;
+            let e = match made {
+                Ok(client) => break client,
+                Err(e) => e,
+            };
+            // The client's own word for nothing answering is a bare "timed out".
+            let why = match e.kind() {
                 async_nats::ConnectErrorKind::TimedOut => {
-                    refuse(&format_args!("no NATS server answered at {} within 5 s", super::host_port(url, 4222)))
+                    format!("no NATS server answered at {} within 5 s", super::host_port(url, 4222))
                 }
-                _ => refuse(&e),
-            })?;
+                _ => e.to_string(),
+            };
+            // A service waits for a server that is not up yet, as for one that went away; a cron run
+            // (`--until-empty`) and every other refusal (login, TLS, URL) end the run at once.
+            let unreachable =
+                matches!(e.kind(), async_nats::ConnectErrorKind::Io | async_nats::ConnectErrorKind::TimedOut);
+            if cfg.until_empty || !unreachable {
+                return Err(refuse(&why));
+            }
+            tracing::warn!("connecting to {shown}: {why}; trying again in {:?}", backoff(attempt));
+            tokio::time::sleep(backoff(attempt)).await;
+            attempt += 1;
+        };
+        if attempt > 0 {
+            tracing::warn!("connected to {shown} after {} attempt(s)", attempt + 1);
+        }
         let js = async_nats::jetstream::new(client.clone());
         let mut s = js.get_stream(stream).await.map_err(|e| refuse(&format_args!("stream {stream}: {e}")))?;
         let config = pull::Config {

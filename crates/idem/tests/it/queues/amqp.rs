@@ -319,3 +319,56 @@ async fn a_message_that_is_no_item_is_named_by_its_id_tag_and_body_and_an_empty_
     assert!(err.starts_with("nothing to do: the queue was empty\n"), "{err}");
     rabbit.delete().await;
 }
+
+/// Forwards every connection to `port` to the broker at `to`, from now on (threads, one pair per connection).
+fn forward(port: u16, to: std::net::SocketAddr) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(broker) = std::net::TcpStream::connect(to) else { return };
+            for (mut from, mut into) in [(client.try_clone().unwrap(), broker.try_clone().unwrap()), (broker, client)] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_started_before_its_broker_is_reachable_waits_for_it_and_a_cron_run_is_refused() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    rabbit.publish(&ids(3)).await;
+    let broker: std::net::SocketAddr = {
+        let authority = url.split_once('@').map_or(url.as_str(), |(_, a)| a);
+        authority.split('/').next().unwrap().parse().unwrap()
+    };
+    let port = closed_port();
+    let items =
+        format!("{}?queue={}", url.replacen(&broker.to_string(), &format!("127.0.0.1:{port}"), 1), rabbit.queue);
+    let job = QueueJob::new(items, WRITE_JSON);
+    // A cron run does not wait: nothing to consume is a refusal.
+    let (code, err) = tokio::task::block_in_place(|| job.run(&["--until-empty"]));
+    assert_eq!(code, 2, "{err}");
+    let mut service = job.spawn(&[], &[], "service");
+    tokio::task::block_in_place(|| {
+        wait_for("two connection attempts", Duration::from_secs(30), || {
+            job.stderr_of("service").matches("Connection refused").count() >= 2
+        });
+        assert!(!job.path("out/.idem").exists(), "a ledger before the queue was reached");
+        forward(port, broker);
+        wait_for("the three items", Duration::from_secs(60), || job.log().len() == 3);
+    });
+    super::signal(service.id(), "INT");
+    let code = tokio::task::block_in_place(|| exit_within(&mut service, Duration::from_secs(30), "service", &job));
+    let err = job.stderr_of("service");
+    // Every item was done when the Ctrl-C came: nothing interrupted.
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("trying again in") && err.contains("attempt(s)"), "{err}");
+    job.assert_outputs_valid(&ids(3));
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
+    rabbit.delete().await;
+}
