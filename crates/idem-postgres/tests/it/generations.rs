@@ -10,23 +10,7 @@ use std::time::Duration;
 use idem_postgres::PostgresStore;
 use idem_store::{Error, Generation, Limits, Precondition, Store, Ttl};
 
-fn url() -> Option<String> {
-    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
-            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
-        );
-        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
-        return None;
-    };
-    Some(url)
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
+use crate::{connect, url};
 
 /// Waits until `n` sessions wait for a lock held by another (pg_locks rows not granted).
 async fn until_waiting(watch: &tokio_postgres::Client, n: i64) {

@@ -7,3 +7,23 @@ mod conformance;
 mod generations;
 mod migrations;
 mod tls;
+
+/// `IDEM_TEST_POSTGRES_URL`, or `None` (printed) when unset; unset under `IDEM_TEST_REQUIRE_BACKENDS` fails.
+fn url() -> Option<String> {
+    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+        );
+        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
+        return None;
+    };
+    Some(url)
+}
+
+/// A plain session of the test's own, beside the store's pool.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}

@@ -6,26 +6,10 @@
 use idem_postgres::PostgresStore;
 use idem_store::{Error, Limits, Precondition, SetChange, Store, Ttl};
 
+use crate::{connect, url};
+
 /// How many migrations this build knows.
 const MIGRATIONS: i64 = 2;
-
-fn url() -> Option<String> {
-    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
-            "IDEM_TEST_POSTGRES_URL is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
-        );
-        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
-        return None;
-    };
-    Some(url)
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    client
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_starts_migrate_once() {
