@@ -1,134 +1,217 @@
 #!/usr/bin/env bash
-# Idempotency-Key proxy overhead: the same wrk load (64 connections, 2 threads, POST /orders with JSON bodies)
-# straight at the example upstream and through `idem serve --upstream` on the embedded SQLite store, in one
-# run on one machine. Reports throughput ratios and p50/p99 for first executions (a new key per request) and
-# for replays (keys already completed), for two upstreams: the example as it is (in memory, nearly free per
-# request) and the example persisting each order durably (--sqlite, like a real write API); then drives a
-# proxy to a million requests and reads its memory.
+# Proxy cost per request against nginx, in one run on one machine: requests/s, p50/p99, CPU time per request
+# (the proxy's utime + stime over a wrk run, all its threads and processes, divided by the requests answered)
+# and user-space instructions per request (valgrind callgrind), for nginx forwarding and for idem's cases, each
+# with its ratio to nginx. On 2 cores shared with wrk and the upstream, throughput says little about the proxy;
+# CPU per request and instruction counts do.
 #
-#   scripts/bench-proxy.sh                    # 15 s per measured run, then the million-request phase
-#   DURATION=30 MILLION=0 scripts/bench-proxy.sh
+#   scripts/bench-proxy.sh                     # 10 s per wrk run, one worker each, callgrind on
+#   WORKERS=2 CALLGRIND=0 scripts/bench-proxy.sh
 #
-# Environment: DURATION (seconds per run, default 15), MILLION (1: run up to 1,000,000 proxied requests and
-# report RSS, default 1), CARGO_TARGET_DIR (default $HOME/.cache/idem-target), BENCH_TMPDIR (parent of the
-# data directory, default /tmp). Installs wrk with apt-get if missing. Talks to 127.0.0.1 only.
+# Environment: DURATION (seconds per wrk run, default 10), CONNECTIONS (default 64), LATENCY_CONNECTIONS (the
+# added-latency run, default 16), WORKERS (nginx's worker_processes and idem's tokio worker threads,
+# TOKIO_WORKER_THREADS, default 1: the same configuration on both sides), CALLGRIND (1: instruction counts,
+# default 1), REDIS_URL (default redis://127.0.0.1:6379; the Redis case is skipped with a line when it does not
+# answer), CASES (a subset of "nginx nokey first replay redis"; nginx is the yardstick of every ratio),
+# IDEM_BIN (a prebuilt idem to measure instead of building one), CARGO_TARGET_DIR.
+#
+# Instructions are counted after 200 warm-up requests over 1,000 sequential keep-alive requests, with one
+# worker (thread or process), so the count does not depend on how the scheduler interleaves threads: the
+# same build gives the same count to within about 1% whatever else the machine is doing.
+# Installs nginx-light, wrk and valgrind with apt-get when missing. Talks to 127.0.0.1 only.
 set -euo pipefail
 
-readonly CONNECTIONS=64 THREADS=2 REPLAY_KEYS=1000
-DURATION=${DURATION:-15}
-MILLION=${MILLION:-1}
+DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-64}
+LATENCY_CONNECTIONS=${LATENCY_CONNECTIONS:-16}
+WORKERS=${WORKERS:-1}
+CALLGRIND=${CALLGRIND:-1}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+readonly THREADS=2 REPLAY_KEYS=1000 CG_WARMUP=200 CG_REQUESTS=1000
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 lua="$script_dir/wrk/orders.lua"
 log() { printf '[bench-proxy %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if ! command -v wrk >/dev/null; then
-  log "installing wrk (apt-get)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk
+missing=()
+command -v wrk >/dev/null || missing+=(wrk)
+[[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+command -v valgrind >/dev/null || missing+=(valgrind)
+if ((${#missing[@]})); then
+  log "installing ${missing[*]} (apt-get)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}
 log "building idem and the example upstream (release)"
 (cd "$repo" && cargo build --release -q -p idem --bin idem --example upstream)
-idem="$CARGO_TARGET_DIR/release/idem"
+idem=${IDEM_BIN:-$CARGO_TARGET_DIR/release/idem}
 upstream_bin="$CARGO_TARGET_DIR/release/examples/upstream"
 
-work=$(mktemp -d "${BENCH_TMPDIR:-/tmp}/idem-bench-proxy.XXXXXX")
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+work=$(mktemp -d /tmp/idem-bench-proxy.XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  pkill -f -- "$work" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf -- "$work"
 }
 trap cleanup EXIT
-
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-run() { # name url mode seconds tag -> prints the WRK_RESULT line
-  local name=$1 url=$2 mode=$3 secs=$4 tag=$5 out line
-  out=$(wrk -t$THREADS -c$CONNECTIONS -d"${secs}s" --timeout 10s --latency -s "$lua" "$url" -- "$mode" "$REPLAY_KEYS" "$tag")
-  line=$(grep '^WRK_RESULT' <<<"$out")
-  grep '^WRK_SAMPLE' <<<"$out" >&2 || true
-  log "$name: $line"
-  echo "$line"
+wait_port() { for _ in $(seq 600); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; log "port $1 never opened"; exit 1; }
+# CPU seconds (user + system, all threads) a process and its children (nginx's workers) have used so far.
+cpu_of() {
+  local p
+  for p in "$1" $(pgrep -P "$1" || true); do cat "/proc/$p/stat"; done |
+    awk -v hz="$(getconf CLK_TCK)" '{ s += $14 + $15 } END { printf "%.4f", s / hz }'
 }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a - b }'; }
-row() { # label direct-line proxy-line
-  echo "| $1 | $(field "$2" ok_rps) | $(field "$3" ok_rps) | $(ratio "$(field "$3" ok_rps)" "$(field "$2" ok_rps)") | $(field "$2" p50_ms) / $(field "$2" p99_ms) | $(field "$3" p50_ms) / $(field "$3" p99_ms) | $(added "$(field "$3" p99_ms)" "$(field "$2" p99_ms)") | $(field "$2" non2xx) / $(field "$3" non2xx) |"
+
+up_port=$(free_port)
+"$upstream_bin" --listen "127.0.0.1:$up_port" >"$work/upstream.log" 2>&1 &
+pids+=($!)
+wait_port "$up_port"
+
+nginx_conf() { # port workers
+  cat <<CONF
+daemon off;
+master_process $([[ $2 == 1 ]] && echo off || echo on);
+worker_processes $2;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $work/nginx-body;
+  proxy_temp_path $work/nginx-proxy;
+  upstream app { server 127.0.0.1:$up_port; keepalive 64; }
+  server {
+    listen 127.0.0.1:$1;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
 }
 
-# Starts a fresh upstream (extra args: $@) and a fresh proxy on a fresh database; sets up_port, proxy_port,
-# admin_port, proxy_pid.
-start_pair() {
-  local dir
-  dir=$(mktemp -d "$work/pair.XXXX")
-  up_port=$(free_port) proxy_port=$(free_port) admin_port=$(free_port)
-  "$upstream_bin" --listen "127.0.0.1:$up_port" "$@" >"$dir/upstream.log" 2>&1 &
-  up_pid=$!
-  pids+=("$up_pid")
-  IDEM_LOG=warn "$idem" serve --listen "127.0.0.1:$proxy_port" --admin-listen "127.0.0.1:$admin_port" \
-    --upstream "http://127.0.0.1:$up_port" --store "sqlite:$dir/idem.db" >"$dir/idem.log" 2>&1 &
-  proxy_pid=$!
-  pids+=("$proxy_pid")
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$admin_port/healthz" >/dev/null 2>&1 && curl -sf "http://127.0.0.1:$up_port/executions" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  log "servers did not start: $(cat "$dir"/*.log)"
-  exit 1
+# Starts the proxy of case $1 on port $2 with $3 workers (in the foreground of a subshell: prints its pid).
+start_proxy() { # case port workers [wrapper...]
+  local case=$1 port=$2 workers=$3 dir
+  shift 3
+  dir=$(mktemp -d "$work/$case.XXXX")
+  case $case in
+    nginx)
+      nginx_conf "$port" "$workers" >"$dir/nginx.conf"
+      "$@" /usr/sbin/nginx -c "$dir/nginx.conf" -e "$work/nginx-error.log" >"$dir/log" 2>&1 &
+      ;;
+    redis)
+      TOKIO_WORKER_THREADS=$workers IDEM_LOG=warn "$@" "$idem" serve --listen "127.0.0.1:$port" \
+        --admin-listen "127.0.0.1:$(free_port)" --upstream "http://127.0.0.1:$up_port" --store "$REDIS_URL" \
+        --namespace "bench$RANDOM$RANDOM" >"$dir/log" 2>&1 &
+      ;;
+    *)
+      TOKIO_WORKER_THREADS=$workers IDEM_LOG=warn "$@" "$idem" serve --listen "127.0.0.1:$port" \
+        --admin-listen "127.0.0.1:$(free_port)" --upstream "http://127.0.0.1:$up_port" \
+        --store "sqlite:$dir/idem.db" >"$dir/log" 2>&1 &
+      ;;
+  esac
+  echo $!
 }
 
-# One upstream flavour: first executions and replays, direct and proxied. Prints two table rows.
-measure() { # label upstream-args...
-  local label=$1
-  shift
-  start_pair "$@"
-  local direct="http://127.0.0.1:$up_port" proxied="http://127.0.0.1:$proxy_port" tag="t$RANDOM"
-  local d_first p_first d_replay p_replay d_plain p_plain
-  d_plain=$(run "$label direct-nokey" "$direct" nokey "$DURATION" "n$tag")
-  p_plain=$(run "$label proxy-nokey" "$proxied" nokey "$DURATION" "n$tag")
-  d_first=$(run "$label direct-first" "$direct" unique "$DURATION" "d$tag")
-  p_first=$(run "$label proxy-first" "$proxied" unique "$DURATION" "p$tag")
-  run "$label warm-up (each replay key executed once)" "$proxied" replay 3 "r$tag" >/dev/null
-  d_replay=$(run "$label direct-replay" "$direct" replay "$DURATION" "r$tag")
-  p_replay=$(run "$label proxy-replay" "$proxied" replay "$DURATION" "r$tag")
-  row "$label, no key (plain forwarding)" "$d_plain" "$p_plain"
-  row "$label, first executions (new key each)" "$d_first" "$p_first"
-  row "$label, replays ($REPLAY_KEYS keys)" "$d_replay" "$p_replay"
-  log "$label upstream counts: $(curl -s "$direct/executions")"
-  # measure runs in a command substitution: its servers are not in the parent's pid list.
-  kill "$up_pid" "$proxy_pid" 2>/dev/null || true
-  wait "$up_pid" "$proxy_pid" 2>/dev/null || true
+mode_of() { case $1 in nginx | nokey) echo nokey ;; first | redis) echo unique ;; replay) echo replay ;; esac; }
+
+# One wrk run against case $1: prints "rps p50 p99 cpu_us_per_request".
+measure() { # case connections
+  local case=$1 conns=$2 port pid mode tag out line before after requests
+  port=$(free_port)
+  pid=$(start_proxy "$case" "$port" "$WORKERS")
+  pids+=("$pid")
+  wait_port "$port"
+  mode=$(mode_of "$case")
+  tag="c$RANDOM"
+  if [[ $mode == replay ]]; then
+    wrk -t$THREADS -c"$conns" -d3s -s "$lua" "http://127.0.0.1:$port" -- replay $REPLAY_KEYS "$tag" >/dev/null
+  else # warm the connection pools and the store the same way
+    wrk -t$THREADS -c"$conns" -d2s -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "w$tag" >/dev/null
+  fi
+  before=$(cpu_of "$pid")
+  out=$(wrk -t$THREADS -c"$conns" -d"${DURATION}s" --timeout 10s --latency -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "$tag")
+  after=$(cpu_of "$pid")
+  line=$(grep '^WRK_RESULT' <<<"$out")
+  requests=$(field "$line" requests)
+  if [[ $(field "$line" non2xx) != 0 || $(field "$line" errors) != 0 ]]; then log "$case: $line $(grep WRK_SAMPLE <<<"$out" || true)"; fi
+  kill "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  awk -v r="$(field "$line" ok_rps)" -v p50="$(field "$line" p50_ms)" -v p99="$(field "$line" p99_ms)" \
+    -v cpu="$(awk -v a="$before" -v b="$after" 'BEGIN { print b - a }')" -v n="$requests" \
+    'BEGIN { printf "%.0f %.2f %.2f %.1f\n", r, p50, p99, cpu * 1e6 / n }'
 }
 
-log "data under $work ($(df -PT "$work" | awk 'NR==2{print $2}'))"
-memory_rows=$(measure "in-memory upstream")
-durable_rows=$(measure "durable upstream (--sqlite)" --sqlite "$work/orders.db")
+# Instructions per request: callgrind with collection off until CG_WARMUP requests have been answered, then
+# on for CG_REQUESTS sequential keep-alive requests, dumped, divided. One worker: a multi-threaded scheduler's
+# stealing and parking depend on timing, which valgrind's slowdown and other load change.
+instructions() { # case
+  local case=$1 port pid out
+  port=$(free_port)
+  out="$work/callgrind.$case"
+  pid=$(start_proxy "$case" "$port" 1 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" -q)
+  pids+=("$pid")
+  wait_port "$port"
+  python3 - "$port" "$(mode_of "$case")" "cg$RANDOM" "$pid" $CG_WARMUP $CG_REQUESTS <<'PY'
+import http.client, json, subprocess, sys
+port, mode, tag, pid, warmup, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+def send(i):
+    headers = {"Content-Type": "application/json"}
+    if mode == "replay": i = i % 50   # 50 keys: executed once each during the warm-up, then replayed
+    if mode != "nokey": headers["Idempotency-Key"] = f"{tag}-{i}"
+    conn.request("POST", "/orders", body=json.dumps({"sku": f"{tag}-{i}", "qty": 1}), headers=headers)
+    r = conn.getresponse(); r.read()
+    assert 200 <= r.status < 300, r.status
+for i in range(warmup): send(i)
+subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+for i in range(warmup, warmup + n): send(i)
+subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+PY
+  kill -TERM "$pid"
+  # Not a child of this shell (started in a command substitution): poll until callgrind has exited.
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+  awk -v n=$CG_REQUESTS '/^summary:|^totals:/ { printf "%.0f", $2 / n; exit }' "$out.1"
+}
+
+read -ra cases <<<"${CASES:-nginx nokey first replay redis}"
+if [[ " ${cases[*]} " == *" redis "* ]] && ! redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
+  log "Redis at $REDIS_URL does not answer: its case is skipped"
+  read -ra cases <<<"${cases[*]/redis/}"
+fi
+declare -A result cg
+for c in "${cases[@]}"; do
+  log "measuring $c ($CONNECTIONS connections, ${DURATION}s)"
+  result[$c]=$(measure "$c" "$CONNECTIONS")
+  log "$c: ${result[$c]}"
+  if [[ $CALLGRIND == 1 ]]; then
+    cg[$c]=$(instructions "$c")
+    log "$c: ${cg[$c]} instructions per request"
+  fi
+done
+log "added latency at $LATENCY_CONNECTIONS connections: direct, then first executions through idem"
+direct16=$(wrk -t$THREADS -c"$LATENCY_CONNECTIONS" -d"${DURATION}s" --latency -s "$lua" "http://127.0.0.1:$up_port" -- unique $REPLAY_KEYS "d$RANDOM" | grep '^WRK_RESULT')
+first16=$(measure first "$LATENCY_CONNECTIONS")
+
+nginx_cpu=$(cut -d' ' -f4 <<<"${result[nginx]}")
+nginx_ir=${cg[nginx]:-}
+label() { case $1 in nginx) echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///'), upstream keepalive" ;; nokey) echo "idem, no key (plain forwarding)" ;; first) echo "idem, first executions, embedded store" ;; replay) echo "idem, replays ($REPLAY_KEYS keys), embedded store" ;; redis) echo "idem, first executions, --store redis://" ;; esac; }
 cat <<REPORT
 
-== bench-proxy: $CONNECTIONS connections, $THREADS wrk threads, ${DURATION}s per run, $(nproc) cores, rev $(git -C "$repo" rev-parse --short HEAD), load before: $load_before
-| load | direct req/s | proxy req/s | ratio | direct p50 / p99 ms | proxy p50 / p99 ms | added p99 ms | non-2xx direct / proxy |
-|---|---|---|---|---|---|---|---|
-$memory_rows
-$durable_rows
+== bench-proxy: $CONNECTIONS connections, $THREADS wrk threads, ${DURATION}s per run, $WORKERS worker(s) each (nginx worker_processes, idem TOKIO_WORKER_THREADS), $(nproc) cores, rev $(git -C "$repo" rev-parse --short HEAD)
+| case | req/s | p50 / p99 ms | CPU µs per request | x nginx | instructions per request | x nginx |
+|---|---:|---|---:|---:|---:|---:|
 REPORT
-
-if [[ $MILLION == 1 ]]; then
-  start_pair
-  proxied="http://127.0.0.1:$proxy_port"
-  proxied_total() {
-    curl -s "http://127.0.0.1:$admin_port/metrics" | awk '/^idem_http_requests_total\{/ && /route="proxy"/ {s += $NF} END {printf "%d", s}'
-  }
-  round=0
-  while (($(proxied_total) < 1000000)); do
-    round=$((round + 1))
-    if ((round % 2)); then run "million-$round" "$proxied" unique 20 "m$round" >/dev/null; else run "million-$round" "$proxied" replay 20 r >/dev/null; fi
-  done
-  rss=$(awk '/^VmRSS/ {printf "%.1f MiB", $2 / 1024}' "/proc/$proxy_pid/status")
-  hwm=$(awk '/^VmHWM/ {printf "%.1f MiB", $2 / 1024}' "/proc/$proxy_pid/status")
-  echo "after $(proxied_total) proxied requests (alternating 20 s of new keys and 20 s of replays, in-memory upstream): proxy RSS $rss, peak $hwm; databases $(du -sh "$work" | cut -f1)"
-fi
+for c in "${cases[@]}"; do
+  read -r rps p50 p99 cpu <<<"${result[$c]}"
+  ir=${cg[$c]:--}
+  printf '| %s | %s | %s / %s | %s | %s | %s | %s |\n' "$(label "$c")" "$rps" "$p50" "$p99" "$cpu" \
+    "$(awk -v a="$cpu" -v b="$nginx_cpu" 'BEGIN { printf "%.2f", a / b }')" "$ir" \
+    "$(if [[ -n $nginx_ir && $ir != - ]]; then awk -v a="$ir" -v b="$nginx_ir" 'BEGIN { printf "%.2f", a / b }'; else echo -; fi)"
+done
+read -r _ _ p99_first _ <<<"$first16"
+echo
+echo "p99 at $LATENCY_CONNECTIONS connections: direct $(field "$direct16" p99_ms) ms, first executions through idem $p99_first ms, added $(awk -v a="$p99_first" -v b="$(field "$direct16" p99_ms)" 'BEGIN { printf "%.2f", a - b }') ms"

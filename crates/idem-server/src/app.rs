@@ -71,7 +71,7 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
         .layer(DrainLayer::new(largest_body as u64))
 }
 
-/// Serves `router` over HTTP/1.1 and HTTP/2 (prior knowledge) on `listener` until `shutdown` resolves, then
+/// Serves `service` (the KV API's `Router`, the [`Proxy`](crate::Proxy)) over HTTP/1.1 and HTTP/2 (prior knowledge) on `listener` until `shutdown` resolves, then
 /// stops accepting and waits for in-flight requests to finish. A connection with no request running is
 /// closed `idle_timeout` after its last request ended or after it was accepted, whether it sits between
 /// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`]: 75 s). A client
@@ -81,12 +81,12 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
 /// # Errors
 /// The listener's I/O errors.
 pub async fn serve(
-    router: Router,
+    service: impl crate::HttpService,
     listener: tokio::net::TcpListener,
     idle_timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    connections::serve_connections(tls::PlainListener::new(listener)?, router, idle_timeout, shutdown).await
+    connections::serve_connections(tls::PlainListener::new(listener)?, service, idle_timeout, shutdown).await
 }
 
 /// An error and its causes on one line (`a: b: c`), for logs.

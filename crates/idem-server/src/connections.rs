@@ -13,14 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::serve::Listener;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
-use tower::Service;
+use tower::{Service, ServiceExt};
 use tower_http::timeout::TimeoutBody;
 
 /// The idle timeout of client connections that `idem serve` uses unless told otherwise: 75 seconds, nginx's
@@ -33,9 +32,9 @@ pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then stops accepting and
 /// waits for the open connections to finish their requests. A connection with no request running and nothing
 /// written for `idle_timeout` is shut down, and dropped if still open [`CLOSING_GRACE`] later.
-pub(crate) async fn serve_connections<L>(
+pub(crate) async fn serve_connections<L, S: HttpService>(
     mut listener: L,
-    router: Router,
+    service: S,
     idle_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
@@ -51,7 +50,7 @@ where
             conn = listener.accept() => conn,
             () = &mut shutdown => break,
         };
-        tokio::spawn(serve_one(io, peer, router.clone(), idle_timeout, stop_rx.clone()));
+        tokio::spawn(serve_one(io, peer, service.clone(), idle_timeout, stop_rx.clone()));
     }
     // Stop accepting (for the TLS listener this also ends its handshakes), then let open connections finish
     // what they are doing: HTTP/1.1 closes after the response in progress, HTTP/2 sends GOAWAY.
@@ -62,17 +61,17 @@ where
     Ok(())
 }
 
-async fn serve_one<I>(
+async fn serve_one<I, S: HttpService>(
     io: I,
     peer: SocketAddr,
-    router: Router,
+    service: S,
     idle_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let service = Tracked { router, peer, idle_timeout, activity: Arc::clone(&activity) };
+    let service = Tracked { service, peer, idle_timeout, activity: Arc::clone(&activity) };
     // No hyper header timeout: hyper starts it when a response body has been handed to its write buffer, not
     // when the buffer has reached a slow reader, so a long download left less idle time than promised. The
     // watch below covers a half-sent header instead (no request running, nothing written: dropped).
@@ -235,14 +234,14 @@ impl Drop for InFlight {
 
 /// A response body that holds its request's [`InFlight`] until hyper drops it. Forwards the size hint and the
 /// end of stream, so a body of known length still goes out with `Content-Length`, not chunked.
-struct Guarded {
-    inner: axum::body::Body,
+pub(crate) struct Guarded<B> {
+    inner: B,
     _in_flight: InFlight,
 }
 
-impl http_body::Body for Guarded {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
@@ -260,35 +259,71 @@ impl http_body::Body for Guarded {
     }
 }
 
-/// The router as hyper calls it: the client's address as axum's `ConnectInfo` (the proxy's `Forwarded`
+/// The request body an [`HttpService`] receives: hyper's, ended if it stalls for the idle timeout between two
+/// frames (nginx's `client_body_timeout`).
+pub type RequestBody = TimeoutBody<Incoming>;
+
+/// What [`serve`](crate::serve) and [`serve_tls`](crate::serve_tls) run on every connection: an axum `Router`
+/// (the KV API) or the reverse [`Proxy`](crate::Proxy), which runs without a router (one route; the router's
+/// boxing and matching were a measurable share of a forwarded request: BENCHMARKS.md). Any clonable tower
+/// service that answers every request itself (never an error) qualifies; the trait is implemented for all of
+/// them.
+pub trait HttpService:
+    Service<
+        http::Request<RequestBody>,
+        Response = http::Response<Self::ResponseBody>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The body of its responses.
+    type ResponseBody: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + Unpin + 'static;
+}
+
+impl<S, B> HttpService for S
+where
+    S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    type ResponseBody = B;
+}
+
+/// The service as hyper calls it: the client's address as axum's `ConnectInfo` (the proxy's `Forwarded`
 /// header needs it), the request body ended if it stalls for the idle timeout between two frames (nginx's
 /// `client_body_timeout`), and each request counted in the connection's [`Activity`] until its response body
 /// has been sent.
 #[derive(Clone)]
-struct Tracked {
-    router: Router,
+struct Tracked<S> {
+    service: S,
     peer: SocketAddr,
     idle_timeout: Duration,
     activity: Arc<Activity>,
 }
 
-impl hyper::service::Service<http::Request<Incoming>> for Tracked {
-    type Response = axum::response::Response;
+impl<S: HttpService> hyper::service::Service<http::Request<Incoming>> for Tracked<S> {
+    type Response = http::Response<Guarded<S::ResponseBody>>;
     type Error = Infallible;
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let idle_timeout = self.idle_timeout;
-        let mut request = request.map(|body| axum::body::Body::new(TimeoutBody::new(idle_timeout, body)));
+        let mut request = request.map(|body| TimeoutBody::new(self.idle_timeout, body));
         request.extensions_mut().insert(ConnectInfo(self.peer));
         let in_flight = InFlight::begin(&self.activity);
-        // `Router` is always ready: it answers every request itself (404 and 405 included).
-        let handled = self.router.clone().call(request);
+        let handled = self.service.clone().oneshot(request);
         Box::pin(async move {
             let response = handled.await;
             // The guard rides in the response body: hyper drops the body after its last frame, or when the
             // connection goes; a long download is a request running, not an idle connection.
-            Ok(response?.map(|inner| axum::body::Body::new(Guarded { inner, _in_flight: in_flight })))
+            Ok(response?.map(|inner| Guarded { inner, _in_flight: in_flight }))
         })
     }
 }

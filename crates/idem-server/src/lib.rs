@@ -32,10 +32,10 @@ mod upstream_conn;
 
 pub(crate) use app::error_chain;
 pub use app::{ServerConfig, app, serve};
-pub use connections::DEFAULT_CLIENT_IDLE_TIMEOUT;
+pub use connections::{DEFAULT_CLIENT_IDLE_TIMEOUT, HttpService, RequestBody};
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
-pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Upstream, UpstreamError, proxy};
+pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Proxy, Upstream, UpstreamError, proxy};
 pub use server::{DEFAULT_SHUTDOWN_GRACE, Ending, Server, Shutdown};
 pub use tls::{HANDSHAKE_TIMEOUT, TlsConfigSlot, serve_tls};

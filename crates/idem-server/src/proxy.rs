@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -21,13 +20,14 @@ use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_store::Store;
 use idem_tower::Body;
-use idem_tower::{BufferedBody, DrainLayer, IdempotencyLayer, UpstreamFailure};
+use idem_tower::{BufferedBody, Drain, DrainFuture, DrainLayer, Idempotency, IdempotencyLayer, UpstreamFailure};
 use tokio::time::Instant as Deadline;
 use tower::Layer;
 
 use axum::response::IntoResponse;
 
 use crate::Problem;
+use crate::metrics::ProxyMetrics;
 use crate::upstream_conn::{Facts, ObservingConnector, TlsHandshakeFailed, TlsTarget, Unread};
 
 /// The default of [`Upstream::new`]'s `idle_timeout`: a pooled connection idle longer than this is not
@@ -353,7 +353,11 @@ impl Upstream {
                 };
             }
         }
-        metrics::histogram!("idem_upstream_seconds").record(started.elapsed().as_secs_f64());
+        // Looked up once: the macro hashes the key in the registry on every call.
+        static UPSTREAM_SECONDS: std::sync::OnceLock<metrics::Histogram> = std::sync::OnceLock::new();
+        UPSTREAM_SECONDS
+            .get_or_init(|| metrics::histogram!("idem_upstream_seconds"))
+            .record(started.elapsed().as_secs_f64());
         match sent {
             Sent::Answered(response) => {
                 let (mut parts, body) = response.into_parts();
@@ -470,9 +474,9 @@ fn unknown(status: StatusCode, detail: String, reason: String) -> Response<Body>
     response
 }
 
-/// The router of the proxy listener: every path and method forwarded to `upstream`, methods the layer covers
-/// (POST and PATCH by default) under Idempotency-Key handling.
-pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Router {
+/// The service of the proxy listener: every path and method forwarded to `upstream`, methods the layer covers
+/// (POST and PATCH by default) under Idempotency-Key handling; served by [`Server::proxy`](crate::Server::proxy).
+pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Proxy<St> {
     metrics::describe_histogram!("idem_upstream_seconds", "Time until the upstream's response headers, in seconds.");
     metrics::describe_counter!(
         "idem_upstream_errors_total",
@@ -489,5 +493,42 @@ pub fn proxy<St: Store>(layer: IdempotencyLayer<St>, upstream: Upstream) -> Rout
     metrics::counter!("idem_upstream_retries_total", "reason" => "not_written").increment(0);
     // A body refused by the layer's limit is drained before the 413 goes out (see `DrainLayer`).
     let drain = DrainLayer::new(layer.request_body_limit() as u64);
-    Router::new().fallback_service(layer.layer(upstream)).layer(crate::metrics::ProxyMetricsLayer).layer(drain)
+    Proxy { stack: drain.layer(crate::metrics::ProxyMetricsLayer.layer(layer.layer(upstream))) }
+}
+
+/// The proxy's tower service ([`proxy`]): the drain, metrics and idempotency layers around an [`Upstream`],
+/// without a router: there is one route, and axum's router boxed and matched every request for nothing.
+/// Always ready; never fails (every failure is an answer).
+pub struct Proxy<St> {
+    stack: Drain<ProxyMetrics<Idempotency<Upstream, St>>>,
+}
+
+impl<St> Clone for Proxy<St> {
+    fn clone(&self) -> Self {
+        Self { stack: self.stack.clone() }
+    }
+}
+
+impl<St> std::fmt::Debug for Proxy<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").finish_non_exhaustive()
+    }
+}
+
+impl<St: Store, B> tower::Service<Request<B>> for Proxy<St>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = DrainFuture<Response<Body>, Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        tower::Service::<Request<B>>::poll_ready(&mut self.stack, cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        self.stack.call(request)
+    }
 }

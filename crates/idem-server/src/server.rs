@@ -8,12 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use idem_store::Store;
 use idem_tower::{IdempotencyLayer, InvalidatingStore};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::HttpService;
 use crate::{DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfigSlot, Upstream};
 
 /// How long in-flight requests may run on after shutdown begins ([`Server::shutdown_grace`]'s default).
@@ -117,14 +117,25 @@ pub enum Ending {
 }
 
 type Drain = Pin<Box<dyn Future<Output = ()> + Send>>;
+type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+/// Starts serving one listener (with TLS when a configuration is given) until its future resolves. The
+/// service's type is erased here, once per listener, rather than boxed per request.
+type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, Duration, Drain) -> Serving + Send>;
+
+fn serve_fn<S: HttpService>(service: S) -> ServeFn {
+    Box::new(move |listener, tls, idle_timeout, stop| match tls {
+        Some(slot) => Box::pin(crate::serve_tls(service, listener, slot, idle_timeout, stop)),
+        None => Box::pin(crate::serve(service, listener, idle_timeout, stop)),
+    })
+}
 
 /// What a server serves.
 enum Routes {
     /// The KV API on the main listener.
-    Kv(Router),
+    Kv(ServeFn),
     /// The proxy on the main listener; the KV API, records, /metrics and /healthz on the admin one; `drain`
     /// waits for the layer's executions whose clients hung up.
-    Proxy { main: Router, admin: (TcpListener, Router), drain: Box<dyn FnOnce() -> Drain + Send> },
+    Proxy { main: ServeFn, admin: (TcpListener, ServeFn), drain: Box<dyn FnOnce() -> Drain + Send> },
 }
 
 /// A configured server, ready to [`Server::run`].
@@ -139,7 +150,7 @@ pub struct Server {
 impl Server {
     /// The KV API ([`crate::app`]) over `store` on `listener`.
     pub fn kv<S: Store>(listener: TcpListener, store: S, config: ServerConfig) -> Self {
-        Self::with(listener, Routes::Kv(crate::app(store, config)))
+        Self::with(listener, Routes::Kv(serve_fn(crate::app(store, config))))
     }
 
     /// The reverse proxy ([`crate::proxy`]) under `layer` on `listener`, and on `admin` the KV API over the
@@ -157,7 +168,10 @@ impl Server {
         let kv = crate::app(InvalidatingStore::new(store, layer.clone()), config);
         let drained = layer.clone();
         let drain = Box::new(move || Box::pin(async move { drained.drain().await }) as Drain);
-        Self::with(listener, Routes::Proxy { main: crate::proxy(layer, upstream), admin: (admin, kv), drain })
+        Self::with(
+            listener,
+            Routes::Proxy { main: serve_fn(crate::proxy(layer, upstream)), admin: (admin, serve_fn(kv)), drain },
+        )
     }
 
     fn with(listener: TcpListener, routes: Routes) -> Self {
@@ -191,17 +205,12 @@ impl Server {
     /// A listener's I/O error while serving.
     pub async fn run(self, shutdown: Shutdown) -> std::io::Result<Ending> {
         let Server { listener, routes, tls, idle_timeout, grace } = self;
-        let serve_on =
-            |router: Router, listener: TcpListener| -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> {
-                let stop = shutdown.clone();
-                let stop = async move { stop.begun().await };
-                match &tls {
-                    Some(slot) => Box::pin(crate::serve_tls(router, listener, slot.clone(), idle_timeout, stop)),
-                    None => Box::pin(crate::serve(router, listener, idle_timeout, stop)),
-                }
-            };
-        let serving: Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match routes {
-            Routes::Kv(router) => serve_on(router, listener),
+        let serve_on = |serve: ServeFn, listener: TcpListener| -> Serving {
+            let stop = shutdown.clone();
+            serve(listener, tls.clone(), idle_timeout, Box::pin(async move { stop.begun().await }))
+        };
+        let serving: Serving = match routes {
+            Routes::Kv(serve) => serve_on(serve, listener),
             Routes::Proxy { main, admin: (admin, kv), drain } => {
                 let (main, admin) = (serve_on(main, listener), serve_on(kv, admin));
                 Box::pin(async move {

@@ -12,7 +12,6 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
 use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -51,7 +50,7 @@ impl TlsConfigSlot {
     }
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` resolves, then stops accepting and waits for
+/// Serves `service` over TLS on `listener` until `shutdown` resolves, then stops accepting and waits for
 /// in-flight requests to finish, as [`serve`](crate::serve) does over plain TCP. Each connection's handshake
 /// uses the configuration in `tls` at the moment it was accepted, within [`HANDSHAKE_TIMEOUT`]. A client that
 /// speaks plain HTTP to this listener gets `400` `urn:idem:problem:tls-required` and the connection is closed;
@@ -61,14 +60,14 @@ impl TlsConfigSlot {
 /// # Errors
 /// The listener's I/O errors.
 pub async fn serve_tls(
-    router: Router,
+    service: impl crate::HttpService,
     listener: TcpListener,
     tls: TlsConfigSlot,
     idle_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let incoming = TlsIncoming::start(listener, tls)?;
-    crate::connections::serve_connections(incoming, router, idle_timeout, shutdown).await
+    crate::connections::serve_connections(incoming, service, idle_timeout, shutdown).await
 }
 
 /// Accepted and handshaken TLS connections, as an axum [`Listener`].

@@ -18,18 +18,30 @@ use tower::BoxError;
 pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
 
 impl Body {
-    /// Boxes `body` (no copy of its data).
+    /// Boxes `body` (no copy of its data); a `Body` is returned as it is, not boxed a second time.
     pub fn new<B>(body: B) -> Self
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        Self(body.map_err(Into::into).boxed_unsync())
+        // Layers re-wrap what they pass on (`request.map(Body::new)`); each box is an allocation per request
+        // and a virtual call per frame, so a body that already is one is taken as it is (axum's `Body::new`
+        // does the same).
+        let mut slot = Some(body);
+        if let Some(already) = (&mut slot as &mut dyn std::any::Any).downcast_mut::<Option<Body>>()
+            && let Some(body) = already.take()
+        {
+            return body;
+        }
+        match slot {
+            Some(body) => Self(body.map_err(Into::into).boxed_unsync()),
+            None => Self::empty(),
+        }
     }
 
     /// A body with no data.
     pub fn empty() -> Self {
-        Self::new(Empty::<Bytes>::new())
+        Self(Empty::<Bytes>::new().map_err(Into::<BoxError>::into).boxed_unsync())
     }
 }
 
@@ -77,5 +89,19 @@ impl http_body::Body for Body {
 
     fn size_hint(&self) -> SizeHint {
         self.0.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+
+    #[tokio::test]
+    async fn a_body_wrapped_again_keeps_its_data_and_length() {
+        let body = Body::new(Body::from("twelve bytes"));
+        assert_eq!(body.size_hint().exact(), Some(12));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "twelve bytes");
+        assert!(Body::new(Body::empty()).is_end_stream());
     }
 }

@@ -111,11 +111,11 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
     Ok(match verdict {
         Verdict::Claim | Verdict::InFlight => return Err(verdict),
         Verdict::Replay(stored) => {
-            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            crate::counters::count(crate::counters::Count::Replays);
             replay(stored)
         }
         Verdict::Mismatch => {
-            metrics::counter!("idem_idempotency_mismatches_total").increment(1);
+            crate::counters::count(crate::counters::Count::Mismatches);
             problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ProblemType::IdempotencyKeyReused,
@@ -124,7 +124,7 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
             )
         }
         Verdict::TooLarge { status, limit } => {
-            metrics::counter!("idem_idempotency_replays_total").increment(1);
+            crate::counters::count(crate::counters::Count::Replays);
             problem(
                 StatusCode::CONFLICT,
                 ProblemType::ResponseNotStored,

@@ -147,7 +147,7 @@ impl<St: Store> LeaseHolder<St> {
         let key = self.lease.key().as_str().to_owned();
         keeper
             .during(&mut self.lease, work, |lost| {
-                metrics::counter!("idem_idempotency_leases_lost_total").increment(1);
+                crate::counters::count(crate::counters::Count::LeasesLost);
                 let why = match lost {
                     Lost::Refused => "another holder took the key over",
                     Lost::Lapsed => "no renewal was accepted for a whole lease",
@@ -158,7 +158,7 @@ impl<St: Store> LeaseHolder<St> {
     }
 
     async fn unknown(mut self, config: &Arc<Config>, reason: &str) {
-        metrics::counter!("idem_idempotency_unknown_outcomes_total").increment(1);
+        crate::counters::count(crate::counters::Count::UnknownOutcomes);
         match config.unknown_outcome {
             UnknownOutcome::Release => self.release().await,
             UnknownOutcome::Keep => self.finish(config, Outcome::Unknown { reason: reason.to_owned() }).await,
@@ -184,7 +184,7 @@ impl<St: Store> LeaseHolder<St> {
         let mut adopted = false;
         loop {
             match self.store.apply(self.lease.release()).await {
-                Ok(_) => metrics::counter!("idem_idempotency_releases_total").increment(1),
+                Ok(_) => crate::counters::count(crate::counters::Count::Releases),
                 Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => {
                     adopted = true;
                     continue;
@@ -275,7 +275,7 @@ impl<St: Store> LeaseHolder<St> {
     }
 
     fn fenced(&self, key: &str, e: &StoreError) {
-        metrics::counter!("idem_idempotency_takeovers_total").increment(1);
+        crate::counters::count(crate::counters::Count::Takeovers);
         warn!(key, error = %e, "completion refused by the fence: another holder took the key over");
     }
 }

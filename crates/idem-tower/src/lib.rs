@@ -31,6 +31,7 @@
 mod body;
 mod cache;
 mod config;
+mod counters;
 mod decide;
 mod drain;
 mod execute;

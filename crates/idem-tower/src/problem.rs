@@ -36,7 +36,7 @@ pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
 }
 
 pub(crate) fn in_flight() -> Response<Body> {
-    metrics::counter!("idem_idempotency_conflicts_total").increment(1);
+    crate::counters::count(crate::counters::Count::Conflicts);
     let mut response = problem(
         StatusCode::CONFLICT,
         ProblemType::RequestInFlight,

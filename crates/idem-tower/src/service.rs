@@ -14,6 +14,7 @@ use idem_store::Store;
 use tower::{BoxError, Service};
 
 use crate::config::Config;
+use crate::counters::{Count, count};
 use crate::decide::{cached_answer, decide};
 use crate::execute::execute;
 use crate::future::ResponseFuture;
@@ -29,31 +30,8 @@ pub struct Idempotency<S, St> {
 
 impl<S, St> Idempotency<S, St> {
     pub(crate) fn new(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
-        register_metrics();
+        crate::counters::register();
         Self { inner, store, config }
-    }
-}
-
-/// Describes the layer's counters and registers them at zero, so dashboards and alerts find every series
-/// before its first event.
-fn register_metrics() {
-    const COUNTERS: [(&str, &str); 8] = [
-        ("idem_idempotency_claims_total", "Keys claimed: requests executed under a new record."),
-        ("idem_idempotency_replays_total", "Retries answered from a stored record (incl. response-not-stored)."),
-        ("idem_idempotency_conflicts_total", "Retries answered 409 because the first request was still in flight."),
-        ("idem_idempotency_mismatches_total", "Keys reused for a different request, answered 422."),
-        ("idem_idempotency_releases_total", "Keys released after 429/503 or a request never sent."),
-        (
-            "idem_idempotency_takeovers_total",
-            "Completions refused by the fence: another holder (after this one's lease lapsed) or an operator's \
-             delete replaced the record.",
-        ),
-        ("idem_idempotency_leases_lost_total", "Lease renewals refused by the fence while a request ran."),
-        ("idem_idempotency_unknown_outcomes_total", "Requests sent whose outcome is unknown (reset, timeout)."),
-    ];
-    for (name, help) in COUNTERS {
-        metrics::describe_counter!(name, help);
-        metrics::counter!(name).increment(0);
     }
 }
 
@@ -138,7 +116,7 @@ where
         Ok(lease) => lease,
         Err(answer) => return Ok(*answer),
     };
-    metrics::counter!("idem_idempotency_claims_total").increment(1);
+    count(Count::Claims);
     let request = Request::from_parts(parts, Body::from(body));
     execute(inner, store, config, request, lease).await
 }

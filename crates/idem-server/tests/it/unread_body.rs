@@ -15,11 +15,11 @@ const MIB: usize = 1 << 20;
 /// The default KV value limit and proxy request-body limit (16 MiB).
 const DEFAULT_LIMIT: usize = 16 * MIB;
 
-async fn serve(router: Router) -> SocketAddr {
+async fn serve(service: impl idem_server::HttpService) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(idem_server::serve(
-        router,
+        service,
         listener,
         idem_server::DEFAULT_CLIENT_IDLE_TIMEOUT,
         std::future::pending(),
@@ -34,7 +34,7 @@ fn kv() -> Router {
 
 /// The proxy with the default request-body limit, in front of an upstream that is never reached (every
 /// request here is refused first).
-fn proxy_app() -> Router {
+fn proxy_app() -> idem_server::Proxy<MemoryStore> {
     let upstream =
         Upstream::new("http://127.0.0.1:9", Duration::from_secs(5), idem_server::DEFAULT_UPSTREAM_IDLE_TIMEOUT)
             .unwrap();
