@@ -201,7 +201,7 @@ nginx_ir=${cg[nginx]:-}
 label() { case $1 in nginx) echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///'), upstream keepalive" ;; nokey) echo "idem, no key (plain forwarding)" ;; first) echo "idem, first executions, embedded store" ;; replay) echo "idem, replays ($REPLAY_KEYS keys), embedded store" ;; redis) echo "idem, first executions, --store redis://" ;; esac; }
 cat <<REPORT
 
-== bench-proxy: $CONNECTIONS connections, $THREADS wrk threads, ${DURATION}s per run, $WORKERS worker(s) each (nginx worker_processes, idem TOKIO_WORKER_THREADS), $(nproc) cores, rev $(git -C "$repo" rev-parse --short HEAD)
+== bench-proxy: $CONNECTIONS connections, $THREADS wrk threads, ${DURATION}s per run, $WORKERS worker(s) each (nginx worker_processes, idem TOKIO_WORKER_THREADS), $(nproc) cores, $(if [[ -n ${IDEM_BIN:-} ]]; then echo "idem $IDEM_BIN"; else echo "rev $(git -C "$repo" rev-parse --short HEAD)"; fi)
 | case | req/s | p50 / p99 ms | CPU µs per request | x nginx | instructions per request | x nginx |
 |---|---:|---|---:|---:|---:|---:|
 REPORT

@@ -86,7 +86,7 @@ pub async fn serve(
     idle_timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    connections::serve_connections(tls::PlainListener::new(listener)?, service, idle_timeout, shutdown).await
+    connections::serve_connections(tls::PlainListener::new(listener)?, service, false, idle_timeout, shutdown).await
 }
 
 /// An error and its causes on one line (`a: b: c`), for logs.

@@ -35,6 +35,7 @@ pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 pub(crate) async fn serve_connections<L, S: HttpService>(
     mut listener: L,
     service: S,
+    tls: bool,
     idle_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
@@ -50,7 +51,7 @@ where
             conn = listener.accept() => conn,
             () = &mut shutdown => break,
         };
-        tokio::spawn(serve_one(io, peer, service.clone(), idle_timeout, stop_rx.clone()));
+        tokio::spawn(serve_one(io, peer, service.clone(), tls, idle_timeout, stop_rx.clone()));
     }
     // Stop accepting (for the TLS listener this also ends its handshakes), then let open connections finish
     // what they are doing: HTTP/1.1 closes after the response in progress, HTTP/2 sends GOAWAY.
@@ -65,13 +66,14 @@ async fn serve_one<I, S: HttpService>(
     io: I,
     peer: SocketAddr,
     service: S,
+    tls: bool,
     idle_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity::new());
-    let service = Tracked { service, peer, idle_timeout, activity: Arc::clone(&activity) };
+    let service = Tracked { service, peer, tls, idle_timeout, activity: Arc::clone(&activity) };
     // No hyper header timeout: hyper starts it when a response body has been handed to its write buffer, not
     // when the buffer has reached a slow reader, so a long download left less idle time than promised. The
     // watch below covers a half-sent header instead (no request running, nothing written: dropped).
@@ -234,8 +236,14 @@ impl Drop for InFlight {
 
 /// A response body that holds its request's [`InFlight`] until hyper drops it. Forwards the size hint and the
 /// end of stream, so a body of known length still goes out with `Content-Length`, not chunked.
+///
+/// The answer to a HEAD request over HTTP/2 ends with its header block: hyper's HTTP/1 server leaves a HEAD
+/// response's body out, its HTTP/2 server sent it as DATA, which RFC 9110 §9.3.2 forbids and clients treat as
+/// a protocol error (a 502 problem answered by idem itself carries a body). The size hint stays, so the
+/// Content-Length is the one a GET would have had.
 pub(crate) struct Guarded<B> {
     inner: B,
+    no_content: bool,
     _in_flight: InFlight,
 }
 
@@ -247,11 +255,14 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.no_content {
+            return std::task::Poll::Ready(None);
+        }
         std::pin::Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.no_content || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -305,9 +316,15 @@ where
 struct Tracked<S> {
     service: S,
     peer: SocketAddr,
+    /// Whether the client connection is TLS: the proxy's `Forwarded` says `proto=https` then.
+    tls: bool,
     idle_timeout: Duration,
     activity: Arc<Activity>,
 }
+
+/// A request extension: the client's connection is TLS (set by the TLS listener's connection loop).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ViaTls;
 
 impl<S: HttpService> hyper::service::Service<http::Request<Incoming>> for Tracked<S> {
     type Response = http::Response<Guarded<S::ResponseBody>>;
@@ -317,13 +334,17 @@ impl<S: HttpService> hyper::service::Service<http::Request<Incoming>> for Tracke
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
         let mut request = request.map(|body| TimeoutBody::new(self.idle_timeout, body));
         request.extensions_mut().insert(ConnectInfo(self.peer));
+        if self.tls {
+            request.extensions_mut().insert(ViaTls);
+        }
+        let no_content = request.method() == http::Method::HEAD && request.version() == http::Version::HTTP_2;
         let in_flight = InFlight::begin(&self.activity);
         let handled = self.service.clone().oneshot(request);
         Box::pin(async move {
             let response = handled.await;
             // The guard rides in the response body: hyper drops the body after its last frame, or when the
             // connection goes; a long download is a request running, not an idle connection.
-            Ok(response?.map(|inner| Guarded { inner, _in_flight: in_flight }))
+            Ok(response?.map(|inner| Guarded { inner, no_content, _in_flight: in_flight }))
         })
     }
 }

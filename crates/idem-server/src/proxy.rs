@@ -27,6 +27,7 @@ use tower::Layer;
 use axum::response::IntoResponse;
 
 use crate::Problem;
+use crate::connections::ViaTls;
 use crate::metrics::ProxyMetrics;
 use crate::upstream_conn::{Facts, ObservingConnector, TlsHandshakeFailed, TlsTarget, Unread};
 
@@ -245,8 +246,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The RFC 7239 `Forwarded` element for this hop: `for` the client, `proto`, and `host` the client asked for.
-fn forwarded(client: Option<SocketAddr>, host: Option<&HeaderValue>) -> Option<HeaderValue> {
+/// The RFC 7239 `Forwarded` element for this hop: `for` the client, `proto` (`https` when the client's
+/// connection is TLS), and `host` the client asked for.
+fn forwarded(client: Option<SocketAddr>, tls: bool, host: Option<&str>) -> Option<HeaderValue> {
     use std::fmt::Write as _;
     let mut element = String::with_capacity(96);
     match client {
@@ -256,8 +258,8 @@ fn forwarded(client: Option<SocketAddr>, host: Option<&HeaderValue>) -> Option<H
         }
         None => element.push_str("for=unknown"),
     }
-    element.push_str(";proto=http");
-    if let Some(host) = host.and_then(|h| h.to_str().ok())
+    element.push_str(if tls { ";proto=https" } else { ";proto=http" });
+    if let Some(host) = host
         && host.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
     {
         element.push_str(";host=\"");
@@ -302,7 +304,14 @@ impl Upstream {
         let deadline = Deadline::now() + self.inner.timeout;
         let (mut parts, body) = request.into_parts();
         let client = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-        let original_host = parts.headers.get(header::HOST).cloned();
+        let tls = parts.extensions.get::<ViaTls>().is_some();
+        // The authority the client asked for: the request target's when it has one (HTTP/2's `:authority`,
+        // an absolute-form target, whose authority RFC 9112 §3.2.2 puts before `Host`), else `Host`.
+        let original_host = match parts.uri.authority() {
+            Some(authority) => Some(authority.as_str()),
+            None => parts.headers.get(header::HOST).and_then(|h| h.to_str().ok()),
+        };
+        let forwarded = forwarded(client, tls, original_host);
         let target = match self.target(&parts.uri) {
             Ok(target) => target,
             Err(e) => {
@@ -310,7 +319,7 @@ impl Upstream {
             }
         };
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(value) = forwarded(client, original_host.as_ref()) {
+        if let Some(value) = forwarded {
             parts.headers.append(header::FORWARDED, value);
         }
         parts.headers.insert(header::HOST, self.inner.host.clone());

@@ -67,7 +67,7 @@ pub async fn serve_tls(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let incoming = TlsIncoming::start(listener, tls)?;
-    crate::connections::serve_connections(incoming, service, idle_timeout, shutdown).await
+    crate::connections::serve_connections(incoming, service, true, idle_timeout, shutdown).await
 }
 
 /// Accepted and handshaken TLS connections, as an axum [`Listener`].

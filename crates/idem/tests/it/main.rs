@@ -11,6 +11,7 @@ mod crash;
 mod idle;
 mod proxy;
 mod proxy_tls;
+mod proxy_wire;
 mod queues;
 mod readme;
 mod run;
