@@ -12,7 +12,8 @@
 # added-latency run, default 16), WORKERS (nginx's worker_processes and idem's tokio worker threads,
 # TOKIO_WORKER_THREADS, default 1: the same configuration on both sides), CALLGRIND (1: instruction counts,
 # default 1), REDIS_URL (default redis://127.0.0.1:6379; the Redis case is skipped with a line when it does not
-# answer), CASES (a subset of "nginx nokey first replay redis"; nginx is the yardstick of every ratio),
+# answer), CASES (a subset of "nginx nokey first replay redis"; nginx, the yardstick of every ratio, is
+# measured even when left out; an unknown case or WORKERS below 1 is refused with exit status 2),
 # IDEM_BIN (a prebuilt idem to measure instead of building one), CARGO_TARGET_DIR.
 #
 # Instructions are counted after 200 warm-up requests over 1,000 sequential keep-alive requests, with one
@@ -28,6 +29,21 @@ WORKERS=${WORKERS:-1}
 CALLGRIND=${CALLGRIND:-1}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 readonly THREADS=2 REPLAY_KEYS=1000 CG_WARMUP=200 CG_REQUESTS=1000
+readonly KNOWN_CASES="nginx nokey first replay redis"
+if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench-proxy: WORKERS must be a whole number of at least 1, not ${WORKERS@Q}" >&2
+  exit 2
+fi
+read -ra cases <<<"${CASES:-$KNOWN_CASES}"
+for c in "${cases[@]}"; do
+  if [[ " $KNOWN_CASES " != *" $c "* ]]; then
+    echo "bench-proxy: unknown case ${c@Q} in CASES (known: $KNOWN_CASES)" >&2
+    exit 2
+  fi
+done
+if [[ " ${cases[*]} " != *" nginx "* ]]; then
+  cases=(nginx "${cases[@]}") # the yardstick of every ratio
+fi
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$script_dir/.." && pwd)
 lua="$script_dir/wrk/orders.lua"
@@ -43,15 +59,24 @@ if ((${#missing[@]})); then
 fi
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/idem-target}
-log "building idem and the example upstream (release)"
-(cd "$repo" && cargo build --release -q -p idem --bin idem --example upstream)
+if [[ -n ${IDEM_BIN:-} ]]; then
+  log "building the example upstream (release); measuring $IDEM_BIN"
+  (cd "$repo" && cargo build --release -q -p idem --example upstream)
+else
+  log "building idem and the example upstream (release)"
+  (cd "$repo" && cargo build --release -q -p idem --bin idem --example upstream)
+fi
 idem=${IDEM_BIN:-$CARGO_TARGET_DIR/release/idem}
 upstream_bin="$CARGO_TARGET_DIR/release/examples/upstream"
 
 work=$(mktemp -d /tmp/idem-bench-proxy.XXXXXX)
 pids=()
+# Proxies are started inside command substitutions (subshells), whose additions to `pids` the EXIT trap
+# never sees: each also writes its pid here.
+started="$work/started.pids"
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  local p
+  for p in "${pids[@]}" $(cat "$started" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf -- "$work"
 }
@@ -113,6 +138,7 @@ start_proxy() { # case port workers [wrapper...]
         --store "sqlite:$dir/idem.db" >"$dir/log" 2>&1 &
       ;;
   esac
+  echo $! >>"$started"
   echo $!
 }
 
@@ -177,7 +203,6 @@ PY
   awk -v n=$CG_REQUESTS '/^summary:|^totals:/ { printf "%.0f", $2 / n; exit }' "$out.1"
 }
 
-read -ra cases <<<"${CASES:-nginx nokey first replay redis}"
 if [[ " ${cases[*]} " == *" redis "* ]] && ! redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
   log "Redis at $REDIS_URL does not answer: its case is skipped"
   read -ra cases <<<"${cases[*]/redis/}"
