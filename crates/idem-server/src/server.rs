@@ -116,11 +116,14 @@ pub enum Ending {
     Forced,
 }
 
+/// Waits for the layer's detached executions to be recorded.
 type Drain = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// Resolves once the shutdown has begun: a listener stops accepting then.
+type Stop = Pin<Box<dyn Future<Output = ()> + Send>>;
 type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 /// Starts serving one listener (with TLS when a configuration is given) until its future resolves. The
 /// service's type is erased here, once per listener, rather than boxed per request.
-type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, Duration, Drain) -> Serving + Send>;
+type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, Duration, Stop) -> Serving + Send>;
 
 fn serve_fn<S: HttpService>(service: S) -> ServeFn {
     Box::new(move |listener, tls, idle_timeout, stop| match tls {
