@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds idem and the verification harness (debug profile: the planted-bug switch exists only there) and runs
+# Builds idem (with the test-only feature planted-bugs) and the verification harness, and runs
 # it: random concurrent clients against real idem processes under injected faults, their histories checked for
 # linearizability (KV) and exactly-once (proxy, runner). See RELIABILITY.md.
 #
@@ -44,5 +44,5 @@ esac
 if [ "$long" = 1 ]; then
   args+=(--duration "$((1800 / (count_b * count_w)))s")
 fi
-cargo build -p idem --bin idem -p idem-verify --bin idem-verify
+cargo build -p idem --bin idem --features idem/planted-bugs -p idem-verify --bin idem-verify
 exec "$CARGO_TARGET_DIR/debug/idem-verify" "${args[@]}" "${extra[@]}"

@@ -445,6 +445,37 @@ impl Held {
         self.claim.lease
     }
 
+    /// The item's ledger keys.
+    pub fn keys(&self) -> &ItemKeys {
+        &self.claim.keys
+    }
+
+    /// Take the lease again after it lapsed (the holder was paused, or the store unreachable, for longer than a
+    /// lease): created only if no live lease exists, with this holder's owner token. Once accepted (record its
+    /// generation with [`Renewable::renewed`]), write [`Held::reassert`]: only if that is accepted too is the
+    /// item this holder's again. Otherwise someone claimed it over: give the lease back with [`Held::release`]
+    /// and discard the attempt.
+    pub fn retake(&self) -> Write {
+        self.claim.lease_write()
+    }
+
+    /// After [`Held::retake`]: the claim's entry written again as it is, only if its generation is still the
+    /// fencing token (nobody claimed the item over while the lease was lapsed). It moves the generation on, so a
+    /// claim over the entry that was read before the lease was retaken (a successor that took the lapsed lease
+    /// and paused before its entry write) is refused. Record the new generation with [`Held::reasserted`].
+    pub fn reassert(&self) -> Write {
+        let mut write = self.claim.entry_write();
+        write.precondition = Precondition::Generation(self.entry_generation);
+        write
+    }
+
+    /// Records the generation the store gave [`Held::reassert`]: the new fencing token of every later write. The
+    /// command keeps the token it started with, still greater than every earlier holder's and smaller than any
+    /// later one's.
+    pub fn reasserted(&mut self, entry_generation: Generation) {
+        self.entry_generation = entry_generation;
+    }
+
     /// Give the lease back (after done or failed, or when interrupted), only if still held.
     pub fn release(&self) -> Write {
         self.claim.lease_release(self.lease_generation)

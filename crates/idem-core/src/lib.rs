@@ -31,6 +31,8 @@ mod ledger;
 mod planted;
 mod problem;
 mod record;
+mod redact;
+mod slot;
 
 pub use error::Error;
 pub use fingerprint::{Fingerprint, RequestParts, Scope};
@@ -41,4 +43,9 @@ pub use ledger::{
 };
 pub use planted::planted;
 pub use problem::ProblemType;
-pub use record::{Claim, Lease, Outcome, Record, RecordKey, StoredResponse, Verdict, judge};
+pub use record::{Claim, Lease, Observations, Outcome, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+pub use redact::redact_url;
+pub use slot::{
+    Ending, HISTORY, HeldSlot, Job, MissedReason, SlotClaim, SlotEntry, SlotFailure, SlotKeys, SlotPlan, job_key,
+    lease_prefix, missed, plan as plan_slot, prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+};

@@ -1,21 +1,20 @@
 //! Test-only: the bugs `idem-verify` plants (through `IDEM_PLANTED_BUG`) to show that its checkers catch them.
-//! One switch for the server, the layer and the runner.
+//! One switch for the server, the layer and the runner, compiled in only with the cargo feature
+//! `planted-bugs`, which only the verification harness enables: without it no environment variable can switch
+//! off a fingerprint, a fence or a precondition in a program that embeds these crates.
 
-/// The environment variable naming the planted bug.
-const VAR: &str = "IDEM_PLANTED_BUG";
-
-/// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`, `runner-fence`). Compiled to
-/// `false` without debug assertions, so a release build can never carry a planted bug.
+/// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`,
+/// `runner-fence`): the environment variable `IDEM_PLANTED_BUG` names it. Only with the feature `planted-bugs`.
 #[doc(hidden)]
-#[cfg(debug_assertions)]
+#[cfg(feature = "planted-bugs")]
 pub fn planted(bug: &str) -> bool {
-    std::env::var(VAR).is_ok_and(|v| v == bug)
+    std::env::var("IDEM_PLANTED_BUG").is_ok_and(|v| v == bug)
 }
 
-/// Release builds: never.
+/// Without the feature `planted-bugs`: never, whatever the environment says.
 #[doc(hidden)]
-#[cfg(not(debug_assertions))]
-pub fn planted(_bug: &str) -> bool {
-    let _ = VAR;
+#[cfg(not(feature = "planted-bugs"))]
+#[inline(always)]
+pub const fn planted(_bug: &str) -> bool {
     false
 }

@@ -97,6 +97,8 @@ problem_types! {
     RequestInFlight = "request-in-flight", "Request in flight";
     /// 413: the request body exceeds `--max-request-body`.
     RequestTooLarge = "request-too-large", "Request body too large";
+    /// 431: the request's header fields are over the limits (RFC 6585 §5; README, "Limits").
+    HeaderFieldsTooLarge = "header-fields-too-large", "Request header fields too large";
     /// 400: the request body could not be read to its end.
     RequestBodyUnreadable = "request-body-unreadable", "Request body unreadable";
     /// 409: the request under the key was executed, but its response was over the stored-body limit, so it

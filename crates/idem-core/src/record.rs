@@ -1,21 +1,28 @@
 //! The idempotency record and its state machine (docs/DESIGN.md, Idempotency-Key steps 2 to 6).
 //!
 //! ```text
-//!            claim (create if absent, TTL = lease)
-//!   absent ───────────────────────────────────────▶ InProgress ──renew (fenced, TTL = lease)──┐
-//!     ▲                                              │   ▲ └───────────────────────────────────┘
-//!     │ lease lapses (store expiry) / release        │   │
-//!     └──────────────────────────────────────────────┘   │
+//!            claim (create if absent, TTL = kept)
+//!   absent ───────────────────────────────────────▶ InProgress ──renew (fenced, TTL = kept)──┐
+//!     ▲                                              │  │  ▲ └──────────────────────────────────┘
+//!     │ release (fenced)                             │  │  │ take over (fenced on the generation seen
+//!     └──────────────────────────────────────────────┘  │  └─ unchanged for a whole lease; same fingerprint)
 //!                                complete (fenced, TTL = retention)
 //!                InProgress ──────────────────────────▶ Completed | TooLarge | Unknown ──retention──▶ absent
 //! ```
 //!
-//! The lease is the record's own store TTL, so whether it lapsed is decided by the store's clock alone: a
-//! lapsed record reads as absent and the next claim (a create-if-absent) takes it over. Every later write is
-//! conditional on the generation the holder last wrote — its fencing token — so a holder that was taken over
-//! cannot renew, complete or release the new holder's record.
+//! An in-flight record stays in the store while its holder may still be working (its store TTL, "kept", is
+//! the retention, not the lease): a record that vanished when its lease lapsed would let a request with
+//! *another* body claim the key as new and execute, although the first request may have executed already.
+//! Whether the holder is dead is judged by whoever finds the record in flight: by [`Observations`], when it
+//! has seen the record's generation unchanged for a whole lease on its own monotonic clock (the holder renews
+//! it every third of a lease, each renewal a new generation). Only then may a request with the *same*
+//! fingerprint take it over ([`Claim::take_over`], conditional on that generation); another fingerprint is
+//! refused like every other reuse of a key. Every later write is conditional on the generation the holder
+//! last wrote — its fencing token — so a holder that was taken over cannot renew, complete or release the new
+//! holder's record.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem_store::{Generation, Precondition, Renewable, Ttl, Versioned, Write, WriteOp};
@@ -81,8 +88,11 @@ pub enum Record {
         fingerprint: Fingerprint,
         /// The holder's owner id (unique per process start).
         owner: String,
-        /// When it was claimed, in milliseconds since the Unix epoch (informational: expiry is the store's).
+        /// When it was claimed, in milliseconds since the Unix epoch (informational).
         started_at_ms: u64,
+        /// The holder's lease length in milliseconds: an observer judges the holder dead once it has seen the
+        /// record's generation unchanged for this long (0 in records of older versions: the observer's own).
+        lease_ms: u64,
     },
     /// The request finished.
     Finished {
@@ -99,10 +109,31 @@ pub enum Record {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 enum Head {
-    InProgress { fingerprint: String, owner: String, started_at_ms: u64 },
-    Completed { fingerprint: String, status: u16, headers: Vec<(String, String)>, finished_at_ms: u64 },
-    TooLarge { fingerprint: String, status: u16, size: u64, limit: u64, finished_at_ms: u64 },
-    Unknown { fingerprint: String, reason: String, finished_at_ms: u64 },
+    InProgress {
+        fingerprint: String,
+        owner: String,
+        started_at_ms: u64,
+        #[serde(default)]
+        lease_ms: u64,
+    },
+    Completed {
+        fingerprint: String,
+        status: u16,
+        headers: Vec<(String, String)>,
+        finished_at_ms: u64,
+    },
+    TooLarge {
+        fingerprint: String,
+        status: u16,
+        size: u64,
+        limit: u64,
+        finished_at_ms: u64,
+    },
+    Unknown {
+        fingerprint: String,
+        reason: String,
+        finished_at_ms: u64,
+    },
 }
 
 impl Record {
@@ -117,11 +148,12 @@ impl Record {
     /// body is neither re-encoded nor inflated).
     pub fn encode(&self) -> Bytes {
         let (head, body) = match self {
-            Record::InProgress { fingerprint, owner, started_at_ms } => (
+            Record::InProgress { fingerprint, owner, started_at_ms, lease_ms } => (
                 Head::InProgress {
                     fingerprint: fingerprint.to_hex(),
                     owner: owner.clone(),
                     started_at_ms: *started_at_ms,
+                    lease_ms: *lease_ms,
                 },
                 None,
             ),
@@ -170,8 +202,8 @@ impl Record {
         let head: Head = serde_json::from_slice(&bytes[4..head_end]).map_err(|e| corrupt(e.to_string()))?;
         let body = bytes.slice(head_end..);
         Ok(match head {
-            Head::InProgress { fingerprint, owner, started_at_ms } => {
-                Record::InProgress { fingerprint: Fingerprint::from_hex(&fingerprint)?, owner, started_at_ms }
+            Head::InProgress { fingerprint, owner, started_at_ms, lease_ms } => {
+                Record::InProgress { fingerprint: Fingerprint::from_hex(&fingerprint)?, owner, started_at_ms, lease_ms }
             }
             Head::Completed { fingerprint, status, headers, finished_at_ms } => Record::Finished {
                 fingerprint: Fingerprint::from_hex(&fingerprint)?,
@@ -233,8 +265,9 @@ pub fn judge(record: Option<Record>, fingerprint: &Fingerprint) -> Verdict {
     }
 }
 
-/// A claim about to be made: [`Claim::write`] is the conditional create; once the store accepted it,
-/// [`Claim::acquired`] turns it into the [`Lease`] its generation fences.
+/// A claim about to be made: [`Claim::write`] is the conditional create (or [`Claim::take_over`] the
+/// conditional replacement of a dead holder's record); once the store accepted it, [`Claim::acquired`] turns
+/// it into the [`Lease`] its generation fences.
 #[derive(Clone, Debug)]
 pub struct Claim {
     key: RecordKey,
@@ -242,27 +275,43 @@ pub struct Claim {
     owner: String,
     started_at_ms: u64,
     length: Duration,
+    kept: Duration,
 }
 
 impl Claim {
     /// Prepares to claim `key` for a request with `fingerprint`, by `owner`, at `now_ms` (milliseconds since
-    /// the Unix epoch), with a lease of `length` (at least the store's minimum TTL, 1 s by default).
+    /// the Unix epoch), with a lease of `length` (renewed every third of it). `kept` is the in-flight record's
+    /// store TTL, set again by every renewal: how long a dead holder's record keeps its key from being reused
+    /// for another request (the layer uses the retention; at least `length`).
     pub fn new(
         key: RecordKey,
         fingerprint: Fingerprint,
         owner: impl Into<String>,
         now_ms: u64,
         length: Duration,
+        kept: Duration,
     ) -> Self {
-        Self { key, fingerprint, owner: owner.into(), started_at_ms: now_ms, length }
+        Self { key, fingerprint, owner: owner.into(), started_at_ms: now_ms, length, kept: kept.max(length) }
     }
 
-    /// Create the in-progress record if the key has no live record, expiring after the lease length.
+    /// Create the in-progress record if the key has no live record, kept for `kept`.
     pub fn write(&self) -> Write {
         Write {
             key: self.key.0.clone(),
-            op: WriteOp::Put { value: self.in_progress().encode(), ttl: Ttl::After(self.length) },
+            op: WriteOp::Put { value: self.in_progress().encode(), ttl: Ttl::After(self.kept) },
             precondition: Precondition::Absent,
+        }
+    }
+
+    /// Replace a dead holder's in-progress record, only if it still has `lapsed`, the generation an observer
+    /// saw unchanged for a whole lease ([`Watch::Lapsed`]). Only for a request with the same fingerprint as
+    /// that record ([`judge`] says [`Verdict::InFlight`]): another request under the key is refused (422),
+    /// dead holder or not, since the first request may have executed.
+    pub fn take_over(&self, lapsed: Generation) -> Write {
+        Write {
+            key: self.key.0.clone(),
+            op: WriteOp::Put { value: self.in_progress().encode(), ttl: Ttl::After(self.kept) },
+            precondition: Precondition::Generation(lapsed),
         }
     }
 
@@ -276,6 +325,7 @@ impl Claim {
             fingerprint: self.fingerprint,
             owner: self.owner.clone(),
             started_at_ms: self.started_at_ms,
+            lease_ms: u64::try_from(self.length.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }
@@ -293,11 +343,12 @@ impl Renewable for Lease {
         self.claim.length
     }
 
-    /// Extend the lease by its length from now (the store's now), only if still held.
+    /// Show the holder alive: a new generation of the same record (its TTL set to `kept` again), only if still
+    /// held. Observers judge the holder dead when the generation stays the same for a whole lease.
     fn renewal(&self) -> Write {
         Write {
             key: self.claim.key.0.clone(),
-            op: WriteOp::Put { value: self.claim.in_progress().encode(), ttl: Ttl::After(self.claim.length) },
+            op: WriteOp::Put { value: self.claim.in_progress().encode(), ttl: Ttl::After(self.claim.kept) },
             precondition: Precondition::Generation(self.generation),
         }
     }
@@ -336,7 +387,7 @@ impl Lease {
     /// after a renewal whose answer was lost landed in the store: then its generation is this lease's to adopt.
     /// A record another holder claimed is never "mine", so adopting cannot defeat the fence.
     pub fn is_mine(&self, record: &Record) -> bool {
-        matches!(record, Record::InProgress { fingerprint, owner, started_at_ms }
+        matches!(record, Record::InProgress { fingerprint, owner, started_at_ms, .. }
             if *fingerprint == self.claim.fingerprint && *owner == self.claim.owner
                 && *started_at_ms == self.claim.started_at_ms)
     }
@@ -351,8 +402,9 @@ impl Lease {
         self.finish(outcome, now_ms, retention, Precondition::Generation(self.generation))
     }
 
-    /// After [`Lease::complete`] failed its fence because the record lapsed and nobody took it over: store the
-    /// outcome only if the key is still free, so the work done is not lost and a new holder is never overwritten.
+    /// After [`Lease::complete`] failed its fence because the record is gone (deleted through the record
+    /// endpoint, or kept for less than the holder ran): store the outcome only if the key is still free, so the
+    /// work done is not lost and a new holder is never overwritten.
     pub fn complete_lapsed(&self, outcome: Outcome, now_ms: u64, retention: Duration) -> Write {
         self.finish(outcome, now_ms, retention, Precondition::Absent)
     }
@@ -376,6 +428,106 @@ impl Lease {
     }
 }
 
+/// What an observer concluded about an in-flight record ([`Observations::observe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watch {
+    /// The holder may be alive: its generation has not yet been seen unchanged for a whole lease. It cannot be
+    /// judged dead before `again_in` has passed.
+    Alive {
+        /// How much longer the generation must stay unchanged before the holder counts as dead.
+        again_in: Duration,
+    },
+    /// Seen unchanged for a whole lease: the holder is dead (or cut off from the store) and a request with the
+    /// same fingerprint may take the record over, conditional on this generation ([`Claim::take_over`]).
+    Lapsed(Generation),
+}
+
+/// One observed in-flight record: its generation and when this observer first saw it.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    generation: Generation,
+    since: Instant,
+    lease: Duration,
+}
+
+/// An observer's memory of the in-flight records it found, as Kubernetes leader election keeps the leader
+/// record it last saw: per record key, the generation last seen and when, by the observer's own monotonic
+/// clock, it first saw that generation.
+///
+/// A holder renews its record every third of its lease, each renewal a new generation (generations are never
+/// reused, docs/DESIGN.md). A generation that stayed the same for a whole lease of the observer's clock means
+/// no renewal landed for that long: the holder's own keeper (which counts a lease from the moment it *sent*
+/// its last accepted write, earlier than anyone could read it) has given the lease up by then, if its clock
+/// runs at about the observer's rate — the usual lease assumption; no clock synchronisation is assumed, and
+/// the store's clock plays no part.
+///
+/// Forgetting (a restart, [`Observations::forget`], the capacity bound) only ever delays a takeover: the
+/// observation starts again.
+#[derive(Debug)]
+pub struct Observations {
+    seen: HashMap<String, Seen>,
+    capacity: usize,
+}
+
+impl Observations {
+    /// An empty memory of at most `capacity` records (at least 1).
+    pub fn new(capacity: usize) -> Self {
+        Self { seen: HashMap::new(), capacity: capacity.max(1) }
+    }
+
+    /// Judges the in-flight `record` found under `key` with `generation` at `now`. The lease is the one the
+    /// record names (`lease_ms`), or `own_lease` for a record that names none. A first sighting, or a
+    /// generation other than the last one seen, starts the observation.
+    pub fn observe(
+        &mut self,
+        key: &RecordKey,
+        record: &Record,
+        generation: Generation,
+        own_lease: Duration,
+        now: Instant,
+    ) -> Watch {
+        let lease = match record {
+            Record::InProgress { lease_ms, .. } if *lease_ms > 0 => Duration::from_millis(*lease_ms),
+            _ => own_lease,
+        };
+        if let Some(seen) = self.seen.get(key.as_str())
+            && seen.generation == generation
+        {
+            let watched = now.saturating_duration_since(seen.since);
+            return if watched >= seen.lease {
+                Watch::Lapsed(generation)
+            } else {
+                Watch::Alive { again_in: seen.lease - watched }
+            };
+        }
+        if self.seen.len() >= self.capacity && !self.seen.contains_key(key.as_str()) {
+            // Full: let go of what is most likely stale (watched for two leases), else of everything. Either
+            // only delays a takeover.
+            self.seen.retain(|_, s| now.saturating_duration_since(s.since) < s.lease * 2);
+            if self.seen.len() >= self.capacity {
+                self.seen.clear();
+            }
+        }
+        self.seen.insert(key.as_str().to_owned(), Seen { generation, since: now, lease });
+        Watch::Alive { again_in: lease }
+    }
+
+    /// Drops what was seen under `key` (it was taken over, finished, or found absent).
+    pub fn forget(&mut self, key: &RecordKey) {
+        self.seen.remove(key.as_str());
+    }
+
+    /// How many records are being watched.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether no record is being watched.
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,7 +545,7 @@ mod tests {
     fn records_round_trip_with_binary_bodies() {
         let body = Bytes::from(vec![0u8, 255, 10, 13, b'{']);
         let records = [
-            Record::InProgress { fingerprint: fp("a"), owner: "o-1".into(), started_at_ms: 7 },
+            Record::InProgress { fingerprint: fp("a"), owner: "o-1".into(), started_at_ms: 7, lease_ms: 1000 },
             Record::Finished {
                 fingerprint: fp("a"),
                 outcome: Outcome::Response(StoredResponse {
@@ -426,7 +578,7 @@ mod tests {
     fn verdicts() {
         let a = fp("a");
         assert_eq!(judge(None, &a), Verdict::Claim);
-        let running = Record::InProgress { fingerprint: a, owner: "o".into(), started_at_ms: 0 };
+        let running = Record::InProgress { fingerprint: a, owner: "o".into(), started_at_ms: 0, lease_ms: 0 };
         assert_eq!(judge(Some(running.clone()), &a), Verdict::InFlight);
         assert_eq!(judge(Some(running), &fp("b")), Verdict::Mismatch);
         let response = StoredResponse { status: 500, headers: vec![], body: Bytes::from_static(b"x") };
@@ -446,26 +598,35 @@ mod tests {
 
     #[test]
     fn every_transition_after_the_claim_is_fenced() {
-        let claim = Claim::new(key(), fp("a"), "owner-1", 1_000, Duration::from_secs(10));
+        let kept = Duration::from_secs(86_400);
+        let claim = Claim::new(key(), fp("a"), "owner-1", 1_000, Duration::from_secs(10), kept);
         let create = claim.write();
         assert_eq!(create.precondition, Precondition::Absent);
-        assert!(matches!(create.op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == Duration::from_secs(10)));
+        // Kept past the lease: a lapsed lease must not free the key for another request.
+        assert!(matches!(create.op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == kept));
+        let take_over = claim.take_over(Generation::new(4));
+        assert_eq!(take_over.precondition, Precondition::Generation(Generation::new(4)));
+        assert_eq!(take_over.op, create.op);
         let mut lease = claim.acquired(Generation::new(5));
         assert_eq!(lease.renewal().precondition, Precondition::Generation(Generation::new(5)));
+        assert!(matches!(lease.renewal().op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == kept));
         assert!(lease.is_mine(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
-            started_at_ms: 1_000
+            started_at_ms: 1_000,
+            lease_ms: 10_000,
         }));
         assert!(!lease.is_mine(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-2".into(),
-            started_at_ms: 1_000
+            started_at_ms: 1_000,
+            lease_ms: 10_000,
         }));
         assert!(!lease.is_mine(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
-            started_at_ms: 1_001
+            started_at_ms: 1_001,
+            lease_ms: 10_000,
         }));
         lease.advanced(Generation::new(9));
         assert_eq!(lease.generation(), Generation::new(9));
@@ -481,5 +642,56 @@ mod tests {
         assert_eq!(lease.complete_lapsed(outcome, 2_000, Duration::from_secs(1)).precondition, Precondition::Absent);
         let release = lease.release();
         assert_eq!((release.op, release.precondition), (WriteOp::Delete, Precondition::Generation(Generation::new(9))));
+    }
+
+    #[test]
+    fn a_holder_is_dead_only_once_its_generation_was_seen_unchanged_for_a_whole_lease() {
+        let lease = Duration::from_secs(1);
+        let record = Record::InProgress { fingerprint: fp("a"), owner: "o".into(), started_at_ms: 0, lease_ms: 1000 };
+        let mut seen = Observations::new(8);
+        let t0 = Instant::now();
+        let g = Generation::new(5);
+        // A first sighting says nothing about how long the generation has stood: a whole lease to go.
+        assert_eq!(seen.observe(&key(), &record, g, lease, t0), Watch::Alive { again_in: lease });
+        let half = Duration::from_millis(500);
+        assert_eq!(seen.observe(&key(), &record, g, lease, t0 + half), Watch::Alive { again_in: half });
+        // A renewal (a new generation) starts the watch again.
+        let g2 = Generation::new(9);
+        assert_eq!(seen.observe(&key(), &record, g2, lease, t0 + half), Watch::Alive { again_in: lease });
+        assert_eq!(seen.observe(&key(), &record, g2, lease, t0 + lease), Watch::Alive { again_in: half });
+        assert_eq!(seen.observe(&key(), &record, g2, lease, t0 + lease + half), Watch::Lapsed(g2));
+        // The record's own lease counts, not the observer's.
+        let long = Record::InProgress { fingerprint: fp("a"), owner: "o".into(), started_at_ms: 0, lease_ms: 3000 };
+        let mut other = Observations::new(8);
+        assert!(
+            matches!(other.observe(&key(), &long, g, lease, t0), Watch::Alive { again_in } if again_in == Duration::from_secs(3))
+        );
+        assert!(matches!(other.observe(&key(), &long, g, lease, t0 + Duration::from_secs(2)), Watch::Alive { .. }));
+        assert_eq!(other.observe(&key(), &long, g, lease, t0 + Duration::from_secs(3)), Watch::Lapsed(g));
+        // Forgotten, the watch starts over.
+        seen.forget(&key());
+        assert_eq!(seen.observe(&key(), &record, g2, lease, t0 + lease * 5), Watch::Alive { again_in: lease });
+    }
+
+    #[test]
+    fn a_full_memory_forgets_and_so_only_delays() {
+        let lease = Duration::from_secs(1);
+        let record = Record::InProgress { fingerprint: fp("a"), owner: "o".into(), started_at_ms: 0, lease_ms: 1000 };
+        let mut seen = Observations::new(2);
+        let t0 = Instant::now();
+        let keys: Vec<RecordKey> = (0..3)
+            .map(|i| {
+                RecordKey::new("p/", &Scope::from_credential(None), &IdempotencyKey::new(format!("k{i}")).unwrap())
+            })
+            .collect();
+        seen.observe(&keys[0], &record, Generation::new(1), lease, t0);
+        seen.observe(&keys[1], &record, Generation::new(2), lease, t0);
+        seen.observe(&keys[2], &record, Generation::new(3), lease, t0);
+        assert!(seen.len() <= 2);
+        // Whatever was dropped is watched from scratch: never judged dead early.
+        for (i, k) in keys.iter().enumerate() {
+            let w = seen.observe(k, &record, Generation::new(i as u64 + 1), lease, t0 + Duration::from_millis(999));
+            assert!(matches!(w, Watch::Alive { .. }), "{i}: {w:?}");
+        }
     }
 }

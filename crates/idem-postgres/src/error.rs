@@ -35,9 +35,14 @@ pub enum Error {
     /// The server could not be reached, refused the connection, or refused the login (the cause is the source).
     #[error("cannot connect")]
     Server(#[source] tokio_postgres::Error),
-    /// Nothing answered within 5 s.
-    #[error("no answer within 5s: is PostgreSQL listening on this host and port?")]
-    ConnectTimeout,
+    /// Nothing answered within the connect timeout (`connect_timeout`, 5 s by default, per host); the field is
+    /// the timeout per host, as the URL set it.
+    #[error("no answer within {}s (connect_timeout): is PostgreSQL listening on this host and port?", .0.as_secs())]
+    ConnectTimeout(std::time::Duration),
+    /// `target_session_attrs` is not `read-write`: idem writes on every connection, so a session on a standby
+    /// (`any`, `read-only`, `prefer-standby`, …) would refuse them all.
+    #[error("target_session_attrs={0:?}: idem only writes, use read-write (the default) or leave it out")]
+    TargetSessionAttrs(String),
     /// Creating or migrating the schema failed.
     #[error("cannot migrate schema {schema}")]
     Migrate {
@@ -47,6 +52,9 @@ pub enum Error {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The schema does not exist (a reader that creates nothing found no such namespace).
+    #[error("no schema {0} in the database")]
+    NoSchema(String),
     /// The schema was migrated by a newer idem.
     #[error("schema {schema} is at version {found}; this idem knows up to {known}")]
     SchemaTooNew {

@@ -7,6 +7,7 @@ use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
     Store, Ttl, Versioned, Written, apply_counter, apply_set, system_time_to_millis,
 };
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::error::SqlState;
 
 use crate::Error;
@@ -14,6 +15,8 @@ use crate::schema::{migrate, validate};
 
 /// Connections per store; each conditional write holds one for a few round trips.
 const POOL_SIZE: usize = 16;
+/// How long a connection attempt to one host may take unless the URL's `connect_timeout` (seconds) says.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often expired rows are deleted. Expired rows are invisible at once; this only reclaims space.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -156,6 +159,11 @@ impl Sql {
 }
 
 /// Connection trouble is `Unavailable` (503, retry later); anything else the database said is `Backend`.
+///
+/// Unavailable: no SQLSTATE at all (the connection was refused, reset or closed), class 08 (connection
+/// exception), 57P01-57P03 (the server shutting down or not yet accepting connections), 53300 (too many
+/// connections), and 25006 (a read-only transaction: the server is a standby, as a failover leaves the old
+/// primary or a libpq multi-host URL may find one for a moment).
 fn pg_err(e: tokio_postgres::Error) -> StoreError {
     let transient = match e.code() {
         None => true,
@@ -164,6 +172,7 @@ fn pg_err(e: tokio_postgres::Error) -> StoreError {
                 || *c == SqlState::CRASH_SHUTDOWN
                 || *c == SqlState::CANNOT_CONNECT_NOW
                 || *c == SqlState::TOO_MANY_CONNECTIONS
+                || *c == SqlState::READ_ONLY_SQL_TRANSACTION
                 || c.code().starts_with("08")
         }
     };
@@ -193,7 +202,14 @@ impl PostgresStore {
     /// Connects to `url`, creating and migrating `schema` (a plain lowercase identifier; `"idem"` by default in
     /// the binary), and starts the background sweeper.
     ///
-    /// `url` is a libpq URL (`postgres://user:password@host:port/db?param=value&…`). TLS is libpq's
+    /// `url` is a libpq URL (`postgres://user:password@host:port/db?param=value&…`), with one host or several
+    /// (`postgres://u@h1:5432,h2:5432/db`, libpq's multi-host form,
+    /// <https://www.postgresql.org/docs/15/libpq-connect.html#LIBPQ-MULTIPLE-HOSTS>): each new connection tries the
+    /// hosts in order and keeps the first whose session is read-write (`target_session_attrs=read-write`, which
+    /// idem always asks for; any other value is refused), so after a failover the pool's next connection finds
+    /// the promoted primary. `connect_timeout=SECONDS` bounds each host's attempt (5 s when absent). While no
+    /// host takes writes, operations fail with [`idem_store::Error::Unavailable`], as do writes that reach a
+    /// server turned read-only (SQLSTATE 25006). TLS is libpq's
     /// (<https://www.postgresql.org/docs/15/libpq-ssl.html>, table 34.1): `sslmode=disable`, `prefer` (the
     /// default: TLS when the server offers it, unverified), `require` (TLS, unverified unless `sslrootcert` is
     /// given, then as `verify-ca`), `verify-ca` (the chain must lead to a trusted root), `verify-full` (and
@@ -201,16 +217,43 @@ impl PostgresStore {
     /// store when absent (or `system`).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::ClientCertificate`], [`Error::TlsFiles`], [`Error::Tls`],
-    /// [`Error::InvalidSchema`], [`Error::Server`] when the server refuses the connection or cannot be reached,
-    /// [`Error::ConnectTimeout`] when it does not answer within 5 s, [`Error::Connect`] for other pool failures,
+    /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::TargetSessionAttrs`], [`Error::ClientCertificate`],
+    /// [`Error::TlsFiles`], [`Error::Tls`], [`Error::InvalidSchema`], [`Error::Server`] when the server refuses the
+    /// connection or cannot be reached (or no host is read-write), [`Error::ConnectTimeout`] when no host
+    /// answers within the connect timeout, [`Error::Connect`] for other pool failures,
     /// [`Error::Handshake`] when the TLS handshake fails, [`Error::Migrate`], [`Error::SchemaTooNew`].
     pub async fn connect(url: &str, schema: &str, limits: Limits) -> Result<Self, Error> {
+        match Self::connect_with(url, schema, limits, true).await? {
+            Some(store) => Ok(store),
+            // Unreachable: with `create` the schema is made when absent.
+            None => Err(Error::NoSchema(schema.to_owned())),
+        }
+    }
+
+    /// As [`PostgresStore::connect`], but `None` (nothing created) when `schema` does not exist: for readers
+    /// such as `idem once status` that must not leave an empty schema behind for a mistyped namespace. An
+    /// existing schema is migrated as by `connect`.
+    ///
+    /// # Errors
+    /// Those of [`PostgresStore::connect`].
+    pub async fn connect_existing(url: &str, schema: &str, limits: Limits) -> Result<Option<Self>, Error> {
+        Self::connect_with(url, schema, limits, false).await
+    }
+
+    async fn connect_with(url: &str, schema: &str, limits: Limits, create: bool) -> Result<Option<Self>, Error> {
         validate(schema)?;
         let tls = crate::tls::parse(url)?;
         let mut config: tokio_postgres::Config = tls.url.parse().map_err(Error::InvalidUrl)?;
         config.ssl_mode(tls.tokio_mode());
-        config.connect_timeout(Duration::from_secs(5));
+        // idem only writes: with several hosts, a session on a standby would refuse every write, so each new
+        // connection checks `transaction_read_only` and moves on to the next host (libpq's `read-write`).
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        // The timeout is per host (as libpq's): a new connection may try each host in turn.
+        let per_host = config.get_connect_timeout().copied().unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
         let connector = tls.connector()?;
         let manager =
             Manager::from_config(config, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
@@ -218,7 +261,7 @@ impl PostgresStore {
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(per_host.saturating_mul(hosts)))
             .build()
             .map_err(Error::Pool)?;
         let mut client = pool.get().await.map_err(|e| match idem_tls::rustls_error_in(&e) {
@@ -233,11 +276,20 @@ impl PostgresStore {
             )),
             None => match e {
                 // deadpool's own words ("Timeout occurred while creating a new object") name its internals.
-                deadpool_postgres::PoolError::Timeout(_) => Error::ConnectTimeout,
+                deadpool_postgres::PoolError::Timeout(_) => Error::ConnectTimeout(per_host),
                 deadpool_postgres::PoolError::Backend(e) => Error::Server(e),
                 other => Error::Connect(other),
             },
         })?;
+        if !create {
+            let found = client
+                .query_opt("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1", &[&schema])
+                .await
+                .map_err(|source| Error::Migrate { schema: schema.to_owned(), source })?;
+            if found.is_none() {
+                return Ok(None);
+            }
+        }
         migrate(&mut client, schema).await?;
         drop(client);
         let sql = Sql::new(schema);
@@ -268,7 +320,7 @@ impl PostgresStore {
                 }
             })
         };
-        Ok(Self { inner: Arc::new(Inner { pool, limits, sql, sweeper }) })
+        Ok(Some(Self { inner: Arc::new(Inner { pool, limits, sql, sweeper }) }))
     }
 }
 
@@ -378,6 +430,16 @@ const CREATE_RACES: usize = 16;
 impl Store for PostgresStore {
     fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The server's `now()`, the clock every statement judges expiry by (in an autocommit `SELECT` it is the
+    /// statement's start), in microseconds since the Unix epoch.
+    async fn now(&self) -> Result<SystemTime, StoreError> {
+        let client = self.inner.pool.get().await.map_err(pool_err)?;
+        let stmt = client.prepare_cached("SELECT (extract(epoch FROM now()) * 1000000)::int8").await.map_err(pg_err)?;
+        let micros: i64 = client.query_one(&stmt, &[]).await.map_err(pg_err)?.get(0);
+        let micros = u64::try_from(micros).map_err(|_| StoreError::backend("the server's clock is before 1970"))?;
+        Ok(SystemTime::UNIX_EPOCH + Duration::from_micros(micros))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {

@@ -64,10 +64,11 @@ pub(crate) struct Parsed {
 }
 
 /// Takes `sslmode` and `sslrootcert` out of a `postgres://` URL's query string (the last of each wins, as in
-/// libpq), percent-decoded.
+/// libpq), percent-decoded, and refuses a `target_session_attrs` other than `read-write`.
 ///
 /// # Errors
-/// [`Error::InvalidSslMode`] for a mode libpq does not know (`allow` is refused too: it prefers plain text).
+/// [`Error::InvalidSslMode`] for a mode libpq does not know (`allow` is refused too: it prefers plain text);
+/// [`Error::TargetSessionAttrs`].
 pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, q),
@@ -82,6 +83,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
             "sslmode" => mode = SslMode::parse(&value()).ok_or_else(|| Error::InvalidSslMode(value()))?,
             "sslrootcert" => root_cert = Some(value()),
             "sslcert" | "sslkey" | "sslpassword" => return Err(Error::ClientCertificate(k.to_owned())),
+            "target_session_attrs" if value() != "read-write" => return Err(Error::TargetSessionAttrs(value())),
             _ => rest.push(param),
         }
     }
@@ -250,5 +252,11 @@ mod tests {
         let p = parse("postgres://h/db").unwrap();
         assert_eq!((p.url.as_str(), p.mode), ("postgres://h/db", SslMode::Prefer));
         assert!(matches!(parse("postgres://h/db?sslmode=allow"), Err(Error::InvalidSslMode(m)) if m == "allow"));
+        let p = parse("postgres://h1:1,h2:2/db?target_session_attrs=read-write&connect_timeout=2").unwrap();
+        assert_eq!(p.url, "postgres://h1:1,h2:2/db?target_session_attrs=read-write&connect_timeout=2");
+        for refused in ["any", "read-only", "prefer-standby"] {
+            let e = parse(&format!("postgres://h1,h2/db?target_session_attrs={refused}")).unwrap_err();
+            assert!(matches!(&e, Error::TargetSessionAttrs(v) if v == refused), "{e}");
+        }
     }
 }

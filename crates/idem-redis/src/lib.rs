@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 
+mod conn;
 mod store;
+mod url;
 
 pub use store::{Error, RedisStore};

@@ -6,9 +6,12 @@ use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
     Store, Ttl, Versioned, Written, millis_to_system_time,
 };
-use percent_encoding::percent_decode_str;
 use redis::aio::ConnectionManager;
-use redis::{Script, Value};
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Cmd, Script, Value};
+
+use crate::conn::{Conn, SentinelConn};
+use crate::url::{Target, Wait};
 
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -23,15 +26,36 @@ pub enum Error {
     /// The `cacert` file cannot be read or holds no PEM certificate.
     #[error(transparent)]
     CaCert(idem_tls::Error),
-    /// A query parameter neither idem (`cacert`) nor the redis crate (`protocol`) reads from a TCP URL (the
+    /// A query parameter neither idem (`cacert`, `wait_replicas`, `wait_timeout_ms`, and on Sentinel URLs
+    /// `sentinel_username`, `sentinel_password`) nor the redis crate (`protocol`) reads from a TCP URL (the
     /// crate ignores `db`, `user` and `pass` there: the database goes in the path, the user and password before
     /// the host). Refused rather than ignored: a setting the user believes in must not be dropped
     /// silently (`ssl_cert_reqs=none`, say, would not switch certificate checks off).
     #[error(
-        "unknown Redis URL parameter {0:?}: idem knows cacert=FILE and protocol=resp2|resp3 (the database number \
-         goes in the path: redis://HOST:PORT/2)"
+        "unknown Redis URL parameter {0:?}: idem knows cacert=FILE, wait_replicas=N, wait_timeout_ms=MS, \
+         protocol=resp2|resp3 and on redis+sentinel:// URLs sentinel_username and sentinel_password (the database \
+         number goes in the path: redis://HOST:PORT/2)"
     )]
     UnknownParameter(String),
+    /// A parameter idem knows has a value it cannot take (`why` says what it takes).
+    #[error("Redis URL parameter {name}: expected {why}")]
+    InvalidParameter {
+        /// The parameter.
+        name: String,
+        /// What it takes.
+        why: &'static str,
+    },
+    /// A host of a Sentinel or Cluster URL is not `host`, `host:port` or `[v6]:port`, or its path is not a
+    /// master name and database number.
+    #[error("invalid host or path {0:?} in a Redis URL")]
+    InvalidHost(String),
+    /// A `redis+sentinel://` URL without the master's name (`redis+sentinel://HOST:26379/MASTER`).
+    #[error("a redis+sentinel:// URL names the master after the hosts: redis+sentinel://HOST:26379,HOST:26379/MASTER")]
+    NoMasterName,
+    /// A key prefix with `{` or `}` on a Cluster, where idem puts the prefix in braces as the hash tag of every
+    /// key of the store.
+    #[error("key prefix {0:?}: on a Redis Cluster the prefix is the keys' hash tag and may not contain braces")]
+    InvalidPrefix(String),
     /// `#insecure`, the redis crate's switch for unverified TLS: idem has no such switch.
     #[error("#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA")]
     Insecure,
@@ -42,12 +66,28 @@ pub enum Error {
     /// `cacert` was given on a `redis://` URL, which never uses TLS.
     #[error("cacert needs a rediss:// URL; redis:// does not use TLS")]
     CaCertWithoutTls,
-    /// The server could not be reached or did not answer in time (the cause is the source).
+    /// The server (or no Sentinel, or no Cluster node) could not be reached or did not answer in time (the
+    /// cause is the source).
     #[error("cannot connect")]
     Connect(#[source] redis::RedisError),
     /// An operation failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl Error {
+    /// True when the server could not be reached for now ([`Error::Connect`] for a refused, reset or dropped
+    /// connection or no answer in time; a store operation that found it unavailable): trying again later may
+    /// succeed. A bad URL, a refused login or a failed TLS handshake is false.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Connect(e) => {
+                e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped()
+            }
+            Error::Store(e) => e.is_unavailable(),
+            _ => false,
+        }
+    }
 }
 
 struct Scripts {
@@ -74,16 +114,26 @@ impl Scripts {
     }
 }
 
-/// The Redis store. Cheap to clone: clones share one auto-reconnecting multiplexed connection.
+/// The Redis store. Cheap to clone: clones share one auto-reconnecting multiplexed connection (per Cluster
+/// node on a Cluster).
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    /// Reads, and the sweeper's removals (they may run twice).
+    conn: Conn,
+    /// Writes: on a Cluster a client that never sends a command twice; elsewhere the same as `conn`.
+    writes: std::sync::Mutex<Conn>,
+    /// On a Cluster, the client `writes` comes from: a connection that does not resend does not repair its
+    /// slot map either, so after a failover `write` replaces it with a fresh one.
+    cluster_writes: Option<redis::cluster::ClusterClient>,
     limits: Limits,
+    /// What every Redis key of the store starts with: the prefix, in braces on a Cluster so that it is the
+    /// hash tag of every key and each script's keys share one slot.
     prefix: String,
+    wait: Option<Wait>,
     scripts: Scripts,
     sweeper: tokio::task::JoinHandle<()>,
 }
@@ -100,9 +150,20 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Connection trouble is `Unavailable` (503, retry later); anything else Redis said is `Backend`.
+/// Connection trouble is `Unavailable` (503, retry later); anything else Redis said is `Backend`. A failover
+/// in progress is connection trouble too: a demoted master's `READONLY`, a Cluster's `CLUSTERDOWN`,
+/// `MASTERDOWN` or `TRYAGAIN`, a server still `LOADING` its data, Sentinels that name no reachable master, a
+/// Cluster node the client has no connection to yet.
 fn redis_err(e: redis::RedisError) -> StoreError {
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+    use redis::ServerErrorKind as K;
+    let failover = matches!(
+        e.kind(),
+        redis::ErrorKind::Server(K::ReadOnly | K::ClusterDown | K::MasterDown | K::TryAgain | K::BusyLoading)
+            // The Sentinels name no reachable master: the old one is down and none is promoted yet.
+            | redis::ErrorKind::MasterNameNotFoundBySentinel
+            | redis::ErrorKind::ClusterConnectionNotFound
+    ) || ran_nothing(&e);
+    if failover || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::unavailable(e)
     } else {
         StoreError::backend(e)
@@ -151,51 +212,49 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
     }
 }
 
-/// The client for `url`, with the roots of its `cacert` parameter when there is one.
-fn client(url: &str) -> Result<redis::Client, Error> {
-    // The redis crate builds its rustls config on the process's default provider; name ring (the only one
-    // compiled in) so that holds even if another crate ever brings a second provider. Already set is fine.
-    idem_tls::install_default_provider();
-    // A fragment (`#insecure`, which the redis crate refuses without its insecure feature) comes last in a URL;
-    // it is kept for the crate to judge.
-    if url.split_once('#').is_some_and(|(_, f)| f == "insecure") {
-        return Err(Error::Insecure);
-    }
-    let (without_fragment, fragment) = match url.split_once('#') {
-        Some((u, f)) => (u, format!("#{f}")),
-        None => (url, String::new()),
-    };
-    let (base, query) = without_fragment.split_once('?').unwrap_or((without_fragment, ""));
-    let mut cacert = None;
-    let mut rest = Vec::new();
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = param.split_once('=').unwrap_or((param, ""));
-        // Judged decoded, as reported: `c%61cert` is `cacert`.
-        let name = percent_decode_str(name).decode_utf8_lossy();
-        match name.as_ref() {
-            "cacert" => cacert = Some(percent_decode_str(value).decode_utf8_lossy().into_owned()),
-            // The only one the redis crate reads from a TCP URL's query; `db`, `user` and `pass` it reads for
-            // `redis+unix:` only, which idem does not take, and ignores here.
-            "protocol" => rest.push(param),
-            _ => return Err(Error::UnknownParameter(name.into_owned())),
-        }
-    }
-    let Some(cacert) = cacert else {
-        return redis::Client::open(url).map_err(Error::InvalidUrl);
-    };
-    let url =
-        if rest.is_empty() { format!("{base}{fragment}") } else { format!("{base}?{}{fragment}", rest.join("&")) };
-    if !(url.starts_with("rediss://") || url.starts_with("valkeys://")) {
-        return Err(Error::CaCertWithoutTls);
-    }
-    let path = std::path::PathBuf::from(cacert);
-    // Checked here (a clear error now, not a failed handshake later); the redis crate wants the PEM bytes.
-    idem_tls::read_roots("cacert", &path).map_err(Error::CaCert)?;
-    let pem = std::fs::read(&path)
-        .map_err(|source| Error::CaCert(idem_tls::Error::Read { flag: "cacert".into(), path: path.clone(), source }))?;
-    redis::Client::build_with_tls(url.as_str(), redis::TlsCertificates { client_tls: None, root_cert: Some(pem) })
-        .map_err(Error::InvalidUrl)
+/// How often a write refused by a Cluster without running is sent again (50 ms, 100 ms, … apart: 2.75 s in all).
+const REFUSALS: u64 = 10;
+
+/// Whether a Cluster refused a command without running it (so sending it again cannot apply it twice).
+fn ran_nothing(e: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind as K;
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(K::Moved | K::Ask | K::TryAgain | K::ClusterDown | K::MasterDown | K::ReadOnly)
+            // No connection to the node the slot map names: nothing was sent.
+            | redis::ErrorKind::ClusterConnectionNotFound
+    )
 }
+
+/// `EVALSHA` of `script` with `keys`; the caller adds the arguments.
+fn evalsha(script: &Script, keys: &[String]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    cmd
+}
+
+/// `WAIT` counted fewer replicas than `wait_replicas` asks for.
+#[derive(Debug)]
+struct ReplicasMissing {
+    wanted: u32,
+    acked: i64,
+    timeout: Duration,
+}
+
+impl std::fmt::Display for ReplicasMissing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} replicas acknowledged the write within {} ms (wait_replicas); it is applied on the master but \
+             could be lost in a failover",
+            self.acked,
+            self.wanted,
+            self.timeout.as_millis()
+        )
+    }
+}
+
+impl std::error::Error for ReplicasMissing {}
 
 /// The kind of the I/O error behind `e`, if that is what it is (the redis crate keeps it in an `Arc`).
 fn io_error_kind(e: &redis::RedisError) -> Option<std::io::ErrorKind> {
@@ -238,32 +297,89 @@ fn connect_error(e: redis::RedisError, tls: bool) -> Error {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://[[user]:password@]host:port[/db]`, or `rediss://…` for TLS); every Redis key
-    /// this store uses starts with `prefix` (e.g. `"idem:"`), so several stores can share one Redis database.
+    /// Connects to `url`; every Redis key this store uses starts with `prefix` (e.g. `"idem:"`), so several
+    /// stores can share one Redis database.
     ///
-    /// `rediss://` verifies the server's certificate chain and host name against the platform's trust store,
-    /// or against the PEM file of a `cacert=PATH` query parameter (redis-cli's `--cacert`), which idem takes
-    /// out of the URL before the redis crate sees it. There is no way to switch verification off.
+    /// `url` is one of:
+    /// - `redis://[[user]:password@]host:port[/db]` (`rediss://` for TLS): one server;
+    /// - `redis+sentinel://[[user]:password@]host:port,host:port/MASTER[/db]` (`rediss+sentinel://` for TLS to
+    ///   the Sentinels and the master): the master the Sentinels (default port 26379) name for `MASTER`, asked
+    ///   for again after a connection error or a `READONLY` answer, so the store follows a failover by itself;
+    ///   `sentinel_username` and `sentinel_password` authenticate to the Sentinels, the userinfo to the master;
+    /// - `redis+cluster://[[user]:password@]host:port,host:port` (`rediss+cluster://`): a Redis or Valkey
+    ///   Cluster, through the redis crate's cluster client, which follows `MOVED`/`ASK` and slot migrations.
+    ///   The prefix in braces is the hash tag of every key of the store (`{idem:}k:…`), so every key a script
+    ///   touches, and the store's generation counter and key index, share one hash slot: one store lives on
+    ///   one master (and its replicas), and a Cluster spreads several stores (namespaces) over its masters.
+    ///
+    /// `wait_replicas=N` (default 0: off) makes every write (a put, a delete, a set change, a counter add) wait
+    /// until `N` replicas acknowledged it (`WAIT N T`, `T` = `wait_timeout_ms`, default 1000): with fewer
+    /// acknowledgements by then the write fails with [`idem_store::Error::Unavailable`] (it was applied on the
+    /// master and may or may not survive a failover), never a silent success. Without it, Redis replicates
+    /// asynchronously and a write acknowledged by a master that dies before a replica copied it is lost when
+    /// that replica takes over.
+    ///
+    /// TLS (`rediss…`) verifies the server's certificate chain and host name against the platform's trust
+    /// store, or against the PEM file of a `cacert=PATH` query parameter (redis-cli's `--cacert`), which idem
+    /// takes out of the URL before the redis crate sees it. There is no way to switch verification off.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`]; [`Error::UnknownParameter`]; [`Error::CaCert`], [`Error::CaCertWithoutTls`];
-    /// [`Error::Connect`] when the server cannot be reached; [`Error::Handshake`] when the TLS handshake fails
-    /// or a `rediss://` server gives no TLS answer within 5 s.
+    /// [`Error::InvalidUrl`]; [`Error::UnknownParameter`], [`Error::InvalidParameter`], [`Error::InvalidHost`],
+    /// [`Error::NoMasterName`], [`Error::InvalidPrefix`]; [`Error::CaCert`], [`Error::CaCertWithoutTls`];
+    /// [`Error::Connect`] when the server (no Sentinel, no Cluster node) cannot be reached; [`Error::Handshake`]
+    /// when the TLS handshake fails or a `rediss://` server gives no TLS answer within 5 s.
     pub async fn connect(url: &str, prefix: &str, limits: Limits) -> Result<Self, Error> {
-        let client = client(url)?;
-        // One plain connection first, so an unreachable server fails start-up at once; the manager below
-        // would keep retrying, which is what we want later, not now.
-        let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(Duration::from_secs(5)));
-        let tls = url.starts_with("rediss://") || url.starts_with("valkeys://");
-        client.get_multiplexed_async_connection_with_config(&probe).await.map_err(|e| connect_error(e, tls))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            // While Redis is down a request should get its 503 in about a second, not wait through the default
-            // six reconnect attempts (~9 s); the next request after Redis returns reconnects anyway.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config).await.map_err(Error::Connect)?;
+        let parsed = crate::url::parse(url)?;
+        let tls = parsed.tls;
+        let timeout = Some(Duration::from_secs(5));
+        let (conn, writes, prefix) = match parsed.target {
+            Target::Single(client) => {
+                // One plain connection first, so an unreachable server fails start-up at once; the manager
+                // below would keep retrying, which is what we want later, not now.
+                let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(timeout);
+                client.get_multiplexed_async_connection_with_config(&probe).await.map_err(|e| connect_error(e, tls))?;
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(Some(Duration::from_secs(10)))
+                    // While Redis is down a request should get its 503 in about a second, not wait through the
+                    // default six reconnect attempts (~9 s); the next request after Redis returns reconnects anyway.
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_with_config(client, config).await.map_err(Error::Connect)?;
+                (Conn::Single(conn), None, prefix.to_owned())
+            }
+            Target::Sentinel(builder, db) => {
+                let client = builder.build().map_err(Error::InvalidUrl)?;
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(Some(Duration::from_secs(10)));
+                let conn = SentinelConn::connect(client, config, db).await.map_err(|e| connect_error(e, tls))?;
+                (Conn::Sentinel(conn), None, prefix.to_owned())
+            }
+            Target::Cluster(spec) => {
+                if prefix.contains(['{', '}']) {
+                    return Err(Error::InvalidPrefix(prefix.to_owned()));
+                }
+                let client = |retries: Option<u32>| {
+                    let mut b = spec
+                        .builder()
+                        .connection_timeout(Duration::from_secs(5))
+                        .response_timeout(Duration::from_secs(10));
+                    if let Some(n) = retries {
+                        b = b.retries(n);
+                    }
+                    b.build().map_err(Error::InvalidUrl)
+                };
+                let reads = client(None)?.get_async_connection().await.map_err(|e| connect_error(e, tls))?;
+                // The cluster client sends a command again after its connection dropped, when it may have run:
+                // right for reads, wrong for a write (a counter add applied twice, a put refused by its own
+                // first copy). Writes go through a client that never resends; `write` retries refusals
+                // that ran nothing (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) itself.
+                let once = client(Some(0))?;
+                let writes = once.get_async_connection().await.map_err(|e| connect_error(e, tls))?;
+                (Conn::Cluster(reads), Some((Conn::Cluster(writes), once)), format!("{{{prefix}}}"))
+            }
+        };
         let scripts = Scripts::new();
         let sweeper = {
             let (mut conn, prefix, script) = (conn.clone(), prefix.to_owned(), scripts.sweep.clone());
@@ -295,7 +411,13 @@ impl RedisStore {
                 }
             })
         };
-        Ok(Self { inner: Arc::new(Inner { conn, limits, prefix: prefix.to_owned(), scripts, sweeper }) })
+        let (writes, cluster_writes) = match writes {
+            Some((writes, client)) => (writes, Some(client)),
+            None => (conn.clone(), None),
+        };
+        let writes = std::sync::Mutex::new(writes);
+        let inner = Inner { conn, writes, cluster_writes, limits, prefix, wait: parsed.wait, scripts, sweeper };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     fn value_key(&self, key: &str) -> String {
@@ -319,14 +441,102 @@ impl RedisStore {
         format!("{}sd:{}:{key}:{id}", self.inner.prefix, key.len())
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.inner.conn.clone()
+    }
+
+    fn writes(&self) -> Conn {
+        self.inner.writes.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Runs the write `cmd` (an `EVALSHA` of `script` from [`evalsha`]), loading the script first where the
+    /// server does not know it (a new master after a failover has an empty script cache). With `wait_replicas`
+    /// the `WAIT` goes in the same pipeline, on the same connection, so it counts the replicas that have this
+    /// write: fewer than asked for within the timeout is an error, not a success.
+    async fn write(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+        let mut conn = self.writes();
+        let mut loaded = false;
+        let mut refusals = 0;
+        // Where a Cluster said the slot is (MOVED) or is moving to (ASK), if it did.
+        let mut redirect: Option<(String, u16, bool)> = None;
+        loop {
+            let mut p = redis::pipe();
+            let asking = redirect.as_ref().is_some_and(|(_, _, ask)| *ask);
+            if asking {
+                p.cmd("ASKING");
+            }
+            p.add_command(cmd.clone());
+            if let Some(w) = self.inner.wait {
+                p.cmd("WAIT").arg(w.replicas).arg(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX));
+            }
+            let replies = match (&redirect, &mut conn) {
+                (Some((host, port, _)), Conn::Cluster(c)) => {
+                    let count = p.cmd_iter().count();
+                    let route = SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
+                    c.route_pipeline(p, 0, count, route).await
+                }
+                _ => p.query_async::<Vec<Value>>(&mut conn).await,
+            }
+            .and_then(|v| Value::Array(v).extract_error());
+            match replies {
+                Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await.map_err(redis_err)?;
+                    loaded = true;
+                }
+                // Only a Cluster answers these, and they ran nothing: the slot moved or is moving (sent again
+                // where the answer says, as the client library would), or a failover is in progress (sent
+                // again shortly; the client has begun refreshing its slot map).
+                Err(e) if refusals < REFUSALS && ran_nothing(&e) => {
+                    refusals += 1;
+                    let stale = e.kind() == redis::ErrorKind::ClusterConnectionNotFound || refusals > 2;
+                    if let (true, Some(client)) = (stale, &self.inner.cluster_writes) {
+                        // The slot map names a node this connection never reached, or keeps sending us to the
+                        // wrong one: a fresh connection reads the map anew.
+                        if let Ok(fresh) = client.get_async_connection().await {
+                            conn = Conn::Cluster(fresh);
+                            *self.inner.writes.lock().unwrap_or_else(|e| e.into_inner()) = conn.clone();
+                        }
+                    }
+                    redirect = e.redirect_node().and_then(|(addr, _slot)| {
+                        let (host, port) = addr.rsplit_once(':')?;
+                        let ask = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+                        Some((host.trim_start_matches('[').trim_end_matches(']').to_owned(), port.parse().ok()?, ask))
+                    });
+                    if redirect.is_none() {
+                        tokio::time::sleep(Duration::from_millis(50 * refusals)).await;
+                    }
+                }
+                Err(e) => return Err(redis_err(e)),
+                Ok(Value::Array(replies)) => {
+                    let mut replies = replies.into_iter().skip(usize::from(asking));
+                    let reply = replies.next().ok_or_else(|| unexpected("no reply to a write"))?;
+                    if let Some(w) = self.inner.wait {
+                        let acked = int(&replies.next().ok_or_else(|| unexpected("no reply to WAIT"))?)?;
+                        if acked < i64::from(w.replicas) {
+                            return Err(StoreError::unavailable(ReplicasMissing {
+                                wanted: w.replicas,
+                                acked,
+                                timeout: w.timeout,
+                            }));
+                        }
+                    }
+                    return Ok(reply);
+                }
+                Ok(other) => return Err(unexpected(&format!("{other:?} where pipeline replies were expected"))),
+            }
+        }
     }
 }
 
 impl Store for RedisStore {
     fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The server's `TIME` (seconds and microseconds), the clock its scripts compute expiry instants from.
+    async fn now(&self) -> Result<std::time::SystemTime, StoreError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut self.conn()).await.map_err(redis_err)?;
+        Ok(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
@@ -347,22 +557,10 @@ impl Store for RedisStore {
             Ttl::Clear => ("clear", 0),
             Ttl::After(d) => ("after", u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         };
-        let r: Value = self
-            .inner
-            .scripts
-            .put
-            .key(self.value_key(key))
-            .key(self.generation_key())
-            .key(self.index_key())
-            .arg(value.as_ref())
-            .arg(kind)
-            .arg(expected)
-            .arg(ttl_kind)
-            .arg(ttl_ms)
-            .arg(key)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(redis_err)?;
+        let script = &self.inner.scripts.put;
+        let mut cmd = evalsha(script, &[self.value_key(key), self.generation_key(), self.index_key()]);
+        cmd.arg(value.as_ref()).arg(kind).arg(expected).arg(ttl_kind).arg(ttl_ms).arg(key);
+        let r = self.write(script, &cmd).await?;
         let r = array(r)?;
         match r.as_slice() {
             [ok, cur] if int(ok)? == 0 => Err(StoreError::PreconditionFailed { current: generation(int(cur)?) }),
@@ -377,18 +575,10 @@ impl Store for RedisStore {
     async fn delete(&self, key: &str, precondition: Precondition) -> Result<Option<Generation>, StoreError> {
         self.inner.limits.check_key(key)?;
         let (kind, expected) = precondition_args(precondition);
-        let r: Value = self
-            .inner
-            .scripts
-            .delete
-            .key(self.value_key(key))
-            .key(self.index_key())
-            .arg(kind)
-            .arg(expected)
-            .arg(key)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(redis_err)?;
+        let script = &self.inner.scripts.delete;
+        let mut cmd = evalsha(script, &[self.value_key(key), self.index_key()]);
+        cmd.arg(kind).arg(expected).arg(key);
+        let r = self.write(script, &cmd).await?;
         match array(r)?.as_slice() {
             [ok, cur] if int(ok)? == 0 => Err(StoreError::PreconditionFailed { current: generation(int(cur)?) }),
             [_, deleted] => Ok(generation(int(deleted)?)),
@@ -433,20 +623,16 @@ impl Store for RedisStore {
         let id = change.dedupe_id.as_deref().unwrap_or("");
         let fingerprint = change.dedupe_id.as_ref().map(|_| change.fingerprint()).unwrap_or_default();
         let retention_ms = u64::try_from(limits.dedupe_retention().as_millis()).unwrap_or(u64::MAX);
-        let mut inv = self.inner.scripts.set.key(self.value_key(key));
-        inv.key(self.generation_key())
-            .key(self.index_key())
-            .key(self.set_dedupe_key(key, id))
-            .arg(limits.max_value_bytes())
-            .arg(key)
-            .arg(id)
-            .arg(fingerprint)
-            .arg(retention_ms)
-            .arg(change.add.len());
+        let script = &self.inner.scripts.set;
+        let mut cmd = evalsha(
+            script,
+            &[self.value_key(key), self.generation_key(), self.index_key(), self.set_dedupe_key(key, id)],
+        );
+        cmd.arg(limits.max_value_bytes()).arg(key).arg(id).arg(fingerprint).arg(retention_ms).arg(change.add.len());
         for m in change.add.iter().chain(&change.remove) {
-            inv.arg(m);
+            cmd.arg(m);
         }
-        let r: Value = inv.invoke_async(&mut self.conn()).await.map_err(redis_err)?;
+        let r = self.write(script, &cmd).await?;
         match array(r)?.as_slice() {
             [code] if int(code)? == -1 => Err(StoreError::WrongType { expected: "set" }),
             [code] if int(code)? == -2 => {
@@ -470,21 +656,18 @@ impl Store for RedisStore {
         let limits = self.inner.limits;
         limits.check_counter(key, dedupe_id)?;
         let retention_ms = u64::try_from(limits.dedupe_retention().as_millis()).unwrap_or(u64::MAX);
-        let r: Value = self
-            .inner
-            .scripts
-            .counter
-            .key(self.value_key(key))
-            .key(self.generation_key())
-            .key(self.index_key())
-            .key(self.dedupe_key(key, dedupe_id.unwrap_or("")))
-            .arg(delta)
-            .arg(dedupe_id.unwrap_or(""))
-            .arg(retention_ms)
-            .arg(key)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(redis_err)?;
+        let script = &self.inner.scripts.counter;
+        let mut cmd = evalsha(
+            script,
+            &[
+                self.value_key(key),
+                self.generation_key(),
+                self.index_key(),
+                self.dedupe_key(key, dedupe_id.unwrap_or("")),
+            ],
+        );
+        cmd.arg(delta).arg(dedupe_id.unwrap_or("")).arg(retention_ms).arg(key);
+        let r = self.write(script, &cmd).await?;
         let r = array(r)?;
         if let [code] = r.as_slice() {
             return Err(match int(code)? {

@@ -1,7 +1,8 @@
 //! `idem runs status` and `idem runs forget`: reading and trimming a job's ledger.
 
 use idem_core::{Entry, ItemKeys, entry_prefix};
-use idem_store::{Precondition, Store};
+use idem_store::{Precondition, Store, Ttl};
+use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
@@ -10,6 +11,9 @@ use crate::Error;
 pub struct LedgerStatus {
     /// Entries done.
     pub done: u64,
+    /// [`LedgerStatus::done`] by the host that recorded them (`adopted` for outputs found in place without
+    /// running, whose host is not recorded).
+    pub done_by_host: std::collections::BTreeMap<String, u64>,
     /// Entries claimed (running now, or left by a runner that died; its lease says which).
     pub running: u64,
     /// Entries whose last attempt was interrupted (a second Ctrl-C or SIGTERM) and not counted: they run again.
@@ -22,7 +26,72 @@ pub struct LedgerStatus {
     pub problems: Vec<(String, String)>,
 }
 
-/// Reads every entry of `job` (see [`job_id`](crate::job_id)).
+/// What a job's last run was: kept at `run/{job}/job` (outside its entries' prefix), so that a rerun under
+/// the same name with another output template or command says so, and `idem runs forget --name` knows which
+/// outputs to remove.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// The output template (empty: the job writes no output file).
+    pub output: String,
+    /// The command and its arguments, as given (placeholders not substituted).
+    pub command: Vec<String>,
+}
+
+fn job_key(job: &str) -> String {
+    format!("run/{job}/job")
+}
+
+/// The record of `job`'s last run, if one was written (jobs run before records were kept have none).
+///
+/// # Errors
+/// [`Error::Store`]; [`Error::Config`] for a record that is not one.
+pub async fn job_record<S: Store>(store: &S, job: &str) -> Result<Option<JobRecord>, Error> {
+    let Some(v) = store.get(&job_key(job)).await? else { return Ok(None) };
+    serde_json::from_slice(v.value())
+        .map(Some)
+        .map_err(|e| Error::Config(format!("the ledger's record of job {job} is unreadable: {e}")))
+}
+
+/// Compares `record` with the record of `job`'s last run and, unless `dry_run`, writes it as the new one.
+/// Returns what changed, one sentence each (none for a first run, or a job run before records were kept): a
+/// job whose output template or command changed under one name keeps its done items done, which the operator
+/// may not expect.
+///
+/// # Errors
+/// [`Error::Store`].
+pub async fn note_job<S: Store>(store: &S, job: &str, record: &JobRecord, dry_run: bool) -> Result<Vec<String>, Error> {
+    let mut changes = Vec::new();
+    // An unreadable record is replaced: it only serves these warnings.
+    if let Ok(Some(last)) = job_record(store, job).await {
+        let shown = |o: &str| if o.is_empty() { "none".to_owned() } else { format!("{o:?}") };
+        if last.output != record.output {
+            changes.push(format!(
+                "job {job}: the output template changed since its last run ({} then, {} now); its done items \
+                 are judged by the outputs at the new paths",
+                shown(&last.output),
+                shown(&record.output)
+            ));
+        }
+        if last.command != record.command {
+            changes.push(format!(
+                "job {job}: the command changed since its last run ({:?} then, {:?} now); items done then stay \
+                 done (`idem runs forget` to redo them)",
+                last.command.join(" "),
+                record.command.join(" ")
+            ));
+        }
+        if changes.is_empty() {
+            return Ok(changes);
+        }
+    }
+    if !dry_run {
+        let value = serde_json::to_vec(record).unwrap_or_default();
+        store.put(&job_key(job), value.into(), Precondition::Any, Ttl::Clear).await?;
+    }
+    Ok(changes)
+}
+
+/// Reads every entry of `job` (see [`RunConfig::job`](crate::RunConfig::job)).
 ///
 /// # Errors
 /// [`Error::Store`]; [`Error::Entry`] for an unreadable entry.
@@ -37,7 +106,11 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
             let entry = Entry::decode(v.value()).map_err(|source| Error::Entry { key: item.key.clone(), source })?;
             let id = item.key[prefix.len()..].to_owned();
             match &entry {
-                Entry::Done { .. } => out.done += 1,
+                Entry::Done { owner, .. } => {
+                    out.done += 1;
+                    let host = crate::engine::owner_host(owner).unwrap_or(owner.as_str());
+                    *out.done_by_host.entry(host.to_owned()).or_default() += 1;
+                }
                 Entry::Running { .. } => out.running += 1,
                 Entry::Interrupted { .. } => out.interrupted += 1,
                 Entry::Failed { poison, last_error, .. } => {
@@ -61,19 +134,23 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
     Ok(out)
 }
 
-/// Makes `ids` of the job writing `output_template` run again: deletes their ledger entries and leases, and
-/// the outputs of those that had an entry (a valid output without an entry would otherwise be adopted rather
+/// Makes `ids` of `job` run again: deletes their ledger entries and leases, and (when the job writes outputs
+/// to `output_template`) the outputs of those that had an entry (a valid output without an entry would otherwise be adopted rather
 /// than redone); an id without an entry touches no file. Returns the ids that had no entry, in the order given
 /// (each id once).
 ///
 /// # Errors
 /// [`Error::Store`]; [`Error::Io`] when an output exists but cannot be removed.
-pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) -> Result<Vec<String>, Error> {
-    let job = crate::job_id(output_template);
+pub async fn forget<S: Store>(
+    store: &S,
+    job: &str,
+    output_template: Option<&str>,
+    ids: &[String],
+) -> Result<Vec<String>, Error> {
     let mut unknown = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
-        let keys = ItemKeys::new(&job, id);
+        let keys = ItemKeys::new(job, id);
         let known = store.delete(keys.entry(), Precondition::Any).await?.is_some();
         store.delete(keys.lease(), Precondition::Any).await?;
         if !known {
@@ -82,6 +159,7 @@ pub async fn forget<S: Store>(store: &S, output_template: &str, ids: &[String]) 
             unknown.push(id.clone());
             continue;
         }
+        let Some(output_template) = output_template.filter(|t| !t.is_empty()) else { continue };
         let output = std::path::PathBuf::from(output_template.replace("{id}", id));
         match tokio::fs::remove_file(&output).await {
             Ok(()) => {}

@@ -38,7 +38,12 @@ pub struct RunConfig {
     pub format: ItemFormat,
     /// The JSON field holding each item's id.
     pub id_field: Option<String>,
-    /// The output path template; `{id}` is replaced by the item's id.
+    /// The job's name in the ledger ([`check_job_name`]); `None`: [`job_id`] of the output template, the
+    /// name every job had before names could be given, so their ledgers keep working.
+    pub name: Option<String>,
+    /// The output path template; `{id}` is replaced by the item's id. Empty: the command's result is not a
+    /// file (an email sent, a row inserted): an item is done once its command exited 0 and the ledger recorded
+    /// it, and no file is ever looked at ([`RunConfig::has_output`]).
     pub output: String,
     /// The command and its arguments; `{id}`, `{out}` (the temporary path to write) and `{item}` are replaced.
     pub command: Vec<String>,
@@ -50,6 +55,11 @@ pub struct RunConfig {
     pub on_poison: OnPoison,
     /// Top-level fields a JSON output must have.
     pub expect_fields: Vec<String>,
+    /// Without an output ([`RunConfig::has_output`]): a shell command saying whether an item's effect is there
+    /// (exit 0: done), run before its command (done: the command is skipped and the item recorded done) and
+    /// after it (the command's exit 0 counts only if the check then passes too). `{id}`, `{key}`, and
+    /// `$IDEM_ITEM_ID`, `$IDEM_KEY` name the item.
+    pub check: Option<String>,
     /// A shell command that must exit 0 for an output to count (`{out}` and `$IDEM_OUTPUT` name the file).
     pub verify: Option<String>,
     /// Where to write the JSON report.
@@ -58,8 +68,17 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// Lease length (renewed every third of it while the command runs); at least 1 s.
     pub lease: Duration,
+    /// How long the ledger store may stay unreachable before the run gives up (at least 1 s; default 5
+    /// minutes). Until then the run waits: it claims nothing new, keeps running commands while their leases
+    /// last, and records finished items once the store is back. Past it, the run ends with the items it did
+    /// not finish not done ([`RunStatus::StoreUnavailable`](crate::RunStatus::StoreUnavailable)).
+    pub store_outage_limit: Duration,
     /// List what would run and why, run nothing.
     pub dry_run: bool,
+    /// Judge every done item by its output on this machine, wherever it was recorded done (each machine needs
+    /// its own copy). Otherwise an item another host recorded done is done here too, counted "done
+    /// elsewhere", and its output is verified only on that host.
+    pub require_local_output: bool,
     /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`).
     pub key_prefix: String,
     /// Progress display.
@@ -67,7 +86,8 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// A configuration with the defaults: 1 job, 3 retries, halt on poison, 10 s lease, no timeout.
+    /// A configuration with the defaults: 1 job, 3 retries, halt on poison, 10 s lease, no timeout, 5 minutes
+    /// of store outage ridden out.
     pub fn new(items: impl Into<PathBuf>, output: impl Into<String>, command: Vec<String>) -> Self {
         Self {
             items: items.into(),
@@ -75,6 +95,7 @@ impl RunConfig {
             until_empty: false,
             format: ItemFormat::Auto,
             id_field: None,
+            name: None,
             output: output.into(),
             command,
             jobs: 1,
@@ -82,10 +103,13 @@ impl RunConfig {
             on_poison: OnPoison::Halt,
             expect_fields: Vec::new(),
             verify: None,
+            check: None,
             report: None,
             timeout: None,
             lease: Duration::from_secs(10),
+            store_outage_limit: Duration::from_secs(300),
             dry_run: false,
+            require_local_output: false,
             key_prefix: "run".into(),
             progress: ProgressMode::Auto,
         }
@@ -102,7 +126,30 @@ impl RunConfig {
 
     /// [`RunConfig::check`], returning the program found in `PATH` (see [`CheckedConfig::program`]).
     fn check_settings(&self) -> Result<Option<PathBuf>, Error> {
-        if !self.output.contains("{id}") {
+        if let Some(name) = &self.name {
+            check_job_name(name)?;
+        }
+        if !self.has_output() && self.name.is_none() {
+            // The default name is the output template's hash: every job without one would share one ledger.
+            return Err(Error::Config(
+                "without --output, give the job a --name (it names the job in the ledger)".into(),
+            ));
+        }
+        if !self.has_output() {
+            // Each names the output file, which there is none of: refused rather than given an empty path.
+            if self.command.iter().any(|a| a.contains("{out}")) {
+                return Err(Error::Config("{out} in the command needs --output (where the output goes)".into()));
+            }
+            if self.verify.is_some() || !self.expect_fields.is_empty() {
+                return Err(Error::Config("--verify and --expect-fields check an output: they need --output".into()));
+            }
+        } else if self.check.is_some() {
+            return Err(Error::Config(
+                "--check says whether an item's effect is there, for a job without --output (with one, done is the \
+                 output's digest; --verify checks it)"
+                    .into(),
+            ));
+        } else if !self.output.contains("{id}") {
             return Err(Error::Config(format!("--output {:?} must contain {{id}}", self.output)));
         }
         if self.output.ends_with('/') {
@@ -116,6 +163,9 @@ impl RunConfig {
         }
         if self.lease < Duration::from_secs(1) {
             return Err(Error::Config("--lease must be at least 1s".into()));
+        }
+        if self.store_outage_limit < Duration::from_secs(1) {
+            return Err(Error::Config("--store-outage-limit must be at least 1s".into()));
         }
         if self.format == ItemFormat::Lines && self.id_field.is_some() {
             return Err(Error::Config("--id-field needs JSON Lines items, not --format lines".into()));
@@ -170,6 +220,22 @@ impl RunConfig {
     /// True when the items are read once as they come (a stream or a queue), not checked whole before the run.
     pub fn streamed(&self) -> bool {
         self.queue.is_some() || crate::items::is_stream(&self.items)
+    }
+
+    /// The job's name in the ledger: `--name`, else [`job_id`] of the output template.
+    pub fn job(&self) -> String {
+        self.name.clone().unwrap_or_else(|| job_id(&self.output))
+    }
+
+    /// True when the job writes an output file per item ([`RunConfig::output`] is not empty).
+    pub fn has_output(&self) -> bool {
+        !self.output.is_empty()
+    }
+
+    /// What no two items of one run may share: the output path, or without outputs the id (two items with one
+    /// id share one ledger entry).
+    pub(crate) fn unique_path(&self, id: &str) -> PathBuf {
+        if self.has_output() { self.output_path(id) } else { PathBuf::from(id) }
     }
 
     /// The output path of item `id`.
@@ -227,6 +293,16 @@ pub fn job_id(output_template: &str) -> String {
         Path::new(output_template).components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
     let digest = Sha256::digest(normalised.to_string_lossy().as_bytes());
     hex::encode(&digest[..6])
+}
+
+/// Refuses a job name `idem once --name` would refuse (one rule for both: 1 to 100 ASCII letters, digits, `.`,
+/// `_` and `-`, not starting with `.` or `-`): it is part of the ledger's keys (`run/NAME/item/ID`) and the
+/// first part of `IDEM_KEY` (`NAME:ID:HASH`), where `/` and `:` would be ambiguous.
+///
+/// # Errors
+/// [`Error::Config`] naming the rule.
+pub fn check_job_name(name: &str) -> Result<(), Error> {
+    crate::once::check_name(name)
 }
 
 /// The directory all of a template's outputs share: its path up to the first component holding a

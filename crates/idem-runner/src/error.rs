@@ -110,3 +110,10 @@ pub(crate) enum ItemError {
     #[error("{0}")]
     OutputCheck(tokio::task::JoinError),
 }
+
+impl ItemError {
+    /// The ledger store was unavailable (and the run gave up waiting for it): not the item's failure.
+    pub(crate) fn is_unavailable(&self) -> bool {
+        matches!(self, ItemError::LedgerRead(e) | ItemError::LedgerWrite(e) if e.is_unavailable())
+    }
+}

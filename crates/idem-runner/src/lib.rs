@@ -25,14 +25,17 @@ mod config;
 mod engine;
 mod error;
 mod items;
+pub mod once;
 mod output;
 mod progress;
 mod queue;
 mod report;
 mod watchdog;
 
-pub use admin::{LedgerStatus, forget, status};
-pub use config::{CheckedConfig, OnPoison, ProgressMode, RunConfig, default_ledger_path, job_id, output_root};
+pub use admin::{JobRecord, LedgerStatus, forget, job_record, note_job, status};
+pub use config::{
+    CheckedConfig, OnPoison, ProgressMode, RunConfig, check_job_name, default_ledger_path, job_id, output_root,
+};
 pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
 pub use error::Error;
 use error::ItemError;

@@ -26,6 +26,14 @@ pub struct Digest256 {
     pub size: u64,
 }
 
+impl Digest256 {
+    /// What a job without output files records as an item's output: the SHA-256 of nothing, 0 bytes.
+    pub fn nothing() -> Self {
+        use sha2::Digest as _;
+        Self { sha256: hex::encode(sha2::Sha256::digest(b"")), size: 0 }
+    }
+}
+
 /// Why an output does not verify.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invalid {
@@ -130,6 +138,39 @@ fn digest(bytes: &[u8]) -> Digest256 {
 pub fn temp_path(output: &Path, owner: &str, attempt: u32) -> PathBuf {
     let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     output.with_file_name(format!(".{name}.{owner}.{attempt}.idem-tmp"))
+}
+
+/// The note a runner leaves beside `output` when attempt `attempt` of `owner` put it in place but the store stayed
+/// unavailable until the run gave up, so the done write never landed: the output's digest. The next holder of
+/// the item finds it beside an entry still saying that attempt runs, and records the item done if the output
+/// still has the digest, instead of running it again.
+pub fn unrecorded_path(output: &Path, owner: &str, attempt: u32) -> PathBuf {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    output.with_file_name(format!(".{name}.{owner}.{attempt}.idem-unrecorded"))
+}
+
+/// Writes the note of [`unrecorded_path`] (`SHA256 SIZE`), fsynced with its directory, so it survives a crash
+/// as the output does (blocking I/O).
+///
+/// # Errors
+/// The I/O error of the write or an fsync.
+pub fn write_unrecorded(note: &Path, digest: &Digest256) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(note)?;
+    writeln!(file, "{} {}", digest.sha256, digest.size)?;
+    file.sync_all()?;
+    match note.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Reads the note of [`unrecorded_path`]: `None` when there is none or it does not parse (blocking I/O).
+pub fn read_unrecorded(note: &Path) -> Option<Digest256> {
+    let text = std::fs::read_to_string(note).ok()?;
+    let (sha256, size) = text.trim().split_once(' ')?;
+    let well_formed = sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit());
+    well_formed.then(|| Some(Digest256 { sha256: sha256.to_owned(), size: size.parse().ok()? }))?
 }
 
 /// Makes the contents of `temp` durable (fsync) before it is renamed into place (blocking I/O).

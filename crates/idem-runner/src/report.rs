@@ -13,13 +13,17 @@ use crate::{Error, Summary};
 pub(crate) struct ItemReport<'a> {
     pub id: &'a str,
     pub line: u64,
-    /// `done`, `skipped`, `adopted`, `failed`, `poison`, `not_started`, `interrupted`, `would_run`.
+    /// `done`, `skipped`, `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`, `store_unavailable`,
+    /// `would_run`.
     pub status: &'a str,
     pub attempts: u32,
     pub last_error: Option<&'a str>,
     pub sha256: Option<&'a str>,
     pub duration_ms: Option<u64>,
     pub output: &'a str,
+    /// The host that recorded it done, for `done_elsewhere`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<&'a str>,
 }
 
 pub(crate) struct Report {
@@ -54,12 +58,14 @@ impl Report {
             "done": summary.done,
             "skipped": summary.skipped,
             "adopted": summary.adopted,
+            "done_elsewhere": summary.elsewhere,
             "failed": summary.failed,
             "poison": poison,
             "not_done": summary.not_done,
             "executions": summary.executions,
             "would_run": summary.would_run,
             "interrupted": summary.interrupted,
+            "store_unavailable": summary.store_unavailable,
             "elapsed_ms": summary.elapsed.as_millis() as u64,
             "exit_status": summary.status().exit_code(),
         });

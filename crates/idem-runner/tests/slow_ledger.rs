@@ -271,24 +271,29 @@ async fn a_refused_renewal_still_stops_the_command() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_given_up_at_the_lapse_holds_nothing_the_ledger_needs() {
+async fn a_renewal_unanswered_at_the_lapse_is_waited_for_and_holds_nothing_the_ledger_needs() {
     // The first attempt times out while its renewal hangs holding the ledger's read guard, with the ledger's
-    // turn taking queued behind it. The renewal is given up when the lease lapses; left in flight unpolled it
-    // would keep that guard while the runner records the timeout behind the queued turn: a deadlock (seen with
-    // the shared SQLite ledger).
+    // turn taking queued behind it. The renewal is kept past the lapse (`keeping_late_answers`: conditional, so
+    // an acceptance means nobody took over) and the runner waits for its answer before any other ledger
+    // operation of the item. Left in flight unpolled while the runner recorded the timeout behind the queued
+    // turn it would be a deadlock (seen with the shared SQLite ledger); waited for, it is not: once the store
+    // answers, the turn comes, the timeout is recorded and the retry renews its own lease.
     let mut job = Job::new(&["a"], Some("a"), r#"echo $$ > pid.tmp; mv pid.tmp pid; exec sleep 30"#);
     job.cfg.timeout = Some(Duration::from_secs(3));
     job.cfg.retries = 1;
     let run = job.start();
+    let pid = pid_in(&job.path("pid")).await;
     job.renewal_held().await;
     let turn = job.take_turn();
-    // The timeout is recorded once the lease lapsed, and the retry renews its own lease in turn.
-    wait_for("the retry's renewal", Duration::from_secs(20), || job.arrived() == 2).await;
+    // The timeout is acted on while the renewal still waits.
+    wait_for("the timeout to kill the command", Duration::from_secs(10), || !alive(pid)).await;
+    assert_eq!(job.arrived(), 1);
+    job.open();
+    wait_for("the retry's renewal", Duration::from_secs(20), || job.arrived() >= 2).await;
     assert!(turn.is_finished(), "the ledger's turn never came");
     assert!(matches!(job.entry("a").await, Entry::Running { attempt: 2, .. }), "{:?}", job.entry("a").await);
     job.stop.request();
     job.stop.request();
-    job.open();
     let summary = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
     assert_eq!((summary.executions, summary.status()), (2, RunStatus::Interrupted));
 }

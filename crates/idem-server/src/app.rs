@@ -71,10 +71,14 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
         .layer(DrainLayer::new(largest_body as u64))
 }
 
+use crate::ClientTimeouts;
+
 /// Serves `service` (the KV API's `Router`, the [`Proxy`](crate::Proxy)) over HTTP/1.1 and HTTP/2 (prior knowledge) on `listener` until `shutdown` resolves, then
 /// stops accepting and waits for in-flight requests to finish. A connection with no request running is
-/// closed `idle_timeout` after its last request ended or after it was accepted, whether it sits between
-/// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`]: 75 s). A client
+/// closed `timeouts.idle` after its last request ended or after it was accepted, whether it sits between
+/// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`]: 75 s); a response
+/// write that waits for a slow reader longer than `timeouts.send` ends the connection
+/// ([`ClientTimeouts`]; a bare `Duration` is the idle timeout with the default send timeout). A client
 /// that opens with a TLS handshake is logged (warn) with its address, since it only sees a TLS error of its
 /// own; [`serve_tls`] serves HTTPS.
 ///
@@ -83,10 +87,11 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
 pub async fn serve(
     service: impl crate::HttpService,
     listener: tokio::net::TcpListener,
-    idle_timeout: std::time::Duration,
+    timeouts: impl Into<ClientTimeouts>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    connections::serve_connections(tls::PlainListener::new(listener)?, service, false, idle_timeout, shutdown).await
+    let timeouts = timeouts.into();
+    connections::serve_connections(tls::PlainListener::new(listener)?, service, false, timeouts, shutdown).await
 }
 
 /// An error and its causes on one line (`a: b: c`), for logs.

@@ -29,14 +29,47 @@ use tower_http::timeout::TimeoutBody;
 /// timeout here or a shorter one of their own.
 pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
+/// How long a response write may wait for a slow client to read before the connection is ended: 60 seconds,
+/// nginx's `send_timeout` (counted between two writes that moved bytes, as nginx counts it, so a client that
+/// reads slowly but steadily is never cut).
+pub const DEFAULT_CLIENT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Header fields a request may carry, at most, over HTTP/1.1 (hyper's own default is 100; nginx counts none,
+/// only bytes, so a request with a hundred or so fields that nginx accepts must pass here too). More: 431.
+pub const MAX_HEADER_FIELDS: usize = 512;
+
+/// Bytes of header fields a request may carry, at most: 32 KiB, nginx's `large_client_header_buffers 4 8k`
+/// (a field line over 8 KiB, or the whole head over 32 KiB, is refused there). Counted as HTTP/2 counts a
+/// header list (RFC 9113 §6.5.2: name + value + 32 per field), over both protocols. More: 431.
+pub const MAX_HEADER_LIST_BYTES: usize = 32 * 1024;
+
+/// A client connection's timeouts: `idle` (nginx's `keepalive_timeout` and `client_body_timeout`,
+/// [`DEFAULT_CLIENT_IDLE_TIMEOUT`]) and `send` (nginx's `send_timeout`, [`DEFAULT_CLIENT_SEND_TIMEOUT`]). A
+/// bare `Duration` converts to the idle timeout with the default send timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientTimeouts {
+    /// No request running and nothing written for this long: the connection is closed.
+    pub idle: Duration,
+    /// A response write waiting this long for the client to read: the connection is ended, logged (warn) and
+    /// counted in `idem_client_send_timeouts_total`.
+    pub send: Duration,
+}
+
+impl From<Duration> for ClientTimeouts {
+    fn from(idle: Duration) -> Self {
+        Self { idle, send: DEFAULT_CLIENT_SEND_TIMEOUT }
+    }
+}
+
 /// Serves `router` on every connection `listener` accepts until `shutdown` resolves; then stops accepting and
 /// waits for the open connections to finish their requests. A connection with no request running and nothing
-/// written for `idle_timeout` is shut down, and dropped if still open [`CLOSING_GRACE`] later.
+/// written for `timeouts.idle` is shut down, and dropped if still open [`CLOSING_GRACE`] later; one whose
+/// response write waits `timeouts.send` for the client is ended.
 pub(crate) async fn serve_connections<L, S: HttpService>(
     mut listener: L,
     service: S,
     tls: bool,
-    idle_timeout: Duration,
+    timeouts: ClientTimeouts,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
@@ -51,7 +84,7 @@ where
             conn = listener.accept() => conn,
             () = &mut shutdown => break,
         };
-        tokio::spawn(serve_one(io, peer, service.clone(), tls, idle_timeout, stop_rx.clone()));
+        tokio::spawn(serve_one(io, peer, service.clone(), tls, timeouts, stop_rx.clone()));
     }
     // Stop accepting (for the TLS listener this also ends its handshakes), then let open connections finish
     // what they are doing: HTTP/1.1 closes after the response in progress, HTTP/2 sends GOAWAY.
@@ -67,18 +100,29 @@ async fn serve_one<I, S: HttpService>(
     peer: SocketAddr,
     service: S,
     tls: bool,
-    idle_timeout: Duration,
+    timeouts: ClientTimeouts,
     mut stop: tokio::sync::watch::Receiver<()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let idle_timeout = timeouts.idle;
     let activity = Arc::new(Activity::new());
     let service = Tracked { service, peer, tls, idle_timeout, activity: Arc::clone(&activity) };
     // No hyper header timeout: hyper starts it when a response body has been handed to its write buffer, not
     // when the buffer has reached a slow reader, so a long download left less idle time than promised. The
     // watch below covers a half-sent header instead (no request running, nothing written: dropped).
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let io = Watched { inner: io, activity: Arc::clone(&activity) };
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // nginx's header limits (README, "Limits"): more fields than hyper's 100, the byte bound below.
+    builder.http1().max_headers(MAX_HEADER_FIELDS);
+    builder.http2().max_header_list_size(u32::try_from(MAX_HEADER_LIST_BYTES).unwrap_or(u32::MAX));
+    let io = Watched {
+        inner: io,
+        activity: Arc::clone(&activity),
+        send_timeout: timeouts.send,
+        stalled: None,
+        cut: false,
+        peer,
+    };
     let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
     // Set once a graceful shutdown has begun (idle, or the server stopping): from then on the connection is
     // dropped as soon as it has had no request running for `CLOSING_GRACE`. A graceful shutdown alone waits
@@ -126,6 +170,66 @@ const CLOSING_GRACE: Duration = Duration::from_secs(1);
 struct Watched<I> {
     inner: I,
     activity: Arc<Activity>,
+    /// nginx's `send_timeout`: how long one write may wait for the client.
+    send_timeout: Duration,
+    /// Set while a write is waiting for the client: when the wait began to exceed `send_timeout`.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// The send timeout ended this connection: every later write fails at once (logged and counted once).
+    cut: bool,
+    peer: SocketAddr,
+}
+
+impl<I> Watched<I> {
+    /// Notes what a write (or flush) did: bytes moved are activity and end a stall; a write still waiting for
+    /// the client starts (or goes on with) the send timeout, and past it the connection is ended with an error,
+    /// logged and counted.
+    fn noted<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+        moved: impl FnOnce(&T) -> bool,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        if self.cut {
+            return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "ended by the send timeout")));
+        }
+        match &polled {
+            Poll::Ready(Ok(v)) => {
+                if moved(v) {
+                    self.activity.touch();
+                }
+                self.stalled = None;
+                self.activity.writing.store(false, Ordering::Relaxed);
+            }
+            Poll::Ready(Err(_)) => {
+                self.stalled = None;
+                self.activity.writing.store(false, Ordering::Relaxed);
+            }
+            Poll::Pending => {
+                // A response on its way to a slow reader is not an idle connection: only the send timeout ends it.
+                self.activity.writing.store(true, Ordering::Relaxed);
+                let timeout = self.send_timeout;
+                let stall = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stall.as_mut().poll(cx).is_ready() {
+                    self.stalled = None;
+                    self.cut = true;
+                    self.activity.writing.store(false, Ordering::Relaxed);
+                    metrics::counter!("idem_client_send_timeouts_total").increment(1);
+                    tracing::warn!(
+                        peer = %self.peer,
+                        timeout = ?timeout,
+                        "closing a client connection: a response write waited longer than the send timeout \
+                         (--client-send-timeout) for the client to read"
+                    );
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing for the send timeout",
+                    )));
+                }
+            }
+        }
+        polled
+    }
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
@@ -145,10 +249,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        polled
+        self.noted(cx, polled, |n| *n > 0)
     }
 
     fn poll_write_vectored(
@@ -157,10 +258,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        polled
+        self.noted(cx, polled, |n| *n > 0)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -171,7 +269,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.noted(cx, polled, |_| false)
     }
 
     fn poll_shutdown(
@@ -189,11 +288,18 @@ struct Activity {
     /// Milliseconds from `opened` to the last time bytes moved or a request started or finished.
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// A write is waiting for the client to read (the send timeout, not the idle timeout, governs it).
+    writing: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
     fn new() -> Self {
-        Self { opened: Instant::now(), last_ms: AtomicU64::new(0), in_flight: AtomicUsize::new(0) }
+        Self {
+            opened: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            writing: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     fn touch(&self) {
@@ -203,7 +309,7 @@ impl Activity {
 
     /// When to look again: `timeout` after the last activity (or after now, while a request runs).
     fn idle_deadline(&self, timeout: Duration) -> Instant {
-        if self.in_flight.load(Ordering::Relaxed) > 0 {
+        if self.in_flight.load(Ordering::Relaxed) > 0 || self.writing.load(Ordering::Relaxed) {
             return Instant::now() + timeout;
         }
         self.opened + Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout
@@ -211,6 +317,7 @@ impl Activity {
 
     fn idle_for(&self, timeout: Duration) -> bool {
         self.in_flight.load(Ordering::Relaxed) == 0
+            && !self.writing.load(Ordering::Relaxed)
             && self.opened.elapsed() >= Duration::from_millis(self.last_ms.load(Ordering::Relaxed)) + timeout
     }
 }
@@ -242,12 +349,17 @@ impl Drop for InFlight {
 /// a protocol error (a 502 problem answered by idem itself carries a body). The size hint stays, so the
 /// Content-Length is the one a GET would have had.
 pub(crate) struct Guarded<B> {
-    inner: B,
+    /// The service's body, or `None` for an answer of the connection loop's own (`own`).
+    inner: Option<B>,
+    own: Option<bytes::Bytes>,
     no_content: bool,
     _in_flight: InFlight,
 }
 
-impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B>
+where
+    B::Data: From<bytes::Bytes>,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -258,15 +370,25 @@ impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
         if self.no_content {
             return std::task::Poll::Ready(None);
         }
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        if let Some(own) = self.own.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(own.into()))));
+        }
+        match self.inner.as_mut() {
+            Some(inner) => std::pin::Pin::new(inner).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.no_content || self.inner.is_end_stream()
+        self.no_content || (self.own.is_none() && self.inner.as_ref().is_none_or(http_body::Body::is_end_stream))
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        match (&self.own, &self.inner) {
+            (Some(own), _) => http_body::SizeHint::with_exact(own.len() as u64),
+            (None, Some(inner)) => inner.size_hint(),
+            (None, None) => http_body::SizeHint::with_exact(0),
+        }
     }
 }
 
@@ -339,12 +461,48 @@ impl<S: HttpService> hyper::service::Service<http::Request<Incoming>> for Tracke
         }
         let no_content = request.method() == http::Method::HEAD && request.version() == http::Version::HTTP_2;
         let in_flight = InFlight::begin(&self.activity);
+        if let Some(refusal) = over_header_limits(request.headers()) {
+            let (parts, own) = refusal.into_parts();
+            let guarded = Guarded { inner: None, own: Some(own), no_content, _in_flight: in_flight };
+            return Box::pin(std::future::ready(Ok(http::Response::from_parts(parts, guarded))));
+        }
         let handled = self.service.clone().oneshot(request);
         Box::pin(async move {
             let response = handled.await;
             // The guard rides in the response body: hyper drops the body after its last frame, or when the
             // connection goes; a long download is a request running, not an idle connection.
-            Ok(response?.map(|inner| Guarded { inner, no_content, _in_flight: in_flight }))
+            Ok(response?.map(|inner| Guarded { inner: Some(inner), own: None, no_content, _in_flight: in_flight }))
         })
     }
+}
+
+/// 431 problem+json when the request's header fields are over nginx's byte limits
+/// ([`MAX_HEADER_LIST_BYTES`] in all, counted as RFC 9113 §6.5.2 counts a header list; 8 KiB for one field
+/// line, nginx's buffer size). hyper enforces the field count ([`MAX_HEADER_FIELDS`]) and HTTP/2's list size
+/// itself, with a bare 431.
+fn over_header_limits(headers: &http::HeaderMap) -> Option<http::Response<bytes::Bytes>> {
+    const FIELD_LINE: usize = 8 * 1024;
+    let mut total = 0usize;
+    let mut longest = 0usize;
+    for (name, value) in headers {
+        let line = name.as_str().len() + value.len();
+        longest = longest.max(line);
+        total += line + 32;
+    }
+    let detail = if longest + 2 > FIELD_LINE {
+        format!("a header field line is {} bytes; at most {FIELD_LINE} are accepted", longest + 2)
+    } else if total > MAX_HEADER_LIST_BYTES {
+        format!("the header fields take {total} bytes (RFC 9113 §6.5.2); at most {MAX_HEADER_LIST_BYTES} are accepted")
+    } else {
+        return None;
+    };
+    let kind = idem_core::ProblemType::HeaderFieldsTooLarge;
+    let status = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    let body =
+        serde_json::json!({ "type": kind.uri(), "title": kind.title(), "status": status.as_u16(), "detail": detail });
+    http::Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/problem+json")
+        .body(bytes::Bytes::from(body.to_string()))
+        .ok()
 }

@@ -32,7 +32,10 @@ mod upstream_conn;
 
 pub(crate) use app::error_chain;
 pub use app::{ServerConfig, app, serve};
-pub use connections::{DEFAULT_CLIENT_IDLE_TIMEOUT, HttpService, RequestBody};
+pub use connections::{
+    ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_CLIENT_SEND_TIMEOUT, HttpService, MAX_HEADER_FIELDS,
+    MAX_HEADER_LIST_BYTES, RequestBody,
+};
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;

@@ -21,6 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_store::Store;
 use idem_tower::Body;
 use idem_tower::{BufferedBody, Drain, DrainFuture, DrainLayer, Idempotency, IdempotencyLayer, UpstreamFailure};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::time::Instant as Deadline;
 use tower::Layer;
 
@@ -118,13 +119,7 @@ impl Upstream {
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> Result<Self, UpstreamError> {
         // Never repeat a password in an error message.
-        let shown = match url.split_once('@') {
-            Some((head, tail)) => match head.split_once("://") {
-                Some((scheme, _)) => format!("{scheme}://***@{tail}"),
-                None => format!("***@{tail}"),
-            },
-            None => url.to_owned(),
-        };
+        let shown = idem_core::redact_url(url);
         let invalid = |reason: &str| UpstreamError::InvalidUrl { url: shown.clone(), reason: reason.to_owned() };
         let uri: Uri = url.parse().map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
         let scheme = match uri.scheme() {
@@ -217,13 +212,13 @@ fn platform_config() -> Result<rustls::ClientConfig, UpstreamError> {
         .map_err(|e| UpstreamError::Tls { reason: e.to_string() })
 }
 
-// Hop-by-hop fields (RFC 9110 §7.6.1) belong to one connection and are not forwarded.
-const HOP_BY_HOP: [HeaderName; 7] = [
+// Hop-by-hop fields (RFC 9110 §7.6.1) belong to one connection and are not forwarded. `Trailer` is not one
+// (it names the trailer fields end to end, and hyper's HTTP/1 encoder sends only the trailer fields it names).
+const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
 ];
@@ -318,7 +313,18 @@ impl Upstream {
                 return Problem::bad_request(ProblemType::InvalidTarget, e.to_string()).into_response().map(Body::new);
             }
         };
+        // Trailer fields reach a client that accepts them (HTTP/2, or `TE: trailers`, RFC 9110 §10.1.4), so the
+        // upstream is told this hop accepts them too: servers send trailers only when asked (hyper does).
+        let wants_trailers = parts.version == http::Version::HTTP_2
+            || parts
+                .headers
+                .get_all(header::TE)
+                .iter()
+                .any(|v| v.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers"))));
         strip_hop_by_hop(&mut parts.headers);
+        if wants_trailers {
+            parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         if let Some(value) = forwarded {
             parts.headers.append(header::FORWARDED, value);
         }
@@ -418,6 +424,8 @@ impl Upstream {
         deadline: Deadline,
     ) -> Sent {
         let capture = capture_connection(&mut request);
+        let request =
+            request.map(|body| Body::new(Marked { body, capture: capture.clone(), marked: AtomicBool::new(false) }));
         match tokio::time::timeout_at(deadline, client.request(request)).await {
             Ok(Ok(response)) => {
                 if let Some(facts) = response.extensions().get::<Arc<Facts>>()
@@ -440,6 +448,51 @@ impl Upstream {
             }
             Err(_) => Sent::TimedOut,
         }
+    }
+}
+
+/// A request body that marks its request's start on the upstream connection hyper chose for it
+/// ([`Facts::begin_request`]), before any byte of the request is written: hyper's HTTP/1 dispatcher asks a
+/// request's body whether it is empty (`is_end_stream`) right before it buffers the request's head, and writes
+/// nothing of it before that; the connection is known by then (hyper-util's capture is set when the
+/// connection is checked out, before the request is handed to it). The first poll marks too, in case.
+struct Marked {
+    body: Body,
+    capture: hyper_util::client::legacy::connect::CaptureConnection,
+    marked: AtomicBool,
+}
+
+impl Marked {
+    fn mark(&self) {
+        if self.marked.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(facts) = self.capture.connection_metadata().as_ref().and_then(Facts::of) {
+            facts.begin_request();
+            self.marked.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl http_body::Body for Marked {
+    type Data = Bytes;
+    type Error = tower::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.mark();
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.mark();
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

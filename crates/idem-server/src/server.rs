@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::HttpService;
-use crate::{DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfigSlot, Upstream};
+use crate::{ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfigSlot, Upstream};
 
 /// How long in-flight requests may run on after shutdown begins ([`Server::shutdown_grace`]'s default).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -123,12 +123,12 @@ type Stop = Pin<Box<dyn Future<Output = ()> + Send>>;
 type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 /// Starts serving one listener (with TLS when a configuration is given) until its future resolves. The
 /// service's type is erased here, once per listener, rather than boxed per request.
-type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, Duration, Stop) -> Serving + Send>;
+type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, ClientTimeouts, Stop) -> Serving + Send>;
 
 fn serve_fn<S: HttpService>(service: S) -> ServeFn {
-    Box::new(move |listener, tls, idle_timeout, stop| match tls {
-        Some(slot) => Box::pin(crate::serve_tls(service, listener, slot, idle_timeout, stop)),
-        None => Box::pin(crate::serve(service, listener, idle_timeout, stop)),
+    Box::new(move |listener, tls, timeouts, stop| match tls {
+        Some(slot) => Box::pin(crate::serve_tls(service, listener, slot, timeouts, stop)),
+        None => Box::pin(crate::serve(service, listener, timeouts, stop)),
     })
 }
 
@@ -146,7 +146,7 @@ pub struct Server {
     listener: TcpListener,
     routes: Routes,
     tls: Option<TlsConfigSlot>,
-    idle_timeout: Duration,
+    timeouts: ClientTimeouts,
     grace: Duration,
 }
 
@@ -178,7 +178,8 @@ impl Server {
     }
 
     fn with(listener: TcpListener, routes: Routes) -> Self {
-        Self { listener, routes, tls: None, idle_timeout: DEFAULT_CLIENT_IDLE_TIMEOUT, grace: DEFAULT_SHUTDOWN_GRACE }
+        let timeouts = ClientTimeouts::from(DEFAULT_CLIENT_IDLE_TIMEOUT);
+        Self { listener, routes, tls: None, timeouts, grace: DEFAULT_SHUTDOWN_GRACE }
     }
 
     /// Serves HTTPS on every listener with the configuration in `slot` (swapped on SIGHUP by its owner, for
@@ -190,7 +191,15 @@ impl Server {
 
     /// Closes a client connection with no request running for this long ([`crate::serve`]).
     pub fn client_idle_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = timeout;
+        self.timeouts.idle = timeout;
+        self
+    }
+
+    /// Ends a client connection when a response write has waited this long for the client to read
+    /// (nginx's `send_timeout`; [`DEFAULT_CLIENT_SEND_TIMEOUT`](crate::DEFAULT_CLIENT_SEND_TIMEOUT)); logged and counted in
+    /// `idem_client_send_timeouts_total`.
+    pub fn client_send_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.send = timeout;
         self
     }
 
@@ -207,10 +216,10 @@ impl Server {
     /// # Errors
     /// A listener's I/O error while serving.
     pub async fn run(self, shutdown: Shutdown) -> std::io::Result<Ending> {
-        let Server { listener, routes, tls, idle_timeout, grace } = self;
+        let Server { listener, routes, tls, timeouts, grace } = self;
         let serve_on = |serve: ServeFn, listener: TcpListener| -> Serving {
             let stop = shutdown.clone();
-            serve(listener, tls.clone(), idle_timeout, Box::pin(async move { stop.begun().await }))
+            serve(listener, tls.clone(), timeouts, Box::pin(async move { stop.begun().await }))
         };
         let serving: Serving = match routes {
             Routes::Kv(serve) => serve_on(serve, listener),

@@ -55,7 +55,7 @@ impl TlsConfigSlot {
 /// uses the configuration in `tls` at the moment it was accepted, within [`HANDSHAKE_TIMEOUT`]. A client that
 /// speaks plain HTTP to this listener gets `400` `urn:idem:problem:tls-required` and the connection is closed;
 /// failed handshakes are logged (info) with the client's address and the cause. After the handshake,
-/// `idle_timeout` applies as for [`serve`](crate::serve).
+/// `timeouts` apply as for [`serve`](crate::serve).
 ///
 /// # Errors
 /// The listener's I/O errors.
@@ -63,11 +63,11 @@ pub async fn serve_tls(
     service: impl crate::HttpService,
     listener: TcpListener,
     tls: TlsConfigSlot,
-    idle_timeout: Duration,
+    timeouts: impl Into<crate::ClientTimeouts>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let incoming = TlsIncoming::start(listener, tls)?;
-    crate::connections::serve_connections(incoming, service, true, idle_timeout, shutdown).await
+    crate::connections::serve_connections(incoming, service, true, timeouts.into(), shutdown).await
 }
 
 /// Accepted and handshaken TLS connections, as an axum [`Listener`].

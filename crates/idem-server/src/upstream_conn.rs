@@ -7,6 +7,13 @@
 //! [`Observed`], which records per request whether it refused to write the request at all (the upstream had
 //! already closed, sent bytes no request asked for, or outlived the keep-alive it announced): nothing was sent.
 //!
+//! Where a request begins is a fact the proxy states, not an inference from the bytes: the proxy marks each
+//! request on the connection hyper chose for it ([`Facts::begin_request`]) before hyper writes any byte of it,
+//! and the connection's next write is that request's first. Inferred from "a write after a read", an upstream
+//! that answers during a slow upload (`100 Continue`, or an early final status) made the rest of the body look
+//! like a new request, which the reuse check could refuse and call unsent: the proxy would then have sent a
+//! request the upstream had partly read again.
+//!
 //! That is the only proof. Any failure after the first byte is written is an unknown outcome: even the
 //! upstream's FIN before any answer byte followed by a reset shows only that part of the request was left
 //! unread, and an upstream that acted on the head and closed with the body unread sends exactly that.
@@ -89,10 +96,11 @@ pub(crate) struct Facts {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Requests begun on this connection: a write that follows a read of response bytes starts one.
+    /// Requests whose writing has begun on this connection.
     requests: u64,
-    /// A request is being written or answered (the last operation with data was a write).
-    in_request: bool,
+    /// Requests the proxy handed to this connection ([`Facts::begin_request`]); one more than `requests` while
+    /// a marked request has not written its first byte yet.
+    marked: u64,
     /// When the last response byte arrived: the connection's idle age before the next request.
     last_read: Option<Instant>,
     /// The keep-alive timeout the upstream announced (`Keep-Alive: timeout=N`, RFC 2068 §19.7.1.1).
@@ -115,6 +123,14 @@ impl Facts {
         let mut extensions = http::Extensions::new();
         connected.get_extras(&mut extensions);
         extensions.remove::<Arc<Facts>>()
+    }
+
+    /// States that a new request goes on this connection: its next write is that request's first (and the
+    /// reuse check runs before it). Called once per request, before hyper writes any byte of it
+    /// (`proxy::Marked`).
+    pub(crate) fn begin_request(&self) {
+        let mut state = self.lock();
+        state.marked = state.requests + 1;
     }
 
     /// Records the keep-alive timeout the upstream announced in a response.
@@ -142,18 +158,16 @@ impl Facts {
         if let Some(why) = state.refused {
             return Some(Unread::NotWritten(why));
         }
-        // Checked before the request count: the count infers requests from a write after a read, and reading
-        // the alert's record then writing (the rest of the request, a close_notify) counts as a second request
-        // under CI load. A certificate alert answers the handshake whatever the count, since rustls does no
+        // Checked before the request count: a certificate alert answers the handshake whatever the count, since rustls does no
         // post-handshake authentication or renegotiation: the connection never carried a decrypted request.
         if let Some(refused) = Self::refused_handshake(error) {
             return Some(refused);
         }
-        if state.requests > 1 {
-            return None;
-        }
         if state.requests == 0 {
             return Some(Unread::NotWritten("the new connection ended before the request was written"));
+        }
+        if state.requests < state.marked {
+            return Some(Unread::NotWritten("the connection ended before the request was written"));
         }
         None
     }
@@ -217,9 +231,12 @@ impl Observed {
         if state.handshaking {
             return Ok(());
         }
-        if !state.in_request {
-            state.in_request = true;
+        // A marked request begins with this write; so does the first write on a connection, marked or not.
+        // Any other write goes on with the request under way, whatever was read meanwhile (a 100 Continue,
+        // an early answer): never a fresh request that the reuse check could refuse.
+        if state.requests < state.marked || state.requests == 0 {
             state.requests += 1;
+            state.marked = state.requests;
             state.refused = if state.requests > 1 { self.refuse_reuse(&state) } else { None };
         }
         match state.refused {
@@ -239,7 +256,6 @@ impl AsyncRead for Observed {
         {
             let mut state = self.facts.lock();
             if !state.handshaking {
-                state.in_request = false;
                 state.last_read = Some(Instant::now());
             }
         }
@@ -486,12 +502,12 @@ mod tests {
         {
             let mut state = facts.lock();
             state.requests = 1;
-            state.in_request = true;
+            state.marked = 1;
         }
         assert_eq!(facts.unread(&closed), None);
-        // The alert's record read, then a write: counted as a second request, still the handshake's refusal.
-        facts.lock().requests = 2;
         assert_eq!(facts.unread(&alert), Some(Unread::HandshakeRefused(rustls::AlertDescription::CertificateRequired)));
-        assert_eq!(facts.unread(&closed), None);
+        // A second request marked on the connection but not written yet: the connection's end proves it unsent.
+        facts.begin_request();
+        assert!(matches!(facts.unread(&closed), Some(Unread::NotWritten(_))));
     }
 }

@@ -6,8 +6,17 @@
 //!
 //! - when it has been idle for [`IDLE_RELEASE`] (a runner whose items are all long commands, or a runner that
 //!   is paused between heartbeats, then holds nothing), or
-//! - after holding it [`TURN`] while another process waits (waiters hold a shared lock on `<db>.want`, which
-//!   the holder tests with a non-blocking exclusive lock).
+//! - as soon as no operation of its own is running while another process waits (waiters hold a shared lock
+//!   on `<db>.want`, which the holder tests with a non-blocking exclusive lock after each operation), and
+//!   after holding it [`TURN`] even if its operations keep coming.
+//!
+//! A turn therefore lasts one burst of operations, not the idle time after it: many processes on one file
+//! (`idem once` jobs, each renewing a lease every third of it) each wait for the bursts of the others, not
+//! for their idle tails (a tail of [`IDLE_RELEASE`] per turn starved 30 jobs with 3 s leases: about 8 turns a
+//! second for the 30 renewals a second they need). Waiting is made fair enough by age: a process that has
+//! waited [`STARVING`] holds a shared lock on `<db>.starving` as well, and a process that has waited less does
+//! not try the file while that lock is held, so newcomers (a cron minute starting many invocations) cannot
+//! keep taking turns ahead of a lease holder's renewal.
 //!
 //! Every open reads the highest generation on disk, and a close commits and checkpoints everything first, so
 //! generations keep increasing across turns exactly as within one process. A process that dies mid-turn drops
@@ -15,7 +24,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::SqliteStore;
@@ -32,6 +41,8 @@ const IDLE_RELEASE: Duration = Duration::from_millis(100);
 const TURN: Duration = Duration::from_millis(200);
 /// How often a waiting process tries the lock again.
 const RETRY: Duration = Duration::from_millis(5);
+/// A process that has waited this long for its turn goes ahead of those that have waited less.
+const STARVING: Duration = Duration::from_millis(250);
 
 /// A SQLite store opened on demand and given up between bursts of use (see the module docs).
 #[derive(Clone, Debug)]
@@ -50,6 +61,10 @@ struct Inner {
     last_used_ms: AtomicU64,
     epoch: Instant,
     want: PathBuf,
+    /// `<db>.starving`: held (shared) by processes that have waited [`STARVING`] or more.
+    starving: PathBuf,
+    /// Operations of this process running now.
+    running: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -65,17 +80,22 @@ impl SharedSqlite {
     /// # Errors
     /// What `SqliteStore::open` fails with, except that a store in use by another process is waited for.
     pub async fn open(path: &Path, limits: Limits) -> Result<Self, crate::Error> {
-        let mut want = path.as_os_str().to_owned();
-        want.push(".want");
+        let beside = |suffix: &str| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            PathBuf::from(p)
+        };
         let inner = Arc::new(Inner {
             path: path.to_owned(),
             limits,
             slot: RwLock::new(None),
             last_used_ms: AtomicU64::new(0),
             epoch: Instant::now(),
-            want: PathBuf::from(want),
+            want: beside(".want"),
+            starving: beside(".starving"),
+            running: AtomicUsize::new(0),
         });
-        let store = open_waiting(&inner.path, &inner.want, limits).await?;
+        let store = open_waiting(&inner).await?;
         *inner.slot.write().await = Some(Held { store, since: Instant::now() });
         tokio::spawn(yield_turns(Arc::downgrade(&inner)));
         Ok(Self { inner })
@@ -102,42 +122,56 @@ impl SharedSqlite {
             let mut slot = self.inner.slot.write().await;
             // Another operation of this process may have opened it while we waited for the write guard.
             if slot.is_none() {
-                let store = open_waiting(&self.inner.path, &self.inner.want, self.inner.limits)
-                    .await
-                    .map_err(StoreError::unavailable)?;
+                let store = open_waiting(&self.inner).await.map_err(StoreError::unavailable)?;
                 *slot = Some(Held { store, since: Instant::now() });
             }
             slot.downgrade()
         };
         let Some(held) = guard.as_ref() else { return Err(StoreError::Closed) };
+        self.inner.running.fetch_add(1, Ordering::SeqCst);
         let result = op(held.store.clone()).await;
         self.inner.last_used_ms.store(self.inner.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let last = self.inner.running.fetch_sub(1, Ordering::SeqCst) == 1;
         drop(guard);
+        // The last operation of a burst ends the turn at once when another process waits.
+        if last && someone_waits(&self.inner.want) {
+            give_up(&self.inner).await;
+        }
         result
     }
 }
 
 /// Opens the store, waiting while another process holds it; while waiting, holds a shared lock on `want` so
-/// the holder knows to give it up.
-async fn open_waiting(path: &Path, want: &Path, limits: Limits) -> Result<SqliteStore, crate::Error> {
+/// the holder knows to give it up, and after [`STARVING`] one on `starving` too, which keeps processes that
+/// have waited less from trying the file meanwhile.
+async fn open_waiting(inner: &Inner) -> Result<SqliteStore, crate::Error> {
     let mut flag: Option<std::fs::File> = None;
+    let mut starving: Option<std::fs::File> = None;
+    let since = Instant::now();
     loop {
-        match SqliteStore::open(path, limits) {
-            Ok(store) => return Ok(store),
-            Err(crate::Error::InUse { .. }) => {
-                if flag.is_none()
-                    && let Ok(file) =
-                        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(want)
-                    // Fails only during a holder's instant test; the next round tries again.
-                    && file.try_lock_shared().is_ok()
-                {
-                    flag = Some(file);
-                }
-                tokio::time::sleep(RETRY).await;
+        if starving.is_some() || !someone_waits(&inner.starving) {
+            match SqliteStore::open(&inner.path, inner.limits) {
+                Ok(store) => return Ok(store),
+                Err(crate::Error::InUse { .. }) => {}
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        if flag.is_none() {
+            flag = lock_shared(&inner.want);
+        }
+        if starving.is_none() && since.elapsed() >= STARVING {
+            starving = lock_shared(&inner.starving);
+        }
+        tokio::time::sleep(RETRY).await;
     }
+}
+
+/// A shared lock on `path` (created if needed), held while the file stays open; `None` when it cannot be had
+/// now (only during another process's instant test: the next round tries again).
+fn lock_shared(path: &Path) -> Option<std::fs::File> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).ok()?;
+    file.try_lock_shared().ok()?;
+    Some(file)
 }
 
 /// True when some process holds the shared "I am waiting" lock on `want`.
@@ -165,17 +199,25 @@ async fn yield_turns(inner: std::sync::Weak<Inner>) {
             let last = Duration::from_millis(inner.last_used_ms.load(Ordering::Relaxed));
             (held.since.elapsed(), inner.epoch.elapsed().saturating_sub(last))
         };
-        let give_up = idle_for >= IDLE_RELEASE || (held_for >= TURN && someone_waits(&inner.want));
-        if give_up {
-            let taken = inner.slot.write().await.take();
-            if let Some(held) = taken {
-                held.store.close().await;
-                // Dropping the last handle releases `<db>.lock`.
-                drop(held);
-                // Let a waiting process in before this one tries again.
-                tokio::time::sleep(RETRY * 4).await;
-            }
+        let between_operations = inner.running.load(Ordering::SeqCst) == 0;
+        let hand_over =
+            idle_for >= IDLE_RELEASE || ((held_for >= TURN || between_operations) && someone_waits(&inner.want));
+        if hand_over {
+            give_up(&inner).await;
+            // Let a waiting process in before this one tries again.
+            tokio::time::sleep(RETRY * 4).await;
         }
+    }
+}
+
+/// Closes the store (commits, checkpoints) and drops its lock file, so another process can open it; waits
+/// for this process's running operations first (the write guard).
+async fn give_up(inner: &Inner) {
+    let taken = inner.slot.write().await.take();
+    if let Some(held) = taken {
+        held.store.close().await;
+        // Dropping the last handle releases `<db>.lock`.
+        drop(held);
     }
 }
 
@@ -190,6 +232,11 @@ impl Store for SharedSqlite {
 
     async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
         self.with(|s| async move { s.get_many(keys).await }).await
+    }
+
+    /// This machine's clock, as the file's every opener judges expiry by it; no turn is taken for it.
+    async fn now(&self) -> Result<std::time::SystemTime, StoreError> {
+        Ok(std::time::SystemTime::now())
     }
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {

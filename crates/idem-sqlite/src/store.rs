@@ -87,19 +87,21 @@ fn to_usize(n: i64) -> usize {
 }
 
 fn sql_err(e: rusqlite::Error) -> StoreError {
-    if disk_full(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
+    if for_now(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
 }
 
-/// SQLITE_FULL: the disk (or the file system's quota) is full. The batch rolled back and nothing was written;
-/// the same write succeeds once space returns, so callers get [`StoreError::Unavailable`] (HTTP 503 with
-/// `Retry-After`), not a failure a retry cannot fix.
-fn disk_full(e: &rusqlite::Error) -> bool {
-    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+/// SQLITE_FULL: the disk (or the file system's quota) is full; SQLITE_BUSY or SQLITE_LOCKED: another
+/// connection held the file past the busy timeout. The batch rolled back and nothing was written; the same
+/// write succeeds once space returns or the lock is given up, so callers get [`StoreError::Unavailable`] (HTTP
+/// 503 with `Retry-After`; the runner waits), not a failure a retry cannot fix.
+fn for_now(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked, DiskFull};
+    matches!(e.sqlite_error_code(), Some(DiskFull | DatabaseBusy | DatabaseLocked))
 }
 
 /// The error a write gets when its batch rolled back.
 fn batch_err(e: Arc<rusqlite::Error>) -> StoreError {
-    if disk_full(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
+    if for_now(&e) { StoreError::unavailable(e) } else { StoreError::backend(e) }
 }
 
 impl SqliteStore {

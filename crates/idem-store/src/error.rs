@@ -69,8 +69,9 @@ pub enum Error {
         /// How many read-modify-write attempts ran.
         attempts: u32,
     },
-    /// The backend could not be reached (connection refused or lost), or its disk is full (SQLite); retrying
-    /// later may succeed.
+    /// The backend could not be reached (connection refused or lost, the server shutting down, starting or
+    /// read-only), or cannot take the write for now (SQLite: the file locked or the disk full); retrying later
+    /// may succeed ([`Error::is_unavailable`]).
     #[error("store unavailable")]
     Unavailable {
         /// What the backend said.
@@ -131,6 +132,14 @@ impl Error {
     /// True for [`Error::PreconditionFailed`].
     pub fn is_precondition_failed(&self) -> bool {
         matches!(self, Error::PreconditionFailed { .. })
+    }
+
+    /// True when the store could not be reached or could not take the operation for now ([`Error::Unavailable`]:
+    /// connection refused or lost, a server shutting down or starting, a read-only standby, a locked or full
+    /// SQLite file): the same operation may succeed later, so a caller that can wait retries it with backoff.
+    /// False for [`Error::Closed`], which is this process's own doing.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. })
     }
 
     /// True for [`Error::DedupeIdReused`].

@@ -67,13 +67,29 @@ pub struct LeaseKeeper<'a, S> {
     /// The renewal in flight and when it was sent.
     in_flight: Option<(Instant, Renewal<'a>)>,
     lost: Option<Lost>,
+    /// A renewal still unanswered when the lease lapses is kept for the next [`LeaseKeeper::settle`] instead of
+    /// dropped ([`LeaseKeeper::keeping_late_answers`]).
+    keep_late: bool,
 }
 
 impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     /// The keeper of a lease of `length` last set by a write sent at `sent` (a claim made ahead may be a while
     /// old: its first renewal is due a third of the lease after `sent`, not after now).
     pub fn new(store: &'a S, length: Duration, sent: Instant) -> Self {
-        Self { store, length, sent, due: sent + length / 3, in_flight: None, lost: None }
+        Self { store, length, sent, due: sent + length / 3, in_flight: None, lost: None, keep_late: false }
+    }
+
+    /// This keeper keeps a renewal that is still unanswered when the lease lapses: the loss is reported
+    /// ([`Lost::Lapsed`]) as before, but the next [`LeaseKeeper::settle`] (or [`LeaseKeeper::fence`]) waits for
+    /// that answer, however long it takes, and the holder must call one of them before any other store
+    /// operation of its own (the renewal holds what the store gave it meanwhile). The renewal is conditional on
+    /// the holder's generation, so a late acceptance means nobody took over: the lease was the holder's all
+    /// along (a store that took its time, or another process holding a shared SQLite file), `settle` returns
+    /// true, and the keeper goes on keeping it; the holder's work need not be discarded.
+    #[must_use]
+    pub fn keeping_late_answers(mut self) -> Self {
+        self.keep_late = true;
+        self
     }
 
     /// When the write that last set the lease was sent.
@@ -84,6 +100,22 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     /// Why the lease is lost, or `None` while it is held.
     pub fn lost(&self) -> Option<Lost> {
         self.lost
+    }
+
+    /// The length of the lease kept.
+    pub fn length(&self) -> Duration {
+        self.length
+    }
+
+    /// The holder set the lease again itself after it was lost (it retook a lapsed lease that nobody had taken
+    /// over, with a write sent at `sent` whose generation it recorded in its lease): keep it from there. A
+    /// renewal still in flight is dropped (it is conditioned on a generation the new write replaced, so it can
+    /// only be refused).
+    pub fn restart(&mut self, sent: Instant) {
+        self.in_flight = None;
+        self.lost = None;
+        self.sent = sent;
+        self.due = sent + self.length / 3;
     }
 
     /// Renews the lease whenever due and records each accepted renewal in `lease`; resolves only once the lease
@@ -188,21 +220,29 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     async fn answer<R: Renewable>(&mut self, lease: &mut R) {
         let Some((sent, renewal)) = self.in_flight.as_mut() else { return };
         let lapses = self.sent + self.length;
+        // Kept past the lapse (`keeping_late_answers`): its answer decides.
+        let late = self.lost == Some(Lost::Lapsed);
         let result = tokio::select! {
             result = renewal => result,
-            () = tokio::time::sleep_until(lapses) => {
-                // No answer before the lease lapsed: it is gone whatever the answer will be. The renewal is
+            () = tokio::time::sleep_until(lapses), if !late => {
+                // No answer before the lease lapsed: as far as this holder can tell it is gone. The renewal is
                 // dropped, not kept: left unpolled while the holder goes on to other writes, it would hold what
                 // it holds (the shared SQLite ledger's read guard, behind which that ledger's turn taking, and
                 // then every later operation of the process, queue: a deadlock). If it still lands, the holder's
-                // next fenced write fails and it may recognise its own record (the layer's `adopt`).
-                self.in_flight = None;
+                // next fenced write fails and it may recognise its own record (the layer's `adopt`). A keeper
+                // `keeping_late_answers` keeps it instead, for its holder to wait for at once (`settle`).
+                if !self.keep_late {
+                    self.in_flight = None;
+                }
                 self.lost = Some(Lost::Lapsed);
                 return;
             }
         };
         let sent = *sent;
         self.in_flight = None;
+        if late && matches!(&result, Ok(Some(_))) {
+            self.lost = None;
+        }
         match result {
             Ok(Some(g)) => self.renewed(lease, sent, g),
             // A renewal is a put: it always gives a generation. Treat anything else as not accepted.
@@ -210,6 +250,9 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
             Err(e) if e.is_precondition_failed() => {
                 if !self.adopt(lease, &e).await {
                     self.lost = Some(Lost::Refused);
+                } else if late {
+                    // Its own earlier renewal landed unanswered: held after all, and renewed at once.
+                    self.lost = None;
                 }
             }
             Err(e) => {

@@ -27,6 +27,9 @@ enum Clock {
     /// Tokio's clock, from `origin` (the system time, in ms, when the store was made) at `start`: a test with
     /// paused time moves it with `tokio::time::advance`, so leases lapse when the test says.
     Tokio { origin_ms: u64, start: tokio::time::Instant },
+    /// The system clock plus `ms` (negative: behind), as a database server's clock may be off the client's.
+    #[cfg(feature = "testing")]
+    Offset { ms: i64 },
 }
 
 impl Clock {
@@ -36,6 +39,8 @@ impl Clock {
             Clock::Tokio { origin_ms, start } => {
                 origin_ms + u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX - origin_ms)
             }
+            #[cfg(feature = "testing")]
+            Clock::Offset { ms } => system_time_to_millis(SystemTime::now()).saturating_add_signed(ms),
         }
     }
 }
@@ -93,6 +98,14 @@ impl MemoryStore {
         let clock =
             Clock::Tokio { origin_ms: system_time_to_millis(SystemTime::now()), start: tokio::time::Instant::now() };
         Self { inner: Arc::default(), limits: Limits::default(), clock }
+    }
+
+    /// An empty store whose clock (for TTLs and [`Store::now`]) is the system's plus `offset_ms` milliseconds
+    /// (negative: behind), for tests of clients whose clock is off the store's (`idem once`'s skew
+    /// tolerance).
+    #[cfg(feature = "testing")]
+    pub fn with_clock_offset(offset_ms: i64) -> Self {
+        Self { inner: Arc::default(), limits: Limits::default(), clock: Clock::Offset { ms: offset_ms } }
     }
 
     fn now_ms(&self) -> u64 {
@@ -207,6 +220,11 @@ impl Store for MemoryStore {
             inner.set_dedupe.insert((key.to_owned(), id), (outcome, fingerprint, until));
         }
         Ok(outcome)
+    }
+
+    /// The clock TTLs are judged by: the system's, or tokio's ([`MemoryStore::with_tokio_clock`]).
+    async fn now(&self) -> Result<SystemTime, Error> {
+        Ok(millis_to_system_time(self.now_ms()))
     }
 
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {

@@ -1,4 +1,5 @@
 use std::future::Future;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 
@@ -112,6 +113,19 @@ pub trait Store: Send + Sync + 'static {
         delta: i64,
         dedupe_id: Option<&str>,
     ) -> impl Future<Output = Result<CounterOutcome, Error>> + Send;
+
+    /// The store's clock: the time by which it judges expiry (a [`Ttl::After`] counts from it), read now.
+    ///
+    /// A backend on a server of its own answers with the server's clock (PostgreSQL `now()`, Redis `TIME`),
+    /// so processes on several machines sharing the store agree on the time whatever their own clocks say;
+    /// this default, for a store in this process (SQLite, memory), is this machine's clock. Wrappers must
+    /// forward it.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] / [`Error::Backend`] from the backend.
+    fn now(&self) -> impl Future<Output = Result<SystemTime, Error>> + Send {
+        std::future::ready(Ok(SystemTime::now()))
+    }
 }
 
 /// Helpers built on [`Store`]'s primitives, for every store.

@@ -176,4 +176,8 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
         self.run(self.fault(OpKind::CounterAdd, key, None, None), self.inner.counter_add(key, delta, dedupe_id)).await
     }
+
+    async fn now(&self) -> Result<std::time::SystemTime, Error> {
+        self.inner.now().await
+    }
 }

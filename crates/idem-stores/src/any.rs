@@ -20,7 +20,8 @@ pub enum AnyStore {
     Sqlite(SqliteStore),
     /// `postgres://…`: tables in the schema named by the namespace.
     Postgres(PostgresStore),
-    /// `redis://…` or `rediss://…`: keys under `<namespace>:`.
+    /// `redis://…`, `rediss://…`, Sentinel or Cluster URLs: keys under `<namespace>:` (`{<namespace>:}` on a
+    /// Cluster).
     Redis(RedisStore),
 }
 
@@ -45,6 +46,22 @@ impl AnyStore {
                 .await
                 .map(AnyStore::Redis)
                 .map_err(|e| failed(Box::new(e))),
+        }
+    }
+
+    /// As [`AnyStore::open`], but `None` when a PostgreSQL `namespace` (schema) does not exist, creating
+    /// nothing: for readers that must not leave an empty schema behind (other backends create nothing a
+    /// reader would notice: Redis keys appear with writes, SQLite is the caller's to check).
+    ///
+    /// # Errors
+    /// As [`AnyStore::open`].
+    pub async fn open_existing(url: &StoreUrl, namespace: &str, limits: Limits) -> Result<Option<Self>, Error> {
+        match url {
+            StoreUrl::Postgres(u) => PostgresStore::connect_existing(u, namespace, limits)
+                .await
+                .map(|s| s.map(AnyStore::Postgres))
+                .map_err(|e| Error::Open { url: url.redacted(), source: Box::new(e) }),
+            other => Self::open(other, namespace, limits).await.map(Some),
         }
     }
 
@@ -80,6 +97,10 @@ impl Store for AnyStore {
 
     async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Versioned>>, StoreError> {
         each!(self, s => s.get_many(keys).await)
+    }
+
+    async fn now(&self) -> Result<std::time::SystemTime, StoreError> {
+        each!(self, s => s.now().await)
     }
 
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {

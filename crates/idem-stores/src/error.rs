@@ -5,7 +5,9 @@
 #[non_exhaustive]
 pub enum Error {
     /// The scheme is none of `sqlite:`, `memory:`, `postgres://`, `redis://`, `rediss://`.
-    #[error("store URL {0:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://…, redis://… or rediss://…")]
+    #[error(
+        "store URL {0:?} has an unknown scheme; use sqlite:PATH, memory:, postgres://…, redis://…, rediss://…, redis+sentinel://… or redis+cluster://…"
+    )]
     UnknownScheme(String),
     /// `sqlite:` with no path after it.
     #[error("store URL {0:?} names no file; use sqlite:./idem-data/idem.db")]
@@ -19,4 +21,41 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl Error {
+    /// True when the store could not be opened because it is down or unreachable for now (the connection was
+    /// refused, reset or aborted, or nothing answered in time): opening it again later may succeed. False for
+    /// what a retry cannot fix: a bad URL, a refused login, a failed TLS handshake, a schema too new.
+    pub fn is_unavailable(&self) -> bool {
+        let Error::Open { source, .. } = self else { return false };
+        if let Some(idem_postgres::Error::ConnectTimeout(_)) = source.downcast_ref::<idem_postgres::Error>() {
+            return true;
+        }
+        if let Some(redis) = source.downcast_ref::<idem_redis::Error>() {
+            return redis.is_unavailable();
+        }
+        // The backends keep the socket's error as a cause (redis::RedisError, tokio_postgres::Error); a TLS
+        // failure, a login refused or a PostgreSQL server starting up carries none of these kinds.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                use std::io::ErrorKind::*;
+                if matches!(
+                    io.kind(),
+                    ConnectionRefused
+                        | ConnectionReset
+                        | ConnectionAborted
+                        | TimedOut
+                        | NotConnected
+                        | BrokenPipe
+                        | UnexpectedEof
+                ) {
+                    return true;
+                }
+            }
+            cause = e.source();
+        }
+        false
+    }
 }

@@ -24,4 +24,4 @@ mod url;
 
 pub use any::AnyStore;
 pub use error::Error;
-pub use url::{StoreUrl, redact};
+pub use url::StoreUrl;

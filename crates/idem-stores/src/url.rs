@@ -1,6 +1,8 @@
-//! [`StoreUrl`]: a store URL parsed by scheme, and [`redact`] for printing any URL.
+//! [`StoreUrl`]: a store URL parsed by scheme.
 
 use std::path::PathBuf;
+
+use idem_core::redact_url as redact;
 
 use crate::Error;
 
@@ -13,7 +15,8 @@ pub enum StoreUrl {
     Sqlite(PathBuf),
     /// `postgres://…`, as given (the backend reads its parameters).
     Postgres(String),
-    /// `redis://…` or `rediss://…`, as given.
+    /// `redis://…`, `rediss://…`, or a Sentinel (`redis+sentinel://…`, `rediss+sentinel://…`) or Cluster
+    /// (`redis+cluster://…`, `rediss+cluster://…`) URL, as given.
     Redis(String),
 }
 
@@ -35,7 +38,15 @@ impl StoreUrl {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(StoreUrl::Postgres(url.to_owned()));
         }
-        if url.starts_with("redis://") || url.starts_with("rediss://") {
+        const REDIS: &[&str] = &[
+            "redis://",
+            "rediss://",
+            "redis+sentinel://",
+            "rediss+sentinel://",
+            "redis+cluster://",
+            "rediss+cluster://",
+        ];
+        if REDIS.iter().any(|scheme| url.starts_with(scheme)) {
             return Ok(StoreUrl::Redis(url.to_owned()));
         }
         Err(Error::UnknownScheme(redact(url)))
@@ -57,34 +68,6 @@ impl StoreUrl {
     }
 }
 
-/// Hides passwords in a URL for messages: the userinfo's (`scheme://user:secret@host` → `user:***@host`, the
-/// last `@` ending it, as passwords may contain `@`) and any `password=` query parameter.
-pub fn redact(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some((scheme, rest)) = url.split_once("://") {
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        if let Some((userinfo, host)) = authority.rsplit_once('@')
-            && let Some((user, _)) = userinfo.split_once(':')
-        {
-            out = format!("{scheme}://{user}:***@{host}{tail}");
-        }
-    }
-    if let Some((base, query)) = out.clone().split_once('?') {
-        let params: Vec<String> = query
-            .split('&')
-            .map(|p| match p.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => p.to_owned(),
-            })
-            .collect();
-        out = format!("{base}?{}", params.join("&"));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -101,6 +84,12 @@ mod tests {
         assert!(!pg.is_exclusive());
         assert_eq!(pg.redacted(), "postgres://u:***@h/db?password=***");
         assert!(matches!(StoreUrl::parse("sqlite:"), Err(Error::NoPath(_))));
+        let sentinel = StoreUrl::parse("redis+sentinel://:pw@s1:26379,s2:26379/m?sentinel_password=sp").unwrap();
+        assert_eq!(sentinel.redacted(), "redis+sentinel://:***@s1:26379,s2:26379/m?sentinel_password=***");
+        let cluster = StoreUrl::parse("rediss+cluster://u:pw@a:1,b:2?wait_replicas=1").unwrap();
+        assert_eq!(cluster.redacted(), "rediss+cluster://u:***@a:1,b:2?wait_replicas=1");
+        let pg = StoreUrl::parse("postgres://u:pw@h1:5432,h2:5432/db?target_session_attrs=read-write").unwrap();
+        assert_eq!(pg.redacted(), "postgres://u:***@h1:5432,h2:5432/db?target_session_attrs=read-write");
         let e = StoreUrl::parse("mysql://u:secret@h/db").unwrap_err().to_string();
         assert!(e.starts_with("store URL \"mysql://u:***@h/db\" has an unknown scheme"), "{e}");
     }

@@ -1,7 +1,9 @@
 //! Test support for TLS to the backends: a private CA made at test time ([`Pki`]), and throw-away servers
 //! that speak TLS with its certificate: a PostgreSQL cluster ([`Postgres`], `initdb` + `postgres` from the
 //! machine's packages, in a temporary directory, on a free port) and a Redis server ([`Redis`],
-//! `redis-server --tls-port`). The machine's own servers are never touched.
+//! `redis-server --tls-port`). For failover tests, highly available clusters: [`PostgresHa`] (a primary and a
+//! streaming standby), [`RedisSentinel`] (a primary, a replica, three Sentinels) and [`RedisCluster`] (six
+//! nodes). The machine's own servers are never touched.
 //!
 //! A server is stopped when its value is dropped, also when a test panics; [`shared`] lets the tests of one
 //! binary share a server while any of them runs. When the programs are missing, `start` prints why and
@@ -16,6 +18,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+mod ha;
+
+pub use ha::{PostgresHa, RedisCluster, RedisSentinel, Replication, SENTINEL_MASTER};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
@@ -120,19 +126,19 @@ fn required() -> bool {
 }
 
 /// Says why a server cannot be started: a skip, or a failure under `IDEM_TEST_REQUIRE_BACKENDS`.
-fn missing(what: &str) {
+pub(crate) fn missing(what: &str) {
     assert!(!required(), "{what}, and IDEM_TEST_REQUIRE_BACKENDS is set");
     eprintln!("skipped: {what}");
 }
 
 /// A port that was free a moment ago.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Reads `out` on a thread of its own until the end (a server blocks when its log pipe is full), telling
 /// when a line contains `ready`; `Err` with the log so far when the server exits or takes too long.
-fn wait_for_line(out: impl Read + Send + 'static, ready: &'static str) -> Result<(), String> {
+pub(crate) fn wait_for_line(out: impl Read + Send + 'static, ready: &'static str) -> Result<(), String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut log = String::new();
@@ -155,7 +161,7 @@ fn wait_for_line(out: impl Read + Send + 'static, ready: &'static str) -> Result
 }
 
 /// The uid and gid of `user` from /etc/passwd.
-fn user_ids(user: &str) -> Option<(u32, u32)> {
+pub(crate) fn user_ids(user: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
@@ -163,7 +169,7 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     })
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     // /proc/self belongs to the process's effective user.
     std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
@@ -186,7 +192,7 @@ pub struct Postgres {
 }
 
 /// The PostgreSQL programs: `IDEM_TEST_PG_BIN`, else the newest /usr/lib/postgresql/N/bin with `initdb`.
-fn pg_bin() -> Option<PathBuf> {
+pub(crate) fn pg_bin() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("IDEM_TEST_PG_BIN") {
         return Some(PathBuf::from(dir)).filter(|bin| bin.join("initdb").exists());
     }
@@ -264,10 +270,21 @@ impl Postgres {
     /// When it does not start again (with its log).
     pub fn restart(&mut self) {
         self.stop();
+        self.start_again();
+    }
+
+    /// Starts the server again after [`Postgres::stop`], on the same port and data directory, waiting until it
+    /// accepts connections.
+    ///
+    /// # Panics
+    /// When it does not start again (with its log).
+    pub fn start_again(&mut self) {
         self.child = spawn_postgres(&self.bin, self.owner, &self.data, self.port);
     }
 
-    fn stop(&mut self) {
+    /// Stops the server as a crash would (SIGQUIT: immediate shutdown, no checkpoint): connections are cut and
+    /// new ones refused until [`Postgres::start_again`].
+    pub fn stop(&mut self) {
         // SIGQUIT: immediate shutdown, the postmaster ends its backends and exits. Kill as the last resort.
         let sent = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
         if !sent.is_ok_and(|s| s.success()) {
@@ -290,7 +307,7 @@ impl Drop for Postgres {
 }
 
 /// `program` of the PostgreSQL installation in `bin`, run as `owner` (uid, gid) when given.
-fn pg_command(bin: &Path, owner: Option<(u32, u32)>, program: &str) -> Command {
+pub(crate) fn pg_command(bin: &Path, owner: Option<(u32, u32)>, program: &str) -> Command {
     let program = bin.join(program);
     match owner {
         Some((uid, gid)) => {
@@ -374,8 +391,23 @@ impl Redis {
     /// # Panics
     /// When it does not start again (with its log).
     pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Kills the server (SIGKILL, as a crash): connections are cut and new ones refused until
+    /// [`Redis::start_again`].
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts the server again after [`Redis::kill`], on the same port and directory (a `durable` one reloads
+    /// its append-only file), waiting until it accepts connections.
+    ///
+    /// # Panics
+    /// When it does not start again (with its log).
+    pub fn start_again(&mut self) {
         self.child = spawn_redis(&self.program, &self.pki, self.port, self.dir.path(), self.durable);
     }
 

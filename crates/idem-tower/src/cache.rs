@@ -180,7 +180,7 @@ mod tests {
     fn in_flight_records_are_never_kept() {
         let cache = ReplayCache::new(1 << 20);
         let fingerprint = Fingerprint::of_request(&RequestParts::new("POST", "/", None, None, b""));
-        let record = Record::InProgress { fingerprint, owner: "o".into(), started_at_ms: 0 };
+        let record = Record::InProgress { fingerprint, owner: "o".into(), started_at_ms: 0, lease_ms: 0 };
         cache.insert("a", &record, None, cache.token());
         assert_eq!(cache.get("a"), None);
     }

@@ -55,4 +55,7 @@ pub(crate) struct Config {
     /// Every detached task (executions, outcome writes), so shutdown can wait for them.
     pub(crate) tracker: tokio_util::task::TaskTracker,
     pub(crate) replay_cache: Option<Arc<ReplayCache>>,
+    /// The in-flight records this process found, watched for a dead holder (shared by every service the
+    /// layer makes).
+    pub(crate) observations: Arc<std::sync::Mutex<idem_core::Observations>>,
 }

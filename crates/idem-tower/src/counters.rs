@@ -16,10 +16,12 @@ pub(crate) enum Count {
     Takeovers,
     LeasesLost,
     UnknownOutcomes,
+    LapsedTakeovers,
+    Panics,
 }
 
 /// Name and help of each counter, in the order of [`Count`].
-const COUNTERS: [(&str, &str); 8] = [
+const COUNTERS: [(&str, &str); 10] = [
     ("idem_idempotency_claims_total", "Keys claimed: requests executed under a new record."),
     ("idem_idempotency_replays_total", "Retries answered from a stored record (incl. response-not-stored)."),
     ("idem_idempotency_conflicts_total", "Retries answered 409 because the first request was still in flight."),
@@ -32,6 +34,11 @@ const COUNTERS: [(&str, &str); 8] = [
     ),
     ("idem_idempotency_leases_lost_total", "Lease renewals refused by the fence while a request ran."),
     ("idem_idempotency_unknown_outcomes_total", "Requests sent whose outcome is unknown (reset, timeout)."),
+    (
+        "idem_idempotency_lapsed_takeovers_total",
+        "In-flight records taken over by a retry after their generation stood unchanged for a whole lease.",
+    ),
+    ("idem_idempotency_panics_total", "Panics of the inner service, settled as unknown outcomes and answered 500."),
 ];
 
 /// Adds one to `which`.

@@ -5,9 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, judge};
-use idem_store::{Error as StoreError, Store, StoreExt, system_time_to_millis};
-use tracing::error;
+use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, Watch, judge};
+use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
+use tracing::{error, warn};
 
 use crate::config::{Config, InFlight};
 use crate::prepare::Keyed;
@@ -38,7 +38,7 @@ pub(crate) async fn decide<St: Store>(
     let mut blind = config.replay_cache.is_some();
     loop {
         if std::mem::take(&mut blind) {
-            match claim(store, config, record_key, fingerprint).await {
+            match claim(store, config, record_key, fingerprint, None).await {
                 Ok(lease) => return Ok(lease),
                 Err(e) if e.is_precondition_failed() => continue,
                 Err(e) => return Err(Box::new(store_unavailable(&e))),
@@ -62,9 +62,39 @@ pub(crate) async fn decide<St: Store>(
         {
             cache.insert(record_key.as_str(), record, current.expires_at(), token);
         }
+        // The in-flight record as found, for the observation below (the verdict consumes the record).
+        let in_flight_record = match (&record, &current) {
+            (Some(r @ Record::InProgress { .. }), Some(current)) => Some((r.clone(), current.generation())),
+            _ => None,
+        };
         let answer = match finished_answer(judge(record, fingerprint)) {
             Ok(answer) => answer,
             Err(Verdict::InFlight) => {
+                let Some((record, generation)) = in_flight_record else { continue };
+                // Whether its holder is dead is judged by watching its generation (docs/DESIGN.md, Lease and
+                // fencing): unchanged for a whole lease of this process's monotonic clock.
+                let watch = observe(config, record_key, &record, generation);
+                match watch {
+                    Watch::Lapsed(lapsed) => {
+                        match claim(store, config, record_key, fingerprint, Some(lapsed)).await {
+                            Ok(lease) => {
+                                forget(config, record_key);
+                                crate::counters::count(crate::counters::Count::LapsedTakeovers);
+                                warn!(
+                                    key = record_key.as_str(),
+                                    "took over an in-flight record whose holder renewed nothing for a whole lease"
+                                );
+                                return Ok(lease);
+                            }
+                            // Renewed, finished or released in the meantime: judge what is there now.
+                            Err(e) if e.is_precondition_failed() => continue,
+                            Err(e) => return Err(Box::new(store_unavailable(&e))),
+                        }
+                    }
+                    // `Retry-After: 1` all the same: the holder most likely finishes soon, and the watch goes on
+                    // across requests, so retries every second reach a dead holder's takeover after one lease.
+                    Watch::Alive { .. } => {}
+                }
                 if let Some(deadline) = deadline
                     && tokio::time::Instant::now() + pause < deadline
                 {
@@ -75,7 +105,7 @@ pub(crate) async fn decide<St: Store>(
                 in_flight()
             }
             Err(_claim) => {
-                match claim(store, config, record_key, fingerprint).await {
+                match claim(store, config, record_key, fingerprint, None).await {
                     Ok(lease) => return Ok(lease),
                     // Another request created the record between our read and our write: judge what won.
                     Err(e) if e.is_precondition_failed() && lost_races < 3 => {
@@ -91,15 +121,32 @@ pub(crate) async fn decide<St: Store>(
     }
 }
 
-/// Creates the in-flight record if the key has none (the conditional create of docs/DESIGN.md step 2).
+fn observe(config: &Config, key: &RecordKey, record: &Record, generation: Generation) -> Watch {
+    let mut seen = config.observations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    seen.observe(key, record, generation, config.lease, std::time::Instant::now())
+}
+
+fn forget(config: &Config, key: &RecordKey) {
+    let mut seen = config.observations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    seen.forget(key);
+}
+
+/// Creates the in-flight record if the key has none (the conditional create of docs/DESIGN.md step 2), or,
+/// with `lapsed`, replaces a dead holder's record that still has that generation.
 async fn claim<St: Store>(
     store: &St,
     config: &Config,
     record_key: &RecordKey,
     fingerprint: &Fingerprint,
+    lapsed: Option<Generation>,
 ) -> Result<Lease, StoreError> {
-    let claim = Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease);
-    match store.apply(claim.write()).await? {
+    let claim =
+        Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease, config.retention);
+    let write = match lapsed {
+        Some(generation) => claim.take_over(generation),
+        None => claim.write(),
+    };
+    match store.apply(write).await? {
         Some(generation) => Ok(claim.acquired(generation)),
         None => Err(StoreError::unavailable("the claim returned no generation")),
     }

@@ -3,6 +3,7 @@
 //! fenced by the lease's generation (or the key released, per the outcome policy).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,17 +11,18 @@ use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use idem_core::{Lease, Outcome, Record, StoredResponse};
+use idem_core::{Lease, Outcome, ProblemType, Record, StoredResponse};
 use idem_store::{Error as StoreError, LeaseKeeper, Lost, Renewable, Store};
 use tower::{BoxError, Service};
 use tracing::{error, info, warn};
 
 use crate::config::{Config, UnknownOutcome};
 use crate::decide::now_ms;
-use crate::problem::{outcome_unknown_broken, outcome_unknown_now};
+use crate::problem::{outcome_unknown_broken, outcome_unknown_now, problem};
 use idem_store::StoreExt;
 
 /// How long a caller waits for its outcome to be stored before it is answered anyway.
@@ -59,16 +61,34 @@ where
     ResBody::Error: Into<BoxError>,
     St: Store,
 {
-    let mut keeper = LeaseHolder { store: Arc::clone(&store), lease };
+    let mut keeper = LeaseHolder { store: Arc::clone(&store), lease, set: tokio::time::Instant::now() };
     // Renewals run beside the call; a renewal in flight when it ends is left to land or not (`adopt`).
     let mut renewals = LeaseKeeper::new(&*store, keeper.lease.length(), tokio::time::Instant::now());
     // One deadline for the call and the part of the body that is stored: an upstream that stalls mid-body must
     // not keep the key in flight (and its lease renewed) forever.
     let deadline = tokio::time::Instant::now() + config.execution_timeout;
-    let response = keeper.during(&mut renewals, tokio::time::timeout_at(deadline, inner.call(request))).await;
+    // A panic in the inner service (in `call` or in its future) is an outcome like an error: the request may
+    // have taken effect, so the record is settled by the unknown-outcome policy rather than left in flight for a
+    // retry to take over and execute again (docs/DESIGN.md step 5).
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(request)));
+    let response = match call {
+        Ok(call) => {
+            let call = AssertUnwindSafe(tokio::time::timeout_at(deadline, call)).catch_unwind();
+            keeper.during(&mut renewals, call).await
+        }
+        Err(panic) => Err(panic),
+    };
     // Wherever the lease ends below (released, or its outcome written), a renewal still in flight is dropped
     // first, not awaited: unpolled, it could hold what the store gave it (PostgreSQL's per-key lock) while the
     // final write on the same key waits for it; if it landed, `adopt` recognises our own record.
+    let response = match response {
+        Err(panic) => {
+            drop(renewals);
+            let message = panic_message(&*panic);
+            return Ok(panicked(keeper, &config, message).await);
+        }
+        Ok(response) => response,
+    };
     let response = match response {
         Ok(Ok(response)) => response,
         Ok(Err(e)) => {
@@ -108,17 +128,31 @@ where
     // A record must fit the store's value limit, or its completion write would fail and the key would free
     // up when the lease lapses, letting a retry execute again: keep room for the record's head.
     let limit = config.max_stored_body.min(store.limits().max_value_bytes().saturating_sub(RECORD_HEAD_ROOM));
-    let read = keeper.during(&mut renewals, tokio::time::timeout_at(deadline, read_prefix(body, limit))).await;
+    let read = AssertUnwindSafe(tokio::time::timeout_at(deadline, read_prefix(body, limit))).catch_unwind();
+    let read = keeper.during(&mut renewals, read).await;
     drop(renewals);
+    let read = match read {
+        Ok(read) => read,
+        Err(panic) => {
+            let message = panic_message(&*panic);
+            return Ok(panicked(keeper, &config, message).await);
+        }
+    };
     let read = read.unwrap_or_else(|_| {
         Prefix::Broken(format!("the response body did not end within {}", humantime_secs(config.execution_timeout)))
     });
     match read {
-        Prefix::Complete(bytes) => {
+        Prefix::Complete(bytes, trailers) => {
             let headers = stored_headers(&parts.headers, &config.replay_headers);
             let stored = StoredResponse { status: status.as_u16(), headers, body: bytes.clone() };
             keeper.finish(&config, Outcome::Response(stored)).await;
-            Ok(Response::from_parts(parts, Body::from(bytes)))
+            // The first caller gets the trailers too (a replay has the stored part only: status, allow-listed
+            // headers, body).
+            let body = match trailers {
+                Some(trailers) => Body::new(WithTrailers { data: Some(bytes), trailers: Some(trailers) }),
+                None => Body::from(bytes),
+            };
+            Ok(Response::from_parts(parts, body))
         }
         Prefix::Over { prefix, rest } => {
             let outcome = Outcome::TooLarge { status: status.as_u16(), size: prefix.len() as u64, limit: limit as u64 };
@@ -132,11 +166,44 @@ where
     }
 }
 
+/// A panic's message (a `&str` or `String` payload), for the log.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// After the inner service panicked (calling it, awaiting its answer or reading its body): logged and
+/// counted (`idem_idempotency_panics_total`), the record settled as an unknown outcome (stored, or released under
+/// [`UnknownOutcome::Release`]), and the caller answered 500 problem+json.
+async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, message: String) -> Response<Body> {
+    crate::counters::count(crate::counters::Count::Panics);
+    error!(key = keeper.lease.key().as_str(), panic = %message, "the inner service panicked");
+    keeper.unknown(config, "the inner service panicked").await;
+    let released = config.unknown_outcome == UnknownOutcome::Release;
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ProblemType::Internal,
+        &format!(
+            "the service failed while handling this request, which may or may not have taken effect; {}",
+            if released {
+                "the key was released, so a retry under it executes again"
+            } else {
+                "it will not be executed again under this key"
+            }
+        ),
+    )
+}
+
 /// The layer's side of a claimed record: the lease (renewed by an [`idem_store::LeaseKeeper`] while the call
 /// runs) and the fenced writes that end it.
 struct LeaseHolder<St> {
     store: Arc<St>,
     lease: Lease,
+    /// When the write that last set the lease (the claim or an accepted renewal) was sent.
+    set: tokio::time::Instant,
 }
 
 impl<St: Store> LeaseHolder<St> {
@@ -145,7 +212,7 @@ impl<St: Store> LeaseHolder<St> {
     /// ours.
     async fn during<F: Future>(&mut self, keeper: &mut LeaseKeeper<'_, St>, work: F) -> F::Output {
         let key = self.lease.key().as_str().to_owned();
-        keeper
+        let out = keeper
             .during(&mut self.lease, work, |lost| {
                 crate::counters::count(crate::counters::Count::LeasesLost);
                 let why = match lost {
@@ -154,7 +221,24 @@ impl<St: Store> LeaseHolder<St> {
                 };
                 warn!(key, why, "lease lost while the request was running");
             })
-            .await
+            .await;
+        self.set = keeper.sent();
+        out
+    }
+
+    /// While the completion write is being retried: keep showing this holder alive with a renewal whenever a
+    /// third of a lease has passed since the lease was last set, so no observer judges it dead and takes the
+    /// key over while its outcome is on its way (docs/DESIGN.md, Lease and fencing). A refused renewal is left
+    /// to the next completion attempt, whose fence then says what happened.
+    async fn keep_alive(&mut self) {
+        if self.set.elapsed() < self.lease.length() / 3 {
+            return;
+        }
+        let sent = tokio::time::Instant::now();
+        if let Ok(Some(generation)) = self.store.apply(Renewable::renewal(&self.lease)).await {
+            self.lease.advanced(generation);
+            self.set = sent;
+        }
     }
 
     async fn unknown(mut self, config: &Arc<Config>, reason: &str) {
@@ -247,18 +331,27 @@ impl<St: Store> LeaseHolder<St> {
                 Err(e) if e.is_precondition_failed() && !adopted && self.adopt(&e).await => adopted = true,
                 Err(e) if e.is_precondition_failed() => return self.fenced(&key, &e),
                 Err(e) if e.is_invalid_input() => {
-                    error!(key, error = %e, "the store refuses this outcome; the key frees when its lease lapses");
+                    error!(
+                        key,
+                        error = %e,
+                        "the store refuses this outcome; a retry takes the key over once its lease lapses"
+                    );
                     return;
                 }
                 Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                     warn!(key, error = %e, "storing the outcome failed; retrying");
                     tokio::time::sleep(backoff).await;
                     // Short: once the store is back, every moment before this write lands is a moment in which a
-                    // lapsed lease lets a retry execute again.
+                    // lapsed lease lets a retry take the key over and execute again.
                     backoff = (backoff * 2).min(Duration::from_millis(500));
+                    self.keep_alive().await;
                 }
                 Err(e) => {
-                    error!(key, error = %e, "could not store the outcome; the key frees when its lease lapses");
+                    error!(
+                        key,
+                        error = %e,
+                        "could not store the outcome; a retry takes the key over once its lease lapses"
+                    );
                     return;
                 }
             }
@@ -281,8 +374,12 @@ impl<St: Store> LeaseHolder<St> {
 }
 
 enum Prefix<B> {
-    Complete(Bytes),
-    Over { prefix: Bytes, rest: B },
+    /// The whole body, and its trailer fields if it had any.
+    Complete(Bytes, Option<HeaderMap>),
+    Over {
+        prefix: Bytes,
+        rest: B,
+    },
     Broken(String),
 }
 
@@ -293,24 +390,57 @@ where
     B::Error: Into<BoxError>,
 {
     let mut buf = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
     loop {
         match body.frame().await {
             // Exact-sized when the buffer grew well past the body (it doubles): the stored response may stay
             // in the replay cache, which counts the body's length.
             None if buf.capacity() > buf.len() + buf.len() / 4 + 64 => {
-                return Prefix::Complete(Bytes::copy_from_slice(&buf));
+                return Prefix::Complete(Bytes::copy_from_slice(&buf), trailers);
             }
-            None => return Prefix::Complete(buf.freeze()),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
+            None => return Prefix::Complete(buf.freeze(), trailers),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
                     buf.extend_from_slice(&data);
                     if buf.len() > limit {
                         return Prefix::Over { prefix: buf.freeze(), rest: body };
                     }
                 }
-            }
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            },
             Some(Err(e)) => return Prefix::Broken(e.into().to_string()),
         }
+    }
+}
+
+/// A body read whole, given back with its trailer fields. Not `http_body_util::Full::with_trailers`: that
+/// reports an exact size, so hyper sends `Content-Length` over HTTP/1.1 and drops the trailers; with no size
+/// hint hyper chunks the body and sends them.
+struct WithTrailers {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if let Some(data) = self.data.take().filter(|d| !d.is_empty()) {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.trailers.is_none() && self.data.as_ref().is_none_or(Bytes::is_empty)
     }
 }
 

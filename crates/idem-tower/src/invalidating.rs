@@ -69,6 +69,10 @@ impl<St: Store + Clone + 'static> Store for InvalidatingStore<St> {
         self.store.get_many(keys).await
     }
 
+    async fn now(&self) -> Result<std::time::SystemTime, StoreError> {
+        self.store.now().await
+    }
+
     async fn put(&self, key: &str, value: Bytes, precondition: Precondition, ttl: Ttl) -> Result<Written, StoreError> {
         let (store, k) = (self.store.clone(), key.to_owned());
         self.then_invalidate(key, async move { store.put(&k, value, precondition, ttl).await }).await

@@ -29,6 +29,10 @@ pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
 /// The store key prefix of records unless [`IdempotencyLayer::record_prefix`] says otherwise.
 pub const DEFAULT_RECORD_PREFIX: &str = "idempotency/";
 
+/// In-flight records of other holders watched at once, at most (about 150 bytes each); past it the oldest
+/// observations are dropped, which only delays a takeover.
+const OBSERVED_RECORDS: usize = 100_000;
+
 /// Applies Idempotency-Key handling to a service; records live in a [`Store`] under `idempotency/SCOPE/KEY`.
 ///
 /// Defaults: POST and PATCH, key optional, retention 24 h, lease 10 s (renewed every third of it while the
@@ -66,6 +70,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 execution_timeout: Duration::from_secs(120),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
+                observations: Arc::new(std::sync::Mutex::new(idem_core::Observations::new(OBSERVED_RECORDS))),
             },
         }
     }

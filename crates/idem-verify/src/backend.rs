@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use crate::faultproxy::{FaultProxy, local};
 use crate::{Backend, Error};
@@ -98,6 +99,59 @@ impl StoreEnv {
         .unwrap_or(Server::None);
     }
 
+    /// Makes the store unavailable for `down`, then heals it; what was done, or `None` when there was nothing
+    /// to act on (no SQLite ledger file yet). PostgreSQL: stopped (SIGQUIT, immediate shutdown) and started
+    /// again on the same port and data. Redis: killed (SIGKILL; its `appendfsync always` file keeps every
+    /// acknowledged write) and started again. SQLite: every `*.db` file in the data directory locked by an
+    /// exclusive transaction another connection holds (writers wait out the busy timeout, then are told the
+    /// store is busy), committed empty after `down`.
+    pub async fn outage(&mut self, down: Duration) -> Option<String> {
+        let ms = down.as_millis();
+        let server = std::mem::replace(&mut self.server, Server::None);
+        let (server, detail) = tokio::task::spawn_blocking(move || {
+            let mut server = server;
+            let detail = match &mut server {
+                Server::Postgres(pg) => {
+                    pg.stop();
+                    std::thread::sleep(down);
+                    pg.start_again();
+                    Some(format!("stopped {ms} ms"))
+                }
+                Server::Redis(r) => {
+                    r.kill();
+                    std::thread::sleep(down);
+                    r.start_again();
+                    Some(format!("killed, started again {ms} ms later"))
+                }
+                Server::None => None,
+            };
+            (server, detail)
+        })
+        .await
+        .unwrap_or((Server::None, None));
+        self.server = server;
+        if detail.is_some() {
+            return detail;
+        }
+        let dbs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "db"))
+            .collect();
+        if dbs.is_empty() {
+            return None;
+        }
+        let locked = tokio::task::spawn_blocking(move || lock_sqlite(&dbs, down)).await.ok()?;
+        match locked {
+            Ok(n) => Some(format!("{n} file(s) locked {ms} ms")),
+            Err(e) => {
+                eprintln!("idem-verify: cannot lock the SQLite ledger: {e}");
+                None
+            }
+        }
+    }
+
     /// Fills the SQLite tmpfs to the last byte with a file of zeros; returns its path (remove it to free the
     /// space).
     ///
@@ -128,6 +182,24 @@ impl Drop for StoreEnv {
             let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
         }
     }
+}
+
+/// Holds an exclusive transaction on each of `dbs` (an existing database; nothing is created) for `down`, then
+/// commits it with nothing written. Waits up to 10 s for each lock, as idem's own connections do.
+fn lock_sqlite(dbs: &[PathBuf], down: Duration) -> Result<usize, rusqlite::Error> {
+    use rusqlite::OpenFlags;
+    let mut held = Vec::new();
+    for db in dbs {
+        let conn = rusqlite::Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.execute_batch("BEGIN EXCLUSIVE")?;
+        held.push(conn);
+    }
+    std::thread::sleep(down);
+    for conn in &held {
+        conn.execute_batch("COMMIT")?;
+    }
+    Ok(held.len())
 }
 
 /// Mounts a tmpfs of [`TMPFS_SIZE`] on `dir`; false when the machine refuses (not root, no CAP_SYS_ADMIN).

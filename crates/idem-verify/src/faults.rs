@@ -27,6 +27,10 @@ pub enum Kind {
     PauseRunner,
     /// Crash and restart of the PostgreSQL or Redis server.
     StoreRestart,
+    /// The store out for seconds: the PostgreSQL server stopped (SIGQUIT) or the Redis server killed (SIGKILL)
+    /// and started again 1-4 s later; on SQLite the ledger file locked (an exclusive transaction held) for
+    /// 2-12 s, past the store's 10 s busy timeout at times.
+    StoreOutage,
     /// Every connection between idem and its store reset, and new ones refused for a while.
     StoreNetDrop,
     /// Every chunk between idem and its store delayed for a while.
@@ -46,6 +50,7 @@ impl Kind {
             Kind::Kill9Serve | Kind::Kill9Runner => "kill9",
             Kind::PauseServe | Kind::PauseRunner => "pause",
             Kind::StoreRestart => "store-restart",
+            Kind::StoreOutage => "store-outage",
             Kind::StoreNetDrop | Kind::UpstreamNetDrop => "net-drop",
             Kind::StoreNetDelay | Kind::UpstreamNetDelay => "net-delay",
             Kind::DiskFull => "disk-full",
@@ -174,6 +179,13 @@ async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, St
             let mut store = t.store.lock().await;
             store.restart().await;
             Some(("store server".into(), String::new()))
+        }
+        Kind::StoreOutage => {
+            let mut store = t.store.lock().await;
+            let down = if store.restartable() { between(rng, 1000, 4000) } else { between(rng, 2000, 12_000) };
+            let detail = store.outage(down).await?;
+            let target = if store.restartable() { "store server" } else { "sqlite ledger" };
+            Some((target.into(), detail))
         }
         Kind::StoreNetDrop | Kind::UpstreamNetDrop | Kind::StoreNetDelay | Kind::UpstreamNetDelay => {
             let store = t.store.lock().await;

@@ -65,7 +65,7 @@ pub struct Options {
     pub harness: PathBuf,
     /// Where the history, the logs and a failure page go.
     pub out: PathBuf,
-    /// `IDEM_PLANTED_BUG` for the idem processes (debug builds of idem only).
+    /// `IDEM_PLANTED_BUG` for the idem processes (idem built with the feature planted-bugs only).
     pub planted_bug: Option<String>,
     /// Concurrent clients (KV, proxy) or items (runner).
     pub clients: usize,
@@ -141,7 +141,7 @@ impl Summary {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The `idem` binary is not where it was looked for.
-    #[error("no idem binary at {}: build it first (cargo build -p idem --bin idem; scripts/verify.sh does)", path.display())]
+    #[error("no idem binary at {}: build it first (cargo build -p idem --bin idem --features planted-bugs; scripts/verify.sh does)", path.display())]
     NoIdem {
         /// Where it was looked for.
         path: PathBuf,

@@ -38,7 +38,7 @@ struct Cli {
     /// A workload's directory left by an earlier run there is replaced.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Plant a bug in idem (debug builds only): kv-precondition, proxy-completion, proxy-fingerprint or runner-fence.
+    /// Plant a bug in idem (builds with the feature planted-bugs only): kv-precondition, proxy-completion, proxy-fingerprint or runner-fence.
     #[arg(long)]
     planted_bug: Option<String>,
 }
@@ -87,7 +87,7 @@ async fn terminated() {
     }
 }
 
-/// The bugs idem's debug builds can plant (`idem_core::planted`); another name would plant nothing and pass.
+/// The bugs idem built with the feature planted-bugs can plant (`idem_core::planted`); another name would plant nothing and pass.
 const PLANTED_BUGS: [&str; 4] = ["kv-precondition", "proxy-completion", "proxy-fingerprint", "runner-fence"];
 
 async fn verify(cli: Cli) -> ExitCode {

@@ -126,7 +126,7 @@ pub(crate) fn with_default_scheme(given: &str) -> Cow<'_, str> {
 /// # Errors
 /// [`Error::Config`]: one line naming `flag`, the value (password hidden) and the form to use.
 pub(crate) fn server_url(flag: &str, given: &str) -> Result<reqwest::Url, Error> {
-    let shown = idem_stores::redact(given);
+    let shown = idem_core::redact_url(given);
     let refuse = |why: String| Error::Config(format!("{flag} {shown:?} {why}; give http://HOST:PORT (or HOST:PORT)"));
     let url = reqwest::Url::parse(&with_default_scheme(given)).map_err(|e| refuse(format!("is not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {

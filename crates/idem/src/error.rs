@@ -81,3 +81,16 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     msg
 }
+
+/// Writes `text` to standard output. A reader that went away (`idem once status | head`, EPIPE) is not a
+/// failure of the command: `Ok`, nothing more written. Any other write error (a full disk, `> /dev/full`) is
+/// [`Error::Io`], exit status 1, where `print!` would panic.
+pub fn out(text: &str) -> Result<(), Error> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Error::Failed(format!("cannot write to standard output: {e}"))),
+    }
+}

@@ -61,10 +61,6 @@ pub fn run(args: KeyArgs) -> Result<(), Error> {
     };
     let key = idem_core::derive_key(&args.prefix, &args.id, &bytes)
         .map_err(|e| Error::Config(format!("--prefix {:?} / --id {:?}: {e}", args.prefix, args.id)))?;
-    if args.header {
-        println!("{}", key.to_field_value());
-    } else {
-        println!("{key}");
-    }
-    Ok(())
+    let line = if args.header { key.to_field_value() } else { key.to_string() };
+    crate::error::out(&format!("{line}\n"))
 }

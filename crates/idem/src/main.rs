@@ -7,6 +7,8 @@ mod check;
 mod client;
 mod error;
 mod key;
+mod ledger;
+mod once;
 mod run;
 mod send;
 mod serve;
@@ -48,6 +50,9 @@ enum Command {
     Run(run::RunArgs),
     /// Inspect or trim the ledger of `idem run`.
     Runs(run::RunsArgs),
+    /// Run a cron job's current slot once across machines sharing a store (invoke it from cron or a timer on
+    /// each, as often as you like); `idem once status` shows the job's slots.
+    Once(once::OnceArgs),
     /// Probe any HTTP API's Idempotency-Key handling (replays, concurrent duplicates, key reuse, malformed
     /// keys, scope, errors, expiry) and print a conformance report. Sends real writes: asks first unless
     /// --yes. Exit 0: no probe failed; 1: one did; 2: bad usage or not confirmed (nothing sent).
@@ -56,7 +61,11 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    let default_level = match &cli.command {
+        Command::Serve(_) => "info",
+        Command::Once(args) => args.log_level(),
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         // The platform verifier logs every refused certificate at ERROR, a second line beside the one-line
         // message the clients print for it; lapin logs a refused login, a missing queue or vhost and every
@@ -85,6 +94,8 @@ fn main() {
             // The runner's exit status says how the run ended (documented in `idem run --help`).
             Command::Run(args) => std::process::exit(run::run(args).await?),
             Command::Runs(args) => std::process::exit(run::runs(args).await?),
+            // The exit status says what became of the slot (documented in `idem once --help`).
+            Command::Once(args) => std::process::exit(once::run(args).await?),
             // The exit status says whether a probe failed (documented in `idem check --help`).
             Command::Check(args) => std::process::exit(check::run(args).await?),
         }

@@ -4,20 +4,28 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use idem_runner::{ItemFormat, OnPoison, ProgressMode, QueueUrl, RunConfig, Stop};
-use idem_store::{Limits, Store};
+use idem_store::Store;
 
 use crate::error::Error;
-use idem_sqlite::SharedSqlite;
-use idem_stores::{AnyStore, StoreUrl};
+use crate::ledger::{Ledger, on_ledger};
 
 const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
-verified), {item} the item as read. The item is also on standard input, and in the environment: IDEM_ITEM_ID, \
-IDEM_OUTPUT (= {out}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY (the same for \
-every attempt at the same item), IDEM_ATTEMPT.
+verified; needs --output), {key} the item's idempotency key, {item} the item as read. The item is also on \
+standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
+IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY (PREFIX:ID:HASH with \
+--key-prefix), IDEM_ATTEMPT.
 
-The ledger is a SQLite file next to the outputs (<output root>/.idem/ledger.db) unless --store names another \
-store; several runners on one PostgreSQL or Redis store (or one SQLite file on one machine) share the work.
+{key} / IDEM_KEY is JOB:ID:HASH: the job's name (--name, else the 12-hex-digit hash of --output), the item's \
+id, and the first 16 hex digits of the SHA-256 of the item's canonical text (as `idem key` derives it). It is \
+the same for every attempt, in every process and on every machine: a sink that dedupes on it (`idem send \
+--key \"$IDEM_KEY\"` behind `idem serve --upstream`, a unique column) sees one effect per item even when a \
+runner dies after the effect and before the ledger records it, the one window in which an item runs again.
+
+Without --output an item is done once its command exited 0 and the ledger recorded it; no file is looked at. \
+The ledger is a SQLite file next to the outputs (<output root>/.idem/ledger.db; without --output, \
+./.idem/ledger.db) unless --store names another store; several runners on one PostgreSQL or Redis store (or one \
+SQLite file on one machine) share the work.
 
 From a queue each message is an item (its id: --id-field, else the message id, else what a line of the same \
 text gets: a safe plain body is its own id, anything else a short hash); it is acknowledged once its output is durable and the ledger says done, rejected without requeue (to the \
@@ -37,6 +45,8 @@ Exit status:
        queue that cannot be consumed); or, reading a pipe, such an item came: the items before it ran
   3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
        with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
+  75   the ledger store was unavailable for longer than --store-outage-limit: the items not finished are not
+       done (none failed for it); run again once the store is back (EX_TEMPFAIL)
   130  interrupted before every item was done";
 
 /// Arguments of `idem run`.
@@ -51,13 +61,21 @@ pub struct RunArgs {
     /// With a queue: exit once it is drained (for cron), instead of running as a service that waits for more.
     #[arg(long)]
     until_empty: bool,
-    /// Where each item's output goes; must contain {id}. A `.json` output must parse as JSON.
+    /// The job's name in the ledger (as `idem once --name`: 1 to 100 letters, digits, '.', '_', '-'): two jobs with different names
+    /// never share ledger entries, whatever their outputs. Default: a hash of --output, the name jobs had
+    /// before names could be given, so their ledgers keep working. A rerun under one name whose --output or
+    /// command changed says so.
     #[arg(long)]
-    output: String,
+    name: Option<String>,
+    /// Where each item's output goes; must contain {id}. A `.json` output must parse as JSON. Without it the
+    /// command's effect is elsewhere (an email, an API call, a row): an item is done once its command exited 0
+    /// and the ledger recorded it, and no file is looked at; dedupe at the sink on {key} / IDEM_KEY.
+    #[arg(long)]
+    output: Option<String>,
     /// Commands running at once.
     #[arg(long, short = 'j', default_value_t = 1)]
     jobs: usize,
-    /// The ledger store: sqlite:PATH, postgres://…, redis://…, rediss://… or memory: (default: next to the outputs).
+    /// The ledger store: sqlite:PATH, postgres://…, redis://…, rediss://…, redis+sentinel://…, redis+cluster://… or memory: (default: next to the outputs).
     #[arg(long, env = "IDEM_RUN_STORE")]
     store: Option<String>,
     /// PostgreSQL schema / Redis key prefix of the ledger.
@@ -77,6 +95,12 @@ pub struct RunArgs {
     /// Shell command that must exit 0 for an output to count ({out} or $IDEM_OUTPUT names the file).
     #[arg(long)]
     verify: Option<String>,
+    /// Without --output: a shell command that exits 0 when an item's effect is there (a row in a table, an
+    /// object in a bucket); run before the command (exit 0: the command is skipped, the item recorded done) and
+    /// after it (the command's success counts only if it passes then). {id}, {key}, $IDEM_ITEM_ID and $IDEM_KEY
+    /// name the item.
+    #[arg(long, value_name = "CMD")]
+    check: Option<String>,
     /// Write a JSON report (per item: status, attempts, last error, output digest, duration).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -86,6 +110,11 @@ pub struct RunArgs {
     /// Lease length; renewed every third of it while a command runs. At least 1s.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     lease: Duration,
+    /// How long the ledger store may stay unavailable (down, restarting, locked, full) before the run gives up
+    /// with exit status 75. Until then nothing new is claimed, running commands go on while their leases last
+    /// (then wait, stopped, for the store), and finished items are recorded once it is back. At least 1s.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "5m")]
+    store_outage_limit: Duration,
     /// JSON field holding each item's id (default: a short hash of the canonical item).
     #[arg(long)]
     id_field: Option<String>,
@@ -95,6 +124,12 @@ pub struct RunArgs {
     /// Prefix of IDEM_IDEMPOTENCY_KEY.
     #[arg(long, default_value = "run")]
     key_prefix: String,
+    /// Judge every done item by its output on this machine, even one another host recorded done (each machine
+    /// needs its own copy). Without it, with a shared --store, an item another host recorded done is skipped
+    /// and counted "done elsewhere (HOST)": its output is on that host, which alone verifies it. The host is
+    /// IDEM_HOST when set, else the machine's host name.
+    #[arg(long)]
+    require_local_output: bool,
     /// List what would run and why; run nothing. Refused for a queue (taking messages changes it).
     #[arg(long)]
     dry_run: bool,
@@ -128,7 +163,7 @@ pub struct RunsArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum RunsCommand {
-    /// Summarise the ledger of the job writing --output.
+    /// Summarise the ledger of the job named by --name (or writing --output).
     Status(LedgerArgs),
     /// Forget items (ledger entries and outputs) so the next run executes them again. Exit status 3 when an id is
     /// not in the job's ledger (the others are forgotten).
@@ -142,10 +177,15 @@ enum RunsCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("job").required(true).multiple(true).args(["name", "output"])))]
 struct LedgerArgs {
-    /// The job's output template, as given to `idem run` (it names the job and the default ledger).
+    /// The job's name, as given to `idem run --name`.
     #[arg(long)]
-    output: String,
+    name: Option<String>,
+    /// The job's output template, as given to `idem run` (it names the job when --name does not, and the
+    /// default ledger; `forget` removes the forgotten items' outputs from it).
+    #[arg(long)]
+    output: Option<String>,
     /// The ledger store (default: next to the outputs).
     #[arg(long, env = "IDEM_RUN_STORE")]
     store: Option<String>,
@@ -154,33 +194,11 @@ struct LedgerArgs {
     namespace: String,
 }
 
-/// The ledger store, opened by URL; SQLite files are shared between processes by taking turns.
-#[derive(Clone, Debug)]
-enum Ledger {
-    Sqlite(SharedSqlite),
-    Other(AnyStore),
-}
-
-impl Ledger {
-    async fn open(url: Option<&str>, output: &str, namespace: &str) -> Result<Self, Error> {
-        let url = match url {
-            Some(u) => u.to_owned(),
-            None => format!("sqlite:{}", idem_runner::default_ledger_path(output).display()),
-        };
-        match StoreUrl::parse(&url)? {
-            StoreUrl::Sqlite(path) => SharedSqlite::open(&path, Limits::default())
-                .await
-                .map(Ledger::Sqlite)
-                .map_err(|e| Error::OpenStore { url: url.clone(), source: Box::new(e) }),
-            other => Ok(Ledger::Other(AnyStore::open(&other, namespace, Limits::default()).await?)),
-        }
-    }
-
-    async fn close(&self) {
-        match self {
-            Ledger::Sqlite(s) => s.close().await,
-            Ledger::Other(s) => s.close().await,
-        }
+/// `--store`, else the SQLite file next to the outputs of `output`.
+fn ledger_url(store: Option<&str>, output: &str) -> String {
+    match store {
+        Some(u) => u.to_owned(),
+        None => format!("sqlite:{}", idem_runner::default_ledger_path(output).display()),
     }
 }
 
@@ -201,7 +219,9 @@ fn runner_error(e: idem_runner::Error) -> Error {
 /// Refusals before anything ran (exit status 2) and ledger failures.
 pub async fn run(args: RunArgs) -> Result<i32, Error> {
     let queue = QueueUrl::parse(&args.items).map_err(runner_error)?;
-    let mut cfg = RunConfig::new(PathBuf::from(&args.items), &args.output, args.command);
+    let output = args.output.unwrap_or_default();
+    let mut cfg = RunConfig::new(PathBuf::from(&args.items), &output, args.command);
+    cfg.name = args.name;
     cfg.queue = queue;
     cfg.until_empty = args.until_empty;
     cfg.jobs = args.jobs;
@@ -212,9 +232,11 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     };
     cfg.expect_fields = args.expect_fields;
     cfg.verify = args.verify;
+    cfg.check = args.check;
     cfg.report = args.report;
     cfg.timeout = args.timeout;
     cfg.lease = args.lease;
+    cfg.store_outage_limit = args.store_outage_limit;
     cfg.id_field = args.id_field;
     cfg.format = match args.format {
         FormatArg::Auto => ItemFormat::Auto,
@@ -223,6 +245,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     };
     cfg.key_prefix = args.key_prefix;
     cfg.dry_run = args.dry_run;
+    cfg.require_local_output = args.require_local_output;
     cfg.progress = if args.quiet { ProgressMode::Off } else { ProgressMode::Auto };
     // Everything that can refuse the run (flags, the command, every item) is checked before the ledger is opened:
     // a refused run must leave no ledger, which `idem runs status` would report as a run with nothing in it.
@@ -230,7 +253,31 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // So is the queue: a broker that cannot be reached, refuses the login or lacks the queue refuses the run
     // here, and the run consumes on this connection.
     checked.connect().await.map_err(runner_error)?;
-    let ledger = Ledger::open(args.store.as_deref(), &args.output, &args.namespace).await?;
+    // A store that is down or unreachable when the run starts is waited for as one met later would be: a
+    // runner started during an outage (or together with its store) must not fail where one started a moment
+    // earlier rides it out.
+    let url = ledger_url(args.store.as_deref(), &output);
+    let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
+        eprintln!(
+            "idem run: the ledger store was unavailable for longer than --store-outage-limit ({}): nothing ran; \
+             run again once it is back",
+            humantime::format_duration(checked.config().store_outage_limit)
+        );
+        return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
+    };
+    let (cfg, job) = (checked.config(), checked.config().job());
+    let record = idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone() };
+    // Only for the warnings below: a store that does not answer at once (down at the start, which the run rides
+    // out) must neither stop nor delay the run, so the record is skipped then.
+    let noted = tokio::time::timeout(Duration::from_secs(2), async {
+        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await)
+    })
+    .await;
+    match noted {
+        Ok(Ok(changes)) => changes.iter().for_each(|change| eprintln!("idem run: {change}")),
+        Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
+        Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
+    }
     let stop = Stop::new();
     let signals = tokio::spawn(watch_signals(stop.clone()));
     let result = match &ledger {
@@ -278,23 +325,35 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
     let ledger_args = match &args.command {
         RunsCommand::Status(l) | RunsCommand::Forget { ledger: l, .. } => l,
     };
+    if let Some(name) = &ledger_args.name {
+        idem_runner::check_job_name(name).map_err(runner_error)?;
+    }
+    let template = ledger_args.output.as_deref().unwrap_or("");
     // Status and forget only read what runs wrote: a missing default ledger means nothing ran with this
     // --output (a typo, say), which must be said rather than answered with zeros from a ledger made for it.
     if ledger_args.store.is_none() {
-        let path = idem_runner::default_ledger_path(&ledger_args.output);
+        let path = idem_runner::default_ledger_path(template);
         if !path.exists() {
+            let with = match &ledger_args.output {
+                Some(o) => format!("--output {o:?}"),
+                None => "no --output (a ledger in the current directory)".to_owned(),
+            };
             return Err(Error::Config(format!(
-                "no ledger at {}: nothing has run with --output {:?} (or its ledger is elsewhere: --store)",
-                path.display(),
-                ledger_args.output
+                "no ledger at {}: nothing has run with {with} (or its ledger is elsewhere: --store)",
+                path.display()
             )));
         }
     }
-    let ledger = Ledger::open(ledger_args.store.as_deref(), &ledger_args.output, &ledger_args.namespace).await?;
-    let job = idem_runner::job_id(&ledger_args.output);
+    let ledger = Ledger::open(&ledger_url(ledger_args.store.as_deref(), template), &ledger_args.namespace).await?;
+    let job = match &ledger_args.name {
+        Some(name) => name.clone(),
+        None => idem_runner::job_id(template),
+    };
     let result = match &args.command {
         RunsCommand::Status(_) => status(&ledger, &job).await,
-        RunsCommand::Forget { ids, .. } => forget(&ledger, &ledger_args.output, ids).await,
+        RunsCommand::Forget { ids, .. } => {
+            forget(&ledger, &job, ledger_args.name.is_some(), ledger_args.output.as_deref(), ids).await
+        }
     };
     ledger.close().await;
     result
@@ -309,33 +368,46 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
         Ledger::Sqlite(s) => on(s, job).await?,
         Ledger::Other(s) => on(s, job).await?,
     };
-    println!(
-        "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted",
+    let mut text = format!(
+        "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted\n",
         st.done, st.running, st.failed, st.poison, st.interrupted
     );
-    for (id, error) in &st.problems {
-        println!("{id}\t{error}");
+    for (host, n) in &st.done_by_host {
+        text.push_str(&format!("done on {host}: {n}\n"));
     }
+    for (id, error) in &st.problems {
+        text.push_str(&format!("{id}\t{error}\n"));
+    }
+    crate::error::out(&text)?;
     Ok(0)
 }
 
-async fn forget(ledger: &Ledger, output: &str, ids: &[String]) -> Result<i32, Error> {
-    let unknown = match ledger {
-        Ledger::Sqlite(s) => idem_runner::forget(s, output, ids).await,
-        Ledger::Other(s) => idem_runner::forget(s, output, ids).await,
-    }
-    .map_err(runner_error)?;
+async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, ids: &[String]) -> Result<i32, Error> {
+    // Without --output, the outputs are those of the job's last run, as its record says (none: the job writes
+    // no files, or ran before records were kept; then only the ledger entries go).
+    let recorded = match output {
+        Some(_) => None,
+        None => on_ledger!(ledger, s => idem_runner::job_record(s, job).await).map_err(runner_error)?,
+    };
+    let template = output.or(recorded.as_ref().map(|r| r.output.as_str()));
+    let unknown = on_ledger!(ledger, s => idem_runner::forget(s, job, template, ids).await).map_err(runner_error)?;
     let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let forgotten = given - unknown.len();
     if forgotten > 0 {
-        println!("forgot {forgotten} of {given} items (entries and outputs); the next run executes them again");
+        crate::error::out(&format!(
+            "forgot {forgotten} of {given} items (entries and outputs); the next run executes them again\n"
+        ))?;
     }
     if !unknown.is_empty() {
         // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.
         let (these, them) = if unknown.len() == 1 { ("id", "it") } else { ("ids", "them") };
+        let (of, flag) = match (named, output) {
+            (false, Some(output)) => (format!("--output {output:?}"), "--output"),
+            _ => (format!("job {job}"), "--name"),
+        };
         return Err(Error::NotFound(format!(
-            "{these} {} in the ledger of --output {output:?} (nothing done for {them}); check the {these} (as the \
-             run's summary or --report gives {them}) and --output",
+            "{these} {} in the ledger of {of} (nothing done for {them}); check the {these} (as the run's summary or \
+             --report gives {them}) and {flag}",
             unknown.join(", ")
         )));
     }

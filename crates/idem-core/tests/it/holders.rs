@@ -9,6 +9,11 @@
 //! - record: once the key has a finished record, it never changes, and every replay is of exactly it;
 //! - ledger: the item is done only with the digest of the output in place ("done implies the digest"). (That a
 //!   done item with its output in place is not run again is the runner's judgement, tested in idem-runner.)
+//! - ledger: a runner whose lease lapsed while it was paused (time jumps past it) and that resumes does not
+//!   discard its attempt unless someone took the item over: when its fence finds the lease lost and every store
+//!   operation was answered, the item's entry has another generation or another holder's lease is live. (Its
+//!   fence takes the lease again: `Held::retake`, then `Held::reassert`, which moves the fencing token on so a
+//!   successor that read the entry before cannot claim over it.)
 
 use std::time::Duration;
 
@@ -112,7 +117,7 @@ async fn record_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                 let record = current.map(|v| Record::decode(v.value()).unwrap());
                 match judge(record, &fingerprint) {
                     Verdict::Claim => {
-                        let claim = Claim::new(key.clone(), fingerprint, format!("holder-{i}"), now_ms(), LEASE);
+                        let claim = Claim::new(key.clone(), fingerprint, format!("holder-{i}"), now_ms(), LEASE, LEASE);
                         let sent = Instant::now();
                         // A claim whose answer is lost is no claim for its holder (answered 503); the record
                         // it left lapses.
@@ -226,7 +231,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                     Ok(Some(entry_generation)) => {
                         // The command starts only after the fence (the claim is fresh: no write needed).
                         executions += 1;
-                        let keeper = LeaseKeeper::new(&store, LEASE, sent);
+                        let keeper = LeaseKeeper::new(&store, LEASE, sent).keeping_late_answers();
                         let held = claim.acquired(lease_generation, entry_generation);
                         holders[i] = Runner::Running { held, keeper, run: executions };
                     }
@@ -242,12 +247,22 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
             }
             Step::Finish(i) => {
                 if let Runner::Running { held, keeper, run } = &mut holders[i] {
-                    // The runner's settle: fence, rename into place, then the done write fenced on the token.
-                    if keeper.fence(held).await {
+                    // The runner's settle: fence (a lost lease taken again if nobody took the item over), rename
+                    // into place, then the done write fenced on the token.
+                    let faults = store.injected();
+                    if fence(&store, held, keeper).await {
                         let content = format!("output of execution {run}");
                         output = Some(content.clone());
                         let _ = store.apply(held.done(&digest(&content), content.len() as u64, now_ms(), 1)).await;
                         let _ = store.apply(held.release()).await;
+                    } else if store.injected() == faults {
+                        // Discarded with every store operation answered: someone must have taken the item over
+                        // (claimed its entry, or holds a live lease).
+                        let entry = store.inner().get(keys.entry()).await.unwrap();
+                        let lease = store.inner().get(keys.lease()).await.unwrap();
+                        let ours = entry.map(|v| v.generation()) == Some(held.fencing_token())
+                            && lease.is_none_or(|v| v.value().as_ref() == format!("runner-{i}").as_bytes());
+                        prop_assert!(!ours, "runner {i} discarded an attempt nobody took over");
                     }
                     holders[i] = Runner::Idle;
                 }
@@ -274,6 +289,60 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
         prop_assert!(exclusive(beliefs), "two runners believe they hold the item's lease");
     }
     Ok(())
+}
+
+/// The runner's fence (idem-runner `engine/ledger.rs`, `fence` and `regain`), one try per store operation: the
+/// keeper's fence; after a loss, the lease taken again if nobody took the item over: its own lease still there
+/// renewed, an absent one created again (`Held::retake`) and the entry written again as it is, conditional on the
+/// fencing token (`Held::reassert`). True when the lease is held.
+async fn fence(
+    store: &FaultyStore<MemoryStore>,
+    held: &mut idem_core::Held,
+    keeper: &mut LeaseKeeper<'_, FaultyStore<MemoryStore>>,
+) -> bool {
+    use idem_store::Renewable as _;
+    // The runner's `recover`: a settled keeper holds the lease only while it was set less than a lease ago (a
+    // fence whose renewal failed unanswered records no loss, though the lease may have run out meanwhile).
+    if keeper.fence(held).await || (keeper.settle(held).await && keeper.sent().elapsed() < LEASE) {
+        return true;
+    }
+    let Ok(current) = store.get(held.keys().lease()).await else { return false };
+    let sent = Instant::now();
+    let regained = match current {
+        Some(v) if held.is_mine(&v) => {
+            held.renewed(v.generation());
+            match store.apply(held.renewal()).await {
+                Ok(Some(g)) => {
+                    held.renewed(g);
+                    true
+                }
+                _ => false,
+            }
+        }
+        Some(_) => false,
+        None => match store.apply(held.retake()).await {
+            Ok(Some(g)) => {
+                held.renewed(g);
+                match store.apply(held.reassert()).await {
+                    Ok(Some(entry)) => {
+                        held.reasserted(entry);
+                        true
+                    }
+                    refused => {
+                        if matches!(&refused, Err(e) if e.is_precondition_failed()) {
+                            let _ = store.apply(held.release()).await;
+                        }
+                        false
+                    }
+                }
+            }
+            _ => false,
+        },
+    };
+    if regained {
+        keeper.restart(sent);
+    }
+    regained
 }
 
 proptest! {

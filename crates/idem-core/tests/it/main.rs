@@ -2,3 +2,4 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod holders;
+mod slots;

@@ -5,6 +5,7 @@
 
 mod conformance;
 mod generations;
+mod ha;
 mod migrations;
 mod tls;
 

@@ -4,4 +4,5 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod conformance;
+mod ha;
 mod tls;

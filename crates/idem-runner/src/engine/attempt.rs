@@ -13,20 +13,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::step::{Attempt, describe, failed};
 use super::stop::stopped;
-use super::{Ctx, settle};
+use super::{Ctx, ledger, settle};
 use crate::Item;
 use crate::output;
 use crate::watchdog::Watchdog;
 use idem_store::LeaseKeeper;
 
 /// A command's process group as the watchdog knows it: listed when made, unlisted when dropped.
-struct Watched<'a> {
+pub(crate) struct Watched<'a> {
     watchdog: Option<&'a Watchdog>,
     pgid: Option<u32>,
 }
 
 impl<'a> Watched<'a> {
-    fn new(watchdog: Option<&'a Watchdog>, pgid: Option<u32>) -> Self {
+    pub(crate) fn new(watchdog: Option<&'a Watchdog>, pgid: Option<u32>) -> Self {
         if let (Some(w), Some(p)) = (watchdog, pgid) {
             w.started(p);
         }
@@ -42,8 +42,25 @@ impl Drop for Watched<'_> {
     }
 }
 
+/// Resolves when `rx` sees a new value; never without a watchdog (or once it is gone).
+async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// Sends `signal` to the process group `pgid` (the command's: SIGSTOP, SIGCONT).
+fn signal_group(pgid: Option<u32>, signal: rustix::process::Signal) {
+    if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
 /// Kills the command and everything it started (its process group), then reaps it.
-async fn kill_group(child: &mut tokio::process::Child) {
+pub(crate) async fn kill_group(child: &mut tokio::process::Child) {
     if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
         // The child leads its own group (`process_group(0)`), so this also reaches the shell's children,
         // which would otherwise outlive it and keep writing.
@@ -85,11 +102,19 @@ async fn read_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<std::sync:
 /// the pipe for ever, and the runner must not wait on it outside its timeout and heartbeat.
 const STDERR_GRACE: Duration = Duration::from_millis(500);
 
-fn substitute(arg: &str, id: &str, out: &Path, item: &str) -> String {
+fn substitute(arg: &str, id: &str, out: &Path, item: &str, key: &str) -> String {
     if !arg.contains('{') {
         return arg.to_owned();
     }
-    arg.replace("{id}", id).replace("{out}", &out.display().to_string()).replace("{item}", item)
+    arg.replace("{id}", id).replace("{out}", &out.display().to_string()).replace("{key}", key).replace("{item}", item)
+}
+
+/// The item's idempotency key for its sink (`{key}`, `IDEM_KEY`): `JOB:ID:HASH`, the job's name
+/// ([`crate::RunConfig::job`]), the item's id and the first 16 hex digits of the SHA-256 of its canonical text
+/// (`idem_core::derive_key`). The same for every attempt, in every process, on every machine, so a sink that
+/// dedupes on it sees one effect per item even when a runner died after the effect and before recording it.
+fn item_key(job: &str, item: &Item) -> Result<idem_core::IdempotencyKey, idem_core::Error> {
+    idem_core::derive_key(job, &item.id, item.raw.as_bytes())
 }
 
 /// One attempt at one held item: spawn, wait, verify, then rename into place while still holding the lease,
@@ -103,6 +128,9 @@ pub(super) async fn attempt<S: Store>(
     output: &Path,
     permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
 ) -> Attempt {
+    if !ctx.cfg.has_output() {
+        return without_output(ctx, held, heartbeat, item, permit).await;
+    }
     let temp = output::temp_path(output, &ctx.owner, held.attempt());
     // Inline, not on the blocking pool: a stat of an existing directory and a lookup of a file that is
     // usually absent take microseconds, less than the thread hand-off would.
@@ -133,6 +161,61 @@ pub(super) async fn attempt<S: Store>(
     settle::finish(ctx, held, heartbeat, &temp, output).await
 }
 
+/// An attempt of a job without output files: done once the command exited 0 (the ledger records it next). With
+/// `--check`, the check runs first (exit 0: the effect is already there, the command is skipped) and again after
+/// the command (which must then exit 0 too), each beside the heartbeat.
+async fn without_output<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut LeaseKeeper<'_, S>,
+    item: &Item,
+    permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
+) -> Attempt {
+    let key = match item_key(&ctx.job, item) {
+        Ok(k) => k,
+        Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
+    };
+    if ctx.cfg.check.is_some() && check(ctx, held, heartbeat, item, key.as_str()).await.is_ok() {
+        // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
+        ctx.executions.fetch_sub(1, Ordering::Relaxed);
+        *permit = None;
+        return Attempt::Ok(output::Digest256::nothing());
+    }
+    let child = match spawn(ctx, held, heartbeat, item, Path::new("")).await {
+        Ok(child) => child,
+        Err(ended) => return ended,
+    };
+    let watched = Watched::new(ctx.watchdog.as_ref(), child.id());
+    if let Err(ended) = wait(ctx, held, heartbeat, item, child, Path::new("")).await {
+        return ended;
+    }
+    drop(watched);
+    *permit = None;
+    if ctx.cfg.check.is_some()
+        && let Err((ending, stderr)) = check(ctx, held, heartbeat, item, key.as_str()).await
+    {
+        return failed(format!("{ending} after the command exited 0"), stderr);
+    }
+    Attempt::Ok(output::Digest256::nothing())
+}
+
+/// `--check` for `item`, beside the heartbeat.
+async fn check<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut LeaseKeeper<'_, S>,
+    item: &Item,
+    key: &str,
+) -> Result<(), (String, Vec<u8>)> {
+    let check = super::verify::check_cmd(ctx, &item.id, key);
+    tokio::pin!(check);
+    tokio::select! {
+        checked = &mut check => checked,
+        // A lease lost meanwhile is found by the done write, which is fenced.
+        _ = heartbeat.until_lost(held) => check.await,
+    }
+}
+
 /// Starts the item's command writing to `temp`: the program found in `PATH` at the start (looked up again
 /// if it is gone), retried while the runner is short of descriptors or processes. `Err` is how the attempt
 /// ended without a command running.
@@ -147,7 +230,12 @@ async fn spawn<S: Store>(
         Ok(k) => k,
         Err(e) => return Err(failed("cannot derive the idempotency key", e.to_string().into_bytes())),
     };
-    let argv: Vec<String> = ctx.cfg.command.iter().map(|a| substitute(a, &item.id, temp, &item.raw)).collect();
+    let sink_key = match item_key(&ctx.job, item) {
+        Ok(k) => k,
+        Err(e) => return Err(failed("cannot derive the idempotency key", e.to_string().into_bytes())),
+    };
+    let argv: Vec<String> =
+        ctx.cfg.command.iter().map(|a| substitute(a, &item.id, temp, &item.raw, sink_key.as_str())).collect();
     let (token, attempt_no) = (held.fencing_token().to_string(), held.attempt().to_string());
     let command = |program: Option<&Path>| {
         let mut cmd = match program {
@@ -163,6 +251,7 @@ async fn spawn<S: Store>(
             .env("IDEM_OUTPUT", temp)
             .env("IDEM_FENCING_TOKEN", &token)
             .env("IDEM_IDEMPOTENCY_KEY", key.as_str())
+            .env("IDEM_KEY", sink_key.as_str())
             .env("IDEM_ATTEMPT", &attempt_no)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -196,7 +285,7 @@ async fn spawn<S: Store>(
                     () = stopped(&mut stop, 1) => return Err(Attempt::NotStarted),
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
-                if !heartbeat.fence(held).await {
+                if !ledger::fence(ctx, held, heartbeat).await {
                     return Err(Attempt::Lost);
                 }
             }
@@ -241,28 +330,94 @@ async fn wait<S: Store>(
     };
     let mut stop = ctx.stop.subscribe();
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
+    let lease = heartbeat.length();
+    // The command is stopped (SIGSTOP to its process group) this long before its lease would lapse with no
+    // renewal accepted: past that instant another runner may take the item over, and the two commands must
+    // not run side by side. It goes on (SIGCONT) once a renewal is accepted, or the lease was taken again.
+    let margin = (lease / 5).clamp(Duration::from_millis(200), Duration::from_secs(2));
+    let mut frozen = false;
+    // The watchdog stops the command when this runner stops beating (paused): when it beats again, the command
+    // goes on if its lease is still valid (else it stays stopped, and the lapse is handled as any other). The
+    // watchdog may act on ticks it read just before the heartbeat that ended the pause, so the SIGCONT is sent
+    // again a quiet limit later.
+    let mut resumed = ctx.watchdog.as_ref().map(Watchdog::resumed);
+    let quiet = crate::watchdog::quiet_for(lease);
+    let mut cont_again: Option<tokio::time::Instant> = None;
+    // Kept: once the command has been reaped, `child.id()` is gone, but its group may live on.
+    let pgid = child.id();
     // The lease is renewed beside the wait (not inside an arm of it), so a slow ledger never delays noticing
     // the command's exit, its timeout or a second Ctrl-C.
-    let status = tokio::select! {
-        status = child.wait() => status,
-        // The planted bug "runner-fence", its other half: a lost lease never noticed while the command runs.
-        _ = heartbeat.until_lost(held), if !idem_core::planted("runner-fence") => {
-            // Taken over, or the ledger unreachable until the lease lapsed: the item is no longer ours.
-            kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(temp).await;
-            return Err(Attempt::Lost);
+    let status = loop {
+        let doubtful = heartbeat.sent() + lease - margin;
+        if frozen && tokio::time::Instant::now() < doubtful {
+            tracing::warn!(item = %item.id, "lease renewed: the command goes on (SIGCONT)");
+            signal_group(pgid, rustix::process::Signal::CONT);
+            frozen = false;
         }
-        () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-            kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(temp).await;
-            return Err(failed("timeout", Vec::new()));
+        if let Some(at) = cont_again
+            && tokio::time::Instant::now() >= at
+        {
+            cont_again = None;
+            if !frozen {
+                signal_group(pgid, rustix::process::Signal::CONT);
+            }
         }
-        () = stopped(&mut stop, 2) => {
-            kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(temp).await;
-            return Err(Attempt::Interrupted);
+        // Frozen, look every 50 ms whether a renewal was accepted meanwhile.
+        let wake = if frozen { tokio::time::Instant::now() + Duration::from_millis(50) } else { doubtful };
+        let wake = cont_again.map_or(wake, |at| at.min(wake));
+        tokio::select! {
+            status = child.wait() => break status,
+            () = changed(&mut resumed) => {
+                if !frozen && tokio::time::Instant::now() < doubtful {
+                    tracing::debug!(item = %item.id, "the runner beats again: the command goes on (SIGCONT)");
+                    signal_group(pgid, rustix::process::Signal::CONT);
+                    cont_again = Some(tokio::time::Instant::now() + quiet);
+                }
+            }
+            // The planted bug "runner-fence", its other half: a lost lease never noticed while the command runs.
+            _ = heartbeat.until_lost(held), if !idem_core::planted("runner-fence") => {
+                // No renewal accepted for a whole lease (the store unavailable, or this runner paused), or a
+                // renewal refused: the command stays stopped until the lease is ours again, if nobody took the
+                // item over meanwhile.
+                if !frozen {
+                    signal_group(pgid, rustix::process::Signal::STOP);
+                    frozen = true;
+                }
+                if !ledger::recover(ctx, held, heartbeat).await {
+                    kill_group(&mut child).await;
+                    let _ = tokio::fs::remove_file(temp).await;
+                    return Err(Attempt::Lost);
+                }
+            }
+            () = tokio::time::sleep_until(wake) => {
+                if !frozen && tokio::time::Instant::now() >= doubtful {
+                    tracing::warn!(
+                        item = %item.id,
+                        "no lease renewal accepted for {:.1}s of a {:.0}s lease: the command is stopped (SIGSTOP) \
+                         until one is",
+                        heartbeat.sent().elapsed().as_secs_f64(),
+                        lease.as_secs_f64()
+                    );
+                    signal_group(pgid, rustix::process::Signal::STOP);
+                    frozen = true;
+                }
+            }
+            () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                kill_group(&mut child).await;
+                let _ = tokio::fs::remove_file(temp).await;
+                return Err(failed("timeout", Vec::new()));
+            }
+            () = stopped(&mut stop, 2) => {
+                kill_group(&mut child).await;
+                let _ = tokio::fs::remove_file(temp).await;
+                return Err(Attempt::Interrupted);
+            }
         }
     };
+    if frozen {
+        // The command exited just before it was stopped; what it left running in its group goes on.
+        signal_group(pgid, rustix::process::Signal::CONT);
+    }
     let stderr = stderr().await;
     let status = match status {
         Ok(s) => s,

@@ -10,29 +10,37 @@ use idem_core::{Held, ItemClaim};
 use idem_store::{Error as StoreError, Store};
 
 use super::Ctx;
+use super::consume::Room;
+use super::ledger::{self, Waiting};
 use super::stop::stopped;
 use crate::ItemError;
 use idem_store::LeaseKeeper;
-use idem_store::StoreExt;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
-/// keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost (taken over,
-/// or the ledger unreachable until it lapsed): the caller gives the claim back.
+/// keep every slot for longer than a lease). `Err` when the run is stopping or the lease was lost and could not
+/// be taken again (taken over, or the store unavailable past the limit): the caller gives the claim back.
 pub(super) async fn wait_for_slot<'a, S: Store>(
     ctx: &'a Ctx<S>,
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
 ) -> Result<tokio::sync::SemaphorePermit<'a>, ()> {
-    let permit = tokio::select! {
-        p = ctx.jobs.acquire() => p.map_err(|_| ())?,
-        _ = heartbeat.until_lost(held) => return Err(()),
+    let permit = loop {
+        tokio::select! {
+            p = ctx.jobs.acquire() => break p.map_err(|_| ())?,
+            // Lost while waiting (a store outage, this runner paused): kept if nobody took the item over.
+            _ = heartbeat.until_lost(held) => {
+                if !ledger::recover(ctx, held, heartbeat).await {
+                    return Err(());
+                }
+            }
+        }
     };
     if ctx.stopping() {
         return Err(());
     }
     // The fence before the command starts: a lease set more than a third of its length ago is renewed first,
     // so a runner that was taken over meanwhile never starts the command.
-    if !heartbeat.fence(held).await {
+    if !ledger::fence(ctx, held, heartbeat).await {
         return Err(());
     }
     Ok(permit)
@@ -41,16 +49,21 @@ pub(super) async fn wait_for_slot<'a, S: Store>(
 /// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
 /// started is given back with [`Held::interrupted`] instead.)
 pub(super) async fn unclaim<S: Store>(ctx: &Ctx<S>, held: &Held) -> Result<(), StoreError> {
-    ctx.store.apply(held.unclaim()).await?;
-    ctx.store.apply(held.release()).await.map(|_| ())
+    ledger::apply(ctx, Waiting::Unstarted, held.unclaim()).await?;
+    ledger::apply(ctx, Waiting::Unstarted, held.release()).await.map(|_| ())
 }
 
 /// Another runner holds the item: counts this one as waiting (once) and pauses a quarter lease (0.1..=2 s)
-/// before the item is judged again. True when the run was interrupted meanwhile.
-pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool) -> bool {
+/// before the item is judged again. From a queue, its message is set aside meanwhile ([`Room::set_aside`]):
+/// redeliveries of a killed consumer's messages, whose items its leases still hold, must not fill every place
+/// the run has for messages while others could run. True when the run was interrupted meanwhile.
+pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool, room: Option<&mut Room>) -> bool {
     if !*waiting {
         *waiting = true;
         ctx.counters.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(room) = room {
+        room.set_aside();
     }
     let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
     let mut stop = ctx.stop.subscribe();
@@ -80,21 +93,21 @@ pub(super) enum Claimed {
     Changed,
 }
 
-/// Claims an item: its lease, then its entry (each conditional on what the judgement read).
+/// Claims an item: its lease, then its entry (each conditional on what the judgement read). While the store is
+/// unavailable the claim waits for it ([`ledger::apply`]): nothing new is claimed during an outage.
 pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Claimed, ItemError> {
-    let lease_sent = Instant::now();
-    let lease_gen = match ctx.store.apply(claim.lease_write()).await {
-        Ok(Some(g)) => g,
-        Ok(None) => return Err(ItemError::NoGeneration),
+    let (lease_gen, lease_sent) = match ledger::apply_sent(ctx, Waiting::Unstarted, claim.lease_write()).await {
+        Ok((Some(g), sent)) => (g, sent),
+        Ok((None, _)) => return Err(ItemError::NoGeneration),
         Err(e) if e.is_precondition_failed() => return Ok(Claimed::Refused),
         Err(e) => return Err(ItemError::LedgerWrite(e)),
     };
-    let entry_gen = match ctx.store.apply(claim.entry_write()).await {
+    let entry_gen = match ledger::apply(ctx, Waiting::Unstarted, claim.entry_write()).await {
         Ok(Some(g)) => g,
         Ok(None) => return Err(ItemError::NoGeneration),
         Err(e) => {
             // Someone changed the entry between our read and our claim: give the lease back, judge again.
-            let _ = ctx.store.apply(claim.lease_release(lease_gen)).await;
+            let _ = ledger::apply(ctx, Waiting::Unstarted, claim.lease_release(lease_gen)).await;
             if e.is_precondition_failed() {
                 return Ok(Claimed::Changed);
             }

@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_store::Store;
@@ -24,6 +25,55 @@ use super::{Ctx, ItemTask};
 use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source, SourceConfig};
 use crate::{Error, Item, ItemError, Summary};
 
+/// The place one message takes among those the run holds (a permit of the feeder's room), until its task
+/// ends or it is set aside.
+pub(crate) struct Room {
+    permit: Option<OwnedSemaphorePermit>,
+    aside: Arc<Aside>,
+    /// Counted in `aside.count` (given back on drop).
+    counted: bool,
+}
+
+/// Messages set aside: held (not yet acknowledged) while another runner holds their items, without taking
+/// room; at most [`Aside::cap`] at once.
+pub(crate) struct Aside {
+    count: AtomicUsize,
+    cap: usize,
+    /// Wakes the feeder, which raises the broker's prefetch by the count.
+    changed: tokio::sync::Notify,
+}
+
+impl Room {
+    /// The item's holder is another runner, and this message waits for it to finish or its lease to lapse (a
+    /// killed consumer's messages are redelivered at once, their items still leased by the dead runner): it
+    /// gives its room to another message, and the broker is asked to deliver one more (AMQP: the prefetch is
+    /// raised by the messages set aside), so waiting messages do not hold up the rest. Up to [`Aside::cap`];
+    /// past that a waiting message keeps its room.
+    pub(crate) fn set_aside(&mut self) {
+        if self.counted {
+            return;
+        }
+        let taken = self
+            .aside
+            .count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.aside.cap).then_some(n + 1));
+        if taken.is_ok() {
+            self.counted = true;
+            self.permit = None;
+            self.aside.changed.notify_one();
+        }
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        if self.counted {
+            self.aside.count.fetch_sub(1, Ordering::SeqCst);
+            self.aside.changed.notify_one();
+        }
+    }
+}
+
 /// What the feeder hands the run.
 enum Fed {
     /// A message, with the room it takes until its task ends.
@@ -35,7 +85,9 @@ enum Fed {
 /// How a message is settled once its item ended.
 pub(super) fn disposition(result: &Result<Final, ItemError>) -> Disposition {
     match result {
-        Ok(Final::Done { .. } | Final::Skipped { .. } | Final::Adopted { .. }) => Disposition::Ack,
+        Ok(Final::Done { .. } | Final::Skipped { .. } | Final::Adopted { .. } | Final::DoneElsewhere { .. }) => {
+            Disposition::Ack
+        }
         Ok(Final::Poison { .. } | Final::Failed { .. } | Final::Malformed { .. }) => Disposition::DeadLetter,
         Ok(Final::NotDone { .. } | Final::WouldRun | Final::Error { .. }) | Err(_) => Disposition::Requeue,
     }
@@ -51,23 +103,38 @@ async fn feed(
     mut source: Source,
     room: Arc<Semaphore>,
     limit: usize,
+    aside: Arc<Aside>,
     tx: mpsc::Sender<Fed>,
     mut shutdown: oneshot::Receiver<()>,
 ) -> Source {
     let mut permit = None;
+    let mut prefetch = limit;
     loop {
         let held = match permit.take() {
             Some(p) => p,
             None => tokio::select! {
                 p = Arc::clone(&room).acquire_owned() => match p { Ok(p) => p, Err(_) => return source },
+                // A message set aside (or back from aside): the prefetch follows.
+                () = aside.changed.notified() => {
+                    prefetch = follow_aside(&mut source, limit, &aside, prefetch).await;
+                    continue;
+                }
                 _ = &mut shutdown => return source,
             },
         };
+        prefetch = follow_aside(&mut source, limit, &aside, prefetch).await;
         let free = room.available_permits() + 1;
-        // Nothing of the run in flight (every permit free but this one): an empty queue means drained.
-        let idle = free == limit;
+        // Nothing of the run in flight (every permit free but this one, none set aside): an empty queue means
+        // drained.
+        let idle = free == limit && aside.count.load(Ordering::SeqCst) == 0;
         let next = tokio::select! {
             next = source.next(free, idle) => next,
+            // A message set aside while this waits for a delivery: the broker may be waiting for a raised
+            // prefetch to deliver one.
+            () = aside.changed.notified() => {
+                permit = Some(held);
+                continue;
+            }
             _ = &mut shutdown => return source,
         };
         let fed = match next {
@@ -86,6 +153,16 @@ async fn feed(
     }
 }
 
+/// Sets the broker's prefetch to `limit` plus the messages set aside, if that changed from `current`; returns
+/// the prefetch now.
+async fn follow_aside(source: &mut Source, limit: usize, aside: &Aside, current: usize) -> usize {
+    let want = limit + aside.count.load(Ordering::SeqCst);
+    if want != current {
+        source.set_prefetch(want).await;
+    }
+    want
+}
+
 /// Runs `work`, telling the broker every `every` that the message is still being worked on.
 async fn keeping_alive<T>(work: impl Future<Output = T>, ack: &Ack, every: Option<Duration>) -> T {
     let Some(every) = every else { return work.await };
@@ -99,11 +176,11 @@ async fn keeping_alive<T>(work: impl Future<Output = T>, ack: &Ack, every: Optio
 }
 
 /// One message's task: its item run to its end, then the message settled.
-async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64) -> ItemTask {
+async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64, room: Room) -> ItemTask {
     let Delivery { item, ack, keep_alive } = delivery;
     let (item, result) = match item {
         Ok(item) => {
-            let result = keeping_alive(process(&ctx, &item, None), &ack, keep_alive).await;
+            let result = keeping_alive(process(&ctx, &item, None, Some(room)), &ack, keep_alive).await;
             (item, result)
         }
         Err(reason) => {
@@ -142,9 +219,15 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
         None => Source::connect(url, SourceConfig::of(&ctx.cfg)).await?,
     };
     let room = Arc::new(Semaphore::new(limit));
+    // Up to eight times the run's own room of messages set aside: a few killed consumers' worth.
+    let aside = Arc::new(Aside {
+        count: AtomicUsize::new(0),
+        cap: limit.saturating_mul(8),
+        changed: tokio::sync::Notify::new(),
+    });
     let (tx, mut rx) = mpsc::channel(limit);
     let (shutdown, shutdown_rx) = oneshot::channel();
-    let feeder = tokio::spawn(feed(source, Arc::clone(&room), limit, tx, shutdown_rx));
+    let feeder = tokio::spawn(feed(source, Arc::clone(&room), limit, Arc::clone(&aside), tx, shutdown_rx));
     let mut stop = ctx.stop.subscribe();
     let mut taken = 0u64;
     while !ctx.stopping() {
@@ -156,10 +239,8 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
                 Some(Fed::Message(delivery, permit)) => {
                     taken += 1;
                     let ctx = Arc::clone(ctx);
-                    set.spawn(async move {
-                        let _room = permit;
-                        handle(ctx, delivery, taken).await
-                    });
+                    let room = Room { permit: Some(permit), aside: Arc::clone(&aside), counted: false };
+                    set.spawn(handle(ctx, delivery, taken, room));
                 }
                 Some(Fed::Drained) | None => break,
             },

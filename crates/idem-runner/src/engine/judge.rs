@@ -7,13 +7,13 @@ use std::path::Path;
 use idem_core::{Entry, ItemKeys, Plan};
 use idem_store::Store;
 
+use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{ItemRun, Prefetched, Step};
 use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
 use crate::output::{self, Digest256, Invalid};
 use crate::{Item, ItemError};
-use idem_store::StoreExt;
 
 /// Items judged together: one ledger read and one trip to the blocking pool per chunk.
 pub(super) const CHUNK: usize = 128;
@@ -43,10 +43,16 @@ async fn check_done<S: Store>(
         .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
             // An entry recorded for another text is judged one by one, where it is said (or refused).
             Entry::Done { item_sha256: Some(recorded), .. } if recorded != crate::items::text_sha256(&item.raw) => None,
+            // Done on another host: judged one by one, where it is counted as such.
+            Entry::Done { owner, .. } if elsewhere(ctx, &owner).is_some() => None,
             Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_path(&item.id), Digest256 { sha256, size })),
             _ => None,
         })
         .collect();
+    if !ctx.cfg.has_output() {
+        // No file to look at: recorded done is done.
+        return checks.into_iter().map(|c| c.map(|(_, digest)| digest)).collect();
+    }
     if checks.iter().all(Option::is_none) {
         return none();
     }
@@ -61,6 +67,16 @@ async fn check_done<S: Store>(
     })
     .await
     .unwrap_or_else(|_| none())
+}
+
+/// The host that recorded a done entry of `owner`, when it is not this one and its outputs are not required
+/// here (`--require-local-output`): its output is on that host, which alone verifies it.
+fn elsewhere<S>(ctx: &Ctx<S>, owner: &str) -> Option<String> {
+    if ctx.cfg.require_local_output {
+        return None;
+    }
+    let (theirs, ours) = (super::owner_host(owner)?, super::owner_host(&ctx.owner)?);
+    (theirs != ours).then(|| theirs.to_owned())
 }
 
 /// Why a dry run would execute an item, or `None` when it would not.
@@ -103,6 +119,14 @@ async fn output_state<S: Store>(
     plan: &Plan,
     output: &Path,
 ) -> Result<Option<Result<Digest256, Invalid>>, ItemError> {
+    if !ctx.cfg.has_output() {
+        // Without output files, done is what the ledger recorded and nothing is adopted: a new item runs.
+        return Ok(match plan {
+            Plan::New => Some(Err(Invalid::Missing)),
+            Plan::CheckDone { sha256, size } => Some(Ok(Digest256 { sha256: sha256.clone(), size: *size })),
+            _ => None,
+        });
+    }
     Ok(match plan {
         Plan::New => {
             let (path, checks) = (output.to_owned(), ctx.checks.clone());
@@ -161,7 +185,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
     let (item, keys) = (run.item, &run.keys);
     let read = match run.prefetched.take() {
         Some(read) => read,
-        None => ctx.store.get(keys.entry()).await.map_err(ItemError::LedgerRead)?,
+        None => ledger::get(ctx, Waiting::Unstarted, keys.entry()).await.map_err(ItemError::LedgerRead)?,
     };
     let (generation, entry) = match read {
         Some(v) => {
@@ -177,12 +201,18 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         return Ok(Step::End(fin));
     }
     let plan = idem_core::plan(entry.as_ref(), ctx.limit);
+    if let Some(Entry::Done { owner, sha256, size, .. }) = &entry
+        && let Some(host) = elsewhere(ctx, owner)
+    {
+        // Recorded done by another host: its output is there (not on this disk), so it is not looked for here.
+        return Ok(Step::End(Final::DoneElsewhere { host, digest: Digest256 { sha256: sha256.clone(), size: *size } }));
+    }
     // Its last allowed attempt may still be running in another runner: "out of attempts" only once that
     // runner's lease is gone (it crashed), else wait for its result like any held item.
     if matches!(plan, Plan::Exhausted { .. })
         && matches!(entry, Some(Entry::Running { .. }))
         && !ctx.cfg.dry_run
-        && ctx.store.get(keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some()
+        && ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some()
     {
         return Ok(Step::WaitForHolder);
     }
@@ -191,7 +221,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         let unit = out_state.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone));
         // A running entry is only held while its lease lives: a crashed or interrupted holder's is not.
         let held = matches!(entry, Some(Entry::Running { .. }))
-            && ctx.store.get(keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some();
+            && ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some();
         if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(())), held) {
             if let Ok(mut out) = ctx.dry_out.lock() {
                 let _ = writeln!(out, "{}\t{}", item.id, reason);
@@ -209,7 +239,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             }
             // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
             let write = idem_core::adopt(keys, &digest.sha256, digest.size, now_ms(), Some(&run.text_sha256));
-            match ctx.store.apply(write).await {
+            match ledger::apply(ctx, Waiting::Unstarted, write).await {
                 Ok(_) => Final::Adopted { digest },
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
                 Err(e) => return Err(ItemError::LedgerWrite(e)),
@@ -265,6 +295,7 @@ mod tests {
             text_sha256: crate::items::text_sha256(&item.raw),
             text_warned: false,
             permit: None,
+            room: None,
         };
         judge(ctx, &mut run).await.expect("the memory store answers")
     }

@@ -51,7 +51,7 @@ fn read_stream(ctx: &Ctx<impl Store>) -> mpsc::Receiver<Result<Item, Error>> {
         let mut seen: HashSet<u64> = HashSet::new();
         for item in reader {
             let item = item.and_then(|item| {
-                let output = cfg.output_path(&item.id);
+                let output = cfg.unique_path(&item.id);
                 if seen.insert(output_hash(&output)) {
                     Ok(item)
                 } else {
@@ -161,7 +161,7 @@ pub(super) async fn run_lines<S: Store + Clone>(
             }
             let ctx = ctx.clone();
             set.spawn(async move {
-                let result = process(&ctx, &item, prefetched).await;
+                let result = process(&ctx, &item, prefetched, None).await;
                 (item, result)
             });
         }

@@ -11,6 +11,7 @@ mod attempt;
 mod claim;
 mod consume;
 mod judge;
+mod ledger;
 mod lines;
 mod outcome;
 mod process;
@@ -36,13 +37,15 @@ use crate::output::{self, Checks};
 use crate::progress::{Counters, Progress};
 use crate::report::Report;
 use crate::watchdog::Watchdog;
-use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig, job_id};
+use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig};
 
 use outcome::{Final, record};
 pub(crate) use program::jobs_within_descriptor_limit;
 
-pub(crate) use program::check_program;
+pub(crate) use attempt::{Watched, kill_group};
+pub(crate) use program::owner_host;
 pub use program::owner_token;
+pub(crate) use program::{check_program, host_name};
 pub use stop::Stop;
 pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
 
@@ -53,7 +56,7 @@ pub(crate) struct Ctx<S> {
     store: S,
     /// The run's settings, checked ([`RunConfig::checked`]); `jobs` lowered to the open-file limit.
     cfg: RunConfig,
-    /// The job's name in the ledger keys ([`job_id`] of the output template).
+    /// The job's name in the ledger keys ([`RunConfig::job`]).
     job: String,
     /// This process start's owner token ([`owner_token`]): written in the entries it claims and in its
     /// temporary file names.
@@ -92,6 +95,8 @@ pub(crate) struct Ctx<S> {
     program: Option<PathBuf>,
     /// Set once a command could not start for want of descriptors or processes (warned about once).
     short_of_resources: AtomicBool,
+    /// The store's outages as the run rides them out; one outlasting `--store-outage-limit` ends the run.
+    outage: ledger::Outage,
 }
 
 impl<S> Ctx<S> {
@@ -106,7 +111,7 @@ impl<S> Ctx<S> {
         program: Option<PathBuf>,
     ) -> Self {
         Self {
-            job: job_id(&cfg.output),
+            job: cfg.job(),
             owner: owner_token(),
             limit: RetryLimit { max_attempts: cfg.retries.saturating_add(1) },
             checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
@@ -122,15 +127,17 @@ impl<S> Ctx<S> {
             watchdog,
             program,
             short_of_resources: AtomicBool::new(false),
+            outage: ledger::Outage::new(cfg.store_outage_limit),
             store,
             cfg,
             stop,
         }
     }
 
-    /// No new command may start: Ctrl-C was pressed, or a poison item halts the run.
+    /// No new command may start: Ctrl-C was pressed, a poison item halts the run, or the store was
+    /// unavailable for longer than `--store-outage-limit`.
     pub(crate) fn stopping(&self) -> bool {
-        self.stop.level() > 0 || self.halt.load(Ordering::SeqCst)
+        self.stop.level() > 0 || self.halt.load(Ordering::SeqCst) || self.outage.exceeded()
     }
 }
 
@@ -159,7 +166,7 @@ pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
         let item = item?;
         total += 1;
-        let output = cfg.output_path(&item.id);
+        let output = cfg.unique_path(&item.id);
         // 128 bits of SHA-256 per path instead of the path itself keeps a million items in ~40 MiB; two paths
         // colliding by chance is far less likely than a disk error.
         let digest = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
@@ -209,7 +216,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     let counters = Arc::new(Counters::default());
     let known = (!cfg.streamed()).then_some(total);
     let progress = Progress::start(cfg.progress, known, counters.clone(), cfg.dry_run);
-    let watchdog = if cfg.dry_run { None } else { Watchdog::start() };
+    let watchdog = if cfg.dry_run { None } else { Watchdog::start(Some(crate::watchdog::quiet_for(cfg.lease))) };
     let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog, program));
     let mut set = JoinSet::new();
     let mut summary = Summary {
@@ -217,6 +224,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
         dry_run: ctx.cfg.dry_run,
         retries: ctx.cfg.retries,
         output: ctx.cfg.output.clone(),
+        name: ctx.cfg.name.clone(),
         queue: ctx.cfg.queue.is_some(),
         ..Summary::default()
     };
@@ -235,6 +243,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     summary.not_done += total.saturating_sub(seen);
     summary.interrupted = ctx.stop.level() > 0;
     summary.halted = ctx.halt.load(Ordering::SeqCst);
+    summary.store_unavailable = ctx.outage.exceeded();
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     summary.elapsed = started.elapsed();

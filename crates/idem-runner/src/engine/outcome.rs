@@ -25,6 +25,11 @@ pub(super) enum Final {
     Adopted {
         digest: Digest256,
     },
+    /// Recorded done by another host, whose output only that host can see: not checked here.
+    DoneElsewhere {
+        host: String,
+        digest: Digest256,
+    },
     Failed {
         attempts: u32,
         error: String,
@@ -66,6 +71,7 @@ pub(super) fn record(
 
 pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &Item, fin: Final) -> Result<(), Error> {
     let c = &ctx.counters;
+    let mut host = None;
     let (status, attempts, error, digest, duration) = match &fin {
         Final::Done { attempts, digest, duration } => {
             summary.done += 1;
@@ -81,6 +87,13 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             summary.adopted += 1;
             c.skipped.fetch_add(1, Ordering::Relaxed);
             ("adopted", 0, None, Some(digest), None)
+        }
+        Final::DoneElsewhere { host: h, digest } => {
+            summary.done_elsewhere += 1;
+            *summary.elsewhere.entry(h.clone()).or_default() += 1;
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            host = Some(h.as_str());
+            ("done_elsewhere", 0, None, Some(digest), None)
         }
         Final::Failed { attempts, error } => {
             summary.failed += 1;
@@ -128,6 +141,7 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             sha256: digest.map(|d| d.sha256.as_str()),
             duration_ms: duration.map(|d| d.as_millis() as u64),
             output: &output.display().to_string(),
+            host,
         })?;
     }
     Ok(())

@@ -9,9 +9,10 @@ use idem_store::{Generation, Store};
 
 use super::attempt::attempt;
 use super::claim::{Claimed, claim, unclaim, wait_for_holder, wait_for_slot};
+use super::consume::Room;
 use super::judge::judge;
 use super::outcome::Final;
-use super::settle::record_attempt;
+use super::settle::{adopt_unrecorded, record_attempt};
 use super::step::{ItemRun, Prefetched, Step};
 use super::{Ctx, now_ms};
 use crate::output;
@@ -19,7 +20,12 @@ use crate::{Item, ItemError};
 use idem_store::LeaseKeeper;
 
 /// Runs one item to its end in this run. `Err`: the ledger failed, which is not the item's doing.
-pub(super) async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, prefetched: Prefetched) -> Result<Final, ItemError> {
+pub(super) async fn process<S: Store>(
+    ctx: &Ctx<S>,
+    item: &Item,
+    prefetched: Prefetched,
+    room: Option<Room>,
+) -> Result<Final, ItemError> {
     let mut run = ItemRun {
         item,
         keys: ItemKeys::new(&ctx.job, &item.id),
@@ -29,24 +35,37 @@ pub(super) async fn process<S: Store>(ctx: &Ctx<S>, item: &Item, prefetched: Pre
         text_sha256: crate::items::text_sha256(&item.raw),
         text_warned: false,
         permit: None,
+        room,
     };
-    let mut step = Step::Judge;
-    // A ledger error ends the item at once (`?`), without the `waiting` count given back below.
-    let result = loop {
-        step = match step {
-            Step::Judge => judge(ctx, &mut run).await?,
-            Step::WaitForHolder => match wait_for_holder(ctx, &mut run.waiting).await {
-                true => Step::End(Final::NotDone { reason: "interrupted" }),
-                false => Step::Judge,
-            },
-            Step::Run(prev) => claim_and_run(ctx, &mut run, prev).await?,
-            Step::End(fin) => break fin,
-        };
-    };
+    let result = steps(ctx, &mut run).await;
     if run.waiting {
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
-    Ok(result)
+    match result {
+        // The store stayed unavailable past --store-outage-limit (or the operator stopped the wait for it): the
+        // item did not finish in this run, which is not its failure. Its attempts, if any ran, are in the ledger
+        // as they were, and a rerun goes on from there.
+        Err(e) if e.is_unavailable() => {
+            Ok(Final::NotDone { reason: if ctx.stop.level() > 0 { "interrupted" } else { "store_unavailable" } })
+        }
+        other => other,
+    }
+}
+
+/// The item's steps until it ends, or until the ledger fails (`Err`).
+async fn steps<'a, S: Store>(ctx: &'a Ctx<S>, run: &mut ItemRun<'a>) -> Result<Final, ItemError> {
+    let mut step = Step::Judge;
+    loop {
+        step = match step {
+            Step::Judge => judge(ctx, run).await?,
+            Step::WaitForHolder => match wait_for_holder(ctx, &mut run.waiting, run.room.as_mut()).await {
+                true => Step::End(Final::NotDone { reason: "interrupted" }),
+                false => Step::Judge,
+            },
+            Step::Run(prev) => claim_and_run(ctx, run, prev).await?,
+            Step::End(fin) => return Ok(fin),
+        };
+    }
 }
 
 /// Claims the item, waits for a slot, runs one attempt and records it.
@@ -88,7 +107,14 @@ async fn claim_and_run<'a, S: Store>(
         run.waiting = false;
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
-    let mut heartbeat = LeaseKeeper::new(&ctx.store, ctx.cfg.lease, lease_sent);
+    if let Some(previous) = &previous
+        && let Some(adopted) = adopt_unrecorded(ctx, &held, &run.output, previous).await
+    {
+        drop(ahead);
+        return adopted;
+    }
+    // A renewal unanswered when the lease lapses is waited for, not dropped (`ledger::recover`).
+    let mut heartbeat = LeaseKeeper::new(&ctx.store, ctx.cfg.lease, lease_sent).keeping_late_answers();
     if run.permit.is_none() {
         match wait_for_slot(ctx, &mut held, &mut heartbeat).await {
             Ok(p) => run.permit = Some(p),

@@ -7,10 +7,27 @@ use crate::Error;
 
 /// A token unique to this process start: host, process id and 32 random bits.
 pub fn owner_token() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}-{:08x}", host_name(), std::process::id(), rand::random::<u32>())
+}
+
+/// This machine's host name as the ledger records it (letters, digits and `-`, at most 32): `IDEM_HOST` when
+/// set (for machines whose host names are not unique, e.g. containers), else the kernel's host name, `host`
+/// when it cannot be read. A done entry names the host that recorded it: only that host can see its output.
+pub(crate) fn host_name() -> String {
+    let host = std::env::var("IDEM_HOST")
+        .ok()
+        .filter(|h| !h.trim().is_empty())
+        .unwrap_or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default());
     let host: String = host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
-    let host = if host.is_empty() { "host".to_owned() } else { host };
-    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+    if host.is_empty() { "host".to_owned() } else { host }
+}
+
+/// The host an owner token ([`owner_token`]) names; `None` for another owner (`adopted`).
+pub(crate) fn owner_host(owner: &str) -> Option<&str> {
+    let mut parts = owner.rsplitn(3, '-');
+    let (random, pid, host) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = random.len() == 8 && random.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && !host.is_empty()).then_some(host)
 }
 
 /// Looks a bare program name up in `PATH` once, as a shell does, instead of for every item: spawning by bare
@@ -88,6 +105,14 @@ pub(crate) fn jobs_within_descriptor_limit(jobs: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owner_token_names_its_host() {
+        assert_eq!(owner_host("web-1-4242-0a1b2c3d"), Some("web-1"));
+        assert_eq!(owner_host(&owner_token()), Some(host_name().as_str()));
+        assert_eq!(owner_host("adopted"), None);
+        assert_eq!(owner_host("a-b-c"), None);
+    }
 
     #[test]
     fn the_check_finds_a_bare_name_in_path_once_and_keeps_it() {

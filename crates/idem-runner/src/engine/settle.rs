@@ -10,6 +10,7 @@ use idem_core::{FailureVerdict, Held};
 use idem_store::Store;
 
 use super::claim::unclaim;
+use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{Attempt, Step, failed};
 use super::verify::verify_cmd;
@@ -17,7 +18,6 @@ use super::{Ctx, now_ms};
 use crate::output;
 use crate::{Item, ItemError, OnPoison};
 use idem_store::LeaseKeeper;
-use idem_store::StoreExt;
 
 /// Verifies the output the command wrote to `temp`, fsyncs it, and renames it to `output` behind the fence,
 /// with the lease renewed beside each step.
@@ -65,21 +65,17 @@ pub(super) async fn finish<S: Store>(
             return failed("cannot rename the output into place", e.into_bytes());
         }
     };
-    // `--verify` runs beside the heartbeat too; a lease lost meanwhile ends it (killed on drop).
+    // `--verify` runs beside the heartbeat too. It only reads the output, so a lease lost meanwhile (taken
+    // over, or lapsed in a store outage) lets it finish: the fence below decides whether the lease is ours again.
+    let verify = verify_cmd(ctx, temp);
+    tokio::pin!(verify);
     let verified = tokio::select! {
-        verified = verify_cmd(ctx, temp) => Some(verified),
-        _ = heartbeat.until_lost(held) => None,
+        verified = &mut verify => verified,
+        _ = heartbeat.until_lost(held) => verify.await,
     };
-    match verified {
-        Some(Ok(())) => {}
-        Some(Err((ending, stderr))) => {
-            let _ = tokio::fs::remove_file(temp).await;
-            return failed(ending, stderr);
-        }
-        None => {
-            let _ = tokio::fs::remove_file(temp).await;
-            return Attempt::Lost;
-        }
+    if let Err((ending, stderr)) = verified {
+        let _ = tokio::fs::remove_file(temp).await;
+        return failed(ending, stderr);
     }
     // The fence, checked right before the rename: the lease must have at least two thirds of its length left.
     // A lease set less than a third of its length ago certainly has (short commands need no extra write);
@@ -87,7 +83,7 @@ pub(super) async fn finish<S: Store>(
     // place. Only a pause of a whole lease between this check and the rename, a few instructions later, could
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
     // The planted bug "runner-fence" (idem-verify, debug builds only): the fence not checked.
-    if !idem_core::planted("runner-fence") && !heartbeat.fence(held).await {
+    if !idem_core::planted("runner-fence") && !ledger::fence(ctx, held, heartbeat).await {
         let _ = tokio::fs::remove_file(temp).await;
         return Attempt::Lost;
     }
@@ -125,27 +121,46 @@ pub(super) async fn record_attempt<S: Store>(
             let duration = started.elapsed();
             let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
             // Both fenced and independent, so they share one commit. If the done write is refused, giving
-            // back the lease is still right: it was ours until now.
-            let (done, _) = tokio::join!(ctx.store.apply(write), ctx.store.apply(held.release()));
+            // back the lease is still right: it was ours until now. In a store outage both wait for the store:
+            // the output is in place, and the done write is fenced on the claim's entry generation, not the
+            // lease, so it lands once the store is back unless someone took the item over.
+            let (done, _) = tokio::join!(
+                ledger::apply(ctx, Waiting::Started, write),
+                ledger::apply(ctx, Waiting::Started, held.release())
+            );
             match done {
                 Ok(_) => end(Final::Done { attempts: held.attempt(), digest, duration }),
                 Err(e) if e.is_precondition_failed() => {
                     tracing::warn!(item = %item.id, "taken over before recording done; judging again");
                     Ok(Step::Judge)
                 }
-                Err(e) => Err(ItemError::LedgerWrite(e)),
+                Err(e) => {
+                    if e.is_unavailable() && ctx.cfg.has_output() {
+                        // The run gave up waiting for the store: leave the digest beside the output, for the
+                        // next holder to record it done instead of running the item again.
+                        let output = ctx.cfg.output_path(&item.id);
+                        let note = output::unrecorded_path(&output, &ctx.owner, held.attempt());
+                        let noted = digest.clone();
+                        let written =
+                            tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
+                        if !matches!(written, Ok(Ok(()))) {
+                            tracing::warn!(item = %item.id, "cannot note the unrecorded output: it runs again");
+                        }
+                    }
+                    Err(ItemError::LedgerWrite(e))
+                }
             }
         }
         Attempt::Failed { ending, stderr, message } => {
             ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
             let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
             let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
-            match ctx.store.apply(write).await {
+            match ledger::apply(ctx, Waiting::Started, write).await {
                 Ok(_) => {}
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
                 Err(e) => return Err(ItemError::LedgerWrite(e)),
             }
-            let _ = ctx.store.apply(held.release()).await;
+            let _ = ledger::apply(ctx, Waiting::Started, held.release()).await;
             match verdict {
                 FailureVerdict::Retry => Ok(Step::Judge),
                 FailureVerdict::Poison => {
@@ -177,9 +192,51 @@ pub(super) async fn record_attempt<S: Store>(
             // failed for good). But the entry says it was interrupted rather than going back to what it was:
             // the command may have written the final path itself, and with no entry that file would be
             // adopted as done. A crash still counts its attempts: the item may be what crashes the runner.
-            let _ = ctx.store.apply(held.interrupted(now_ms())).await;
-            let _ = ctx.store.apply(held.release()).await;
+            let _ = ledger::apply(ctx, Waiting::Started, held.interrupted(now_ms())).await;
+            let _ = ledger::apply(ctx, Waiting::Started, held.release()).await;
             end(Final::NotDone { reason: "interrupted" })
         }
     }
+}
+
+/// Right after a claim over an attempt that ended unrecorded (its runner put the output in place, then gave up
+/// waiting for an unavailable store: [`output::unrecorded_path`]): if the output still has the digest noted,
+/// the item is recorded done without running, as adopted. `None` when there is no such note (or the output
+/// changed since, then the note is removed): the item runs.
+pub(super) async fn adopt_unrecorded<S: Store>(
+    ctx: &Ctx<S>,
+    held: &Held,
+    output: &Path,
+    previous: &(String, u32),
+) -> Option<Result<Step, ItemError>> {
+    if !ctx.cfg.has_output() {
+        // No output, no note: an attempt that ended unrecorded runs again (with the same IDEM_KEY).
+        return None;
+    }
+    let note = output::unrecorded_path(output, &previous.0, previous.1);
+    let (path, read) = (output.to_owned(), note.clone());
+    let digest = tokio::task::spawn_blocking(move || {
+        let digest = output::read_unrecorded(&read)?;
+        output::matches(&path, &digest).ok().map(|()| digest)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(digest) = digest else {
+        let _ = tokio::fs::remove_file(&note).await;
+        return None;
+    };
+    let write = held.done(&digest.sha256, digest.size, now_ms(), 0);
+    let (done, _) = tokio::join!(
+        ledger::apply(ctx, Waiting::Unstarted, write),
+        ledger::apply(ctx, Waiting::Unstarted, held.release())
+    );
+    Some(match done {
+        Ok(_) => {
+            let _ = tokio::fs::remove_file(&note).await;
+            Ok(Step::End(Final::Adopted { digest }))
+        }
+        Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
+        Err(e) => Err(ItemError::LedgerWrite(e)),
+    })
 }

@@ -7,6 +7,7 @@ use idem_core::{Entry, ItemKeys};
 use idem_store::Generation;
 use tokio::sync::SemaphorePermit;
 
+use super::consume::Room;
 use super::outcome::Final;
 use crate::Item;
 use crate::output::Digest256;
@@ -47,6 +48,9 @@ pub(super) struct ItemRun<'a> {
     pub(super) text_warned: bool,
     /// Its slot, kept across a retry, so a failing item is retried (and found poison) before others start.
     pub(super) permit: Option<SemaphorePermit<'a>>,
+    /// From a queue: the room its message takes among those the run holds, given up while another runner
+    /// holds the item ([`Room::set_aside`]).
+    pub(super) room: Option<Room>,
 }
 
 /// How one attempt ended.

@@ -13,13 +13,17 @@ pub enum RunStatus {
     Poison,
     /// Ctrl-C (or SIGTERM) stopped the run before every item was done.
     Interrupted,
+    /// The ledger store was unavailable for longer than `--store-outage-limit`: the run ended with items not
+    /// done (none of them failed for it); a rerun once the store is back finishes them.
+    StoreUnavailable,
     /// A stream held a bad item (malformed, or a repeated output path): the items before it ran, nothing
     /// after it was read.
     Refused,
 }
 
 impl RunStatus {
-    /// 0 all done, 1 failures, 2 a bad item in a stream (bad usage), 3 poison, 130 interrupted.
+    /// 0 all done, 1 failures, 2 a bad item in a stream (bad usage), 3 poison, 75 the store unavailable for too
+    /// long (`EX_TEMPFAIL` of sysexits.h: try again later), 130 interrupted.
     pub fn exit_code(self) -> i32 {
         match self {
             RunStatus::Refused => 2,
@@ -27,6 +31,7 @@ impl RunStatus {
             RunStatus::Failed => 1,
             RunStatus::Poison => 3,
             RunStatus::Interrupted => 130,
+            RunStatus::StoreUnavailable => 75,
         }
     }
 }
@@ -42,6 +47,10 @@ pub struct Summary {
     pub skipped: u64,
     /// Items whose verified output was found in place without a ledger entry and recorded as done.
     pub adopted: u64,
+    /// Items another host recorded done (their outputs are on that host; not checked here).
+    pub done_elsewhere: u64,
+    /// [`Summary::done_elsewhere`] by the host that recorded them.
+    pub elsewhere: std::collections::BTreeMap<String, u64>,
     /// Items that used every attempt without succeeding (or whose ledger writes failed).
     pub failed: u64,
     /// The items among `failed` that used every attempt they were allowed.
@@ -58,6 +67,8 @@ pub struct Summary {
     pub would_run: u64,
     /// A stop was requested.
     pub interrupted: bool,
+    /// The ledger store was unavailable for longer than `--store-outage-limit`, which ended the run.
+    pub store_unavailable: bool,
     /// A stop ended the reading of a stream before its end (its writer had not closed it, or items read were
     /// left): more items may have followed, so the run is interrupted even when every item read is done.
     pub stream_cut: bool,
@@ -67,8 +78,11 @@ pub struct Summary {
     pub elapsed: Duration,
     /// The run's `--retries`.
     pub retries: u32,
-    /// The run's output template, which names the job (`idem runs forget --output`).
+    /// The run's output template, which names the job when [`Summary::name`] does not (`idem runs forget
+    /// --output`).
     pub output: String,
+    /// The job's `--name`, if given (`idem runs forget --name`).
+    pub name: Option<String>,
     /// Why a stream's reading ended early: a malformed item or a repeated output path, one line.
     pub refused: Option<String>,
     /// The items came from a queue: a message that ended failed or poison was rejected (dead-lettered or
@@ -122,19 +136,29 @@ impl Summary {
     pub fn status(&self) -> RunStatus {
         if self.refused.is_some() {
             RunStatus::Refused
-        } else if self.interrupted
-            && (self.stream_cut || self.not_done > 0 || self.done + self.skipped + self.adopted < self.total)
-        {
+        } else if self.interrupted && (self.stream_cut || self.not_done > 0 || self.finished() < self.total) {
             RunStatus::Interrupted
+        } else if self.store_unavailable && (self.not_done > 0 || self.finished() < self.total) {
+            RunStatus::StoreUnavailable
         } else if !self.poison.is_empty() {
             RunStatus::Poison
         } else if self.dry_run {
             RunStatus::AllDone
-        } else if self.failed > 0 || self.not_done > 0 || self.done + self.skipped + self.adopted < self.total {
+        } else if self.failed > 0 || self.not_done > 0 || self.finished() < self.total {
             RunStatus::Failed
         } else {
             RunStatus::AllDone
         }
+    }
+
+    /// Items done by the end of the run: now, before, adopted, or on another host.
+    fn finished(&self) -> u64 {
+        self.done + self.skipped + self.adopted + self.done_elsewhere
+    }
+
+    /// The hosts that recorded items done elsewhere, with counts: `b: 3, c: 1`.
+    fn elsewhere_hosts(&self) -> String {
+        self.elsewhere.iter().map(|(h, n)| format!("{h}: {n}")).collect::<Vec<_>>().join(", ")
     }
 
     /// `idem runs forget` for this job and `ids` (all of them when `complete`, else the placeholder), quoted
@@ -147,6 +171,10 @@ impl Summary {
             // Too many to list, or one no shell word can carry (a NUL): the ids are in the report.
             _ => "ID…".to_owned(),
         };
+        if let Some(name) = &self.name {
+            // Names are plain words: no quoting needed.
+            return format!("idem runs forget --name {name} {ids}");
+        }
         let output = quote(&self.output).unwrap_or_else(|_| "…".to_owned());
         format!("idem runs forget --output {output} {ids}")
     }
@@ -161,7 +189,7 @@ impl Summary {
                 self.total,
                 self.would_run,
                 self.adopted,
-                self.skipped,
+                self.skipped + self.done_elsewhere,
                 self.poison.len(),
                 self.failed
             ));
@@ -169,7 +197,7 @@ impl Summary {
         }
         if self.queue && self.total == 0 {
             s.push_str("nothing to do: the queue was empty\n");
-        } else if self.executions == 0 && self.done + self.skipped + self.adopted == self.total {
+        } else if self.executions == 0 && self.finished() == self.total {
             s.push_str(&format!(
                 "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
                 self.total, self.adopted
@@ -188,6 +216,14 @@ impl Summary {
             self.not_done,
             self.executions
         ));
+        if self.done_elsewhere > 0 {
+            s.push_str(&format!(
+                "{} done elsewhere ({}): recorded done by another host, whose outputs are there (not checked \
+                 here; --require-local-output runs them here too)\n",
+                self.done_elsewhere,
+                self.elsewhere_hosts()
+            ));
+        }
         let failed = &self.out_of_attempts;
         for FailedItem { id, attempts, error, .. } in &failed.first {
             let plural = if *attempts == 1 { "" } else { "s" };
@@ -248,6 +284,12 @@ impl Summary {
         if let Some(why) = &self.refused {
             s.push_str(&format!("stopped reading the items: {why}; the items before it ran\n"));
         }
+        if self.store_unavailable && self.not_done > 0 {
+            s.push_str(&format!(
+                "the ledger store was unavailable for longer than --store-outage-limit, leaving {} items not done                  (none failed for it): run it again once the store is back\n",
+                self.not_done
+            ));
+        }
         if self.halted && self.not_done > 0 {
             s.push_str(&format!(
                 "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
@@ -265,6 +307,7 @@ impl Summary {
                 RunStatus::Failed => "some items failed",
                 RunStatus::Poison => "poison items",
                 RunStatus::Interrupted => "interrupted",
+                RunStatus::StoreUnavailable => "the ledger store unavailable for too long",
                 RunStatus::Refused => "a bad item in the stream",
             }
         ));
@@ -314,12 +357,23 @@ mod tests {
         let refused =
             Summary { refused: Some("-:3: writes o/a, as an earlier item did".into()), ..interrupted.clone() };
         assert_eq!(refused.status(), RunStatus::Refused, "a bad item in a stream is bad usage, above all else");
-        let codes: Vec<i32> =
-            [RunStatus::AllDone, RunStatus::Failed, RunStatus::Refused, RunStatus::Poison, RunStatus::Interrupted]
-                .iter()
-                .map(|s| s.exit_code())
-                .collect();
-        assert_eq!(codes, [0, 1, 2, 3, 130]);
+        // An outage that ended the run comes before poison and failures: a rerun once the store is back goes on.
+        let outage = Summary { store_unavailable: true, not_done: 1, ..poison.clone() };
+        assert_eq!(outage.status(), RunStatus::StoreUnavailable);
+        assert_eq!(Summary { interrupted: true, ..outage.clone() }.status(), RunStatus::Interrupted);
+        assert_eq!(Summary { store_unavailable: true, ..all.clone() }.status(), RunStatus::AllDone);
+        let codes: Vec<i32> = [
+            RunStatus::AllDone,
+            RunStatus::Failed,
+            RunStatus::Refused,
+            RunStatus::Poison,
+            RunStatus::StoreUnavailable,
+            RunStatus::Interrupted,
+        ]
+        .iter()
+        .map(|s| s.exit_code())
+        .collect();
+        assert_eq!(codes, [0, 1, 2, 3, 75, 130]);
     }
 
     #[test]

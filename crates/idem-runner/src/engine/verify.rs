@@ -6,6 +6,33 @@ use std::process::Stdio;
 use super::Ctx;
 use super::step::describe;
 
+/// Quoted for the shell: ids and keys are built from item text, which must never run as code.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// Runs `--check` for an item (`{id}` and `{key}` substituted, quoted; `IDEM_ITEM_ID` and `IDEM_KEY` in its
+/// environment): `Ok` when it exited 0 (the item's effect is there), `Err` with the ending and standard error
+/// otherwise (or when `sh` cannot start).
+pub(super) async fn check_cmd<S>(ctx: &Ctx<S>, id: &str, key: &str) -> Result<(), (String, Vec<u8>)> {
+    let Some(script) = &ctx.cfg.check else { return Ok(()) };
+    let script = script.replace("{id}", &quote(id)).replace("{key}", &quote(key));
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("IDEM_ITEM_ID", id)
+        .env("IDEM_KEY", key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ("check: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
+    if out.status.success() { Ok(()) } else { Err((format!("check {}", describe(out.status)), out.stderr)) }
+}
+
 /// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.
 pub(super) async fn verify_cmd<S>(ctx: &Ctx<S>, path: &Path) -> Result<(), (String, Vec<u8>)> {
     let Some(script) = &ctx.cfg.verify else { return Ok(()) };

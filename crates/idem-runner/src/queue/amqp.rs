@@ -12,6 +12,11 @@ use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
 use crate::Error;
 use crate::items::parse_item;
 
+/// The prefetch is the channel's (`global`: RabbitMQ's per-channel limit), not the consumer's: RabbitMQ fixes a
+/// consumer's limit when it starts consuming, while a channel's may be raised at any time, which the run does
+/// for messages set aside (see `engine/consume.rs`). The channel has this one consumer, so the two are the same.
+const QOS: BasicQosOptions = BasicQosOptions { global: true };
+
 /// How long a consumer with nothing in flight waits for a delivery before asking whether the queue is
 /// drained (`--until-empty`).
 const IDLE: Duration = Duration::from_millis(250);
@@ -31,6 +36,8 @@ pub(crate) struct Consumer {
     cancelled: bool,
     /// Messages received so far (the items' numbers).
     received: u64,
+    /// The prefetch asked for: `cfg.prefetch`, raised by the messages set aside.
+    prefetch: usize,
 }
 
 impl Consumer {
@@ -39,10 +46,11 @@ impl Consumer {
             shown: shown.redacted(),
             url: url.to_owned(),
             queue: queue.to_owned(),
-            cfg,
             live: None,
             cancelled: false,
             received: 0,
+            prefetch: cfg.prefetch,
+            cfg,
         };
         let mut attempt = 0;
         let live = loop {
@@ -71,12 +79,23 @@ impl Consumer {
         let props = ConnectionProperties::default().with_connection_name(format!("idem run {}", self.queue).into());
         let conn = Connection::connect(&self.url, props).await?;
         let channel = conn.create_channel().await?;
-        let prefetch = u16::try_from(self.cfg.prefetch).unwrap_or(u16::MAX);
-        channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+        let prefetch = u16::try_from(self.prefetch).unwrap_or(u16::MAX);
+        channel.basic_qos(prefetch, QOS).await?;
         let consumer = channel
             .basic_consume(self.queue.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
             .await?;
         Ok((conn, channel, consumer))
+    }
+
+    /// Sets the channel's prefetch (`basic.qos`) to `prefetch`, and that of every reconnect.
+    pub(super) async fn set_prefetch(&mut self, prefetch: usize) {
+        self.prefetch = prefetch;
+        if let Some((_, channel, _)) = &self.live {
+            let n = u16::try_from(prefetch).unwrap_or(u16::MAX);
+            if let Err(e) = channel.basic_qos(n, QOS).await {
+                tracing::debug!("setting the prefetch of {} to {prefetch} failed: {e}", self.shown);
+            }
+        }
     }
 
     /// Reconnects until it succeeds, pausing with backoff between attempts; logs each outcome.

@@ -9,6 +9,7 @@ mod nats;
 
 use std::time::Duration;
 
+use idem_core::redact_url as redact;
 use percent_encoding::percent_decode_str;
 
 use crate::{Error, Item, ItemFormat};
@@ -122,20 +123,6 @@ pub(crate) fn host_port(url: &str, default_port: u16) -> String {
     match host.rsplit_once(':') {
         Some((_, port)) if !port.contains(']') => host.to_owned(),
         _ => format!("{host}:{default_port}"),
-    }
-}
-
-/// `scheme://user:***@host…`: the password of a URL hidden.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 
@@ -284,6 +271,15 @@ impl Source {
         match self {
             Source::Amqp(c) => c.next(idle).await,
             Source::Nats(c) => c.next(room, idle).await,
+        }
+    }
+
+    /// Asks the broker to deliver up to `prefetch` messages unacknowledged (AMQP `basic.qos`; kept for the
+    /// reconnects). Nothing for JetStream, whose pulls ask for what the run has room for. A failure is left to
+    /// the next delivery, which finds the connection gone and reconnects.
+    pub(crate) async fn set_prefetch(&mut self, prefetch: usize) {
+        if let Source::Amqp(c) = self {
+            c.set_prefetch(prefetch).await;
         }
     }
 

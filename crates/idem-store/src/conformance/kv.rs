@@ -245,3 +245,34 @@ pub async fn list_pages_while_writing<S: Store + Clone>(s: &S) {
     assert_eq!(missing, 0, "{missing} stable keys missing from the listing");
     assert_eq!(got.len(), 300);
 }
+
+/// [`Store::now`] is the clock the store judges expiry by: a TTL counts from it (the expiry a write reports
+/// lies between the clock read before and after the write, plus the TTL), a value reads absent once that
+/// clock has passed its expiry, and the clock does not go back between two reads.
+pub async fn clock_judges_expiry<S: Store>(s: &S) {
+    let p = prefix("clock");
+    let k = format!("{p}k");
+    // Expiry instants are kept to the millisecond (Redis, SQLite, memory): allow that rounding either way.
+    let ms = Duration::from_millis(1);
+    let before = s.now().await.unwrap();
+    ok_put(s, &k, "v", Precondition::Absent, Ttl::After(Duration::from_secs(1))).await;
+    let after = s.now().await.unwrap();
+    assert!(after + ms >= before, "the store's clock went back: {before:?} then {after:?}");
+    let expires = s.get(&k).await.unwrap().unwrap().expires_at().expect("an expiry");
+    let ttl = Duration::from_secs(1);
+    assert!(
+        expires + ms >= before + ttl && expires <= after + ttl + ms,
+        "expiry {expires:?} is not the store's clock ({before:?}..{after:?}) plus 1 s"
+    );
+    // Once the store's clock has passed the expiry, the value is gone for every reader.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = s.now().await.unwrap();
+        if now > expires + ms {
+            assert!(s.get(&k).await.unwrap().is_none(), "the store's clock ({now:?}) is past the expiry {expires:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the store's clock did not reach the expiry within 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -29,7 +29,7 @@ macro_rules! conformance_tests {
             ttl_keep_and_clear, list_pages_while_writing, update_under_contention, raw_cas_under_contention, counter_dedupe_under_contention,
             set_changes_under_contention, limits_refuse_bad_input, matches_btreemap_model, get_many_matches_get,
             counter_dedupe_refuses_another_delta, set_dedupe_replays_and_refuses, dedupe_reuse_under_contention,
-            refusals_carry_the_generation_that_refused);
+            refusals_carry_the_generation_that_refused, clock_judges_expiry);
     };
     (@each $make:expr; $($check:ident),*) => {
         $(
@@ -58,6 +58,9 @@ pub(super) async fn ok_put<S: Store>(s: &S, key: &str, v: &str, pre: Preconditio
 }
 
 mod contention;
+mod failover;
+
+pub use failover::{FailoverTally, writes_through_failover};
 mod dedupe;
 mod kv;
 mod model;
@@ -71,7 +74,7 @@ pub use dedupe::{
     set_dedupe_replays_and_refuses,
 };
 pub use kv::{
-    expired_keys_read_absent, generations_never_reused, get_many_matches_get, list_pages_while_writing,
-    preconditions_on_delete, preconditions_on_put, ttl_keep_and_clear,
+    clock_judges_expiry, expired_keys_read_absent, generations_never_reused, get_many_matches_get,
+    list_pages_while_writing, preconditions_on_delete, preconditions_on_put, ttl_keep_and_clear,
 };
 pub use model::matches_btreemap_model;

@@ -22,7 +22,7 @@ type App = Idempotency<Inner, MemoryStore>;
 ///
 /// Paths: `/orders` answers 201 with `Location: /orders/N` and the body `order N: REQUEST BODY` (N counts
 /// executions), or 502 marked [`UpstreamFailure::NotSent`] while `down` is set; `/slow` does the same once
-/// `gate` gives it a permit; `/hang` never answers; `/big` answers 200 with 5000 bytes; `/error` fails.
+/// `gate` gives it a permit; `/hang` never answers; `/big` answers 200 with 5000 bytes; `/error` fails; `/panic` panics.
 struct Harness {
     executions: Arc<AtomicUsize>,
     gate: Arc<Semaphore>,
@@ -51,6 +51,7 @@ impl Harness {
                     "/hang" => std::future::pending::<()>().await,
                     "/big" => return Ok(Response::new(Body::from(vec![b'x'; 5000]))),
                     "/error" => return Err(std::io::Error::other("the inner service failed")),
+                    "/panic" => panic!("the inner service panicked on purpose"),
                     _ => {}
                 }
                 if down.load(Ordering::SeqCst) {
@@ -208,6 +209,34 @@ async fn an_inner_error_is_an_unknown_outcome_never_executed_again() {
     let (status, kind, _) = problem(send(&app, "/error", "k", "{}").await).await;
     assert_eq!((status, kind.as_str()), (StatusCode::BAD_GATEWAY, "urn:idem:problem:outcome-unknown"));
     assert_eq!(h.executions(), 1);
+}
+
+#[tokio::test]
+async fn a_panic_is_an_unknown_outcome_answered_500_and_never_executed_again() {
+    let h = Harness::new();
+    let app = h.app(layer());
+    let (status, kind, detail) = problem(send(&app, "/panic", "k", "{}").await).await;
+    assert_eq!((status, kind.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "urn:idem:problem:internal"));
+    assert!(detail.contains("will not be executed again"), "{detail}");
+    assert!(!detail.contains("on purpose"), "the panic message stays in the log: {detail}");
+    // Settled, not left in flight: a retry is told the outcome is unknown at once, and never executes.
+    let (status, kind, _) = problem(send(&app, "/panic", "k", "{}").await).await;
+    assert_eq!((status, kind.as_str()), (StatusCode::BAD_GATEWAY, "urn:idem:problem:outcome-unknown"));
+    assert_eq!(h.executions(), 1);
+    // The layer goes on serving.
+    assert_eq!(send(&app, "/orders", "k2", "{}").await.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_panic_under_release_unknown_releases_the_key() {
+    let h = Harness::new();
+    let app = h.app(layer().unknown_outcome(UnknownOutcome::Release));
+    let (status, _, detail) = problem(send(&app, "/panic", "k", "{}").await).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(detail.contains("released"), "{detail}");
+    let (status, _, _) = problem(send(&app, "/panic", "k", "{}").await).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(h.executions(), 2, "released: the retry executed");
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,12 +17,17 @@ use tower::{Layer, ServiceExt};
 
 use crate::upstream;
 
-/// A real store whose lease renewals (fenced puts of an in-progress record) are never answered while `stall`
-/// is set, the way they would not be behind a network partition or a paused store.
+/// A real store whose lease renewals by the first holder (fenced puts of the in-progress record it claimed) are
+/// never answered while `stall` is set, the way they would not be behind a network partition or a paused store.
+/// A takeover (a fenced put of another claim's record) goes through.
 fn stall_renewals(inner: SqliteStore, stall: Arc<AtomicBool>) -> FaultyStore<SqliteStore> {
+    let mut first: Option<bytes::Bytes> = None;
     FaultyStore::new(inner, move |op| {
-        let renewal = matches!(op.precondition, Some(Precondition::Generation(_)))
-            && op.value.is_some_and(|v| matches!(Record::decode(v), Ok(Record::InProgress { .. })));
+        let value = op.value.filter(|v| matches!(Record::decode(v), Ok(Record::InProgress { .. })))?;
+        if op.precondition == Some(Precondition::Absent) && first.is_none() {
+            first = Some(value.clone());
+        }
+        let renewal = matches!(op.precondition, Some(Precondition::Generation(_))) && first.as_ref() == Some(value);
         (renewal && stall.load(Ordering::SeqCst)).then_some(Fault::Hang)
     })
 }
@@ -58,10 +63,11 @@ async fn a_lapsed_lease_is_taken_over_and_the_late_completion_is_fenced_off() {
     // While the lease stands, a retry is told to wait.
     let busy = app.clone().oneshot(request("/slow/3000")).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
-    // Once the store expired the lease, the next retry takes the key over and executes (B).
+    // Once a retry has seen the record unchanged for a whole lease, the next one takes the key over and
+    // executes (B).
     let started = Instant::now();
     let second = loop {
-        assert!(started.elapsed() < Duration::from_secs(10), "the lease never lapsed");
+        assert!(started.elapsed() < Duration::from_secs(10), "the dead holder was never taken over");
         let attempt = tokio::spawn(app.clone().oneshot(request("/slow/3000")));
         tokio::time::sleep(Duration::from_millis(100)).await;
         if counts.executions() == 2 {

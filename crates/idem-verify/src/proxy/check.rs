@@ -1,5 +1,7 @@
 //! Checking the proxy workload against the upstream's execution log:
 //!
+//! - a reused-key probe (the key with another body) never executes: it is refused (422) whatever state the
+//!   record is in, also after its holder lost its lease;
 //! - every 2xx a client saw names an execution of its own key that the log holds exactly once;
 //! - every replay of a key names the same execution (a finished record never changes);
 //! - a key executes again only when a fault that can cost a holder its lease (a kill -9 or pause of a proxy, a
@@ -72,6 +74,13 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
                 ops: a.map(|a| vec![a.id]).unwrap_or_default(),
             });
         };
+        for e in execs.iter().filter(|e| e.reused) {
+            anomaly(
+                "reused key executed",
+                format!("execution {} ran a reused-key probe's body: the key was claimed by another request", e.exec),
+                None,
+            );
+        }
         for a in tries.iter().filter(|a| a.reused) {
             match (a.status, a.problem.as_deref()) {
                 (Some(422), Some(p)) if p.ends_with("idempotency-key-reused") => note("reused-key probes refused", 1),

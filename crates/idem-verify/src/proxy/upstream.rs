@@ -27,6 +27,9 @@ pub struct Execution {
     pub key: String,
     /// When it started.
     pub start_us: Micros,
+    /// The body was a reused-key probe's (another body under a key already answered): it must never execute.
+    #[serde(default)]
+    pub reused: bool,
 }
 
 struct Upstream {
@@ -71,17 +74,19 @@ pub async fn start(clock: Clock, log: &Path) -> Result<Running, Error> {
     Ok(Running { addr, log: log.to_owned(), task })
 }
 
-/// The request body: how long the execution takes.
+/// The request body: how long the execution takes, and whether it is a reused-key probe's.
 #[derive(Deserialize)]
 struct Order {
     delay_ms: u64,
+    #[serde(default)]
+    reused: bool,
 }
 
 async fn execute(State(up): State<Arc<Upstream>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let delay = serde_json::from_slice::<Order>(&body).map(|o| o.delay_ms).unwrap_or(0);
+    let (delay, reused) = serde_json::from_slice::<Order>(&body).map(|o| (o.delay_ms, o.reused)).unwrap_or((0, false));
     let exec = up.next.fetch_add(1, Ordering::SeqCst);
-    let line = Execution { exec, key: key.clone(), start_us: up.clock.now() };
+    let line = Execution { exec, key: key.clone(), start_us: up.clock.now(), reused };
     let logged = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         let mut file = up.log.lock().unwrap_or_else(|e| e.into_inner());
         let text = serde_json::to_string(&line).map_err(std::io::Error::other)?;

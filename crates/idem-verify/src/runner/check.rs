@@ -6,7 +6,11 @@
 //!   after it started (a paused runner's lease lapses and another takes the item over);
 //! - no output of a fenced-out holder: the fencing token found at the final path never goes down (a holder
 //!   taken over must not rename its output over its successor's), and the final file is the last holder's;
-//! - every runner that was not killed exited 0.
+//! - every runner that was not killed exited 0 (none is replaced, store outages included), and no item was
+//!   reported failed by any runner;
+//! - on a shared SQLite ledger, in all: executions at most items + runner pauses + executions cut short by a
+//!   kill of their own runner or a store outage (a pause must not multiply work: the others' renewals wait
+//!   for the paused runner's turn, they are not given up).
 
 use std::collections::BTreeMap;
 
@@ -24,6 +28,10 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
     let mut history: Vec<(Micros, serde_json::Value)> = Vec::new();
     let mut all_runs = Vec::new();
     let mut items = 0;
+    let (mut sqlite_executions, mut sqlite_items, mut sqlite_hard) = (0, 0, 0);
+    // Shown even when nothing exited: the figure must be 0.
+    notes.insert("runner exits".into(), 0);
+    notes.insert("items failed".into(), 0);
     for b in batches {
         let runs: Vec<ItemRun> = std::fs::read_to_string(&b.log)
             .unwrap_or_default()
@@ -44,22 +52,29 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             anomalies.push(Anomaly { kind: kind.into(), subject, detail, at_us, ops: Vec::new() });
         };
         for x in &b.exits {
-            // Exit 1 (items ended by a ledger that failed) and 2 (a ledger that cannot be opened) are documented:
-            // allowed when the store was restarted or its link broken while the runner ran.
-            let store_fault = faults
-                .iter()
-                .any(|f| !f.target.starts_with("idem run") && f.start_us <= x.end_us && f.end_us >= x.start_us);
-            match x.code {
-                Some(0) | None => {}
-                Some(c @ (1 | 2)) if store_fault => {
-                    *notes.entry(format!("runs ended by a ledger failure (exit {c})")).or_default() += 1
-                }
-                Some(c) => anomaly(
-                    "runner failed",
-                    x.label.clone(),
-                    format!("exited {c} (see its log in batch-{})", b.n),
+            // Every exit but 0 is a finding: a store outage within the limit, a pause or a fellow runner's kill
+            // must not end a runner (it is not replaced either, so the batch's other runners must finish).
+            // `None` is a kill by the nemesis (or by the batch limit, reported below).
+            if let Some(c) = x.code.filter(|c| *c != 0) {
+                *notes.entry("runner exits".into()).or_default() += 1;
+                anomaly("runner exited", x.label.clone(), format!("exited {c} (see its log in batch-{})", b.n), None);
+            }
+        }
+        // Each runner's report: its command never fails, so an item reported failed (above all one that never
+        // ran: a ledger write refused during a store outage) or given up for the store is a finding.
+        for (report, item) in reports(b) {
+            let status = item.get("status").and_then(|v| v.as_str()).unwrap_or_default();
+            if matches!(status, "failed" | "poison" | "store_unavailable") {
+                *notes.entry("items failed".into()).or_default() += 1;
+                let attempts = item.get("attempts").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                let id = item.get("id").and_then(|v| v.as_str()).unwrap_or_default();
+                let error = item.get("last_error").and_then(|v| v.as_str()).unwrap_or_default();
+                anomaly(
+                    "item failed",
+                    format!("batch {} item {id}", b.n),
+                    format!("{status} after {attempts} attempts ({error}) in {report}"),
                     None,
-                ),
+                );
             }
         }
         if b.timed_out {
@@ -139,7 +154,38 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
                 );
             }
         }
+        if shared_sqlite {
+            let hard = |r: &ItemRun| {
+                let end = at(r) + r.id.parse::<u64>().unwrap_or(0) * 1000 + 2_000_000;
+                faults.iter().any(|f| {
+                    let relevant = (f.kind == "kill9" && f.target.ends_with(&format!("(pid {})", r.runner)))
+                        || !f.target.starts_with("idem run");
+                    relevant && f.end_us >= at(r) && f.start_us <= end
+                })
+            };
+            sqlite_executions += runs.len();
+            sqlite_items += b.items.len();
+            sqlite_hard += runs.iter().filter(|r| hard(r)).count();
+        }
         all_runs.push((b.n, runs, wall0));
+    }
+    if opts.backend == crate::Backend::Sqlite {
+        let pauses = faults.iter().filter(|f| f.kind == "pause").count();
+        let bound = sqlite_items + pauses + sqlite_hard;
+        notes.insert("executions over items".into(), sqlite_executions.saturating_sub(sqlite_items) as u64);
+        if sqlite_executions > bound {
+            anomalies.push(Anomaly {
+                kind: "pauses multiplied work".into(),
+                subject: "the shared SQLite ledger".into(),
+                detail: format!(
+                    "{sqlite_executions} executions for {sqlite_items} items under {pauses} pauses; the bound is \
+                     {bound} (items + pauses + {sqlite_hard} executions cut short by a kill of their runner or a \
+                     store outage)"
+                ),
+                at_us: None,
+                ops: Vec::new(),
+            });
+        }
     }
     let path = opts.out.join("history.jsonl");
     if let Err(e) = crate::history::write_jsonl(&path, &history, &faults) {
@@ -162,6 +208,31 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         history: path,
         failure_page,
     }
+}
+
+/// Every item line of every runner report of batch `b` (`report-*.json` beside its `out` directory), with the
+/// report's file name. A report is written item by item, one JSON object a line, so a killed runner's partial
+/// report still yields the items it finished.
+fn reports(b: &Batch) -> Vec<(String, serde_json::Value)> {
+    let Some(dir) = b.out.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("report-") && name.ends_with(".json")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        for line in text.lines() {
+            let line = line.trim_end_matches(',');
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(line)
+                && v.get("status").is_some()
+            {
+                found.push((name.clone(), v));
+            }
+        }
+    }
+    found
 }
 
 fn page(

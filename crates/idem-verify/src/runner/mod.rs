@@ -1,7 +1,8 @@
 //! The runner workload: overlapping `idem run` processes on one item list, sharing a ledger (an SQLite file, or
 //! the PostgreSQL or Redis server), each item's command logging its execution; the nemesis pauses runners
-//! beyond the lease and kills them (a killed runner is replaced), and on PostgreSQL and Redis restarts the
-//! server and breaks the link. A watcher reads the final outputs as they appear. Batch after batch (a fresh job
+//! beyond the lease and kills them (a killed runner is replaced; one that exits is not: its exit is a
+//! finding), makes the store unavailable for seconds (every backend), and on PostgreSQL and Redis also restarts
+//! the server and breaks the link. A watcher reads the final outputs as they appear. Batch after batch (a fresh job
 //! each) until the run's time is up; then [`check`].
 
 pub mod check;
@@ -102,7 +103,16 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
 
 fn fault_kinds(backend: Backend) -> Vec<Kind> {
     // Pauses beyond the lease put the fences to the test: weighted up.
-    let mut kinds = vec![Kind::PauseRunner, Kind::PauseRunner, Kind::PauseRunner, Kind::PauseRunner, Kind::Kill9Runner];
+    // Store outages (a stopped PostgreSQL, a killed Redis, a locked SQLite ledger) on every backend: a runner
+    // must wait them out, neither exiting nor failing an item.
+    let mut kinds = vec![
+        Kind::PauseRunner,
+        Kind::PauseRunner,
+        Kind::PauseRunner,
+        Kind::PauseRunner,
+        Kind::Kill9Runner,
+        Kind::StoreOutage,
+    ];
     if backend != Backend::Sqlite {
         kinds.extend([Kind::StoreRestart, Kind::StoreNetDrop, Kind::StoreNetDelay]);
     }
@@ -183,7 +193,8 @@ async fn run_batch(
         let log = dir.join(format!("runner-{r}.log"));
         slots.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300 * r as u64)).await;
-            slot(clock, &opts, &args, &runners, &exits, &done, &log, format!("idem run #{r} of batch {n}")).await
+            let label = format!("idem run #{r} of batch {n}");
+            slot(clock, &opts, &args, &runners, &exits, &done, &log, r, label).await
         }));
     }
     let all = async {
@@ -221,7 +232,8 @@ async fn run_batch(
 }
 
 /// One runner slot: runs `idem run` again after each kill, until a run of it (or of another slot) ended with
-/// every item done.
+/// every item done, or it exited with another status (not replaced: see [`check`]). Each run writes its report
+/// to `report-<slot>-<start>.json` beside the slot's log.
 #[allow(clippy::too_many_arguments)] // the batch's shared state, each piece used once
 async fn slot(
     clock: Clock,
@@ -231,6 +243,7 @@ async fn slot(
     exits: &Mutex<Vec<Exit>>,
     done: &std::sync::atomic::AtomicBool,
     log: &Path,
+    slot_no: usize,
     label: String,
 ) -> Result<(), Error> {
     use std::sync::atomic::Ordering;
@@ -240,8 +253,12 @@ async fn slot(
         }
         let stderr =
             std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(|e| Error::io("runner log", e))?;
+        // Its report names each item's status: an item failed (its command never fails) is a finding.
+        let report = log.with_file_name(format!("report-{slot_no}-{start}.json"));
+        let mut args = args.to_vec();
+        args.splice(1..1, ["--report".to_owned(), report.display().to_string()]);
         let mut child = tokio::process::Command::new(&opts.idem)
-            .args(args)
+            .args(&args)
             .env_remove(crate::procs::PLANTED_BUG_VAR)
             .envs(crate::idem_env(opts))
             .stdin(Stdio::null())
@@ -263,11 +280,11 @@ async fn slot(
                 done.store(true, Ordering::SeqCst);
                 return Ok(());
             }
-            // Killed by the nemesis, or (exit 1) items ended by a ledger that failed: start another, as a
-            // supervisor would; the checker judges the exit. One that keeps failing must not spin.
-            _ if start >= 20 => return Ok(()),
-            None => tokio::time::sleep(Duration::from_millis(200)).await,
-            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            // Killed by the nemesis: start another, as a supervisor would. One that keeps dying must not spin.
+            None if start < 20 => tokio::time::sleep(Duration::from_millis(200)).await,
+            // A runner that exited (a store outage must not end it) is not replaced: the checker reports it,
+            // and the batch is finished by the other slots or found not done.
+            _ => return Ok(()),
         }
     }
     Ok(())

@@ -4,7 +4,9 @@
 //!
 //! PostgreSQL and Redis runs start throw-away servers (`idem-testkit`) and skip with a printed reason when
 //! their programs are missing, unless `IDEM_TEST_REQUIRE_BACKENDS` is set. The `idem` binary must be built
-//! (`cargo test --workspace` builds it; alone: `cargo build -p idem --bin idem` first).
+//! (`cargo test --workspace` builds it; alone: `cargo build -p idem --bin idem` first). The planted-bug tests
+//! build their own `idem` with the test-only feature `planted-bugs` (`planted::idem_with_planted_bugs`), in a
+//! target directory of its own: nothing in the workspace's own build turns that feature on.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod planted;
@@ -29,7 +31,10 @@ fn run(
     planted: Option<&str>,
 ) -> Option<(Summary, tempfile::TempDir)> {
     let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let idem = idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}"));
+    let idem = match planted {
+        Some(_) => planted::idem_with_planted_bugs(),
+        None => idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}")),
+    };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let opts = Options {

@@ -1,10 +1,42 @@
-//! Each planted bug (debug builds of idem only, through `IDEM_PLANTED_BUG`) is reported by the checker of the
-//! workload it breaks, with a failure page. Whether a short run meets the bug's window depends on the
-//! schedule, so each gets up to three seeds; a checker that never reports it fails the test.
+//! Each planted bug (through `IDEM_PLANTED_BUG`, in an `idem` built with the test-only feature `planted-bugs`)
+//! is reported by the checker of the workload it breaks, with a failure page. Whether a short run meets the
+//! bug's window depends on the schedule, so each gets up to three seeds; a checker that never reports it fails
+//! the test.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
 
 use idem_verify::{Backend, Workload};
 
 use crate::run;
+
+/// The `idem` binary built with the feature `planted-bugs`, once per test run: `cargo build` into
+/// `<target>/planted`, beside the workspace's own build (whose `idem` must ignore `IDEM_PLANTED_BUG`, so the
+/// feature cannot be on there; a target directory of its own keeps the two builds from replacing each other's
+/// binary and from waiting on each other's lock).
+pub(crate) fn idem_with_planted_bugs() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let workspace_idem = idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}"));
+            // `<target>/debug/idem` -> `<target>/planted`.
+            let target = workspace_idem.parent().and_then(|debug| debug.parent()).expect("a target directory");
+            let target = target.join("planted");
+            let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "--locked", "--quiet", "-p", "idem", "--bin", "idem", "--features", "planted-bugs"])
+                .arg("--manifest-path")
+                .arg(manifest)
+                .env("CARGO_TARGET_DIR", &target)
+                .status()
+                .expect("running cargo build");
+            assert!(status.success(), "cargo build -p idem --features planted-bugs failed: {status}");
+            target.join("debug").join("idem")
+        })
+        .clone()
+}
 
 fn caught(backend: Backend, workload: Workload, bug: &str, seconds: u64) {
     for seed in [1, 2, 3] {
@@ -28,10 +60,11 @@ fn kv_precondition_is_caught() {
 }
 
 /// The completion written without its fence: a proxy paused past its lease overwrites the record of the
-/// execution that took over.
+/// execution that took over. 20 s a seed: since a holder is judged dead only after a whole lease of
+/// observation, a takeover needs a longer pause than before, and 12 s schedules (seeds 1-3) no longer met it.
 #[test]
 fn proxy_completion_is_caught() {
-    caught(Backend::Sqlite, Workload::Proxy, "proxy-completion", 12);
+    caught(Backend::Sqlite, Workload::Proxy, "proxy-completion", 20);
 }
 
 /// The fence not checked before the rename: a runner paused past its lease puts its output over the output

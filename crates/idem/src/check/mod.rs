@@ -275,7 +275,7 @@ fn target(args: &CheckArgs) -> Result<Target, Error> {
 /// # Errors
 /// [`Error::Config`]: one line naming `flag`, the value (password hidden) and what to give.
 fn api_url(flag: &str, given: &str) -> Result<reqwest::Url, Error> {
-    let shown = idem_stores::redact(given);
+    let shown = idem_core::redact_url(given);
     let refuse = |why: &str| {
         Error::Config(format!("{flag} {shown:?} {why}; give the API's full URL, e.g. http://HOST:PORT/orders"))
     };

@@ -214,7 +214,7 @@ pub fn excerpt(bytes: &[u8], max: usize) -> String {
 /// `url` as printed (plan, `--dry-run`, report, messages): a password in its userinfo hidden (`user:***@host`),
 /// as everywhere else idem prints a URL.
 pub fn shown(url: &Url) -> String {
-    idem_stores::redact(url.as_str())
+    idem_core::redact_url(url.as_str())
 }
 
 /// A `Name: value` flag as a header field.

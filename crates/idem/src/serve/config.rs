@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
     listen: Option<String>,
-    /// Store URL: sqlite:PATH, memory:, postgres://… (sslmode=, sslrootcert=), redis://… or rediss://… (cacert=) [default: sqlite:./idem-data/idem.db].
+    /// Store URL: sqlite:PATH, memory:, postgres://… (several hosts, sslmode=, sslrootcert=), redis://…, rediss://… (cacert=), redis+sentinel://… or redis+cluster://… (wait_replicas=) [default: sqlite:./idem-data/idem.db].
     #[arg(long, env = "IDEM_STORE")]
     store: Option<String>,
     /// PostgreSQL schema / Redis key prefix for this deployment's data [default: idem].
@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// than the idle timeout of a proxy or client pool in front].
     #[arg(long, env = "IDEM_CLIENT_IDLE_TIMEOUT")]
     client_idle_timeout: Option<String>,
+    /// How long one response write may wait for a client to read before its connection is ended, logged
+    /// and counted (idem_client_send_timeouts_total), e.g. 60s [default: 60s, nginx's send_timeout; counted
+    /// between two writes that moved bytes, so a slow but steady reader is never cut].
+    #[arg(long, env = "IDEM_CLIENT_SEND_TIMEOUT")]
+    client_send_timeout: Option<String>,
     /// Optional TOML file with the same settings, named as the flags with `_` for `-` (listen, store,
     /// upstream, admin_listen, retention, …).
     #[arg(long, env = "IDEM_CONFIG")]
@@ -147,6 +152,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
     client_idle_timeout: Option<String>,
+    client_send_timeout: Option<String>,
     upstream: Option<String>,
     upstream_cacert: Option<PathBuf>,
     upstream_cert: Option<PathBuf>,
@@ -178,6 +184,7 @@ pub struct ServeConfig {
     pub(super) tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
     pub(super) proxy: Option<ProxyConfig>,
     pub(super) client_idle_timeout: Duration,
+    pub(super) client_send_timeout: Duration,
     /// What `--insecure` allowed, logged at start-up.
     pub(super) warnings: Vec<String>,
 }
@@ -456,9 +463,18 @@ impl ServeArgs {
         if client_idle_timeout < Duration::from_secs(1) {
             return Err(Error::Config("--client-idle-timeout must be at least 1s".into()));
         }
+        let client_send_timeout = duration(
+            "client-send-timeout",
+            self.client_send_timeout.or(file.client_send_timeout),
+            idem_server::DEFAULT_CLIENT_SEND_TIMEOUT,
+        )?;
+        if client_send_timeout < Duration::from_secs(1) {
+            return Err(Error::Config("--client-send-timeout must be at least 1s".into()));
+        }
         Ok(ServeConfig {
             warnings,
             client_idle_timeout,
+            client_send_timeout,
             listen,
             store_url,
             namespace,

@@ -105,7 +105,11 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         let shutdown = shutdown.clone();
         async move { shutdown.on_signals().await }
     });
-    let served = server.client_idle_timeout(config.client_idle_timeout).run(shutdown).await;
+    let served = server
+        .client_idle_timeout(config.client_idle_timeout)
+        .client_send_timeout(config.client_send_timeout)
+        .run(shutdown)
+        .await;
     store.close().await;
     tracing::info!("store flushed; bye");
     served.map(|_| ()).map_err(Error::Io)

@@ -303,3 +303,18 @@ fn proxy_flags_without_an_upstream_are_refused() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--replay-cache needs the embedded store") && !err.contains("hunter2"), "{err}");
 }
+
+/// The planted-bug switch of the verification harness is compiled in only with the test-only feature
+/// `planted-bugs`: this build of `idem` (the workspace's own, as users build it) must ignore the variable, so
+/// the compare-and-swap it names still refuses a write with the wrong generation.
+#[tokio::test]
+async fn the_planted_bug_variable_switches_nothing_off_in_a_normal_build() {
+    let s =
+        Server::start(&["--listen", "127.0.0.1:0", "--store", "memory:"], &[("IDEM_PLANTED_BUG", "kv-precondition")]);
+    let c = client();
+    let url = format!("{}/v1/kv/k", s.url);
+    assert_eq!(c.put(&url).body("a").send().await.unwrap().status(), 201);
+    let stale = c.put(&url).header("If-Match", "\"99\"").body("b").send().await.unwrap();
+    assert_eq!(stale.status(), 412, "a planted bug was switched on by the environment in a normal build");
+    assert_eq!(c.get(&url).send().await.unwrap().text().await.unwrap(), "a");
+}

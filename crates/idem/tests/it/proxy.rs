@@ -820,6 +820,11 @@ enum SecondRequest {
     /// Waits until it has arrived, then closes its side (FIN) and the socket without reading it (RST for the
     /// unread bytes, RFC 9293 §3.6.1 / RFC 1122 §4.2.2.13): it provably never read the request.
     CloseUnread,
+    /// Reads its head only, counts it, answers `100 Continue` mid-upload, then (200 ms later) closes without
+    /// reading the body: it read the request's head, so the request may have taken effect.
+    ContinueThenClose,
+    /// As `ContinueThenClose`, with an early final status (`500`, the body unread) instead of the `100`.
+    AnswerThenClose,
 }
 
 /// Reads one HTTP/1.1 request (head and Content-Length body); `None` at end of stream.
@@ -838,6 +843,19 @@ fn read_request(stream: &mut std::net::TcpStream) -> Option<String> {
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).ok()?;
     Some(head)
+}
+
+/// Reads one HTTP/1.1 request head, leaving its body unread; `None` at end of stream.
+fn read_head(stream: &mut std::net::TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    Some(String::from_utf8_lossy(&buf).to_ascii_lowercase())
 }
 
 fn key_of(head: &str) -> String {
@@ -880,6 +898,19 @@ fn raw_upstream_announcing(
                                 if matches!(second, SecondRequest::ReadThenReset) {
                                     socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO)).unwrap();
                                 }
+                            }
+                            SecondRequest::ContinueThenClose | SecondRequest::AnswerThenClose => {
+                                let Some(head) = read_head(&mut stream) else { return };
+                                count(&head);
+                                let early: &[u8] = if matches!(second, SecondRequest::ContinueThenClose) {
+                                    b"HTTP/1.1 100 Continue\r\n\r\n"
+                                } else {
+                                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"
+                                };
+                                stream.write_all(early).unwrap();
+                                std::thread::sleep(Duration::from_millis(200));
+                                stream.shutdown(std::net::Shutdown::Write).unwrap();
+                                std::thread::sleep(Duration::from_millis(100));
                             }
                             SecondRequest::CloseUnread => {
                                 let mut probe = [0u8; 1];
@@ -932,6 +963,27 @@ async fn an_upstream_fin_then_reset_before_any_answer_byte_is_still_an_unknown_o
     let counts = counts.lock().unwrap().clone();
     assert_eq!(counts.get("a"), Some(&1));
     assert_eq!(counts.get("b"), None, "never sent a second time: {counts:?}");
+}
+
+/// An upstream that answers part-way through a large upload on a reused connection (`100 Continue`, or an
+/// early final status), then closes with the body unread: the rest of the body is the same request going on,
+/// not a new request on an idle connection, so the request is never called unsent and sent again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_that_answers_mid_upload_never_gets_the_request_again() {
+    for second in [SecondRequest::ContinueThenClose, SecondRequest::AnswerThenClose] {
+        let (up, counts) = raw_upstream(second);
+        let dir = tempfile::tempdir().unwrap();
+        let server = proxy(&dir, &up, &[]);
+        assert_eq!(post(&server.url, "/orders", Some("a"), "{}").await.status(), StatusCode::CREATED);
+        // 12 MiB: more than the loopback socket buffers take while the upstream reads nothing.
+        let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(12 << 20));
+        let answer = post(&server.url, "/orders", Some("b"), &big).await;
+        let status = answer.status();
+        let text = answer.text().await.unwrap();
+        assert!(!text.contains("upstream-unreachable"), "{second:?}: {status} {text}");
+        let counts = counts.lock().unwrap().clone();
+        assert_eq!(counts.get("b"), Some(&1), "{second:?}: the request it read was sent again: {counts:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

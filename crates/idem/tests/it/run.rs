@@ -143,7 +143,8 @@ fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-/// The runner's commands (each its own process group leader), from /proc: its children but the watchdog (awk).
+/// The runner's commands (each its own process group leader), from /proc: its children but the watchdog (awk,
+/// or the shell named `idem-watchdog` around it).
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
@@ -155,7 +156,8 @@ fn children(pid: u32) -> Vec<u32> {
     }
     out.retain(|kid| {
         let comm = std::fs::read_to_string(format!("/proc/{kid}/comm")).unwrap_or_default();
-        !comm.trim().ends_with("awk")
+        let cmdline = std::fs::read(format!("/proc/{kid}/cmdline")).unwrap_or_default();
+        !comm.trim().ends_with("awk") && !String::from_utf8_lossy(&cmdline).contains("idem-watchdog")
     });
     out
 }
@@ -310,8 +312,14 @@ fn slow_item_is_kept_by_heartbeats_and_not_taken_by_a_second_runner() {
     assert_outputs_valid(&job, &["slow".to_owned()]);
 }
 
+/// The state letter of a process (`R`, `S`, `T` stopped, `Z`…) from /proc.
+fn state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()).unwrap_or('?')
+}
+
 #[test]
-fn paused_runner_loses_its_item_and_its_late_result_is_discarded() {
+fn paused_runner_loses_its_item_and_its_command_never_runs_beside_the_successor() {
     // Writes after 3 s, which is after the second runner took the item over (lease 1.5 s).
     let script = r#"sleep 3; printf '{"id": "%s", "by": %s}' "$1" "$PPID" > "$2""#;
     let job = Job::new(&["x".to_owned()], script);
@@ -326,11 +334,16 @@ fn paused_runner_loses_its_item_and_its_late_result_is_discarded() {
         signal(a.id(), "CONT");
         std::thread::sleep(Duration::from_millis(30));
     }
+    // The watchdog stops the paused runner's command (its heartbeats stopped) before its lease lapses, so it
+    // never runs beside the successor's.
+    let commands = children(a.id());
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    wait_for("the paused runner's command to be stopped", Duration::from_secs(2), || state(commands[0]) == 'T');
     let mut b = job.spawn(&["--lease", "1500ms", "--report", "b.json"], "b");
     let sb = b.wait().unwrap();
     assert_eq!(sb.code(), Some(0), "{}", job.stderr_of("b"));
-    // The paused runner's command finished meanwhile and left its output in its temporary file.
-    assert!(job.out_files().iter().any(|f| f.ends_with(".idem-tmp")), "{:?}", job.out_files());
+    assert_eq!(state(commands[0]), 'T', "the paused runner's command ran on beside its successor");
+    assert!(!job.out_files().iter().any(|f| f.ends_with(".idem-tmp")), "it wrote: {:?}", job.out_files());
     signal(a.id(), "CONT");
     let sa = a.wait().unwrap();
     assert_eq!(sa.code(), Some(0), "{}", job.stderr_of("a"));
@@ -345,6 +358,8 @@ fn paused_runner_loses_its_item_and_its_late_result_is_discarded() {
     assert_eq!(rb["items"][0]["attempts"], 2);
     assert_eq!(job.report("a.json")["items"][0]["status"], "skipped", "{}", job.stderr_of("a"));
     assert!(job.stderr_of("a").contains("lease lost"), "{}", job.stderr_of("a"));
+    assert!(!alive(commands[0]), "the taken-over command was not killed");
+    assert!(!job.out_files().iter().any(|f| f.ends_with(".idem-tmp")), "{:?}", job.out_files());
     let (_, status, _) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
     assert!(status.contains(": 1 done, 0 running or abandoned, 0 failed, 0 poison"), "{status}");
     assert_outputs_valid(&job, &["x".to_owned()]);

@@ -65,7 +65,7 @@ async fn contention_across_two_servers(url: &str) {
     cleanup(url, &ns).await;
 }
 
-async fn cleanup(url: &str, ns: &str) {
+pub(crate) async fn cleanup(url: &str, ns: &str) {
     if url.starts_with("postgres") {
         let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(conn);

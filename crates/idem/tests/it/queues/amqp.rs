@@ -150,6 +150,52 @@ async fn one_of_three_consumers_killed_mid_item_has_its_messages_redelivered_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_9_the_dead_consumers_redeliveries_do_not_hold_up_the_other_messages() {
+    let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
+    let rabbit = Rabbit::new(&url).await;
+    let ids = ids(40);
+    rabbit.publish(&ids).await;
+    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    // Two jobs: a prefetch of four, two running and two claimed ahead, each under a 20 s lease (renewed every
+    // 6.7 s, so it lives at least 13 s after the kill).
+    let args = ["--until-empty", "--jobs", "2", "--lease", "20s"];
+    let mut victim = job.spawn(&args, &[("SLEEP", "60")], "victim");
+    let victim_pid = victim.id();
+    tokio::task::block_in_place(|| {
+        wait_for("the victim to start two items", Duration::from_secs(30), || {
+            job.log().iter().filter(|(_, pid)| *pid == victim_pid).count() >= 2
+        })
+    });
+    // Its two items claimed ahead are claimed right after the first two started.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // The broker hands the victim's four messages back at the head of the queue: the next consumer's prefetch
+    // fills with them, their items leased by the dead runner for 13 to 20 s more.
+    let started = std::time::Instant::now();
+    let mut next = job.spawn(&args, &[("SLEEP", "0.05")], "next");
+    let next_pid = next.id();
+    let victims: Vec<String> = job.log().iter().map(|(id, _)| id.clone()).collect();
+    tokio::task::block_in_place(|| {
+        wait_for("the next consumer to run 5 items while the dead one's leases live", Duration::from_secs(10), || {
+            job.log().iter().filter(|(id, pid)| *pid == next_pid && !victims.contains(id)).count() >= 5
+        })
+    });
+    eprintln!("5 other items ran {:?} after the next consumer started", started.elapsed());
+    let code = tokio::task::block_in_place(|| exit_within(&mut next, Duration::from_secs(120), "next", &job));
+    assert_eq!(code, 0, "{}", job.stderr_of("next"));
+    job.assert_outputs_valid(&ids);
+    let log = job.log();
+    for id in &ids {
+        let killed = log.iter().filter(|(i, pid)| i == id && *pid == victim_pid).count();
+        let all = log.iter().filter(|(i, _)| i == id).count();
+        assert!(all <= 1 + killed, "{id}: {all} executions, {killed} of them by the killed consumer");
+    }
+    assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
+    rabbit.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_fails_twice_then_sits_in_the_dead_letter_queue_and_the_others_complete() {
     let Some(url) = broker_url("IDEM_TEST_AMQP_URL") else { return };
     let rabbit = Rabbit::new(&url).await;

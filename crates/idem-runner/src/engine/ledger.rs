@@ -1,0 +1,332 @@
+//! The ledger as the engine uses it: every read and write rides out a store outage.
+//!
+//! A store that is unreachable for a while (restarted, failed over, a SQLite file locked or a disk full:
+//! [`StoreError::is_unavailable`]) is not the items' fault. An operation that gets such an answer is tried
+//! again with jittered exponential backoff until the store answers, so while it is out nothing new is claimed
+//! (the claim waits), running commands go on while their leases last (the keeper retries its renewals), and a
+//! finished item whose output is in place is recorded once the store is back (the done write is fenced on the
+//! claim's entry generation, not on the lease, so it lands if nobody took the item over meanwhile). Only an
+//! outage longer than `--store-outage-limit` ([`Outage`]) ends the run; the items it did not finish are then
+//! not done, never failed.
+//!
+//! A write retried after an unavailable answer may have landed the first time (the answer, not the write, was
+//! lost); its retry is then refused by its own precondition. [`apply`] recognises that case by reading the key
+//! back: every ledger write puts a value unique to its writer (the owner token, timestamps) or deletes.
+//!
+//! A holder whose lease lapsed (the store was out, or the runner paused, for longer than a lease) takes it
+//! again with [`regain`] if nobody took the item over, instead of discarding an attempt that may have finished.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idem_core::Held;
+use idem_store::{Error as StoreError, Generation, LeaseKeeper, Renewable, Store, StoreExt, Versioned, Write, WriteOp};
+use tokio::time::Instant;
+
+use super::Ctx;
+
+/// The first pause after an unavailable answer; it doubles up to [`MAX_BACKOFF`], each pause drawn between half
+/// and all of it, so the runner's many waiting operations do not come back at the store in one burst.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The pause before try `n + 1` (0-based) of an operation the store did not take.
+fn backoff(n: u32) -> Duration {
+    let full = FIRST_BACKOFF.saturating_mul(1 << n.min(8)).min(MAX_BACKOFF);
+    full.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+/// The run's view of the store's outages: when the current one began, and whether one outlasted the limit.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// `--store-outage-limit`.
+    limit: Duration,
+    /// When the current outage began (the first unavailable answer since the last good one); `None` while the
+    /// store answers.
+    since: Mutex<Option<Instant>>,
+    /// An outage outlasted the limit: the run ends. Never cleared.
+    exceeded: AtomicBool,
+}
+
+impl Outage {
+    pub(crate) fn new(limit: Duration) -> Self {
+        Self { limit, since: Mutex::new(None), exceeded: AtomicBool::new(false) }
+    }
+
+    /// True once an outage outlasted the limit: nothing new starts, and the run ends.
+    pub(crate) fn exceeded(&self) -> bool {
+        self.exceeded.load(Ordering::SeqCst)
+    }
+
+    /// The store answered.
+    fn answered(&self) {
+        let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(began) = since.take() {
+            tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The store did not take an operation (`e`): true while the outage is within the limit (wait and try
+    /// again), false once it outlasted it (give up).
+    fn unavailable(&self, e: &StoreError) -> bool {
+        let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        let began = *since.get_or_insert_with(|| {
+            tracing::warn!(
+                "the ledger store is unavailable ({}); waiting for it up to --store-outage-limit {}: nothing new \
+                 is claimed, running commands go on while their leases last, finished items are recorded once \
+                 it is back",
+                chain(e),
+                humanize(self.limit)
+            );
+            Instant::now()
+        });
+        if began.elapsed() < self.limit {
+            return true;
+        }
+        if !self.exceeded.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "the ledger store has been unavailable for longer than --store-outage-limit {}: ending the run; \
+                 items not finished are not done (run again once the store is back)",
+                humanize(self.limit)
+            );
+        }
+        false
+    }
+}
+
+/// `e` and its sources, one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}
+
+fn humanize(d: Duration) -> String {
+    if d.as_secs() >= 60 && d.as_secs().is_multiple_of(60) && d.subsec_nanos() == 0 {
+        format!("{}m", d.as_secs() / 60)
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
+}
+
+/// Whose operation waits, which says when an operator's stop ends the wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// An item whose command has not started in this attempt (judging, claiming, giving a claim back): the
+    /// first Ctrl-C ends the wait, as it ends every wait for new work.
+    Unstarted,
+    /// An attempt whose command started (its lease, its done, failed or interrupted write): only the second
+    /// Ctrl-C (or SIGTERM) ends the wait, as it ends the command.
+    Started,
+}
+
+impl Waiting {
+    fn stop_level(self) -> u8 {
+        match self {
+            Waiting::Unstarted => 1,
+            Waiting::Started => 2,
+        }
+    }
+}
+
+/// Runs `op` until the store takes it: again after each unavailable answer, with backoff, until the outage
+/// outlasts the limit or the operator's stop ends the wait ([`Waiting`]). Any other answer is returned as it
+/// is. `Err(_)` with [`StoreError::is_unavailable`] means the wait was given up. `tries` counts the tries that
+/// got an unavailable answer.
+async fn patient<S, T, F, Fut>(ctx: &Ctx<S>, waiting: Waiting, tries: &mut u32, mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut stop = ctx.stop.subscribe();
+    loop {
+        match op().await {
+            Err(e) if e.is_unavailable() => {
+                if !ctx.outage.unavailable(&e) || ctx.stop.level() >= waiting.stop_level() {
+                    return Err(e);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(backoff(*tries)) => {}
+                    () = super::stop::stopped(&mut stop, waiting.stop_level()) => return Err(e),
+                }
+                *tries = tries.saturating_add(1);
+            }
+            other => {
+                if other.is_ok() {
+                    ctx.outage.answered();
+                }
+                return other;
+            }
+        }
+    }
+}
+
+/// Reads `key`, riding out an outage.
+pub(super) async fn get<S: Store>(ctx: &Ctx<S>, waiting: Waiting, key: &str) -> Result<Option<Versioned>, StoreError> {
+    patient(ctx, waiting, &mut 0, || ctx.store.get(key)).await
+}
+
+/// Applies `write`, riding out an outage. A retry refused by its precondition where the key now holds exactly
+/// the value `write` puts (or is absent, for a delete) is the earlier try that landed unanswered: its
+/// generation is returned as if it had been answered.
+pub(super) async fn apply<S: Store>(
+    ctx: &Ctx<S>,
+    waiting: Waiting,
+    write: Write,
+) -> Result<Option<Generation>, StoreError> {
+    apply_sent(ctx, waiting, write).await.map(|(generation, _)| generation)
+}
+
+/// [`apply`], also saying when the try the store took was sent, for a lease's keeper to count the lease from:
+/// the last try when it was answered, the first when an earlier one landed unanswered (which one is not known).
+pub(super) async fn apply_sent<S: Store>(
+    ctx: &Ctx<S>,
+    waiting: Waiting,
+    write: Write,
+) -> Result<(Option<Generation>, Instant), StoreError> {
+    let first = Instant::now();
+    let mut last = first;
+    let mut tries = 0;
+    let tried = patient(ctx, waiting, &mut tries, || {
+        last = Instant::now();
+        ctx.store.apply(write.clone())
+    })
+    .await;
+    let refused = match tried {
+        Ok(generation) => return Ok((generation, last)),
+        Err(e) => e,
+    };
+    // Only a write tried before may have landed: the first try's refusal stands.
+    let Some(current) = refused.current_generation().filter(|_| tries > 0) else { return Err(refused) };
+    match &write.op {
+        WriteOp::Delete if current.is_none() => Ok((None, first)),
+        WriteOp::Put { value, .. } if current.is_some() => match get(ctx, waiting, &write.key).await? {
+            Some(v) if v.value() == value => Ok((Some(v.generation()), first)),
+            _ => Err(refused),
+        },
+        _ => Err(refused),
+    }
+}
+
+/// How [`regain`] ended.
+pub(super) enum Regained {
+    /// The lease is this holder's again, set by a write sent at this instant; nobody took the item over.
+    Held(Instant),
+    /// Another holder has the lease, or claimed the item over: the attempt is no longer ours.
+    TakenOver,
+    /// The store stayed unavailable past the limit, or the operator stopped the run.
+    GaveUp,
+}
+
+/// After a lease was lost (no renewal accepted for a whole lease, or a renewal refused): takes it again if
+/// nobody took the item over. Its own lease still under the key (the store kept it, or a renewal whose answer
+/// was lost landed) is renewed, conditional on its generation; an absent one is created again, and counts
+/// only if the item's entry still has the claim's generation, which [`Held::reassert`] then moves on (see
+/// [`Held::retake`]).
+pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained {
+    let waiting = Waiting::Started;
+    let lease_key = held.keys().lease().to_owned();
+    loop {
+        let current = match get(ctx, waiting, &lease_key).await {
+            Ok(current) => current,
+            Err(_) => return Regained::GaveUp,
+        };
+        match current {
+            Some(v) if held.is_mine(&v) => {
+                held.renewed(v.generation());
+                match apply_sent(ctx, waiting, held.renewal()).await {
+                    Ok((Some(g), sent)) => {
+                        held.renewed(g);
+                        return Regained::Held(sent);
+                    }
+                    // It lapsed or changed between the read and the renewal: read again.
+                    Err(e) if e.is_precondition_failed() => {}
+                    _ => return Regained::GaveUp,
+                }
+            }
+            Some(_) => return Regained::TakenOver,
+            None => match apply_sent(ctx, waiting, held.retake()).await {
+                Ok((Some(g), sent)) => {
+                    held.renewed(g);
+                    return match apply(ctx, waiting, held.reassert()).await {
+                        Ok(Some(entry)) => {
+                            held.reasserted(entry);
+                            Regained::Held(sent)
+                        }
+                        Err(e) if e.is_precondition_failed() => {
+                            let _ = apply(ctx, waiting, held.release()).await;
+                            Regained::TakenOver
+                        }
+                        _ => Regained::GaveUp,
+                    };
+                }
+                // Someone created it first: read whose it is.
+                Err(e) if e.is_precondition_failed() => {}
+                _ => return Regained::GaveUp,
+            },
+        }
+    }
+}
+
+/// After a lease was lost: the answer of a renewal still in flight first (a late acceptance means nobody took
+/// over: the keeper keeps the lease, `keeping_late_answers`), then [`regain`]. True when the lease is this
+/// holder's again, and `heartbeat` keeps it from there.
+pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
+    // Settled with no loss recorded is not enough: after a fence whose renewal the store did not answer well,
+    // the keeper records no loss, yet the lease may have run out by the clock (someone may hold the item now).
+    // Only a lease set less than its length ago is still ours without a look at the store.
+    if heartbeat.settle(held).await && heartbeat.sent().elapsed() < heartbeat.length() {
+        return true;
+    }
+    match regain(ctx, held).await {
+        Regained::Held(sent) => {
+            heartbeat.restart(sent);
+            true
+        }
+        Regained::TakenOver | Regained::GaveUp => false,
+    }
+}
+
+/// The fence before a step that needs the lease (starting a command, renaming an output into place), riding
+/// out an outage: a renewal the store did not take is tried again while the lease lasts, and a lease lost
+/// meanwhile is taken again if nobody took the item over ([`regain`]). False when the item is no longer ours
+/// (or the wait was given up): the caller discards the attempt.
+pub(super) async fn fence<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
+    let mut tries = 0u32;
+    loop {
+        if heartbeat.fence(held).await {
+            return true;
+        }
+        if heartbeat.lost().is_none() && heartbeat.sent().elapsed() < heartbeat.length() {
+            // The renewal failed (the store did not answer well) while the lease is still ours: try again.
+            if ctx.stop.level() >= 2 {
+                return false;
+            }
+            tokio::time::sleep(backoff(tries).min(heartbeat.length() / 10)).await;
+            tries = tries.saturating_add(1);
+            continue;
+        }
+        return recover(ctx, held, heartbeat).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_two_seconds_with_jitter_below_each_step() {
+        for n in 0..12 {
+            let full = FIRST_BACKOFF.saturating_mul(1 << n.min(8)).min(MAX_BACKOFF);
+            let got = backoff(n);
+            assert!(got >= full / 2 && got <= full, "try {n}: {got:?} outside {:?}..={full:?}", full / 2);
+        }
+        assert_eq!(FIRST_BACKOFF.saturating_mul(1 << 8).min(MAX_BACKOFF), MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,290 @@
+//! The writes of an invocation around its slot: the job record moved to the current slot (and the slots
+//! that passed unseen recorded missed), the outcome of an attempt (fenced on the claim), and the history kept
+//! to its newest slots.
+
+use std::time::Duration;
+
+use idem_core::{
+    Ending, HISTORY, HeldSlot, Job, MissedReason, SlotEntry, SlotFailure, SlotKeys, job_key, lease_prefix, missed,
+    prune, slot_of_key, slot_prefix,
+};
+use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
+
+use super::command::{Attempt, Ended};
+use super::{OnceConfig, Outcome, Report, lost_why, millis};
+use crate::Error;
+
+/// How often the job record's compare-and-swap is tried before the invocation gives up on moving it (it moves
+/// only forward, so another invocation's write that won is as good as ours).
+const ADVANCE_TRIES: usize = 8;
+
+/// Moves the job record to the current `slot`: creates it (with the schedule) on the first invocation,
+/// refuses a schedule other than the recorded one, and when slots passed since the last one any invocation
+/// saw, records them missed (create-only: a slot an invocation wrote anything for keeps it) before moving.
+/// Returns the job's newest slot as it stands after the move (later than `slot` when the clock read is
+/// behind another invocation's: that slot is then never claimed).
+pub(super) async fn advance<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    mut job: Option<(Generation, Job)>,
+    slot: u64,
+    now_ms: u64,
+    report: &mut Report,
+) -> Result<u64, Error> {
+    let key = job_key(&cfg.name);
+    let schedule = cfg.schedule.canonical();
+    for _ in 0..ADVANCE_TRIES {
+        let (precondition, next) = match &job {
+            None => (Precondition::Absent, Job { schedule: schedule.clone(), last_slot_ms: slot, missed_unlisted: 0 }),
+            Some((_, j)) if j.schedule != schedule => {
+                return Err(Error::Config(format!(
+                    "job {} is scheduled {} in this store, not {schedule}: every invocation of a job must give the \
+                     same schedule (else one run would have two keys); to change it, `idem once forget --name {}` \
+                     (its history goes) or use another --name",
+                    cfg.name, j.schedule, cfg.name
+                )));
+            }
+            Some((_, j)) if j.last_slot_ms >= slot => return Ok(j.last_slot_ms),
+            Some((g, j)) => {
+                let (passed, unlisted) = cfg.schedule.between(j.last_slot_ms, slot)?;
+                record_missed(store, cfg, j.last_slot_ms, &passed, now_ms, report).await?;
+                report.missed_unlisted = unlisted;
+                (Precondition::Generation(*g), j.advanced(slot, unlisted))
+            }
+        };
+        match store.put(&key, next.encode(), precondition, Ttl::Clear).await {
+            Ok(_) => return Ok(next.last_slot_ms),
+            Err(e) if e.is_precondition_failed() => {
+                report.missed_unlisted = 0;
+                job = match store.get(&key).await? {
+                    Some(v) => Some((
+                        v.generation(),
+                        Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?,
+                    )),
+                    None => None,
+                };
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Others kept moving the record: it is at or past `slot` by now (judged by the last read of it).
+    Ok(job.map_or(slot, |(_, j)| j.last_slot_ms.max(slot)))
+}
+
+/// Records missed: the slot the job record last named, if nothing was written for it (invocations came
+/// but none started it), and each slot strictly after it that passed unseen.
+async fn record_missed<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    last: u64,
+    passed: &[u64],
+    now_ms: u64,
+    report: &mut Report,
+) -> Result<(), Error> {
+    let unseen = passed.iter().map(|s| (*s, MissedReason::NoInvocation));
+    for (slot, reason) in std::iter::once((last, MissedReason::NotStarted)).chain(unseen) {
+        match store.apply(missed(&SlotKeys::new(&cfg.name, slot), reason, now_ms)).await {
+            Ok(_) => report.missed.push(cfg.schedule.format(slot)),
+            Err(e) if e.is_precondition_failed() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The earliest slot of job `name` before `slot` whose lease is live (it runs now), if any.
+pub(super) async fn running_before<S: Store>(store: &S, name: &str, slot: u64) -> Result<Option<u64>, Error> {
+    let page = store.list(&lease_prefix(name), None, 1000).await?;
+    Ok(page.items.iter().filter_map(|item| slot_of_key(&item.key)).find(|s| *s < slot))
+}
+
+/// The first pause between tries of an outcome write while the store fails; it doubles up to
+/// [`RECORD_RETRY_MAX`].
+const RECORD_RETRY: Duration = Duration::from_millis(200);
+/// The longest pause between tries of an outcome write.
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
+/// How long an outcome write is tried while the store fails, at least (the lease, when longer): the write is
+/// fenced on the claim's entry generation, so it stays right after the lease lapsed; only a takeover (which
+/// makes it fail its precondition) ends it early. A store down for longer leaves the slot `running` with its
+/// lease lapsed, and the first invocation after that runs it again.
+pub const RECORD_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Records how the attempt ended (fenced on the claim) and gives the lease back; says what happened.
+pub(super) async fn outcome<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    held: &mut HeldSlot,
+    keeper: &mut LeaseKeeper<'_, S>,
+    attempt: Attempt,
+) -> Outcome {
+    let n = held.attempt();
+    let duration_ms = u64::try_from(attempt.duration.as_millis()).unwrap_or(u64::MAX);
+    let ending = |exit: String, code: Option<i32>| Ending {
+        exit,
+        code,
+        duration_ms,
+        finished_at_ms: held.started_at_ms().saturating_add(duration_ms),
+        output: attempt.output.clone(),
+    };
+    let (write, result) = match attempt.ended {
+        Ended::Lost { why, success } => {
+            if success {
+                ran_again(store, held).await;
+            }
+            return Outcome::LeaseLost { attempt: n, why: lost_why(why).to_owned(), succeeded: success };
+        }
+        Ended::Interrupted => {
+            // The renewal in flight first: the release below is fenced on its generation.
+            keeper.settle(held).await;
+            let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
+            let _ = store.apply(held.interrupted(now)).await;
+            let _ = store.apply(held.release()).await;
+            return Outcome::Interrupted { attempt: n };
+        }
+        Ended::Exited { exit, code, success: true } => {
+            (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
+        }
+        Ended::Exited { exit, code, success: false } => {
+            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let (write, verdict) = held.failed(ending(exit.clone(), code), limit);
+            let left = match verdict {
+                SlotFailure::Retry => limit.max_attempts.saturating_sub(n),
+                SlotFailure::Exhausted => 0,
+            };
+            (write, Outcome::Failed { attempt: n, exit, left })
+        }
+    };
+    let succeeded = matches!(result, Outcome::Succeeded { .. });
+    keeper.settle(held).await;
+    // Fenced on the claim: refused when another invocation took the slot over. A store that fails is tried
+    // again, also after the lease lapsed: only a takeover can make the write wrong, and it makes it fail.
+    let tried = tokio::time::Instant::now();
+    let patience = RECORD_PATIENCE.max(cfg.lease);
+    let mut pause = RECORD_RETRY;
+    loop {
+        match store.apply(write.clone()).await {
+            Ok(_) => break,
+            Err(e) if e.is_precondition_failed() => {
+                if succeeded {
+                    ran_again(store, held).await;
+                }
+                return Outcome::LeaseLost {
+                    attempt: n,
+                    why: "the slot was taken over by another invocation; the fenced outcome write was refused".into(),
+                    succeeded,
+                };
+            }
+            Err(e) => {
+                if tried.elapsed() + pause >= patience {
+                    return Outcome::NotRecorded {
+                        attempt: n,
+                        succeeded,
+                        error: e.to_string(),
+                        tried_for: format!("{} s", tried.elapsed().as_secs()),
+                    };
+                }
+                tracing::warn!(error = %e, "recording the slot's outcome failed; trying again (fenced on the claim)");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RECORD_RETRY_MAX);
+            }
+        }
+    }
+    let _ = store.apply(held.release()).await;
+    result
+}
+
+/// The fence before the command refused (the lease was taken over, lapsed, or could not be renewed): the
+/// command never started; the attempt is given back (fenced: refused if another invocation took the slot) and
+/// the lease released, both best effort.
+pub(super) async fn not_started<S: Store + Sync>(
+    store: &S,
+    held: &mut HeldSlot,
+    keeper: &mut LeaseKeeper<'_, S>,
+) -> Outcome {
+    let why = match keeper.lost() {
+        Some(lost) => lost_why(lost).to_owned(),
+        None => "the lease could not be renewed before the command started (the store failed)".to_owned(),
+    };
+    let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
+    let _ = store.apply(held.interrupted(now)).await;
+    let _ = store.apply(held.release()).await;
+    Outcome::LeaseLost { attempt: held.attempt(), why: format!("{why}; the command was not started"), succeeded: false }
+}
+
+/// Adds the slot to the set of slots that ran to a successful end more than once (best effort).
+async fn ran_again<S: Store>(store: &S, held: &HeldSlot) {
+    let (key, change) = held.keys().ran_again(&held.fencing_token().to_string());
+    if let Err(e) = store.set_change(&key, change).await {
+        tracing::warn!(error = %e, "cannot record that the slot ran more than once");
+    }
+}
+
+/// Adds the slot to the set of slots whose attempt was taken over from a vanished holder (best effort).
+pub(super) async fn took_over<S: Store>(store: &S, held: &HeldSlot) {
+    let (key, change) = held.keys().took_over(&held.fencing_token().to_string());
+    if let Err(e) = store.set_change(&key, change).await {
+        tracing::warn!(error = %e, "cannot record that the slot's attempt was taken over");
+    }
+}
+
+/// Deletes the job's finished slot entries older than its newest [`HISTORY`]; the missed ones deleted are
+/// added to the job record's `missed_unlisted`, so `status`'s missed total stays the job's whole (best
+/// effort: an invocation killed between the delete and the record's move loses them from the count).
+pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(), Error> {
+    let keys = list_all(store, &slot_prefix(name)).await?;
+    if keys.len() <= HISTORY {
+        return Ok(());
+    }
+    let old = &keys[..keys.len() - HISTORY];
+    let values = store.get_many(old).await?;
+    let listed: Vec<(String, Generation, SlotEntry)> = old
+        .iter()
+        .zip(values)
+        .filter_map(|(k, v)| {
+            let v = v?;
+            Some((k.clone(), v.generation(), SlotEntry::decode(v.value()).ok()?))
+        })
+        .collect();
+    let mut missed_gone = 0u64;
+    for write in prune(&listed, 0) {
+        let was_missed = listed.iter().any(|(k, _, e)| *k == write.key && matches!(e, SlotEntry::Missed { .. }));
+        if store.apply(write).await.is_ok() && was_missed {
+            missed_gone += 1;
+        }
+    }
+    if missed_gone > 0 {
+        count_pruned_missed(store, name, missed_gone).await?;
+    }
+    Ok(())
+}
+
+/// Adds `n` missed slots pruned from the history to the job record's count (compare-and-swap, a few tries).
+async fn count_pruned_missed<S: Store>(store: &S, name: &str, n: u64) -> Result<(), Error> {
+    let key = job_key(name);
+    for _ in 0..ADVANCE_TRIES {
+        let Some(v) = store.get(&key).await? else { return Ok(()) };
+        let job = Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+        let next = Job { missed_unlisted: job.missed_unlisted.saturating_add(n), ..job };
+        match store.put(&key, next.encode(), Precondition::Generation(v.generation()), Ttl::Clear).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_precondition_failed() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::warn!(job = name, missed = n, "cannot count the missed slots pruned from the history");
+    Ok(())
+}
+
+/// Every live key under `prefix`, in ascending order.
+pub(super) async fn list_all<S: Store>(store: &S, prefix: &str) -> Result<Vec<String>, Error> {
+    let mut keys = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store.list(prefix, cursor.as_deref(), 1000).await?;
+        keys.extend(page.items.into_iter().map(|i| i.key));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(keys),
+        }
+    }
+}

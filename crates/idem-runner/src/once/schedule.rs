@@ -1,0 +1,352 @@
+//! When a job's slots are: `--every DURATION` (aligned to the Unix epoch) or `--cron 'EXPR'` in `--tz ZONE`.
+//!
+//! Cron expressions are croner's, restricted to the five fields of crontab(5) (and its `@daily`-style
+//! nicknames), in an IANA time zone read by jiff from the system's tz database. croner follows Vixie cron at
+//! daylight-saving changes, which is what crontab users expect: a fixed-time job whose time falls in the hour
+//! skipped in spring runs at the first instant after it (`30 2 * * *` at 03:00 on that day), one whose time
+//! falls in the hour repeated in autumn runs once (the first time), and jobs with a wildcard or step in the
+//! hour or minute run at every matching instant, so twice in the repeated hour.
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use jiff::Timestamp;
+use jiff::tz::TimeZone;
+
+use crate::Error;
+
+/// The longest `--every`: a year of seconds (a longer period belongs in `--cron`).
+const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// How many slots a gap is walked back over one by one (each recorded missed); the rest are counted.
+const WALK: usize = idem_core::HISTORY;
+
+/// A job's schedule.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    kind: Kind,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    /// Slots every `period` milliseconds since the Unix epoch.
+    Every { period_ms: u64 },
+    /// Slots where the cron expression matches, in `tz`.
+    Cron { expr: String, cron: Box<Cron>, tz: TimeZone, tz_name: String },
+}
+
+impl Schedule {
+    /// Slots every `period` (whole seconds, 1 s up to 366 days), aligned to the Unix epoch: `--every 1h` has
+    /// a slot at every full hour UTC, `--every 7d` every seven days from Thursday 1970-01-01.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a period that is not whole seconds or out of range.
+    pub fn every(period: Duration) -> Result<Self, Error> {
+        if period.subsec_nanos() != 0 || period < Duration::from_secs(1) || period > MAX_EVERY {
+            return Err(Error::Config(format!(
+                "--every {}: give whole seconds from 1s up to 366 days (a calendar schedule is --cron)",
+                shown(period)
+            )));
+        }
+        Ok(Self { kind: Kind::Every { period_ms: period.as_secs() * 1000 } })
+    }
+
+    /// Slots where the five-field cron expression `expr` matches (minute, hour, day of month, month, day of
+    /// week, as crontab(5); `L`, `W`, `#` and the `@daily`-style nicknames too), in the IANA time zone `tz`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an expression croner refuses, one with a seconds or year field, or an unknown
+    /// time zone.
+    pub fn cron(expr: &str, tz: &str) -> Result<Self, Error> {
+        let parser = CronParser::builder().seconds(Seconds::Disallowed).year(Year::Disallowed).build();
+        let cron = parser.parse(expr.trim()).map_err(|e| {
+            Error::Config(format!("--cron {expr:?}: {e} (five fields: minute hour day-of-month month day-of-week)"))
+        })?;
+        let zone = TimeZone::get(tz).map_err(|e| {
+            Error::Config(format!("--tz {tz:?}: {e} (an IANA time zone name such as UTC or Europe/Berlin)"))
+        })?;
+        // Croner accepts an expression that never matches (31 February); it would fail every invocation.
+        let probe = Timestamp::now().to_zoned(zone.clone());
+        if cron.find_next_occurrence(&probe, false).is_err() && cron.find_previous_occurrence(&probe, true).is_err() {
+            return Err(Error::Config(format!("--cron {expr:?} never matches a time")));
+        }
+        Ok(Self {
+            kind: Kind::Cron {
+                expr: expr.split_whitespace().collect::<Vec<_>>().join(" "),
+                cron: Box::new(cron),
+                tz: zone,
+                tz_name: tz.to_owned(),
+            },
+        })
+    }
+
+    /// The schedule in the canonical form the job record keeps: every invocation of a job must give the same.
+    pub fn canonical(&self) -> String {
+        match &self.kind {
+            Kind::Every { period_ms } => format!("every {}s", period_ms / 1000),
+            Kind::Cron { expr, tz_name, .. } => format!("cron '{expr}' tz {tz_name}"),
+        }
+    }
+
+    /// The schedule for people: `every 1h`, `every 1d12h`, `cron '0 3 * * *' tz Europe/Berlin`.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Every { period_ms } => format!("every {}", human_secs(period_ms / 1000)),
+            Kind::Cron { .. } => self.canonical(),
+        }
+    }
+
+    /// The slot current at `now_ms` (milliseconds since the Unix epoch): the latest scheduled time at or
+    /// before it.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no scheduled time lies before `now_ms` within the search croner allows.
+    pub fn slot_at(&self, now_ms: u64) -> Result<u64, Error> {
+        match &self.kind {
+            Kind::Every { period_ms } => Ok(now_ms - now_ms % period_ms),
+            Kind::Cron { cron, tz, expr, .. } => {
+                let now = zoned(now_ms, tz)?;
+                let slot = cron
+                    .find_previous_occurrence(&now, true)
+                    .map_err(|e| Error::Config(format!("--cron {expr:?}: no scheduled time before now: {e}")))?;
+                millis(&slot.timestamp())
+            }
+        }
+    }
+
+    /// The first slot strictly after `now_ms` (milliseconds since the Unix epoch).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no scheduled time lies after `now_ms` within the search croner allows.
+    pub fn next_after(&self, now_ms: u64) -> Result<u64, Error> {
+        match &self.kind {
+            Kind::Every { period_ms } => Ok(now_ms - now_ms % period_ms + period_ms),
+            Kind::Cron { cron, tz, expr, .. } => {
+                let next = cron
+                    .find_next_occurrence(&zoned(now_ms, tz)?, false)
+                    .map_err(|e| Error::Config(format!("--cron {expr:?}: no scheduled time after now: {e}")))?;
+                millis(&next.timestamp())
+            }
+        }
+    }
+
+    /// The slots strictly between `after_ms` and `before_ms` (both slots of this schedule): the newest
+    /// [`WALK`] of them in ascending order, and how many older ones there are beyond those (for a cron
+    /// schedule counted up to a bound of a million, past which the count is that bound).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when croner cannot walk the schedule.
+    pub fn between(&self, after_ms: u64, before_ms: u64) -> Result<(Vec<u64>, u64), Error> {
+        if before_ms <= after_ms {
+            return Ok((Vec::new(), 0));
+        }
+        match &self.kind {
+            Kind::Every { period_ms } => {
+                let total = (before_ms - after_ms) / period_ms - 1;
+                let listed = total.min(WALK as u64);
+                let slots = (0..listed).rev().map(|i| before_ms - period_ms * (i + 1)).collect();
+                Ok((slots, total - listed))
+            }
+            Kind::Cron { cron, tz, .. } => {
+                let mut slots = Vec::new();
+                let mut unlisted = 0u64;
+                for slot in cron.iter_before(zoned(before_ms, tz)?) {
+                    let ms = millis(&slot.timestamp())?;
+                    if ms <= after_ms {
+                        break;
+                    }
+                    if slots.len() < WALK {
+                        slots.push(ms);
+                    } else {
+                        unlisted += 1;
+                        if unlisted >= 1_000_000 {
+                            break;
+                        }
+                    }
+                }
+                slots.reverse();
+                Ok((slots, unlisted))
+            }
+        }
+    }
+
+    /// A slot's time as RFC 3339 (`IDEM_SLOT`): UTC with `Z` for `--every` and `--tz UTC`, else with the
+    /// zone's offset at that instant (`2025-03-30T03:00:00+02:00`).
+    pub fn format(&self, slot_ms: u64) -> String {
+        format_in(slot_ms, self.zone())
+    }
+
+    fn zone(&self) -> Option<&TimeZone> {
+        match &self.kind {
+            Kind::Every { .. } => None,
+            Kind::Cron { tz, tz_name, .. } => (tz_name != "UTC").then_some(tz),
+        }
+    }
+}
+
+/// A duration as given on the command line (`0s`, `1.5s`, `400d`), not as Rust's `Debug` shows it (`0ns`).
+fn shown(d: Duration) -> String {
+    match (d.as_secs(), d.subsec_millis(), d.subsec_nanos()) {
+        (s, 0, 0) if s % 86_400 == 0 && s > 0 => format!("{}d", s / 86_400),
+        (s, 0, 0) => format!("{s}s"),
+        (s, ms, n) if n == ms * 1_000_000 => format!("{s}.{ms:03}s"),
+        _ => format!("{}s", d.as_secs_f64()),
+    }
+}
+
+/// Whole seconds for people, in the largest units that divide them: `1h`, `1m30s`, `1d2h`, `45s`, `0s`.
+pub(crate) fn human_secs(secs: u64) -> String {
+    if secs == 0 {
+        return "0s".to_owned();
+    }
+    let mut out = String::new();
+    let mut rest = secs;
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if rest >= size {
+            out.push_str(&format!("{}{unit}", rest / size));
+            rest %= size;
+        }
+    }
+    out
+}
+
+/// `ms` (milliseconds since the Unix epoch) as RFC 3339: UTC with `Z`, or with `tz`'s offset.
+pub(crate) fn format_in(ms: u64, tz: Option<&TimeZone>) -> String {
+    let Ok(ts) = Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)) else {
+        return ms.to_string();
+    };
+    match tz {
+        None => ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        Some(tz) => ts.to_zoned(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+    }
+}
+
+fn zoned(ms: u64, tz: &TimeZone) -> Result<jiff::Zoned, Error> {
+    let ts = Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX))
+        .map_err(|e| Error::Config(format!("time {ms} ms out of range: {e}")))?;
+    Ok(ts.to_zoned(tz.clone()))
+}
+
+fn millis(ts: &Timestamp) -> Result<u64, Error> {
+    u64::try_from(ts.as_millisecond()).map_err(|_| Error::Config("a scheduled time before 1970".into()))
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = Error;
+
+    /// Reads [`Schedule::canonical`]'s form back (for tests and the status of a job).
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if let Some(secs) = s.strip_prefix("every ").and_then(|r| r.strip_suffix('s')) {
+            let secs: u64 = secs.parse().map_err(|_| Error::Config(format!("schedule {s:?}")))?;
+            return Self::every(Duration::from_secs(secs));
+        }
+        let rest = s.strip_prefix("cron '").ok_or_else(|| Error::Config(format!("schedule {s:?}")))?;
+        let (expr, tz) = rest.rsplit_once("' tz ").ok_or_else(|| Error::Config(format!("schedule {s:?}")))?;
+        Self::cron(expr, tz)
+    }
+}
+
+/// Parses a schedule's canonical form.
+///
+/// # Errors
+/// As [`Schedule::every`] and [`Schedule::cron`].
+pub fn parse_canonical(s: &str) -> Result<Schedule, Error> {
+    Schedule::from_str(s)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn ms(rfc3339: &str) -> u64 {
+        u64::try_from(rfc3339.parse::<Timestamp>().unwrap().as_millisecond()).unwrap()
+    }
+
+    #[test]
+    fn every_is_aligned_to_the_epoch_and_whole_seconds() {
+        let hourly = Schedule::every(Duration::from_secs(3600)).unwrap();
+        assert_eq!(hourly.slot_at(ms("2025-03-30T01:59:59.999Z")).unwrap(), ms("2025-03-30T01:00:00Z"));
+        assert_eq!(hourly.slot_at(ms("2025-03-30T02:00:00Z")).unwrap(), ms("2025-03-30T02:00:00Z"));
+        assert_eq!(hourly.format(ms("2025-03-30T02:00:00Z")), "2025-03-30T02:00:00Z");
+        assert_eq!(hourly.canonical(), "every 3600s");
+        assert_eq!(hourly.describe(), "every 1h");
+        assert_eq!(Schedule::every(Duration::from_secs(90)).unwrap().describe(), "every 1m30s");
+        assert_eq!(Schedule::every(Duration::from_secs(86_400 + 7200)).unwrap().describe(), "every 1d2h");
+        assert_eq!(human_secs(0), "0s");
+        let (slots, unlisted) = hourly.between(ms("2025-03-30T00:00:00Z"), ms("2025-03-30T04:00:00Z")).unwrap();
+        assert_eq!(slots, [ms("2025-03-30T01:00:00Z"), ms("2025-03-30T02:00:00Z"), ms("2025-03-30T03:00:00Z")]);
+        assert_eq!(unlisted, 0);
+        assert_eq!(hourly.next_after(ms("2025-03-30T01:59:59.999Z")).unwrap(), ms("2025-03-30T02:00:00Z"));
+        assert_eq!(hourly.next_after(ms("2025-03-30T02:00:00Z")).unwrap(), ms("2025-03-30T03:00:00Z"));
+        let daily = Schedule::cron("0 3 * * *", "UTC").unwrap();
+        assert_eq!(daily.next_after(ms("2025-03-30T02:59:58.500Z")).unwrap(), ms("2025-03-30T03:00:00Z"));
+        assert_eq!(daily.next_after(ms("2025-03-30T03:00:00Z")).unwrap(), ms("2025-03-31T03:00:00Z"));
+        let second = Schedule::every(Duration::from_secs(1)).unwrap();
+        let (slots, unlisted) = second.between(0, 1_000_000).unwrap();
+        assert_eq!((slots.len(), unlisted), (WALK, 999 - WALK as u64));
+        assert_eq!(slots.last(), Some(&999_000));
+        for bad in [Duration::from_millis(1500), Duration::from_millis(500), Duration::from_secs(400 * 86_400)] {
+            assert!(Schedule::every(bad).is_err(), "{bad:?}");
+        }
+        // Echoed as given, not as Rust's Debug shows it (`0ns`).
+        let e = Schedule::every(Duration::ZERO).unwrap_err().to_string();
+        assert!(e.starts_with("--every 0s:"), "{e}");
+        let e = Schedule::every(Duration::from_millis(1500)).unwrap_err().to_string();
+        assert!(e.starts_with("--every 1.500s:"), "{e}");
+        let e = Schedule::every(Duration::from_secs(400 * 86_400)).unwrap_err().to_string();
+        assert!(e.starts_with("--every 400d:"), "{e}");
+    }
+
+    #[test]
+    fn cron_follows_vixie_cron_at_daylight_saving_changes() {
+        let daily = Schedule::cron("30 2 * * *", "Europe/Berlin").unwrap();
+        assert_eq!(daily.canonical(), "cron '30 2 * * *' tz Europe/Berlin");
+        // Spring: 02:30 does not exist on 2025-03-30; the slot is the first instant after the gap, 03:00.
+        let slot = daily.slot_at(ms("2025-03-30T01:10:00Z")).unwrap();
+        assert_eq!(daily.format(slot), "2025-03-30T03:00:00+02:00");
+        // Autumn: 02:30 happens twice on 2025-10-26; the job runs once, the first time.
+        let second_pass = ms("2025-10-26T01:45:00Z"); // 02:45 CET, after the second 02:30
+        assert_eq!(daily.format(daily.slot_at(second_pass).unwrap()), "2025-10-26T02:30:00+02:00");
+        // An interval job runs in both passes of the repeated hour.
+        let half_hourly = Schedule::cron("*/30 * * * *", "Europe/Berlin").unwrap();
+        let (slots, _) = half_hourly.between(ms("2025-10-25T23:30:00Z"), ms("2025-10-26T02:00:00Z")).unwrap();
+        let shown: Vec<String> = slots.iter().map(|s| half_hourly.format(*s)).collect();
+        assert_eq!(
+            shown,
+            [
+                "2025-10-26T02:00:00+02:00",
+                "2025-10-26T02:30:00+02:00",
+                "2025-10-26T02:00:00+01:00",
+                "2025-10-26T02:30:00+01:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn cron_takes_crontab_fields_and_refuses_the_rest() {
+        let last = Schedule::cron("0 0 L * *", "UTC").unwrap();
+        assert_eq!(last.format(last.slot_at(ms("2025-03-15T00:00:00Z")).unwrap()), "2025-02-28T00:00:00Z");
+        // 15W: the weekday closest to the 15th; 2025-03-15 is a Saturday.
+        let w = Schedule::cron("0 9 15W * *", "UTC").unwrap();
+        assert_eq!(w.format(w.slot_at(ms("2025-03-20T00:00:00Z")).unwrap()), "2025-03-14T09:00:00Z");
+        // Day of month OR day of week, as crontab(5): the 1st, and every Monday.
+        let either = Schedule::cron("0 0 1 * MON", "UTC").unwrap();
+        assert_eq!(either.format(either.slot_at(ms("2025-01-03T00:00:00Z")).unwrap()), "2025-01-01T00:00:00Z");
+        assert_eq!(either.format(either.slot_at(ms("2025-01-07T00:00:00Z")).unwrap()), "2025-01-06T00:00:00Z");
+        let sunday = Schedule::cron("0 0 * * 7", "UTC").unwrap();
+        assert_eq!(sunday.format(sunday.slot_at(ms("2025-01-07T00:00:00Z")).unwrap()), "2025-01-05T00:00:00Z");
+        assert!(Schedule::cron("@daily", "UTC").is_ok());
+        for bad in ["0 0 0 * * *", "61 * * * *", "* * *", "0 0 31 2 *"] {
+            let e = Schedule::cron(bad, "UTC").unwrap_err().to_string();
+            assert!(e.starts_with("--cron"), "{bad}: {e}");
+        }
+        let e = Schedule::cron("0 2 * * *", "Mars/Olympus").unwrap_err().to_string();
+        assert!(e.starts_with("--tz \"Mars/Olympus\""), "{e}");
+        let round = parse_canonical(&Schedule::cron("0  2 * * *", "Europe/Berlin").unwrap().canonical()).unwrap();
+        assert_eq!(round.canonical(), "cron '0 2 * * *' tz Europe/Berlin");
+    }
+}

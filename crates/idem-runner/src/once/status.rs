@@ -1,0 +1,229 @@
+//! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
+
+use idem_core::{
+    HISTORY, Job, MissedReason, SlotEntry, job_key, lease_prefix, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+};
+use idem_store::{Precondition, Store};
+use serde::Serialize;
+
+use super::record::list_all;
+use super::schedule::{Schedule, format_in, human_secs, parse_canonical};
+use crate::Error;
+
+/// A job's recorded history.
+#[derive(Clone, Debug, Serialize)]
+pub struct History {
+    /// The job's name.
+    pub name: String,
+    /// Its schedule, as recorded by its first invocation.
+    pub schedule: String,
+    /// The latest slot any invocation has seen (RFC 3339).
+    pub last_slot: String,
+    /// Its recent slots, newest first.
+    pub slots: Vec<SlotView>,
+    /// Slots recorded missed among `slots`, plus those that passed unseen in gaps too long to record one by one.
+    pub missed: u64,
+    /// Slots whose command ran to a successful end more than once (a holder whose lease was taken over after
+    /// its command exited 0): must stay 0.
+    pub ran_more_than_once: u64,
+    /// Slots where an attempt was taken over from a holder that vanished after its claim (killed, or cut off
+    /// from the store for a whole lease): that holder's command may have run too, even to its end, so these
+    /// slots may have run more than once (at-least-once; not known).
+    pub taken_over: u64,
+}
+
+/// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlotView {
+    /// The slot's scheduled time (RFC 3339, in the schedule's time zone).
+    pub slot: String,
+    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` or
+    /// `missed`.
+    pub state: &'static str,
+    /// Where its latest attempt ran (host name).
+    pub machine: Option<String>,
+    /// Attempts counted.
+    pub attempts: u32,
+    /// When its latest attempt started (RFC 3339, UTC, by the store's clock).
+    pub started: Option<String>,
+    /// How long the attempt that ended last ran, in milliseconds.
+    pub duration_ms: Option<u64>,
+    /// The exit code of the attempt that ended last, when it exited (`null` when killed by a signal, timed
+    /// out or never started).
+    pub exit: Option<i32>,
+    /// The signal number that killed that attempt's command, when one did.
+    pub signal: Option<i32>,
+    /// How that attempt ended, in words: `exit 0`, `exit 3`, `signal 9`, `timeout`, `cannot start …`.
+    pub ending: Option<String>,
+    /// Why it was missed: `no_invocation`, `not_started`, `past_deadline`.
+    pub missed: Option<&'static str>,
+    /// The last lines of that attempt's output.
+    pub output: Vec<String>,
+}
+
+/// The history of job `name`: its newest `limit` slots (at most [`HISTORY`] are kept), newest first. `None`
+/// when the store has no record of the job.
+///
+/// # Errors
+/// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
+pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Option<History>, Error> {
+    let key = job_key(name);
+    let Some(job) = store.get(&key).await? else { return Ok(None) };
+    let job = Job::decode(job.value()).map_err(|source| Error::Entry { key, source })?;
+    let schedule = parse_canonical(&job.schedule).ok();
+    let format = |ms: u64| schedule.as_ref().map_or_else(|| format_in(ms, None), |s: &Schedule| s.format(ms));
+    // Every kept entry is read, not only the `limit` shown: the missed total is the job's, whatever the limit.
+    let keys = list_all(store, &slot_prefix(name)).await?;
+    let values = store.get_many(&keys).await?;
+    let live: std::collections::HashSet<u64> =
+        list_all(store, &lease_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
+    let mut slots = Vec::new();
+    let mut missed = job.missed_unlisted;
+    for (key, value) in keys.iter().zip(values).rev() {
+        let Some(value) = value else { continue };
+        let entry = SlotEntry::decode(value.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+        let slot_ms = slot_of_key(key).unwrap_or(0);
+        if matches!(entry, SlotEntry::Missed { .. }) {
+            missed += 1;
+        }
+        if slots.len() < limit.min(HISTORY) {
+            slots.push(view(format(slot_ms), &entry, live.contains(&slot_ms)));
+        }
+    }
+    let count = async |key: String| -> Result<u64, Error> {
+        Ok(match store.get(&key).await? {
+            Some(v) => idem_store::decode_set(v.value()).map(|s| s.len() as u64).unwrap_or(0),
+            None => 0,
+        })
+    };
+    let repeats = count(repeats_key(name)).await?;
+    let taken_over = count(takeovers_key(name)).await?;
+    Ok(Some(History {
+        name: name.to_owned(),
+        schedule: job.schedule.clone(),
+        last_slot: format(job.last_slot_ms),
+        slots,
+        missed,
+        ran_more_than_once: repeats,
+        taken_over,
+    }))
+}
+
+fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
+    let utc = |ms: u64| Some(format_in(ms, None));
+    let ending = entry.last_ending();
+    let mut v = SlotView {
+        slot,
+        state: "missed",
+        machine: None,
+        attempts: entry.attempts(),
+        started: None,
+        duration_ms: ending.map(|e| e.duration_ms),
+        exit: ending.and_then(|e| e.code),
+        signal: ending.and_then(|e| e.exit.strip_prefix("signal ")?.parse().ok()),
+        ending: ending.map(|e| e.exit.clone()),
+        missed: None,
+        output: ending.map(|e| e.output.clone()).unwrap_or_default(),
+    };
+    match entry {
+        SlotEntry::Running { host, started_at_ms, .. } => {
+            v.state = if lease_live { "running" } else { "crashed" };
+            (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
+        }
+        SlotEntry::Failed { host, started_at_ms, .. } => {
+            v.state = "failed";
+            (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
+        }
+        SlotEntry::Done { host, started_at_ms, .. } => {
+            v.state = "done";
+            (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
+        }
+        SlotEntry::Interrupted { host, .. } => {
+            v.state = if lease_live { "running" } else { "interrupted" };
+            v.machine = Some(host.clone());
+        }
+        SlotEntry::Missed { reason, .. } => {
+            v.missed = Some(match reason {
+                MissedReason::NoInvocation => "no_invocation",
+                MissedReason::NotStarted => "not_started",
+                MissedReason::PastDeadline { .. } => "past_deadline",
+            });
+        }
+    }
+    v
+}
+
+impl History {
+    /// The history as a table for people: a head line, one line per slot, and the last lines of output of
+    /// the newest slot that has any.
+    pub fn render(&self) -> String {
+        let schedule = parse_canonical(&self.schedule).map_or_else(|_| self.schedule.clone(), |s| s.describe());
+        let mut out = format!(
+            "job {}: {}; last slot seen {}; {} missed; {} slot(s) ran more than once; {} slot(s) taken over from \
+             a vanished holder (may have run more than once)\n",
+            self.name, schedule, self.last_slot, self.missed, self.ran_more_than_once, self.taken_over
+        );
+        out.push_str(&format!(
+            "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
+            "SLOT", "STATE", "MACHINE", "ATTEMPTS", "STARTED", "DURATION", "EXIT"
+        ));
+        for s in &self.slots {
+            let duration = s.duration_ms.map_or_else(String::new, human_millis);
+            let exit = match (&s.ending, s.missed) {
+                (_, Some(why)) => why.to_owned(),
+                (Some(e), None) => e.clone(),
+                (None, None) => String::new(),
+            };
+            out.push_str(&format!(
+                "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
+                s.slot,
+                s.state,
+                s.machine.as_deref().unwrap_or("-"),
+                s.attempts,
+                s.started.as_deref().unwrap_or("-"),
+                duration,
+                exit
+            ));
+        }
+        if let Some(s) = self.slots.iter().find(|s| !s.output.is_empty()) {
+            out.push_str(&format!("last output of {} ({} line(s)):\n", s.slot, s.output.len()));
+            for line in &s.output {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        out
+    }
+}
+
+/// A duration for people: tenths of seconds under a minute (`2.5s`), else whole units (`1h2m5s`).
+fn human_millis(ms: u64) -> String {
+    if ms < 60_000 { format!("{:.1}s", ms as f64 / 1000.0) } else { human_secs(ms / 1000) }
+}
+
+/// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once and
+/// taken over), so
+/// its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
+/// Returns how many records were deleted (0: the store had none).
+///
+/// # Errors
+/// [`Error::Config`] while a slot runs (a live lease); [`Error::Store`] when the store fails.
+pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
+    let running = list_all(store, &lease_prefix(name)).await?;
+    if let Some(key) = running.first() {
+        let slot = slot_of_key(key).map_or_else(String::new, |ms| format_in(ms, None));
+        return Err(Error::Config(format!(
+            "job {name}: the slot {slot} runs now under a live lease; forget it once it has ended"
+        )));
+    }
+    let mut keys = list_all(store, &slot_prefix(name)).await?;
+    keys.push(job_key(name));
+    keys.push(repeats_key(name));
+    keys.push(takeovers_key(name));
+    let mut deleted = 0;
+    for key in keys {
+        if store.delete(&key, Precondition::Any).await?.is_some() {
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}

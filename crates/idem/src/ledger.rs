@@ -1,0 +1,102 @@
+//! The store `idem run`'s ledger and `idem once`'s slots live in, opened by URL: a `sqlite:` file is
+//! `idem_sqlite::SharedSqlite`, shared by the processes of one machine by taking turns; any other URL is an
+//! `AnyStore`.
+
+use std::time::Duration;
+
+use idem_sqlite::SharedSqlite;
+use idem_store::Limits;
+use idem_stores::{AnyStore, StoreUrl};
+
+use crate::error::Error;
+
+/// The ledger store, opened by URL; SQLite files are shared between processes by taking turns.
+#[derive(Clone, Debug)]
+pub(crate) enum Ledger {
+    Sqlite(SharedSqlite),
+    Other(AnyStore),
+}
+
+impl Ledger {
+    /// Opens `url`; `namespace` names the PostgreSQL schema or the Redis key prefix.
+    pub(crate) async fn open(url: &str, namespace: &str) -> Result<Self, Error> {
+        match StoreUrl::parse(url)? {
+            StoreUrl::Sqlite(path) => SharedSqlite::open(&path, Limits::default())
+                .await
+                .map(Ledger::Sqlite)
+                .map_err(|e| Error::OpenStore { url: url.to_owned(), source: Box::new(e) }),
+            other => Ok(Ledger::Other(AnyStore::open(&other, namespace, Limits::default()).await?)),
+        }
+    }
+
+    /// As [`Ledger::open`], but `None` when `url` is PostgreSQL and the `namespace` schema does not exist
+    /// (nothing is created); SQLite and Redis open as by `open`.
+    pub(crate) async fn open_existing(url: &str, namespace: &str) -> Result<Option<Self>, Error> {
+        match StoreUrl::parse(url)? {
+            StoreUrl::Sqlite(_) => Self::open(url, namespace).await.map(Some),
+            other => Ok(AnyStore::open_existing(&other, namespace, Limits::default()).await?.map(Ledger::Other)),
+        }
+    }
+
+    /// Opens `url` as [`Ledger::open`] does, riding out a store that is down or unreachable for now (refused,
+    /// reset, no answer: [`idem_stores::Error::is_unavailable`]) for at most `limit`: tries again after a pause
+    /// that doubles from 100 ms up to 2 s, each drawn between half and all of it (runners started together do
+    /// not come back at the store in one burst). `Ok(None)` once `limit` has passed with the store still
+    /// unavailable. Other errors (a bad URL, a login or TLS handshake refused) are returned at once.
+    pub(crate) async fn open_within(url: &str, namespace: &str, limit: Duration) -> Result<Option<Self>, Error> {
+        let parsed = StoreUrl::parse(url)?;
+        if let StoreUrl::Sqlite(_) = parsed {
+            return Self::open(url, namespace).await.map(Some);
+        }
+        let start = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(100);
+        let mut said = false;
+        loop {
+            match AnyStore::open(&parsed, namespace, Limits::default()).await {
+                Ok(store) => {
+                    if said {
+                        eprintln!("idem run: the ledger store is back");
+                    }
+                    return Ok(Some(Ledger::Other(store)));
+                }
+                Err(e) if e.is_unavailable() => {
+                    if start.elapsed() >= limit {
+                        return Ok(None);
+                    }
+                    if !said {
+                        eprintln!(
+                            "idem run: the ledger store is unavailable ({}); trying again for up to {} \
+                             (--store-outage-limit)",
+                            crate::error::chain(&e),
+                            humantime::format_duration(limit)
+                        );
+                        said = true;
+                    }
+                    let left = limit.saturating_sub(start.elapsed());
+                    tokio::time::sleep(pause.mul_f64(0.5 + rand::random::<f64>() / 2.0).min(left)).await;
+                    pause = pause.saturating_mul(2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Commits what is queued and gives the store up.
+    pub(crate) async fn close(&self) {
+        match self {
+            Ledger::Sqlite(s) => s.close().await,
+            Ledger::Other(s) => s.close().await,
+        }
+    }
+}
+
+/// Runs `$body` with `$s` bound to the ledger's concrete store (the engines are generic over `Store`).
+macro_rules! on_ledger {
+    ($ledger:expr, $s:ident => $body:expr) => {
+        match $ledger {
+            $crate::ledger::Ledger::Sqlite($s) => $body,
+            $crate::ledger::Ledger::Other($s) => $body,
+        }
+    };
+}
+pub(crate) use on_ledger;

@@ -1,0 +1,358 @@
+//! `idem once` (each scheduled slot of a cron job runs once across machines) and `idem once status|forget`.
+
+use std::time::Duration;
+
+use idem_runner::once::{self, OnceConfig, Schedule};
+use idem_stores::StoreUrl;
+
+use crate::error::Error;
+use crate::ledger::{Ledger, on_ledger};
+
+const ONCE_AFTER_HELP: &str = "\
+Run it from cron or a timer on every machine, as often as you like (every minute for a daily job runs a slot \
+missed while every machine was down as soon as one is back): the slot is the latest scheduled time at or before \
+now by the store's clock, and only the first invocation in a slot runs the command. The command gets IDEM_NAME, \
+IDEM_SLOT (the slot's time, RFC 3339), IDEM_ATTEMPT and IDEM_FENCING_TOKEN; its output is passed through and its \
+last lines kept for `idem once status`.
+
+Exit status:
+  0    the slot is done: ran now, or ran already (here or elsewhere; the message says where and when); also held
+       by another invocation, or an earlier slot running with --no-overlap (without --fail-if-held)
+  1    the command ran here and failed; the next invocation in this slot retries it (attempts remain)
+  2    nothing ran: bad usage, a schedule other than the one the job is recorded with, a store that cannot be
+       opened or failed before the claim
+  3    the slot failed for good: every attempt allowed (--retries + 1) failed; nothing more runs in it
+  4    the slot is missed: not started within --starting-deadline (recorded now or before), or behind: older
+       than the newest slot the job has seen (this clock is behind the one that saw it); nothing ran
+  5    with --fail-if-held: another invocation holds the slot (or, with --no-overlap, an earlier one runs)
+  6    the lease was lost while the command ran (this invocation was paused past it and the slot taken over, or
+       the store did not answer for a whole lease), or before it started (it was not started), or the store
+       failed on every try of the outcome write for 60s (or --lease if longer): its outcome is not recorded
+  130  SIGINT or SIGTERM: the command was killed and its attempt given back";
+
+/// Arguments of `idem once`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true, after_help = ONCE_AFTER_HELP)]
+#[command(group(clap::ArgGroup::new("schedule").required(true).args(["every", "cron"])))]
+pub struct OnceArgs {
+    #[command(subcommand)]
+    command: Option<OnceCommand>,
+    /// The job's name: with the slot's time, the key of each run (letters, digits, '.', '_', '-').
+    #[arg(long, required = true)]
+    name: Option<String>,
+    /// Slots every DURATION (whole seconds, 1s up to 366 days), aligned to the Unix epoch: --every 1h has a
+    /// slot at each full hour UTC, --every 1w one each Thursday 00:00 UTC (1970-01-01 was a Thursday). Months
+    /// and years are refused: a calendar schedule is --cron.
+    #[arg(long, value_name = "DURATION")]
+    every: Option<String>,
+    /// Slots where a five-field cron expression matches (minute hour day-of-month month day-of-week; L, W, #,
+    /// @daily…), Vixie cron's rules at daylight-saving changes.
+    #[arg(long, value_name = "EXPR")]
+    cron: Option<String>,
+    /// The IANA time zone of --cron (default UTC, so every machine computes the same slots whatever its own
+    /// zone). Refused with --every, whose slots are aligned to the Unix epoch.
+    #[arg(long, value_name = "ZONE")]
+    tz: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Retries after the first attempt, per slot, counted across invocations and machines (a crashed one's
+    /// too): a failed slot is retried by the next invocation in the slot.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    retries: u32,
+    /// Lease length; renewed every third of it while the command runs. A crashed holder's slot is taken over
+    /// by the first invocation after it lapses. 1s to 365 days.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    lease: Duration,
+    /// A slot not started within DURATION after its scheduled time is recorded missed instead of run (exit 4);
+    /// Kubernetes' startingDeadlineSeconds (at most 366 days). Retries of a started slot are not bounded by it.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    starting_deadline: Option<Duration>,
+    /// While an earlier slot of the job still runs, do not start this one (Kubernetes' concurrencyPolicy
+    /// Forbid): exit as held; a later invocation in the slot starts it once the earlier run ended, and a slot
+    /// that passes without starting is recorded missed.
+    #[arg(long)]
+    no_overlap: bool,
+    /// Exit 5 instead of 0 when another invocation holds the slot (or an earlier one runs, with --no-overlap).
+    #[arg(long)]
+    fail_if_held: bool,
+    /// Longest one attempt may run (e.g. 30m; at most 366 days): the command's process group is then killed,
+    /// the attempt fails.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    timeout: Option<Duration>,
+    /// A message only for a change of state or trouble: a failed attempt, a slot recorded missed (by the
+    /// invocation that records it), a lost lease, a clock behind the job's. Nothing on success, or when the
+    /// slot is done, held, or found failed for good or missed already (cron mails any output; the exit
+    /// status still says it).
+    #[arg(long)]
+    quiet: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command_line: Vec<String>,
+}
+
+/// Where the job's records are.
+#[derive(Debug, Clone, clap::Args)]
+struct StoreArgs {
+    /// The store: sqlite:PATH (one machine; default: $XDG_STATE_HOME/idem/once.db, else
+    /// ~/.local/state/idem/once.db), postgres://… or redis://… (several machines).
+    #[arg(long, env = "IDEM_ONCE_STORE")]
+    store: Option<String>,
+    /// PostgreSQL schema / Redis key prefix.
+    #[arg(long, env = "IDEM_NAMESPACE", default_value = "idem")]
+    namespace: String,
+}
+
+impl StoreArgs {
+    /// The store's URL; `memory:` is refused (exit 2): it keeps nothing past the invocation, so every
+    /// invocation would find its slot new and run it.
+    fn url(&self) -> Result<String, Error> {
+        let url = match &self.store {
+            Some(u) => u.clone(),
+            None => format!("sqlite:{}", once::default_store_path().map_err(runner_error)?.display()),
+        };
+        if matches!(StoreUrl::parse(&url), Ok(StoreUrl::Memory)) || url == "memory" {
+            return Err(Error::Config(
+                "--store memory: keeps nothing past one invocation, so every invocation would run its slot; give \
+                 sqlite:PATH (one machine), postgres://… or redis://… (several)"
+                    .into(),
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The store, refusing a SQLite file that does not exist, the default one or one named (status and
+    /// forget only read what invocations wrote: a typo must not answer from a file made for it).
+    /// A PostgreSQL namespace that does not exist is `None` likewise, with nothing created.
+    async fn open_existing(&self, name: &str) -> Result<Ledger, Error> {
+        let url = self.url()?;
+        if let Ok(StoreUrl::Sqlite(path)) = StoreUrl::parse(&url)
+            && !path.exists()
+        {
+            return Err(Error::NotFound(format!(
+                "no store at {}: nothing has run with idem once there (or its store is elsewhere: --store)",
+                path.display()
+            )));
+        }
+        Ledger::open_existing(&url, &self.namespace).await?.ok_or_else(|| self.no_job(name))
+    }
+
+    /// The error for a job the store does not have (exit 3), naming the store and the namespace.
+    fn no_job(&self, name: &str) -> Error {
+        let url = self.url().unwrap_or_default();
+        // A SQLite file has no namespaces; PostgreSQL and Redis do, and a wrong one is the likely mistake.
+        let namespace = match StoreUrl::parse(&url) {
+            Ok(StoreUrl::Sqlite(_)) => String::new(),
+            _ => format!(" (namespace {})", self.namespace),
+        };
+        Error::NotFound(format!("no job {name} in {}{namespace}", idem_core::redact_url(&url)))
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum OnceCommand {
+    /// The job's recent slots: state (done, failed, running, crashed, interrupted, missed), machine, attempts,
+    /// start, duration, exit status, the last lines of output, and how many slots ran more than once (must
+    /// be 0). Exit 3 when the store has no such job.
+    Status {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// `text` (a table) or `json`.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// How many of the newest slots to show (at most 100 are kept).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Delete every record of the job (its history too), so that its next invocation starts afresh with the
+    /// schedule it gives. Refused while a slot of it runs. Exit 3 when the store has no such job.
+    Forget {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+fn runner_error(e: idem_runner::Error) -> Error {
+    match e {
+        idem_runner::Error::Config(_) => Error::Config(crate::error::chain(&e)),
+        // The store failed before anything was claimed: nothing ran, as for a store that cannot be opened.
+        other => Error::Config(format!("{}; nothing ran", crate::error::chain(&other))),
+    }
+}
+
+impl OnceArgs {
+    /// The default log level: `error` with --quiet, whose promise is that only a change of state or trouble
+    /// is printed (a store blip that recovers logs WARN lines, e.g. a lease renewal retried), `warn` otherwise.
+    pub fn log_level(&self) -> &'static str {
+        if self.quiet && self.command.is_none() { "error" } else { "warn" }
+    }
+}
+
+/// Runs `idem once …`; returns the exit status.
+///
+/// # Errors
+/// Refusals before anything ran (exit status 2), a job not in the store (3).
+pub async fn run(args: OnceArgs) -> Result<i32, Error> {
+    match args.command {
+        Some(OnceCommand::Status { name, store, format, limit }) => return status(&name, &store, format, limit).await,
+        Some(OnceCommand::Forget { name, store }) => return forget(&name, &store).await,
+        None => {}
+    }
+    let name = args.name.unwrap_or_default();
+    if args.tz.is_some() && args.cron.is_none() {
+        return Err(Error::Config(
+            "--tz applies to --cron only: --every slots are aligned to the Unix epoch, the same in every zone".into(),
+        ));
+    }
+    let schedule = match (&args.every, &args.cron) {
+        (Some(every), None) => Schedule::every(parse_every(every)?),
+        (None, Some(cron)) => Schedule::cron(cron, args.tz.as_deref().unwrap_or("UTC")),
+        _ => return Err(Error::Config("give one of --every DURATION and --cron EXPR".into())),
+    }
+    .map_err(runner_error)?;
+    let mut cfg = OnceConfig::new(name, schedule, args.command_line);
+    cfg.retries = args.retries;
+    cfg.lease = args.lease;
+    cfg.starting_deadline = args.starting_deadline;
+    cfg.no_overlap = args.no_overlap;
+    cfg.timeout = args.timeout;
+    // Everything that can refuse the invocation is checked before the store is opened (or created).
+    tokio::task::block_in_place(|| cfg.check()).map_err(runner_error)?;
+    let url = args.store.url()?;
+    // A named SQLite file's directory must exist: a typo in --store would otherwise make a new directory and
+    // an empty store there, and every machine's job would run in its own. The default store's directory
+    // (~/.local/state/idem) is made when missing.
+    if args.store.store.is_some()
+        && let Ok(StoreUrl::Sqlite(path)) = StoreUrl::parse(&url)
+        && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(Error::Config(format!(
+            "--store {}: directory {} does not exist (create it first); nothing ran",
+            idem_core::redact_url(&url),
+            dir.display()
+        )));
+    }
+    let ledger = Ledger::open(&url, &args.store.namespace).await?;
+    let result = on_ledger!(&ledger, s => once::once(s, &cfg, signalled()).await);
+    ledger.close().await;
+    let report = result.map_err(runner_error)?;
+    let code = report.exit_code(args.fail_if_held);
+    if !args.quiet || report.changed_state() {
+        let line = format!("{}\n", report.render());
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    }
+    Ok(code)
+}
+
+/// `--every`'s value: a duration with units (`90s`, `15m`, `1h`, `7d`); one line when it is not one (not
+/// the list of every unit humantime knows: only whole seconds are taken). Months and years are refused:
+/// humantime reads them as 30.44 and 365.25 days from the epoch, never the first of a month or a year; a
+/// calendar schedule is `--cron`'s.
+fn parse_every(value: &str) -> Result<Duration, Error> {
+    let calendar = value
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .any(|unit| matches!(unit, "M" | "month" | "months" | "y" | "year" | "years"));
+    if calendar {
+        return Err(Error::Config(format!(
+            "--every {value:?}: months and years are not fixed lengths; give --cron (e.g. '0 0 1 * *' monthly, \
+             '0 0 1 1 *' yearly)"
+        )));
+    }
+    humantime::parse_duration(value).map_err(|_| {
+        Error::Config(format!(
+            "--every {value:?}: not a duration; give whole seconds with a unit: 90s, 15m, 1h, 7d (a calendar \
+             schedule is --cron)"
+        ))
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM (never, if they cannot be watched).
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn status(name: &str, store: &StoreArgs, format: Format, limit: usize) -> Result<i32, Error> {
+    once::check_name(name).map_err(runner_error)?;
+    let ledger = store.open_existing(name).await?;
+    let result = on_ledger!(&ledger, s => once::history(s, name, limit).await);
+    ledger.close().await;
+    let Some(history) = result.map_err(runner_error)? else {
+        return Err(store.no_job(name));
+    };
+    match format {
+        Format::Text => crate::error::out(&history.render())?,
+        Format::Json => {
+            crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&history).unwrap_or_default()))?
+        }
+    }
+    Ok(0)
+}
+
+async fn forget(name: &str, store: &StoreArgs) -> Result<i32, Error> {
+    once::check_name(name).map_err(runner_error)?;
+    let ledger = store.open_existing(name).await?;
+    let result = on_ledger!(&ledger, s => once::forget(s, name).await);
+    ledger.close().await;
+    match result.map_err(runner_error)? {
+        0 => Err(store.no_job(name)),
+        n => {
+            crate::error::out(&format!("forgot job {name} ({n} records); its next invocation starts afresh\n"))?;
+            Ok(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Months and years are refused with a pointer to --cron; fixed units, weeks included, are taken.
+    #[test]
+    fn every_refuses_calendar_units() {
+        for value in ["1M", "1month", "2months", "1y", "1year", "3years", "1d 1M"] {
+            let Err(Error::Config(msg)) = parse_every(value) else { panic!("{value} was taken") };
+            assert!(msg.contains("--cron"), "{msg}");
+        }
+        for (value, secs) in [("90s", 90), ("15m", 900), ("1h", 3600), ("7d", 604_800), ("1w", 604_800)] {
+            assert_eq!(parse_every(value).ok(), Some(Duration::from_secs(secs)), "{value}");
+        }
+    }
+
+    /// With --quiet the log level is error: a transient WARN (a lease renewal retried) is not printed.
+    #[test]
+    fn quiet_raises_the_log_level() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            once: OnceArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["idem", "--name", "j", "--every", "1h"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&["--", "true"]);
+            Cli::parse_from(args).once
+        };
+        assert_eq!(parse(&["--quiet"]).log_level(), "error");
+        assert_eq!(parse(&[]).log_level(), "warn");
+    }
+}

@@ -1,0 +1,780 @@
+//! `idem once`, counted exactly: processes standing in for machines invoke one job on one store, SQLite (one
+//! file shared by the processes of this machine), PostgreSQL and Redis (the machine's servers, each test in a
+//! schema or key prefix of its own; what is killed or paused here is an `idem once` process, never a server).
+//! Each command logs every execution to a file, which is what is counted.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use crate::common::BIN;
+
+/// One store the invocations share, with a scratch directory for logs.
+struct Backend {
+    url: String,
+    namespace: String,
+    dir: tempfile::TempDir,
+}
+
+impl Backend {
+    fn sqlite() -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("once.db").display());
+        Some(Self { url, namespace: "idem".into(), dir })
+    }
+
+    fn server(var: &str) -> Option<Self> {
+        let Ok(url) = std::env::var(var) else {
+            assert!(
+                std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+                "{var} is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+            );
+            eprintln!("skipped: {var} is unset");
+            return None;
+        };
+        let namespace = format!("idem_once_{:012x}", rand::random::<u64>() >> 16);
+        Some(Self { url, namespace, dir: tempfile::tempdir().unwrap() })
+    }
+
+    fn postgres() -> Option<Self> {
+        Self::server("IDEM_TEST_POSTGRES_URL")
+    }
+
+    fn redis() -> Option<Self> {
+        Self::server("IDEM_TEST_REDIS_URL")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `idem once --name NAME ARGS -- sh -c SCRIPT` on this store; the script runs in the scratch directory.
+    fn once(&self, name: &str, args: &[&str], script: &str) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["once", "--store", &self.url, "--namespace", &self.namespace, "--name", name])
+            .args(args)
+            .args(["--", "sh", "-c", script])
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Runs one invocation to its end: (exit status, standard error).
+    fn run(&self, name: &str, args: &[&str], script: &str) -> (i32, String) {
+        let out = self.once(name, args, script).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// `idem once status --format json`.
+    fn status(&self, name: &str) -> Value {
+        self.status_limited(name, 100)
+    }
+
+    /// `idem once status --format json --limit LIMIT`.
+    fn status_limited(&self, name: &str, limit: usize) -> Value {
+        let out = self.status_as(name, &["--format", "json", "--limit", &limit.to_string()]);
+        assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `idem once status ARGS` as it ran.
+    fn status_as(&self, name: &str, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(["once", "status", "--store", &self.url, "--namespace", &self.namespace, "--name", name])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn lines(&self, file: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path(file)).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+
+    async fn cleanup(&self) {
+        if !self.url.starts_with("sqlite:") {
+            crate::shared_backends::cleanup(&self.url, &self.namespace).await;
+        }
+    }
+}
+
+/// A period whose boundary (once a year) no test straddles: every invocation of a test is in one slot.
+const ONE_SLOT: &str = "366d";
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(sig: &str, target: &str) {
+    let ok = Command::new("kill").args([sig, "--", target]).status().unwrap().success();
+    assert!(ok, "kill {sig} {target}");
+}
+
+fn slots(status: &Value) -> &Vec<Value> {
+    status["slots"].as_array().unwrap()
+}
+
+/// Three invocations started together for one slot run the command once; the other two are told it is held
+/// (or done) and exit 0.
+async fn three_together_run_once(b: Backend) {
+    let script = "echo \"$IDEM_SLOT $IDEM_ATTEMPT\" >> runs; sleep 1";
+    let children: Vec<Child> =
+        (0..3).map(|_| b.once("together", &["--every", ONE_SLOT], script).spawn().unwrap()).collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(b.lines("runs").len(), 1, "three invocations of one slot ran it {:?}", b.lines("runs"));
+    let (code, stderr) = b.run("together", &["--every", ONE_SLOT], script);
+    assert_eq!(code, 0);
+    assert!(stderr.contains("done already, on "), "{stderr}");
+    let status = b.status("together");
+    assert_eq!(slots(&status).len(), 1);
+    assert_eq!(slots(&status)[0]["state"], "done");
+    assert_eq!(slots(&status)[0]["attempts"], 1);
+    assert_eq!(status["ran_more_than_once"], 0);
+    b.cleanup().await;
+}
+
+/// Over 20 s of `--every 2s`, three machines invoking every 300 ms: every slot that began ran exactly once.
+async fn every_slot_runs_once_under_steady_invocations(b: Backend) {
+    let script = "echo \"$IDEM_SLOT\" >> runs; sleep 0.3";
+    let end = Instant::now() + Duration::from_secs(20);
+    let machines: Vec<_> = (0..3)
+        .map(|_| {
+            let mut cmd = b.once("steady", &["--every", "2s", "--lease", "2s"], script);
+            cmd.stderr(Stdio::null());
+            std::thread::spawn(move || {
+                let mut running = Vec::new();
+                while Instant::now() < end {
+                    running.push(cmd.spawn().unwrap());
+                    std::thread::sleep(Duration::from_millis(300));
+                    running.retain_mut(|c: &mut Child| c.try_wait().unwrap().is_none());
+                }
+                for mut c in running {
+                    c.wait().unwrap();
+                }
+            })
+        })
+        .collect();
+    for m in machines {
+        m.join().unwrap();
+    }
+    let runs = b.lines("runs");
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for slot in &runs {
+        *seen.entry(slot.clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "slots executed more than once: {twice:?}");
+    let status = b.status("steady");
+    let done = slots(&status).iter().filter(|s| s["state"] == "done").count();
+    let missed: Vec<_> = slots(&status).iter().filter(|s| s["state"] == "missed").collect();
+    assert_eq!(missed, Vec::<&Value>::new(), "slots that began with invocations every 300 ms were missed");
+    // Every slot from the first to the last ran: ten or eleven 2 s slots in 20 s.
+    let first = secs(seen.keys().next().unwrap());
+    let last = secs(seen.keys().last().unwrap());
+    let began = (last - first) / 2 + 1;
+    eprintln!("{}: {} executions, {began} slots began, {done} done", b.url, runs.len());
+    assert_eq!(runs.len() as u64, began, "executions != slots that began: {seen:?}");
+    assert_eq!(done as u64, began);
+    assert_eq!(status["ran_more_than_once"], 0);
+    b.cleanup().await;
+}
+
+/// kill -9 of the holder mid-command: its command dies with it (the watchdog), the next invocation after the
+/// lease runs the slot once more, and the slot ends done after two attempts.
+async fn a_killed_holder_is_taken_over_after_its_lease(b: Backend) {
+    let script = "echo start >> log; sleep 3; echo end >> log";
+    let args = ["--every", ONE_SLOT, "--lease", "2s"];
+    let mut holder = b.once("killed", &args, script).spawn().unwrap();
+    wait_for("the first start", Duration::from_secs(20), || b.lines("log").len() == 1);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let killed_at = Instant::now();
+    let mut held = 0;
+    loop {
+        let (code, stderr) = b.run("killed", &args, script);
+        assert_eq!(code, 0, "{stderr}");
+        if stderr.contains(": done (attempt 2)") {
+            break;
+        }
+        assert!(stderr.contains("under a live lease; not run here"), "{stderr}");
+        held += 1;
+        assert!(killed_at.elapsed() < Duration::from_secs(20), "never taken over");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    eprintln!("{}: {held} invocation(s) found the killed holder's lease live", b.url);
+    let log = b.lines("log");
+    assert_eq!(log.iter().filter(|l| *l == "start").count(), 2, "{log:?}");
+    assert_eq!(log.iter().filter(|l| *l == "end").count(), 1, "the killed holder's command went on: {log:?}");
+    let status = b.status("killed");
+    assert_eq!((slots(&status)[0]["state"].as_str(), slots(&status)[0]["attempts"].as_u64()), (Some("done"), Some(2)));
+    assert_eq!(status["ran_more_than_once"], 0);
+    assert_eq!(status["taken_over"], 1, "the takeover of a started attempt is counted: {status}");
+    b.cleanup().await;
+}
+
+/// The holder killed right after its command exited 0, before its done write: nothing recorded the success,
+/// so the first invocation after the lease runs the slot again (at-least-once there); `status` counts the
+/// slot in `taken_over` (it may have run twice: 1) while `ran_more_than_once` (known twice) stays 0.
+async fn a_holder_killed_after_its_command_succeeded_counts_as_taken_over(b: Backend) {
+    let script = "echo ran >> log; [ \"$(wc -l < log)\" -gt 1 ] || kill -9 $PPID";
+    let args = ["--every", ONE_SLOT, "--lease", "1s"];
+    let (code, _) = b.run("vanished", &args, script);
+    assert_eq!(code, -1, "the holder was killed by its own command");
+    let killed_at = Instant::now();
+    loop {
+        let (code, stderr) = b.run("vanished", &args, script);
+        assert_eq!(code, 0, "{stderr}");
+        if stderr.contains(": done (attempt 2)") {
+            break;
+        }
+        assert!(stderr.contains("under a live lease; not run here"), "{stderr}");
+        assert!(killed_at.elapsed() < Duration::from_secs(20), "never taken over");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(b.lines("log"), ["ran", "ran"], "2 runs: the killed holder's and its successor's");
+    let status = b.status("vanished");
+    assert_eq!((slots(&status)[0]["state"].as_str(), slots(&status)[0]["attempts"].as_u64()), (Some("done"), Some(2)));
+    assert_eq!((status["taken_over"].as_u64(), status["ran_more_than_once"].as_u64()), (Some(1), Some(0)), "{status}");
+    b.cleanup().await;
+}
+
+/// SIGSTOP of the holder's machine (the invocation and its command) past its lease: a second machine takes
+/// the slot over and runs it; the resumed holder's lease is refused, its command killed, its outcome never
+/// recorded (exit 6). Not on SQLite: one machine's processes take turns holding the file, and a process
+/// stopped during its turn stalls the others until it resumes (docs/DESIGN.md, "Sharing a ledger").
+async fn a_paused_holder_is_fenced_out(b: Backend) {
+    let script = "echo \"start $$\" >> log; sleep 2; echo end >> log";
+    let args = ["--every", ONE_SLOT, "--lease", "1s"];
+    let holder = b.once("paused", &args, script).spawn().unwrap();
+    wait_for("the first start", Duration::from_secs(20), || b.lines("log").len() == 1);
+    let group = b.lines("log")[0].trim_start_matches("start ").to_owned();
+    signal("-STOP", &format!("-{group}"));
+    signal("-STOP", &holder.id().to_string());
+    std::thread::sleep(Duration::from_millis(2000));
+    let (code, stderr) = b.run("paused", &args, script);
+    assert_eq!((code, stderr.contains(": done (attempt 2)")), (0, true), "{stderr}");
+    // The invocation wakes first (it kills its command's group, stopped or not); the command's group is
+    // woken after, if anything of it is left.
+    signal("-CONT", &holder.id().to_string());
+    let out = holder.wait_with_output().unwrap();
+    let _ = Command::new("kill").args(["-CONT", "--", &format!("-{group}")]).stderr(Stdio::null()).status();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("its outcome is not recorded"), "{stderr}");
+    assert!(stderr.contains("paused"), "the message names a pause as a cause, not only the store: {stderr}");
+    std::thread::sleep(Duration::from_millis(500));
+    let log = b.lines("log");
+    assert_eq!(log.iter().filter(|l| *l == "end").count(), 1, "the fenced-out command ran on: {log:?}");
+    let status = b.status("paused");
+    assert_eq!((slots(&status)[0]["state"].as_str(), slots(&status)[0]["attempts"].as_u64()), (Some("done"), Some(2)));
+    assert_eq!(status["ran_more_than_once"], 0);
+    b.cleanup().await;
+}
+
+/// SIGSTOP of the invocation alone: its command runs on and exits 0 while the slot is taken over; the resumed
+/// invocation's fenced done write is refused, and `status` counts the slot as run more than once.
+async fn a_success_after_a_takeover_is_refused_and_counted(b: Backend) {
+    let script = "echo start >> log; sleep 1; echo end >> log";
+    let args = ["--every", ONE_SLOT, "--lease", "1s"];
+    let holder = b.once("refused", &args, script).spawn().unwrap();
+    wait_for("the first start", Duration::from_secs(20), || b.lines("log").len() == 1);
+    signal("-STOP", &holder.id().to_string());
+    wait_for("the paused invocation's command to end", Duration::from_secs(20), || b.lines("log").len() == 2);
+    std::thread::sleep(Duration::from_millis(1200));
+    let (code, stderr) = b.run("refused", &args, script);
+    assert_eq!((code, stderr.contains(": done (attempt 2)")), (0, true), "{stderr}");
+    signal("-CONT", &holder.id().to_string());
+    let out = holder.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("the slot ran more than once"), "{stderr}");
+    let status = b.status("refused");
+    assert_eq!(slots(&status)[0]["attempts"], 2);
+    assert_eq!(status["ran_more_than_once"], 1, "a success refused by the fence is a slot that ran twice");
+    b.cleanup().await;
+}
+
+/// A failing command is retried by the next invocation and stops after `--retries`: exit 1, 1, then 3 for
+/// the last attempt and 3 without running for every invocation after it.
+async fn a_failing_slot_is_retried_until_its_retries_run_out(b: Backend) {
+    let script = "echo try >> log; echo \"boom $IDEM_ATTEMPT\" >&2; exit 3";
+    let args = ["--every", ONE_SLOT, "--retries", "2"];
+    let codes: Vec<i32> = (0..4).map(|_| b.run("failing", &args, script).0).collect();
+    assert_eq!(codes, [1, 1, 3, 3]);
+    assert_eq!(b.lines("log").len(), 3, "ran after its retries ran out");
+    let status = b.status("failing");
+    let slot = &slots(&status)[0];
+    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("failed"), Some(3)));
+    // JSON: the exit code a number, the signal apart, the words in `ending`.
+    assert_eq!(
+        (&slot["exit"], &slot["signal"], &slot["ending"]),
+        (&serde_json::json!(3), &Value::Null, &serde_json::json!("exit 3"))
+    );
+    assert_eq!(slot["output"], serde_json::json!(["boom 3"]));
+    b.cleanup().await;
+}
+
+/// With no invocation for three slots, the next one runs only the current slot, and `status` shows the three
+/// missed.
+async fn slots_without_an_invocation_are_recorded_missed(b: Backend) {
+    let script = "echo \"$IDEM_SLOT\" >> runs";
+    let args = ["--every", "1s"];
+    wait_until_into_slot(1000, 100);
+    assert_eq!(b.run("gaps", &args, script).0, 0);
+    std::thread::sleep(Duration::from_millis(3900));
+    wait_until_into_slot(1000, 100);
+    assert_eq!(b.run("gaps", &args, script).0, 0);
+    let runs = b.lines("runs");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let status = b.status("gaps");
+    let states: Vec<&str> = slots(&status).iter().map(|s| s["state"].as_str().unwrap()).collect();
+    let gap = secs(&runs[1]) - secs(&runs[0]) - 1;
+    assert!(gap >= 3, "{runs:?}");
+    let mut expected = vec!["done"];
+    expected.extend(std::iter::repeat_n("missed", gap as usize));
+    expected.push("done");
+    assert_eq!(states, expected);
+    assert!(slots(&status)[1..=gap as usize].iter().all(|s| s["missed"] == "no_invocation"));
+    // A missed slot has every key, null where nothing applies.
+    let missed_slot = slots(&status)[1].as_object().unwrap();
+    for key in ["machine", "started", "duration_ms", "exit", "signal", "ending"] {
+        assert_eq!(missed_slot.get(key), Some(&Value::Null), "{key}: {missed_slot:?}");
+    }
+    assert_eq!(status["missed"], gap);
+    b.cleanup().await;
+}
+
+/// An invocation past `--starting-deadline` runs nothing and records the slot missed (exit 4, also for the
+/// invocations after it); the next slot, invoked in time, runs.
+async fn an_invocation_past_the_deadline_records_the_slot_missed(b: Backend) {
+    let script = "echo \"$IDEM_SLOT\" >> runs";
+    let args = ["--every", "4s", "--starting-deadline", "1s"];
+    wait_until_into_slot(4000, 1500);
+    let (code, stderr) = b.run("late", &args, script);
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("recorded missed now (not started within --starting-deadline)"), "{stderr}");
+    assert_eq!(b.run("late", &args, script).0, 4);
+    assert!(b.lines("runs").is_empty());
+    wait_until_into_slot(4000, 100);
+    assert_eq!(b.run("late", &args, script).0, 0);
+    assert_eq!(b.lines("runs").len(), 1);
+    let status = b.status("late");
+    assert_eq!(slots(&status)[1]["state"], "missed");
+    assert_eq!(slots(&status)[1]["missed"], "past_deadline");
+    assert_eq!(slots(&status)[0]["state"], "done");
+    b.cleanup().await;
+}
+
+/// `--no-overlap`: while an earlier slot's command still runs, an invocation in the next slot does not start
+/// it (exit 5 with `--fail-if-held`); once the earlier run ended, the next invocation in the slot runs it. A
+/// schedule other than the job's recorded one is refused (exit 2) and runs nothing.
+async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
+    let args = ["--every", "4s", "--no-overlap"];
+    let script = "echo \"$IDEM_SLOT\" >> runs; [ \"$(wc -l < runs)\" -gt 1 ] || sleep 5";
+    wait_until_into_slot(4000, 100);
+    let first = b.once("overlap", &args, script).spawn().unwrap();
+    wait_for("the first start", Duration::from_secs(20), || b.lines("runs").len() == 1);
+    // Into the next slot, while the first still runs.
+    let next = Duration::from_millis((secs(&b.lines("runs")[0]) + 4) * 1000 + 300);
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    std::thread::sleep(next.saturating_sub(now));
+    let (code, stderr) = b.run("overlap", &[&args[..], &["--fail-if-held"]].concat(), script);
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("still runs (--no-overlap)"), "{stderr}");
+    assert_eq!(b.lines("runs").len(), 1);
+    assert_eq!(first.wait_with_output().unwrap().status.code(), Some(0));
+    let (code, stderr) = b.run("overlap", &args, script);
+    assert_eq!((code, stderr.contains(": done (attempt 1)")), (0, true), "{stderr}");
+    let runs = b.lines("runs");
+    assert_eq!(secs(&runs[1]) - secs(&runs[0]), 4, "{runs:?}");
+    let (code, stderr) = b.run("overlap", &["--every", "3s"], script);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("job overlap is scheduled every 4s in this store, not every 3s"), "{stderr}");
+    assert_eq!(b.lines("runs").len(), 2);
+}
+
+/// SIGTERM to the invocation kills its command and gives the attempt back (exit 130, not counted): the next
+/// invocation runs the slot as attempt 1 again.
+async fn a_signal_gives_the_attempt_back(b: Backend) {
+    let args = ["--every", ONE_SLOT, "--retries", "0"];
+    let script = "echo \"$IDEM_ATTEMPT\" >> runs; [ \"$(wc -l < runs)\" -gt 1 ] || sleep 5";
+    let first = b.once("signalled", &args, script).spawn().unwrap();
+    wait_for("the first start", Duration::from_secs(20), || b.lines("runs").len() == 1);
+    signal("-TERM", &first.id().to_string());
+    let out = first.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(slots(&b.status("signalled"))[0]["state"], "interrupted");
+    let (code, stderr) = b.run("signalled", &args, script);
+    assert_eq!((code, stderr.contains(": done (attempt 1)")), (0, true), "{stderr}");
+    assert_eq!(b.lines("runs"), ["1", "1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_overlap_on_sqlite() {
+    no_overlap_holds_the_next_slot_until_the_earlier_run_ends(Backend::sqlite().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_after_success_on_sqlite() {
+    a_holder_killed_after_its_command_succeeded_counts_as_taken_over(Backend::sqlite().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_on_sqlite() {
+    a_signal_gives_the_attempt_back(Backend::sqlite().unwrap()).await;
+}
+
+/// A slot older than the job's newest never runs, even with its entry gone: the store holds a job record 200
+/// minutes ahead of this clock with its newest 100 slots recorded (as a machine 200 minutes ahead leaves it,
+/// on a shared SQLite file), so the current slot has no entry and, were it claimed, the history prune would
+/// delete its entry again at once. Five invocations: 0 runs, each exits 4 saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_older_than_the_jobs_newest_never_runs() {
+    use idem_core::{Job, MissedReason, SlotEntry, SlotKeys, job_key};
+    use idem_store::{Precondition, Store as _, Ttl};
+
+    let b = Backend::sqlite().unwrap();
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (period, current) = (60_000, now - now % 60_000);
+    let newest = current + 200 * period;
+    {
+        let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
+        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99 };
+        store.put(&job_key("stale"), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
+        for slot in (101..=200).map(|i| current + i * period) {
+            let entry = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: newest };
+            let key = SlotKeys::new("stale", slot);
+            store.put(key.entry(), entry.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
+        }
+        store.close().await;
+    }
+    for _ in 0..5 {
+        let (code, stderr) = b.run("stale", &["--every", "60s"], "echo \"$IDEM_SLOT\" >> runs");
+        assert_eq!(code, 4, "{stderr}");
+        assert!(stderr.contains("not run: the job has already seen the later slot"), "{stderr}");
+    }
+    assert_eq!(b.lines("runs"), Vec::<String>::new(), "0 runs of a slot older than the job's newest");
+    let status = b.status("stale");
+    assert_eq!(slots(&status).len(), 100, "nothing written for the old slot: {status}");
+    assert_eq!(status["ran_more_than_once"], 0, "{status}");
+}
+
+/// `--quiet` says nothing on success nor when the slot is done or held, and reports a change of state once:
+/// the attempt that fails for good and the invocation that records a slot missed say so; the invocations
+/// after them are silent (their exit status still says it).
+#[test]
+fn quiet_reports_a_change_of_state_once() {
+    let b = Backend::sqlite().unwrap();
+    let ok = ["--every", ONE_SLOT, "--quiet"];
+    assert_eq!(b.run("q-ok", &ok, "echo ran >> runs"), (0, String::new()), "silent on success");
+    assert_eq!(b.run("q-ok", &ok, "echo ran >> runs"), (0, String::new()), "silent when done already");
+    assert_eq!(b.lines("runs").len(), 1);
+    let failing = ["--every", ONE_SLOT, "--quiet", "--retries", "0"];
+    let (code, stderr) = b.run("q-fail", &failing, "exit 3");
+    assert_eq!(code, 3);
+    assert!(stderr.contains("failed for good"), "the failure is reported once: {stderr}");
+    assert_eq!(b.run("q-fail", &failing, "exit 3"), (3, String::new()), "then silent");
+    // A slot past its deadline: the 366-day slot began months ago, far more than 1 s.
+    let late = ["--every", ONE_SLOT, "--quiet", "--starting-deadline", "1s"];
+    let (code, stderr) = b.run("q-late", &late, "echo ran >> runs");
+    assert_eq!(code, 4);
+    assert!(stderr.contains("recorded missed now"), "the miss is reported once: {stderr}");
+    assert_eq!(b.run("q-late", &late, "echo ran >> runs"), (4, String::new()), "then silent");
+    assert_eq!(b.lines("runs").len(), 1);
+}
+
+/// Usage refused before anything runs (exit 2, one line, no store created): `--store memory:` (it keeps
+/// nothing, so every invocation would run), `--tz` with `--every`, an `--every` that is not a duration.
+#[test]
+fn usage_errors_are_refused_in_one_line() {
+    let b = Backend::sqlite().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["once", "--name", "u"])
+            .args(args)
+            .args(["--", "sh", "-c", "echo ran >> runs"])
+            .current_dir(b.dir.path())
+            .env("XDG_STATE_HOME", b.dir.path())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (args, says) in [
+        (&["--every", "60s", "--store", "memory:"][..], "--store memory: keeps nothing"),
+        (&["--every", "60s", "--store", "memory"][..], "--store memory: keeps nothing"),
+        (&["--every", "60s", "--tz", "Europe/Berlin"][..], "--tz applies to --cron only"),
+        (&["--every", "2x"][..], "--every \"2x\": not a duration; give whole seconds with a unit"),
+    ] {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!stderr.contains("months"), "{args:?}: {stderr}");
+    }
+    assert!(b.lines("runs").is_empty(), "nothing ran");
+    assert!(!b.path("idem").exists(), "no store created");
+}
+
+/// Writes a job record for `name` (`--every 60s`) whose newest slot is `last_ms`, with no entry for it.
+async fn seed_job(b: &Backend, name: &str, last_ms: u64, unlisted: u64) {
+    use idem_core::{Job, job_key};
+    use idem_store::{Precondition, Store as _, Ttl};
+    let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
+    let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted };
+    store.put(&job_key(name), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
+    store.close().await;
+}
+
+/// The missed total `status` shows is the job's whatever `--limit` (and counts missed entries pruned from
+/// the history): a job last seen 150 minutes ago (`--every 60s`) records 101 slots missed and counts 49, its
+/// run prunes 2 missed entries, and `status` says 150 missed with `--limit` 1, 5 and 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_missed_total_is_the_jobs_whatever_the_limit() {
+    let b = Backend::sqlite().unwrap();
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let last = now - now % 60_000 - 150 * 60_000;
+    seed_job(&b, "gap", last, 0).await;
+    let (code, stderr) = b.run("gap", &["--every", "60s"], "echo \"$IDEM_SLOT\" >> runs");
+    assert_eq!(code, 0, "{stderr}");
+    let ran = secs(&b.lines("runs")[0]) * 1000;
+    // The slots from `last` (never started) to the one before the run's: 150 unless a minute began meanwhile.
+    let expected = (ran - last) / 60_000;
+    assert!(stderr.contains("recorded 101 earlier slot(s) missed"), "{stderr}");
+    assert!(stderr.contains(&format!("and {} earlier ones counted", expected - 101)), "{stderr}");
+    for limit in [1, 5, 100] {
+        let status = b.status_limited("gap", limit);
+        assert_eq!(status["missed"].as_u64(), Some(expected), "--limit {limit}");
+        assert_eq!(slots(&status).len(), limit);
+    }
+}
+
+/// `status` for people: an hourly job's schedule is `every 1h`; a `sqlite:` file that does not exist is not
+/// created (exit 3, nothing written).
+#[test]
+fn status_shows_the_schedule_as_given_and_creates_no_store() {
+    let b = Backend::sqlite().unwrap();
+    let (code, stderr) = b.run("hourly", &["--every", "1h"], "true");
+    assert_eq!(code, 0, "{stderr}");
+    let out = b.status_as("hourly", &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("job hourly: every 1h; "), "{text}");
+    let typo = b.path("typo.db");
+    let out = Command::new(BIN)
+        .args(["once", "status", "--store", &format!("sqlite:{}", typo.display()), "--name", "hourly"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no store at"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!typo.exists(), "status created the file it was pointed at");
+}
+
+/// Thirty jobs start together on one SQLite file, each holding its slot for 8 s under a 3 s lease (a renewal
+/// a second each, taking turns on the file): every renewal gets its turn, so all 30 commands run to their
+/// end and are recorded done (30 runs, 30 exits 0, 0 lost leases).
+#[test]
+fn thirty_jobs_on_one_sqlite_file_keep_their_leases() {
+    let b = Backend::sqlite().unwrap();
+    let children: Vec<(usize, Child)> = (0..30)
+        .map(|i| {
+            let name = format!("j{i}");
+            let child = b
+                .once(&name, &["--every", ONE_SLOT, "--lease", "3s"], "sleep 8; echo \"$IDEM_NAME\" >> runs")
+                .spawn()
+                .unwrap();
+            (i, child)
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (i, child) in children {
+        let out = child.wait_with_output().unwrap();
+        if out.status.code() != Some(0) {
+            failed.push(format!("j{i}: {:?} {}", out.status.code(), String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    assert!(failed.is_empty(), "{} of 30 failed: {failed:#?}", failed.len());
+    let mut runs = b.lines("runs");
+    runs.sort();
+    runs.dedup();
+    assert_eq!(runs.len(), 30, "30 jobs, 30 runs");
+    assert_eq!(b.lines("runs").len(), 30, "0 repeated");
+}
+
+/// Durations out of range are refused before the store is opened: exit 2, the store file never created.
+#[test]
+fn durations_out_of_range_are_refused_before_the_store_is_opened() {
+    let b = Backend::sqlite().unwrap();
+    for (args, says) in [
+        (&["--timeout", "18446744073709551615s"][..], "--timeout must be more than 0s and at most 366 days"),
+        (&["--lease", "400days"][..], "--lease must be from 1s to 365 days"),
+        (&["--starting-deadline", "18446744073709551615s"][..], "--starting-deadline must be more than 0s"),
+    ] {
+        let mut all = vec!["--every", "60s"];
+        all.extend_from_slice(args);
+        let (code, stderr) = b.run("bounds", &all, "echo ran >> runs");
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let (code, stderr) = b.run("bounds", &["--every", "0s"], "echo ran >> runs");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--every 0s:"), "{stderr}");
+    assert!(!b.path("once.db").exists(), "nothing written");
+    assert!(b.lines("runs").is_empty());
+}
+
+/// Sleeps until this machine's clock is `from_ms`..`from_ms + 300` into a slot of `period_ms` (the stores'
+/// clocks are this machine's: the servers are local).
+fn wait_until_into_slot(period_ms: u64, from_ms: u64) {
+    loop {
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let into = now % period_ms;
+        if (from_ms..from_ms + 300).contains(&into) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(((from_ms + period_ms - into) % period_ms).max(1)));
+    }
+}
+
+/// An RFC 3339 time (`IDEM_SLOT`) in whole seconds since the Unix epoch.
+fn secs(rfc3339: &str) -> u64 {
+    u64::try_from(rfc3339.parse::<jiff::Timestamp>().unwrap().as_second()).unwrap()
+}
+
+macro_rules! on_server_backends {
+    ($($scenario:ident),* $(,)?) => {
+        $(
+            mod $scenario {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    let Some(b) = super::Backend::postgres() else { return };
+                    super::$scenario(b).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis() {
+                    let Some(b) = super::Backend::redis() else { return };
+                    super::$scenario(b).await;
+                }
+            }
+        )*
+    };
+}
+
+macro_rules! on_every_backend {
+    ($($scenario:ident),* $(,)?) => {
+        $(
+            mod $scenario {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$scenario(super::Backend::sqlite().unwrap()).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    let Some(b) = super::Backend::postgres() else { return };
+                    super::$scenario(b).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis() {
+                    let Some(b) = super::Backend::redis() else { return };
+                    super::$scenario(b).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(
+    three_together_run_once,
+    every_slot_runs_once_under_steady_invocations,
+    a_killed_holder_is_taken_over_after_its_lease,
+    a_failing_slot_is_retried_until_its_retries_run_out,
+    slots_without_an_invocation_are_recorded_missed,
+    an_invocation_past_the_deadline_records_the_slot_missed,
+);
+
+on_server_backends!(a_paused_holder_is_fenced_out, a_success_after_a_takeover_is_refused_and_counted);
+
+/// `status` and `forget` on PostgreSQL with a namespace nothing ran in create no schema: exit 3 naming the
+/// job, the store and the namespace; afterwards the schema still does not exist (0 schemas created).
+#[tokio::test(flavor = "multi_thread")]
+async fn status_and_forget_create_no_postgres_schema() {
+    let Some(b) = Backend::postgres() else { return };
+    for sub in ["status", "forget"] {
+        let out = Command::new(BIN)
+            .args(["once", sub, "--store", &b.url, "--namespace", &b.namespace, "--name", "nightly"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{sub}: {stderr}");
+        assert!(
+            stderr.contains("no job nightly in ") && stderr.contains(&format!("(namespace {})", b.namespace)),
+            "{stderr}"
+        );
+    }
+    let (client, conn) = tokio_postgres::connect(&b.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let schemas =
+        client.query("SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1", &[&b.namespace]).await.unwrap().len();
+    assert_eq!(schemas, 0, "status or forget created schema {}", b.namespace);
+    b.cleanup().await;
+}
+
+/// `status` into a pipe closed early (`| head`) exits 0 without a panic, and into a full device exits 1 with
+/// one line (both were "failed printing to stdout", exit 101).
+#[test]
+fn status_into_a_closed_pipe_or_a_full_device_does_not_panic() {
+    let b = Backend::sqlite().unwrap();
+    for i in 0..3 {
+        let (code, stderr) = b.run(&format!("j{i}"), &["--every", "1h"], "seq 1 2000");
+        assert_eq!(code, 0, "{stderr}");
+    }
+    let mut child = Command::new(BIN)
+        .args(["once", "status", "--store", &b.url, "--name", "j0", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the reading end before idem writes: its write gets EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out =
+        Command::new(BIN).args(["once", "status", "--store", &b.url, "--name", "j0"]).stdout(full).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write to standard output") && !stderr.contains("panicked"), "{stderr}");
+}
+
+/// A named `sqlite:` store in a directory that does not exist is refused (exit 2, naming the directory) and
+/// the directory is not created; nothing ran (0 executions).
+#[test]
+fn a_named_sqlite_store_in_a_missing_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexistent");
+    let ran = dir.path().join("ran");
+    let out = Command::new(BIN)
+        .args(["once", "--store", &format!("sqlite:{}", missing.join("x.db").display())])
+        .args(["--name", "j", "--every", "1h", "--", "touch", ran.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("directory {} does not exist", missing.display())), "{stderr}");
+    assert!(!missing.exists(), "the directory was created");
+    assert!(!ran.exists(), "the command ran");
+}

@@ -1,0 +1,414 @@
+//! `idem run --name`, commands without an output file (`IDEM_KEY`), and items done on another host (issue 27).
+//! Every command appends one line per execution to a log opened with O_APPEND (`>>`), so executions are counted
+//! exactly.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::common::{self, BIN};
+
+/// Lines of a log (none when it does not exist).
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// Runs `idem` in `dir` with `args`: (exit code, stdout, stderr).
+fn idem_in(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).current_dir(dir).stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Plain-line items `1`..=`n` in `dir/items.txt`.
+fn items(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let text: String = (1..=n).map(|i| format!("{i}\n")).collect();
+    std::fs::write(dir.join("items.txt"), text).unwrap();
+}
+
+/// A command that logs the item to `log` and writes `text` to its output.
+fn writing(log: &Path, text: &str) -> String {
+    format!("echo \"$1\" >> {}; echo {text} > \"$2\"", log.display())
+}
+
+/// `idem run` in `dir` over its items.txt with `--output out/{id}.txt` (relative, as on several machines) and
+/// the shell command `script` ($1 the id, $2 the output).
+fn run_writing(dir: &Path, store: &str, extra: &[&str], script: &str) -> (i32, String, String) {
+    let mut args = vec!["run", "--items", "items.txt", "--output", "out/{id}.txt", "--store", store, "--quiet"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script, "sh", "{id}", "{out}"]);
+    idem_in(dir, &args, &[])
+}
+
+#[test]
+fn two_jobs_with_one_output_template_on_one_ledger_keep_apart_by_name() {
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", root.path().join("ledger.db").display());
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    items(&a, 5);
+    items(&b, 5);
+    let (log_a, log_b) = (root.path().join("a.log"), root.path().join("b.log"));
+    // Two unrelated jobs, both writing out/{id}.txt relative to their own directory, on one ledger.
+    for _ in 0..2 {
+        let (code, _, err) = run_writing(&a, &store, &["--name", "job-a"], &writing(&log_a, "A"));
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = run_writing(&b, &store, &["--name", "job-b"], &writing(&log_b, "B"));
+        assert_eq!(code, 0, "{err}");
+    }
+    // Each did its 5 items once (in the order their commands finished); each rerun did nothing (and did not redo
+    // the other's).
+    assert_eq!(sorted(lines(&log_a)), ["1", "2", "3", "4", "5"]);
+    assert_eq!(sorted(lines(&log_b)), ["1", "2", "3", "4", "5"]);
+    for (dir, text) in [(&a, "A"), (&b, "B")] {
+        for i in 1..=5 {
+            assert_eq!(std::fs::read_to_string(dir.join(format!("out/{i}.txt"))).unwrap(), format!("{text}\n"));
+        }
+    }
+    for name in ["job-a", "job-b"] {
+        let (code, status, err) = common::idem(&["runs", "status", "--name", name, "--store", &store], &[]);
+        assert_eq!(code, 0, "{err}");
+        assert!(status.starts_with(&format!("job {name}: 5 done, 0 running or abandoned")), "{status}");
+    }
+    // Forgetting by name finds the outputs from the job's record (no --output given) and redoes only that item.
+    // (Run where the job ran: its template is relative.)
+    let (code, out, err) = idem_in(&a, &["runs", "forget", "--name", "job-a", "--store", &store, "3"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!a.join("out/3.txt").exists(), "forget left the output of job-a's item 3");
+    assert!(b.join("out/3.txt").exists(), "forget of job-a removed job-b's output");
+    let (code, _, err) = run_writing(&a, &store, &["--name", "job-a"], &writing(&log_a, "A"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!((lines(&log_a).len(), lines(&log_a).last().unwrap().as_str()), (6, "3"));
+    let (code, _, err) = run_writing(&b, &store, &["--name", "job-b"], &writing(&log_b, "B"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log_b).len(), 5, "job-b ran again");
+}
+
+#[test]
+fn a_ledger_made_without_a_name_is_still_recognised_and_a_changed_job_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 3);
+    let log = dir.path().join("log");
+    let ledger = dir.path().join("out/.idem/ledger.db");
+    let default_ledger = |extra: &[&str], script: &str| {
+        let mut args = vec!["run", "--items", "items.txt", "--output", "out/{id}.txt", "--quiet"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script, "sh", "{id}", "{out}"]);
+        idem_in(dir.path(), &args, &[])
+    };
+    let (code, _, err) = default_ledger(&[], &writing(&log, "x"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 3);
+    // Make it the ledger a version before names wrote: entries only, no record of the job.
+    let sql = "DELETE FROM kv WHERE key LIKE 'run/%/job'";
+    let deleted = Command::new("sqlite3").arg(&ledger).arg(format!("{sql}; SELECT changes();")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&deleted.stdout).trim(), "1", "{deleted:?}");
+    // Rerun without --name: recognised, nothing runs, nothing is said about a change.
+    let (code, _, err) = default_ledger(&[], &writing(&log, "x"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 3, "an existing ledger was not recognised: {err}");
+    assert!(!err.contains("changed since its last run"), "{err}");
+    let (code, status, err) = idem_in(dir.path(), &["runs", "status", "--output", "out/{id}.txt"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let job = status.split(':').next().unwrap().strip_prefix("job ").unwrap().to_owned();
+    assert_eq!(job.len(), 12, "the default name is 12 hex digits: {status}");
+    assert!(status.contains(": 3 done,"), "{status}");
+    // The default name is the output template's hash: given as --name, it is the same job.
+    let (code, _, err) = default_ledger(&["--name", &job], &writing(&log, "x"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 3, "--name {job} is not the unnamed job: {err}");
+    // The same name with another command: the run says so (and its items stay done).
+    let (code, _, err) = default_ledger(&["--name", &job], &writing(&log, "y"));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("job {job}: the command changed since its last run")), "{err}");
+    assert_eq!(lines(&log).len(), 3);
+    // Another output template under one name: said too (its items are new to it, so they run).
+    let mut args = vec!["run", "--name", &job, "--items", "items.txt", "--output", "out2/{id}.txt", "--quiet"];
+    let script = writing(&log, "y");
+    let store = format!("sqlite:{}", ledger.display());
+    args.extend_from_slice(&["--store", &store, "--", "sh", "-c", &script, "sh", "{id}", "{out}"]);
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "job {job}: the output template changed since its last run (\"out/{{id}}.txt\" then, \"out2/{{id}}.txt\" now)"
+        )),
+        "{err}"
+    );
+    // A name that cannot be a ledger key is refused before anything runs.
+    let (code, _, err) = default_ledger(&["--name", "a/b"], &writing(&log, "x"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--name \"a/b\": use 1 to 100 ASCII letters, digits, '.', '_' and '-'"), "{err}");
+}
+
+/// Waits up to `secs` for `ready`.
+fn wait_for(what: &str, secs: u64, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The side-effect-only job of the kill -9 test: every execution appends its IDEM_KEY to `log` (a sink that
+/// does not dedupe), then creates `sink/$IDEM_KEY` with noclobber (a sink that dedupes on the key: only the
+/// first creation succeeds) and appends the key to `effects` when it did; no output file.
+fn side_effect_args<'a>(script: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--name", "mail", "--items", "items.txt", "--quiet", "--jobs", "4", "--lease", "2s"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", script, "sh", "{key}"]);
+    args
+}
+
+#[test]
+fn side_effect_items_without_output_survive_kill_9_once_at_a_deduping_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 200);
+    std::fs::create_dir(dir.path().join("sink")).unwrap();
+    let (log, effects) = (dir.path().join("log"), dir.path().join("effects"));
+    // {key} and IDEM_KEY are one key; the pause keeps four commands in flight when the kill comes.
+    let script = format!(
+        "[ \"$1\" = \"$IDEM_KEY\" ] || exit 9; echo \"$IDEM_KEY\" >> {log}; \
+         if (set -C; : > \"sink/$IDEM_KEY\") 2>/dev/null; then echo \"$IDEM_KEY\" >> {effects}; fi; sleep 0.02",
+        log = log.display(),
+        effects = effects.display()
+    );
+    let mut runner = Command::new(BIN)
+        .args(side_effect_args(&script, &[]))
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("60 executions", 120, || lines(&log).len() >= 60);
+    runner.kill().unwrap(); // SIGKILL: no chance to record or release anything
+    runner.wait().unwrap();
+    let at_kill = lines(&log).len();
+    assert!(at_kill < 200, "the run finished before the kill ({at_kill} executions)");
+    // In flight at the kill: the items the ledger says are running (claimed, not recorded: commands running,
+    // finished but not yet recorded, or claimed ahead of a slot).
+    let sql = "SELECT count(*) FROM kv WHERE key LIKE 'run/mail/item/%' AND CAST(value AS TEXT) LIKE '%\"state\":\"running\"%'";
+    let counted = Command::new("sqlite3").arg(dir.path().join(".idem/ledger.db")).arg(sql).output().unwrap();
+    let in_flight: usize = String::from_utf8_lossy(&counted.stdout).trim().parse().unwrap();
+    assert!(in_flight <= 200, "{counted:?}");
+    // The rerun finishes the rest; items whose runner died in flight run again, with the same key.
+    let (code, _, err) = idem_in(dir.path(), &side_effect_args(&script, &[]), &[]);
+    assert_eq!(code, 0, "{err}");
+    let executed = lines(&log);
+    let keys: std::collections::BTreeSet<&String> = executed.iter().collect();
+    assert_eq!(keys.len(), 200, "every item ran: {} distinct keys", keys.len());
+    // At most the items in flight at the kill ran twice.
+    assert!(executed.len() <= 200 + in_flight, "{} executions for 200 items, {in_flight} in flight", executed.len());
+    let effected = lines(&effects);
+    let unique: std::collections::BTreeSet<&String> = effected.iter().collect();
+    assert_eq!(
+        (effected.len(), unique.len(), std::fs::read_dir(dir.path().join("sink")).unwrap().count()),
+        (200, 200, 200),
+        "200 written, 200 present, 0 duplicates, 0 lost at the deduping sink"
+    );
+    // The third run executes nothing: recorded done is done, no file is looked at.
+    let (code, _, err) = idem_in(dir.path(), &side_effect_args(&script, &[]), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to do: all 200 items already done"), "{err}");
+    assert_eq!(lines(&log).len(), executed.len(), "the third run executed something");
+    // The key's shape: NAME:ID:HASH, HASH as `idem key` derives it from the item's text.
+    let (code, derived, err) = common::idem(&["key", "--prefix", "mail", "--id", "7", "--data", "7"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(keys.contains(&derived.trim().to_owned()), "{derived} is not among the keys used");
+    assert!(derived.starts_with("mail:7:") && derived.trim().len() == "mail:7:".len() + 16, "{derived}");
+}
+
+#[test]
+fn without_output_a_name_is_needed_and_out_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "--items", "items.txt", "--quiet"];
+        all.extend_from_slice(args);
+        idem_in(dir.path(), &all, &[])
+    };
+    let (code, _, err) = run(&["--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("without --output, give the job a --name"), "{err}");
+    let (code, _, err) = run(&["--name", "n", "--", "cp", "items.txt", "{out}"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("{out} in the command needs --output"), "{err}");
+    assert!(!dir.path().join(".idem").exists(), "a refused run left a ledger");
+    // A command that fails without output is failed, not "no output" poison on success.
+    let (code, _, err) = run(&["--name", "n", "--", "true"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, status, err) = idem_in(dir.path(), &["runs", "status", "--name", "n"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.starts_with("job n: 2 done,"), "{status}");
+}
+
+fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(
+                std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
+                "{var} is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
+            );
+            eprintln!("skipped: {var} is unset");
+            None
+        }
+    }
+}
+
+async fn drop_namespace(url: &str, ns: &str) {
+    if url.starts_with("postgres") {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {ns} CASCADE")).await.unwrap();
+    } else {
+        let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{ns}:*")).query_async(&mut conn).await.unwrap();
+        for chunk in keys.chunks(500) {
+            let _: () = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+        }
+    }
+}
+
+/// Two machines (two directories, IDEM_HOST host-a and host-b) run one named job writing `out/{id}.txt` to
+/// their own disks, sharing the ledger at `url`: 40 items, 40 executions.
+fn two_hosts_share_one_ledger(url: &str, ns: &str) {
+    let root = tempfile::tempdir().unwrap();
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    items(&a, 40);
+    items(&b, 40);
+    // host-a is stopped after the first 20 items (a file of its first 20 lines).
+    let first: String = (1..=20).map(|i| format!("{i}\n")).collect();
+    std::fs::write(a.join("first.txt"), first).unwrap();
+    let log = root.path().join("log");
+    let run = |dir: &Path, host: &str, items: &str, extra: &[&str]| {
+        let script = format!("echo \"$1 {host}\" >> {}; echo {host} > \"$2\"", log.display());
+        let mut args = vec!["run", "--name", "shared", "--items", items, "--output", "out/{id}.txt", "--store", url];
+        args.extend_from_slice(&["--namespace", ns, "--jobs", "2"]);
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &script, "sh", "{id}", "{out}"]);
+        idem_in(dir, &args, &[("IDEM_HOST", host)])
+    };
+    let (code, _, err) = run(&a, "host-a", "first.txt", &[]);
+    assert_eq!(code, 0, "{err}");
+    // host-b: the 20 host-a did are done elsewhere, not run again for want of their outputs on its disk.
+    let report = root.path().join("b.json");
+    let (code, _, err) = run(&b, "host-b", "items.txt", &["--report", &report.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("20 done now, 0 already done, 0 adopted"), "{err}");
+    assert!(err.contains("20 done elsewhere (host-a: 20)"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["summary"]["done_elsewhere"], serde_json::json!({"host-a": 20}));
+    let elsewhere: Vec<&serde_json::Value> =
+        json["items"].as_array().unwrap().iter().filter(|i| i["status"] == "done_elsewhere").collect();
+    assert_eq!(elsewhere.len(), 20);
+    assert!(elsewhere.iter().all(|i| i["host"] == "host-a"), "{elsewhere:?}");
+    // host-a, all 40: its own 20 checked on its disk, host-b's 20 done elsewhere.
+    let (code, _, err) = run(&a, "host-a", "items.txt", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to do: all 40 items already done"), "{err}");
+    assert!(err.contains("20 done elsewhere (host-b: 20)"), "{err}");
+    let executed = lines(&log);
+    let ids: std::collections::BTreeSet<&str> = executed.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!((executed.len(), ids.len()), (40, 40), "40 items, 40 executions: {executed:?}");
+    // An output missing on the host that recorded it is still run again, there.
+    std::fs::remove_file(a.join("out/5.txt")).unwrap();
+    let (code, _, err) = run(&a, "host-a", "items.txt", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 41, "{err}");
+    assert_eq!(lines(&log).last().unwrap(), "5 host-a");
+    // Status shows who recorded what.
+    let (code, status, err) =
+        common::idem(&["runs", "status", "--name", "shared", "--store", url, "--namespace", ns], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.contains("\ndone on host-a: 20\ndone on host-b: 20\n"), "{status}");
+    // Each machine its own copy: --require-local-output runs host-a's 20 on host-b.
+    let (code, _, err) = run(&b, "host-b", "items.txt", &["--require-local-output"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 61, "{err}");
+    assert_eq!(
+        std::fs::read_dir(b.join("out"))
+            .unwrap()
+            .filter(|e| !e.as_ref().unwrap().file_name().to_string_lossy().starts_with('.'))
+            .count(),
+        40
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_postgres_run_40_items_40_times() {
+    if let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") {
+        let ns = format!("idem_named_{:012x}", rand::random::<u64>() >> 16);
+        tokio::task::block_in_place(|| two_hosts_share_one_ledger(&url, &ns));
+        drop_namespace(&url, &ns).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_on_redis_run_40_items_40_times() {
+    if let Some(url) = backend_url("IDEM_TEST_REDIS_URL") {
+        let ns = format!("idem_named_{:012x}", rand::random::<u64>() >> 16);
+        tokio::task::block_in_place(|| two_hosts_share_one_ledger(&url, &ns));
+        drop_namespace(&url, &ns).await;
+    }
+}
+
+#[test]
+fn a_check_that_reports_done_skips_the_command_and_one_failing_after_it_fails_the_item() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 5);
+    std::fs::create_dir(dir.path().join("done")).unwrap();
+    // Items 2 and 4 have their effect already (a row inserted by hand, a runner that died before recording).
+    for id in ["2", "4"] {
+        std::fs::write(dir.path().join("done").join(id), "").unwrap();
+    }
+    let log = dir.path().join("log");
+    let run = |name: &str, script: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--name", name, "--items", "items.txt", "--check", "test -e done/{id}", "--quiet"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script, "sh", "{id}"]);
+        idem_in(dir.path(), &args, &[])
+    };
+    let script = format!("echo \"$1\" >> {}; touch \"done/$1\"", log.display());
+    let (code, _, err) = run("chk", &script, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("5 items in"), "{err}");
+    assert!(err.contains("5 done now, 0 already done") && err.contains("3 commands ran"), "{err}");
+    assert_eq!(sorted(lines(&log)), ["1", "3", "5"], "the check said done for 2 and 4: their command must not run");
+    let (code, _, err) = run("chk", &script, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log).len(), 3, "a rerun executed something");
+    // The command exits 0 but the check still says not done: the attempt fails (it is not recorded done).
+    let report = dir.path().join("r.json");
+    let lying = format!("echo \"$1\" >> {}; [ \"$1\" = 6 ] || touch \"done/$1\"", log.display());
+    std::fs::write(dir.path().join("items.txt"), "1\n6\n").unwrap();
+    let (code, _, err) = run("chk2", &lying, &["--retries", "0", "--report", &report.display().to_string()]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(&lines(&log)[3..], ["6"], "item 1 was done per its check; 6 ran once");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let six = json["items"].as_array().unwrap().iter().find(|i| i["id"] == "6").unwrap().clone();
+    assert_eq!(six["status"], "failed", "{six}");
+    assert_eq!(six["last_error"], "check exit 1 after the command exited 0", "{six}");
+    // --check defines done-ness without an output file only.
+    let (code, _, err) = idem_in(
+        dir.path(),
+        &["run", "--items", "items.txt", "--output", "o/{id}", "--check", "true", "--", "true"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--check says whether an item's effect is there"), "{err}");
+}

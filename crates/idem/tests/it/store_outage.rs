@@ -1,0 +1,237 @@
+//! `idem run` rides out an outage of its ledger store: a private `redis-server` with `appendfsync always`
+//! killed with SIGKILL and started again on the same directory, a private PostgreSQL stopped and started
+//! again. Nothing is failed that never ran, nothing runs twice, every output is in place; an outage longer
+//! than `--store-outage-limit` ends the run with exit status 75 and the unfinished items not done, and a rerun
+//! finishes them, still running nothing twice. Every command appends one line per execution to a log opened
+//! with O_APPEND, so executions are counted exactly.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem_testkit::{Postgres, Redis};
+
+use crate::common::BIN;
+
+/// The job: `n` items (1..=n), each a 0.2 s command writing its id as its output and one line to
+/// `executions.log`.
+fn job(n: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let items: String = (1..=n).map(|i| format!("{i}\n")).collect();
+    std::fs::write(dir.path().join("items.txt"), items).unwrap();
+    std::fs::write(dir.path().join("work.sh"), "sleep 0.2; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n")
+        .unwrap();
+    dir
+}
+
+/// `idem run` of the job on `store`, standard error to `name`.err.
+fn runner(dir: &Path, store: &str, extra: &[&str], name: &str) -> Child {
+    let err = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
+    Command::new(BIN)
+        .current_dir(dir)
+        .args(["run", "--items", "items.txt", "--output", "out/{id}.json", "--jobs", "4", "--quiet"])
+        .args(["--report", &format!("{name}.json"), "--store", store])
+        .args(extra)
+        .args(["--", "sh", "work.sh", "{id}", "{out}"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .unwrap()
+}
+
+/// Executions so far, per item id.
+fn executions(dir: &Path) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for line in std::fs::read_to_string(dir.join("executions.log")).unwrap_or_default().lines() {
+        *counts.entry(line.to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for the runner to exit (at most `within`); its exit code and standard error.
+fn finish(dir: &Path, mut child: Child, name: &str, within: Duration) -> (i32, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default();
+            panic!("the runner did not end within {within:?}:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status.code().unwrap_or(-1), std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap())
+}
+
+/// The items of a `--report` file by status.
+fn statuses(dir: &Path, name: &str) -> BTreeMap<String, usize> {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let mut by = BTreeMap::new();
+    for item in report["items"].as_array().unwrap() {
+        *by.entry(item["status"].as_str().unwrap().to_owned()).or_insert(0) += 1;
+    }
+    by
+}
+
+/// Every item of 1..=n executed exactly once, and its output in place.
+fn each_once_and_in_place(dir: &Path, n: usize, err: &str) {
+    let counts = executions(dir);
+    let twice: Vec<_> = counts.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(twice.is_empty(), "items executed more than once: {twice:?}\n{err}");
+    assert_eq!(counts.len(), n, "items executed: {}\n{err}", counts.len());
+    for i in 1..=n {
+        let out = std::fs::read_to_string(dir.join(format!("out/{i}.json"))).unwrap_or_default();
+        assert_eq!(out, format!("{i}\n"), "output of item {i}");
+    }
+}
+
+/// The scenario: 60 items, 4 jobs; after 15 executions the store goes `down`, 3 s later it comes
+/// `up` again. The run ends with exit status 0, every item done, none executed twice, none failed.
+fn an_outage_of_3s_is_ridden_out(store: &str, down: impl FnOnce(), up: impl FnOnce()) {
+    const N: usize = 60;
+    let dir = job(N);
+    let child = runner(dir.path(), store, &[], "run");
+    wait_for("15 executions", Duration::from_secs(60), || executions(dir.path()).values().sum::<usize>() >= 15);
+    down();
+    let at_kill = executions(dir.path()).values().sum::<usize>();
+    std::thread::sleep(Duration::from_secs(3));
+    up();
+    let (code, err) = finish(dir.path(), child, "run", Duration::from_secs(120));
+    let statuses = statuses(dir.path(), "run");
+    eprintln!("{at_kill} executions when the store went down; report: {statuses:?}\n{err}");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(statuses.get("done"), Some(&N), "{statuses:?}");
+    assert!(
+        err.contains("the ledger store is unavailable"),
+        "the outage went unnoticed: the test proved nothing\n{err}"
+    );
+    each_once_and_in_place(dir.path(), N, &err);
+}
+
+/// The throw-away Redis, durable (`appendonly yes`, `appendfsync always`), as a `rediss://` URL.
+fn redis_url(redis: &Redis) -> String {
+    format!("rediss://localhost:{}?cacert={}", redis.port, redis.pki.ca.display())
+}
+
+#[test]
+fn a_redis_killed_and_restarted_3s_later_fails_nothing_and_runs_nothing_twice() {
+    let Some(redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let redis = std::sync::Mutex::new(redis);
+    an_outage_of_3s_is_ridden_out(&url, || redis.lock().unwrap().kill(), || redis.lock().unwrap().start_again());
+}
+
+#[test]
+fn a_postgres_stopped_for_3s_fails_nothing_and_runs_nothing_twice() {
+    let Some(pg) = Postgres::start() else { return };
+    let url = pg.url("127.0.0.1", "");
+    let pg = std::sync::Mutex::new(pg);
+    an_outage_of_3s_is_ridden_out(&url, || pg.lock().unwrap().stop(), || pg.lock().unwrap().start_again());
+}
+
+#[test]
+fn an_outage_longer_than_the_limit_ends_the_run_with_75_and_a_rerun_finishes_without_duplicates() {
+    const N: usize = 60;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let dir = job(N);
+    let child = runner(dir.path(), &url, &["--store-outage-limit", "2s"], "first");
+    wait_for("15 executions", Duration::from_secs(60), || executions(dir.path()).values().sum::<usize>() >= 15);
+    redis.kill();
+    let started = Instant::now();
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    let took = started.elapsed();
+    let first = statuses(dir.path(), "first");
+    eprintln!("first run ended {took:?} after the kill; report: {first:?}\n{err}");
+    assert_eq!(code, 75, "{err}");
+    assert!(took >= Duration::from_secs(2), "it gave up before the limit: {took:?}");
+    assert_eq!(first.get("failed"), None, "an item failed for the outage: {first:?}");
+    assert!(first.get("store_unavailable").is_some_and(|n| *n > 0), "{first:?}");
+    assert_eq!(first.values().sum::<usize>(), N, "every item has a line in the report: {first:?}");
+    assert!(err.contains("longer than --store-outage-limit"), "{err}");
+    let ran = executions(dir.path());
+    assert!(ran.values().all(|c| *c == 1), "executed twice in the first run: {ran:?}");
+    redis.start_again();
+    let (code, err) = finish(dir.path(), runner(dir.path(), &url, &[], "second"), "second", Duration::from_secs(120));
+    eprintln!("second run: {:?}\n{err}", statuses(dir.path(), "second"));
+    assert_eq!(code, 0, "{err}");
+    each_once_and_in_place(dir.path(), N, &err);
+}
+
+/// A runner started while its store is down waits for it, as one that met the outage later would: the store
+/// (killed before the run) comes up 2 s after the run started; the run ends with exit status 0 and every item
+/// executed once. Before, the run exited 2 at once with "cannot open store …: Connection refused".
+#[test]
+fn a_run_started_while_redis_is_down_waits_for_it_and_runs_every_item_once() {
+    const N: usize = 20;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    redis.kill();
+    let dir = job(N);
+    let mut child = runner(dir.path(), &url, &[], "run");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(child.try_wait().unwrap().is_none(), "the run ended while the store was down");
+    assert_eq!(executions(dir.path()).values().sum::<usize>(), 0, "an item ran with no ledger");
+    redis.start_again();
+    let (code, err) = finish(dir.path(), child, "run", Duration::from_secs(120));
+    let statuses = statuses(dir.path(), "run");
+    eprintln!("report: {statuses:?}\n{err}");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(statuses.get("done"), Some(&N), "{statuses:?}");
+    assert!(
+        err.contains("the ledger store is unavailable"),
+        "the outage went unnoticed: the test proved nothing\n{err}"
+    );
+    each_once_and_in_place(dir.path(), N, &err);
+}
+
+/// A store down at the start for longer than `--store-outage-limit` ends the run with exit status 75 once the
+/// limit has passed, with nothing run; a rerun once the store is back runs every item once.
+#[test]
+fn a_run_started_while_redis_is_down_longer_than_the_limit_exits_75_and_runs_nothing() {
+    const N: usize = 10;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    redis.kill();
+    let dir = job(N);
+    let started = Instant::now();
+    let child = runner(dir.path(), &url, &["--store-outage-limit", "1s"], "first");
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    let took = started.elapsed();
+    eprintln!("first run ended after {took:?}\n{err}");
+    assert_eq!(code, 75, "{err}");
+    assert!(took >= Duration::from_secs(1), "it gave up before the limit: {took:?}");
+    assert!(err.contains("longer than --store-outage-limit"), "{err}");
+    assert_eq!(executions(dir.path()).values().sum::<usize>(), 0, "an item ran with no ledger");
+    redis.start_again();
+    let (code, err) = finish(dir.path(), runner(dir.path(), &url, &[], "second"), "second", Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    each_once_and_in_place(dir.path(), N, &err);
+}
+
+/// A URL that can never work (a Redis port that speaks TLS named with the plain `redis://` scheme: the server
+/// resets the connection) is refused at once with exit status 2, not waited for as an outage.
+#[test]
+fn a_run_on_a_tls_port_named_redis_plain_exits_2_at_once() {
+    let Some(redis) = Redis::start_with(true) else { return };
+    let dir = job(1);
+    let url = format!("redis://localhost:{}", redis.port);
+    let child = runner(dir.path(), &url, &["--store-outage-limit", "1m"], "run");
+    let (code, err) = finish(dir.path(), child, "run", Duration::from_secs(30));
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("trying again"), "{err}");
+}
