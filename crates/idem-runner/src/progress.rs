@@ -24,6 +24,8 @@ pub(crate) struct Counters {
     pub waiting: AtomicU64,
     /// Attempts that failed (each may be retried).
     pub attempts_failed: AtomicU64,
+    /// Commands stopped (SIGSTOP) because no lease renewal was accepted in time.
+    pub stopped: AtomicU64,
 }
 
 impl Counters {

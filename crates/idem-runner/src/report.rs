@@ -63,6 +63,7 @@ impl Report {
             "poison": poison,
             "not_done": summary.not_done,
             "executions": summary.executions,
+            "stopped": summary.stopped,
             "would_run": summary.would_run,
             "interrupted": summary.interrupted,
             "store_unavailable": summary.store_unavailable,

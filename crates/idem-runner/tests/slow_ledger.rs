@@ -297,3 +297,17 @@ async fn a_renewal_unanswered_at_the_lapse_is_waited_for_and_holds_nothing_the_l
     let summary = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
     assert_eq!((summary.executions, summary.status()), (2, RunStatus::Interrupted));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_lease_never_stops_the_command() {
+    // Every renewal is answered at once: the command must never be stopped for its lease. The guard once read
+    // the deadline of the lease as it was at the start of a turn of its wait, which renewals (accepted inside
+    // that turn) had moved: it stopped the command once per renewal period, a margin before the stale lapse.
+    let mut job = Job::new(&["a"], Some("none"), r#"sleep 4; echo "{\"id\": \"$1\"}" > "$2""#);
+    job.cfg.lease = Duration::from_secs(1);
+    job.open();
+    let run = job.start();
+    let summary = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
+    assert_eq!((summary.done, summary.executions, summary.status()), (1, 1, RunStatus::AllDone));
+    assert_eq!(summary.stopped, 0, "a command whose lease was renewed in time was stopped");
+}

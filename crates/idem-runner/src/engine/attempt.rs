@@ -347,9 +347,13 @@ async fn wait<S: Store>(
     let pgid = child.id();
     // The lease is renewed beside the wait (not inside an arm of it), so a slow ledger never delays noticing
     // the command's exit, its timeout or a second Ctrl-C.
+    // The deadline follows the keeper's latest accepted renewal, read when it is needed: renewals are
+    // accepted inside `until_lost` below, which does not resolve on them, so a deadline worked out at the top
+    // of a turn goes stale and would stop a command whose lease was just renewed.
+    let doubtful = |sent: tokio::time::Instant| sent + lease - margin;
     let status = loop {
-        let doubtful = heartbeat.sent() + lease - margin;
-        if frozen && tokio::time::Instant::now() < doubtful {
+        let due = doubtful(heartbeat.sent());
+        if frozen && tokio::time::Instant::now() < due {
             tracing::warn!(item = %item.id, "lease renewed: the command goes on (SIGCONT)");
             signal_group(pgid, rustix::process::Signal::CONT);
             frozen = false;
@@ -363,12 +367,12 @@ async fn wait<S: Store>(
             }
         }
         // Frozen, look every 50 ms whether a renewal was accepted meanwhile.
-        let wake = if frozen { tokio::time::Instant::now() + Duration::from_millis(50) } else { doubtful };
+        let wake = if frozen { tokio::time::Instant::now() + Duration::from_millis(50) } else { due };
         let wake = cont_again.map_or(wake, |at| at.min(wake));
         tokio::select! {
             status = child.wait() => break status,
             () = changed(&mut resumed) => {
-                if !frozen && tokio::time::Instant::now() < doubtful {
+                if !frozen && tokio::time::Instant::now() < doubtful(heartbeat.sent()) {
                     tracing::debug!(item = %item.id, "the runner beats again: the command goes on (SIGCONT)");
                     signal_group(pgid, rustix::process::Signal::CONT);
                     cont_again = Some(tokio::time::Instant::now() + quiet);
@@ -380,6 +384,7 @@ async fn wait<S: Store>(
                 // renewal refused: the command stays stopped until the lease is ours again, if nobody took the
                 // item over meanwhile.
                 if !frozen {
+                    ctx.counters.stopped.fetch_add(1, Ordering::Relaxed);
                     signal_group(pgid, rustix::process::Signal::STOP);
                     frozen = true;
                 }
@@ -390,7 +395,8 @@ async fn wait<S: Store>(
                 }
             }
             () = tokio::time::sleep_until(wake) => {
-                if !frozen && tokio::time::Instant::now() >= doubtful {
+                if !frozen && tokio::time::Instant::now() >= doubtful(heartbeat.sent()) {
+                    ctx.counters.stopped.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         item = %item.id,
                         "no lease renewal accepted for {:.1}s of a {:.0}s lease: the command is stopped (SIGSTOP) \

@@ -245,6 +245,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     summary.halted = ctx.halt.load(Ordering::SeqCst);
     summary.store_unavailable = ctx.outage.exceeded();
     summary.executions = ctx.executions.load(Ordering::SeqCst);
+    summary.stopped = ctx.counters.stopped.load(Ordering::Relaxed);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     summary.elapsed = started.elapsed();
     progress.finish().await;

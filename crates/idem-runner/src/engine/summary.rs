@@ -63,6 +63,9 @@ pub struct Summary {
     pub halted: bool,
     /// Commands executed (attempts started by this run).
     pub executions: u64,
+    /// Times a command was stopped (SIGSTOP to its process group) because no renewal of its lease had been
+    /// accepted a margin before the lease would lapse (the store unavailable or slow, or this runner paused).
+    pub stopped: u64,
     /// Items a dry run would execute.
     pub would_run: u64,
     /// A stop was requested.
@@ -216,6 +219,13 @@ impl Summary {
             self.not_done,
             self.executions
         ));
+        if self.stopped > 0 {
+            s.push_str(&format!(
+                "commands stopped for their lease: {} (no renewal accepted in time; each went on once one was, or \
+                 was killed if another runner took its item over)\n",
+                self.stopped
+            ));
+        }
         if self.done_elsewhere > 0 {
             s.push_str(&format!(
                 "{} done elsewhere ({}): recorded done by another host, whose outputs are there (not checked \
@@ -286,7 +296,8 @@ impl Summary {
         }
         if self.store_unavailable && self.not_done > 0 {
             s.push_str(&format!(
-                "the ledger store was unavailable for longer than --store-outage-limit, leaving {} items not done                  (none failed for it): run it again once the store is back\n",
+                "the ledger store was unavailable for longer than --store-outage-limit, leaving {} items not done \
+                 (none failed for it): run it again once the store is back\n",
                 self.not_done
             ));
         }
