@@ -4,7 +4,7 @@
 //! off a fingerprint, a fence or a precondition in a program that embeds these crates.
 
 /// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`,
-/// `runner-fence`): the environment variable `IDEM_PLANTED_BUG` names it. Only with the feature `planted-bugs`.
+/// `runner-fence`, `runner-lapse-by-clock`): the environment variable `IDEM_PLANTED_BUG` names it. Only with the feature `planted-bugs`.
 #[doc(hidden)]
 #[cfg(feature = "planted-bugs")]
 pub fn planted(bug: &str) -> bool {

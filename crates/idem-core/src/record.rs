@@ -448,6 +448,8 @@ struct Seen {
     generation: Generation,
     since: Instant,
     lease: Duration,
+    /// When the last read that confirmed it was answered ([`Observations::watch`]'s gap rule).
+    last: Instant,
 }
 
 /// An observer's memory of the in-flight records it found, as Kubernetes leader election keeps the leader
@@ -508,8 +510,61 @@ impl Observations {
                 self.seen.clear();
             }
         }
-        self.seen.insert(key.as_str().to_owned(), Seen { generation, since: now, lease });
+        self.seen.insert(key.as_str().to_owned(), Seen { generation, since: now, lease, last: now });
         Watch::Alive { again_in: lease }
+    }
+
+    /// Judges a holder by the largest generation seen for it under `key` (for a runner's item: the larger of
+    /// its entry's and its lease's generations), read by a read sent at `sent` and answered at `answered`.
+    ///
+    /// Every write a holder makes gets a generation larger than any before it (generations are never reused,
+    /// docs/DESIGN.md), so only a *larger* generation is a sign of life and restarts the watch; a smaller one
+    /// (the lease key gone by the store's clock) does not. A first sighting starts the watch at `answered`: the
+    /// holder's write it shows was sent no later. The holder counts as gone ([`Watch::Lapsed`]) once a read
+    /// *sent* a whole `lease` after that still shows nothing larger: a read queued behind a locked store and
+    /// answered late must not count its wait as watched. Reads more than half a `lease` apart (this
+    /// observer was paused, or starved of the store) restart the watch, as [`Observations::clear`] does when
+    /// the store comes back after an outage: the holder, who could not write either, gets a whole lease to
+    /// renew or retake its lease before anyone claims over it.
+    pub fn watch(
+        &mut self,
+        key: &str,
+        generation: Generation,
+        lease: Duration,
+        sent: Instant,
+        answered: Instant,
+    ) -> Watch {
+        if let Some(seen) = self.seen.get_mut(key)
+            && generation <= seen.generation
+        {
+            let gap = sent.saturating_duration_since(seen.last);
+            seen.last = answered;
+            if gap > seen.lease / 2 {
+                seen.since = answered;
+                return Watch::Alive { again_in: seen.lease };
+            }
+            let watched = sent.saturating_duration_since(seen.since);
+            return if watched >= seen.lease {
+                Watch::Lapsed(generation)
+            } else {
+                Watch::Alive { again_in: seen.lease - watched }
+            };
+        }
+        if self.seen.len() >= self.capacity && !self.seen.contains_key(key) {
+            self.seen.retain(|_, s| answered.saturating_duration_since(s.since) < s.lease * 2);
+            if self.seen.len() >= self.capacity {
+                self.seen.clear();
+            }
+        }
+        self.seen.insert(key.to_owned(), Seen { generation, since: answered, lease, last: answered });
+        Watch::Alive { again_in: lease }
+    }
+
+    /// Forgets every watch, keeping nothing of what was seen: for an observer whose own operations were not
+    /// served for a while (the store out, or this process paused), so every holder, equally unable to write,
+    /// is watched afresh from the first read answered after.
+    pub fn clear(&mut self) {
+        self.seen.clear();
     }
 
     /// Drops what was seen under `key` (it was taken over, finished, or found absent).
@@ -693,5 +748,67 @@ mod tests {
             let w = seen.observe(k, &record, Generation::new(i as u64 + 1), lease, t0 + Duration::from_millis(999));
             assert!(matches!(w, Watch::Alive { .. }), "{i}: {w:?}");
         }
+    }
+
+    #[test]
+    fn a_watch_counts_from_the_first_answer_to_the_send_of_the_confirming_read() {
+        let lease = Duration::from_secs(1);
+        let quarter = lease / 4;
+        let t0 = Instant::now();
+        let g = Generation::new(5);
+        let mut seen = Observations::new(8);
+        assert_eq!(seen.watch("k", g, lease, t0, t0), Watch::Alive { again_in: lease });
+        for n in 1..4 {
+            assert!(matches!(seen.watch("k", g, lease, t0 + quarter * n, t0 + quarter * n), Watch::Alive { .. }));
+        }
+        assert_eq!(seen.watch("k", g, lease, t0 + lease, t0 + lease), Watch::Lapsed(g));
+        // A read sent a quarter lease after the last answer but answered two leases later (queued behind a locked
+        // store) counts only up to its send.
+        let mut late = Observations::new(8);
+        late.watch("k", g, lease, t0, t0);
+        assert_eq!(late.watch("k", g, lease, t0 + quarter, t0 + lease * 2), Watch::Alive { again_in: lease - quarter });
+    }
+
+    #[test]
+    fn only_a_larger_generation_is_a_sign_of_life() {
+        let lease = Duration::from_secs(1);
+        let step = Duration::from_millis(300);
+        let t0 = Instant::now();
+        let mut seen = Observations::new(8);
+        seen.watch("k", Generation::new(9), lease, t0, t0);
+        // The lease key went (the store's TTL): only the entry's smaller generation is left. Not a renewal.
+        assert!(matches!(seen.watch("k", Generation::new(4), lease, t0 + step, t0 + step), Watch::Alive { .. }));
+        assert!(matches!(
+            seen.watch("k", Generation::new(4), lease, t0 + step * 2, t0 + step * 2),
+            Watch::Alive { .. }
+        ));
+        assert!(matches!(
+            seen.watch("k", Generation::new(4), lease, t0 + step * 3, t0 + step * 3),
+            Watch::Alive { .. }
+        ));
+        let t1 = t0 + lease;
+        assert_eq!(seen.watch("k", Generation::new(4), lease, t1, t1), Watch::Lapsed(Generation::new(4)));
+        // A renewal (larger) starts it again.
+        assert_eq!(seen.watch("k", Generation::new(12), lease, t1, t1), Watch::Alive { again_in: lease });
+    }
+
+    #[test]
+    fn a_gap_between_reads_or_a_clear_restarts_every_watch() {
+        let lease = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let g = Generation::new(5);
+        let mut seen = Observations::new(8);
+        seen.watch("a", g, lease, t0, t0);
+        seen.watch("b", g, lease, t0, t0);
+        // Two seconds without a read of "a" (over half the lease): this observer was not looking.
+        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(seen.watch("a", g, lease, t1, t1), Watch::Alive { again_in: lease });
+        let second = Duration::from_secs(1);
+        assert_eq!(seen.watch("a", g, lease, t1 + second, t1 + second), Watch::Alive { again_in: second * 2 });
+        assert_eq!(seen.watch("a", g, lease, t1 + second * 2, t1 + second * 2), Watch::Alive { again_in: second });
+        assert_eq!(seen.watch("a", g, lease, t1 + lease, t1 + lease), Watch::Lapsed(g));
+        seen.clear();
+        assert!(seen.is_empty());
+        assert_eq!(seen.watch("b", g, lease, t1, t1), Watch::Alive { again_in: lease });
     }
 }

@@ -69,3 +69,21 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] idem_store::Error),
 }
+
+impl Error {
+    /// True when connecting again later may succeed: nothing answered within the connect timeout, or the server
+    /// answered with a SQLSTATE that says "not now" (57P01-57P03: shutting down, crashed, starting up or in
+    /// recovery, "the database system is not yet accepting connections"; 53300: too many connections; 25006;
+    /// class 08). False for what a retry cannot fix (a bad URL or sslmode, a refused login, a schema too new);
+    /// an error without a SQLSTATE (refused, reset, TLS) is for the caller to judge by its cause.
+    pub fn is_unavailable(&self) -> bool {
+        let e = match self {
+            Error::ConnectTimeout(_) => return true,
+            Error::Connect(deadpool_postgres::PoolError::Timeout(_)) => return true,
+            Error::Connect(deadpool_postgres::PoolError::Backend(e)) | Error::Server(e) => e,
+            Error::Migrate { source, .. } => source,
+            _ => return false,
+        };
+        e.code().is_some_and(crate::store::transient_code)
+    }
+}

@@ -165,18 +165,20 @@ impl Sql {
 /// connections), and 25006 (a read-only transaction: the server is a standby, as a failover leaves the old
 /// primary or a libpq multi-host URL may find one for a moment).
 fn pg_err(e: tokio_postgres::Error) -> StoreError {
-    let transient = match e.code() {
-        None => true,
-        Some(c) => {
-            *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::CRASH_SHUTDOWN
-                || *c == SqlState::CANNOT_CONNECT_NOW
-                || *c == SqlState::TOO_MANY_CONNECTIONS
-                || *c == SqlState::READ_ONLY_SQL_TRANSACTION
-                || c.code().starts_with("08")
-        }
-    };
+    let transient = e.code().is_none_or(transient_code);
     if transient { StoreError::unavailable(e) } else { StoreError::backend(e) }
+}
+
+/// The SQLSTATEs a later try may not meet: the server shutting down, crashed or not yet accepting connections
+/// (57P01-57P03), too many connections (53300), a read-only transaction (25006: a standby), a connection
+/// exception (class 08).
+pub(crate) fn transient_code(c: &SqlState) -> bool {
+    *c == SqlState::ADMIN_SHUTDOWN
+        || *c == SqlState::CRASH_SHUTDOWN
+        || *c == SqlState::CANNOT_CONNECT_NOW
+        || *c == SqlState::TOO_MANY_CONNECTIONS
+        || *c == SqlState::READ_ONLY_SQL_TRANSACTION
+        || c.code().starts_with("08")
 }
 
 fn pool_err(e: PoolError) -> StoreError {

@@ -25,18 +25,23 @@ pub enum Error {
 
 impl Error {
     /// True when the store could not be opened because it is down or unreachable for now (the connection was
-    /// refused, reset or aborted, or nothing answered in time): opening it again later may succeed. False for
+    /// refused, reset or aborted, nothing answered in time, or a PostgreSQL server said it is starting up,
+    /// in recovery or shutting down): opening it again later may succeed. False for
     /// what a retry cannot fix: a bad URL, a refused login, a failed TLS handshake, a schema too new.
     pub fn is_unavailable(&self) -> bool {
         let Error::Open { source, .. } = self else { return false };
-        if let Some(idem_postgres::Error::ConnectTimeout(_)) = source.downcast_ref::<idem_postgres::Error>() {
+        // A PostgreSQL server starting up, in recovery or shutting down says so with a SQLSTATE (57P03 "the
+        // database system is not yet accepting connections"): a restart the run must wait out, not exit 2 for.
+        if let Some(pg) = source.downcast_ref::<idem_postgres::Error>()
+            && pg.is_unavailable()
+        {
             return true;
         }
         if let Some(redis) = source.downcast_ref::<idem_redis::Error>() {
             return redis.is_unavailable();
         }
         // The backends keep the socket's error as a cause (redis::RedisError, tokio_postgres::Error); a TLS
-        // failure, a login refused or a PostgreSQL server starting up carries none of these kinds.
+        // failure or a login refused carries none of these kinds.
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
         while let Some(e) = cause {
             if let Some(io) = e.downcast_ref::<std::io::Error>() {

@@ -293,6 +293,14 @@ impl Postgres {
         let _ = self.child.wait();
     }
 
+    /// Asks the server for a smart shutdown (SIGTERM) and returns at once: until every session has ended it
+    /// refuses new connections with SQLSTATE 57P03 ("the database system is shutting down"), then it exits.
+    /// [`Postgres::stop`] then [`Postgres::start_again`] bring it back.
+    pub fn begin_smart_shutdown(&self) {
+        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "could not signal the postmaster");
+    }
+
     /// `postgres://postgres@HOST:PORT/postgres?QUERY` (`query` without the `?`; empty for none).
     pub fn url(&self, host: &str, query: &str) -> String {
         let q = if query.is_empty() { String::new() } else { format!("?{query}") };

@@ -38,7 +38,7 @@ struct Cli {
     /// A workload's directory left by an earlier run there is replaced.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Plant a bug in idem (builds with the feature planted-bugs only): kv-precondition, proxy-completion, proxy-fingerprint or runner-fence.
+    /// Plant a bug in idem (builds with the feature planted-bugs only): kv-precondition, proxy-completion, proxy-fingerprint, runner-fence or runner-lapse-by-clock.
     #[arg(long)]
     planted_bug: Option<String>,
 }
@@ -88,7 +88,8 @@ async fn terminated() {
 }
 
 /// The bugs idem built with the feature planted-bugs can plant (`idem_core::planted`); another name would plant nothing and pass.
-const PLANTED_BUGS: [&str; 4] = ["kv-precondition", "proxy-completion", "proxy-fingerprint", "runner-fence"];
+const PLANTED_BUGS: [&str; 5] =
+    ["kv-precondition", "proxy-completion", "proxy-fingerprint", "runner-fence", "runner-lapse-by-clock"];
 
 async fn verify(cli: Cli) -> ExitCode {
     if let Some(bug) = &cli.planted_bug

@@ -14,13 +14,17 @@
 //!   operation was answered, the item's entry has another generation or another holder's lease is live. (Its
 //!   fence takes the lease again: `Held::retake`, then `Held::reassert`, which moves the fencing token on so a
 //!   successor that read the entry before cannot claim over it.)
+//! - ledger: a runner whose lease lapsed only during a store outage (`Step::Outage`) and that fences within a
+//!   lease after the store came back keeps its item, every operation of its fence answered: the others claim
+//!   over a running entry only after watching it for a lease (`Observations::watch`, started again after the
+//!   outage), as the runner's claim gate does. Without the gate, `Outage(2 leases), Start(j), Fence(i)` fails.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::{
-    Claim, Entry, Fingerprint, IdempotencyKey, ItemClaim, ItemKeys, Lease, Outcome, Plan, Record, RecordKey,
-    RetryLimit, Scope, StoredResponse, Verdict, judge, plan,
+    Claim, Entry, Fingerprint, IdempotencyKey, ItemClaim, ItemKeys, Lease, Observations, Outcome, Plan, Record,
+    RecordKey, RetryLimit, Scope, StoredResponse, Verdict, Watch, judge, plan,
 };
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{LeaseKeeper, MemoryStore, Store, StoreExt};
@@ -43,6 +47,9 @@ enum Step {
     Release(usize),
     /// The clock moves on: every holder is paused meanwhile.
     Advance(Duration),
+    /// The store is out while the clock moves on: no holder is served, and each knows it (the runner starts
+    /// every watch again once the store answers: `Observations::clear`).
+    Outage(Duration),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -60,6 +67,7 @@ fn step() -> impl Strategy<Value = Step> {
             Just(LEASE * 2),
         ]
         .prop_map(Step::Advance),
+        2 => prop_oneof![Just(LEASE + Duration::from_millis(1)), Just(LEASE * 2)].prop_map(Step::Outage),
     ]
 }
 
@@ -167,7 +175,7 @@ async fn record_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                     holders[i] = Requester::Idle;
                 }
             }
-            Step::Advance(d) => tokio::time::advance(d).await,
+            Step::Advance(d) | Step::Outage(d) => tokio::time::advance(d).await,
             Step::Start(_) => {}
         }
         // What is really in the store, faults aside.
@@ -212,11 +220,35 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
     // The output file at its final path (renamed into place whole).
     let mut output: Option<String> = None;
     let mut executions = 0u32;
+    // Each runner's watches of the item while another runner's attempt is running (the runner's claim gate).
+    let mut watches: Vec<Observations> = (0..HOLDERS).map(|_| Observations::new(8)).collect();
+    // A holder whose lease lapsed during an outage keeps the item if it fences before this instant: a lease
+    // after the store came back.
+    let mut protected_until: Vec<Option<Instant>> = vec![None; HOLDERS];
     for step in steps {
         match step {
             Step::Start(i) if matches!(holders[i], Runner::Idle) => {
+                let sent = Instant::now();
                 let Ok(current) = store.get(keys.entry()).await else { continue };
+                let entry_generation = current.as_ref().map(|v| v.generation());
                 let prev = current.map(|v| (v.generation(), Entry::decode(v.value()).unwrap()));
+                if matches!(prev, Some((_, Entry::Running { .. }))) {
+                    // The runner's claim gate (idem-runner `judge.rs`, `holder_gone`): claimed over only once the
+                    // lease key is gone and nothing newer was seen for a whole lease of watching.
+                    let Ok(lease) = store.get(keys.lease()).await else { continue };
+                    let observed =
+                        [lease.as_ref().map(|v| v.generation()), entry_generation].into_iter().flatten().max();
+                    let watch = watches[i].watch(
+                        keys.lease(),
+                        observed.unwrap(),
+                        LEASE,
+                        sent.into_std(),
+                        Instant::now().into_std(),
+                    );
+                    if lease.is_some() || !matches!(watch, Watch::Lapsed(_)) {
+                        continue;
+                    }
+                }
                 match plan(prev.as_ref().map(|(_, e)| e), limit) {
                     Plan::CheckDone { ref sha256, .. } if output.as_deref().map(digest).as_ref() == Some(sha256) => {
                         continue;
@@ -242,11 +274,19 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
             }
             Step::Fence(i) => {
                 if let Runner::Running { held, keeper, .. } = &mut holders[i] {
-                    keeper.fence(held).await;
+                    let faults = store.injected();
+                    let kept = fence(&store, held, keeper).await;
+                    if protected_until[i].is_some_and(|until| Instant::now() < until) && store.injected() == faults {
+                        prop_assert!(kept, "runner {i} lost its item to a claim within a lease after an outage");
+                    }
+                    if kept {
+                        protected_until[i] = None;
+                    }
                 }
             }
             Step::Finish(i) => {
                 if let Runner::Running { held, keeper, run } = &mut holders[i] {
+                    protected_until[i] = None;
                     // The runner's settle: fence (a lost lease taken again if nobody took the item over), rename
                     // into place, then the done write fenced on the token.
                     let faults = store.injected();
@@ -269,6 +309,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
             }
             Step::Release(i) => {
                 if let Runner::Running { held, keeper, .. } = &mut holders[i] {
+                    protected_until[i] = None;
                     keeper.settle(held).await;
                     let _ = store.apply(held.interrupted(now_ms())).await;
                     let _ = store.apply(held.release()).await;
@@ -276,6 +317,22 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                 }
             }
             Step::Advance(d) => tokio::time::advance(d).await,
+            Step::Outage(d) => {
+                let began = Instant::now();
+                tokio::time::advance(d).await;
+                let back = Instant::now();
+                for w in &mut watches {
+                    w.clear();
+                }
+                for (h, until) in holders.iter().zip(&mut protected_until) {
+                    if let Runner::Running { keeper, .. } = h
+                        && keeper.lost().is_none()
+                        && keeper.sent() + LEASE > began
+                    {
+                        *until = Some(back + LEASE);
+                    }
+                }
+            }
             Step::Start(_) => {}
         }
         let entry = store.inner().get(keys.entry()).await.unwrap().map(|v| Entry::decode(v.value()).unwrap());
@@ -357,4 +414,13 @@ proptest! {
     fn a_done_item_has_its_output_in_place_and_one_holder_at_a_time(steps in prop::collection::vec(step(), 1..60), faults in faults()) {
         runtime().block_on(ledger_schedule(steps, faults))?;
     }
+}
+
+/// The schedule the claim gate exists for: a holder's lease lapses during an outage, another runner looks at
+/// the item as soon as the store is back, then the holder fences. Without the gate the other runner claims the
+/// lapsed lease first and the holder loses an attempt nobody needed to take over.
+#[test]
+fn a_holder_back_from_an_outage_keeps_its_item() {
+    let steps = vec![Step::Start(0), Step::Outage(LEASE * 2), Step::Start(1), Step::Fence(0)];
+    runtime().block_on(ledger_schedule(steps, Vec::new())).unwrap();
 }

@@ -7,6 +7,7 @@ mod conformance;
 mod generations;
 mod ha;
 mod migrations;
+mod shutdown;
 mod tls;
 
 /// `IDEM_TEST_POSTGRES_URL`, or `None` (printed) when unset; unset under `IDEM_TEST_REQUIRE_BACKENDS` fails.

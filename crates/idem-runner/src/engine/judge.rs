@@ -178,6 +178,78 @@ fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
     None
 }
 
+/// The claim gate: whether the runner whose attempt the item's entry says is running counts as gone, so the
+/// item may be claimed over. Gone means its lease key is absent *and* this runner has watched the item for a
+/// whole lease without seeing a generation larger than the largest it saw (of the entry, or of the lease key:
+/// every write of the holder, a renewal, a retake, a done, makes one), by its own clock
+/// ([`idem_core::Observations::watch`]).
+///
+/// The store's TTL alone would do for safety (every claim is conditional), not for waste: after an outage, or
+/// a SQLite ledger locked, longer than a lease, every lease has lapsed by the store's clock and whoever reached
+/// the store first would claim, discarding the holder's attempt, which may have finished meanwhile. Watches
+/// start again when this runner was not served (`ledger::patient`, `ledger::recover`), so the holder, back at
+/// the same moment, has a lease to take its lease again ([`ledger::regain`]) before anyone claims over it.
+/// The cost: a crashed runner's items are claimed a lease after they are first seen, not at once.
+async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &ItemKeys) -> Result<bool, ItemError> {
+    if idem_core::planted("runner-lapse-by-clock") {
+        // Planted: the store's TTL decides alone.
+        let lease = ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?;
+        return Ok(lease.is_none());
+    }
+    if !writes_served(ctx).await {
+        return Ok(false);
+    }
+    let sent = tokio::time::Instant::now();
+    let lease = ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?;
+    let entry = ledger::get(ctx, Waiting::Unstarted, keys.entry()).await.map_err(ItemError::LedgerRead)?;
+    let answered = tokio::time::Instant::now();
+    let Some(observed) = [&lease, &entry].into_iter().flatten().map(idem_store::Versioned::generation).max() else {
+        // Nothing left to watch (forgotten meanwhile): the claim's own preconditions decide.
+        return Ok(true);
+    };
+    let watch = ctx.watches.lock().unwrap_or_else(|p| p.into_inner()).watch(
+        keys.lease(),
+        observed,
+        ctx.cfg.lease,
+        sent.into_std(),
+        answered.into_std(),
+    );
+    Ok(lease.is_none() && matches!(watch, idem_core::Watch::Lapsed(_)))
+}
+
+/// Whether the store takes this runner's writes promptly now: a holder that wrote nothing while the store
+/// could not take writes is not gone. A SQLite ledger locked by another connection (a stray `sqlite3` shell, a
+/// backup holding a write transaction) still answers reads in WAL mode, so watching by reads alone would see
+/// every holder "silent" for the whole lock. A probe write (this runner's own key under the job, a TTL of two
+/// leases; at most one per quarter lease, shared by every item the runner watches) answered within a third of a
+/// lease counts as evidence; a slower or failed one, or a gap of more than half a lease since the last prompt
+/// one, starts every watch again ([`idem_core::Observations::clear`]).
+async fn writes_served<S: Store>(ctx: &Ctx<S>) -> bool {
+    let lease = ctx.cfg.lease;
+    let mut last = ctx.probe.lock().await;
+    if last.is_some_and(|at| at.elapsed() < lease / 4) {
+        return true;
+    }
+    let key = format!("run/{}/watcher/{}", ctx.job, ctx.owner);
+    let sent = tokio::time::Instant::now();
+    let wrote = ctx
+        .store
+        .put(
+            &key,
+            bytes::Bytes::from(ctx.owner.clone()),
+            idem_store::Precondition::Any,
+            idem_store::Ttl::After(lease * 2),
+        )
+        .await;
+    let answered = tokio::time::Instant::now();
+    let prompt = wrote.is_ok() && answered - sent <= lease / 3;
+    if !prompt || last.is_none_or(|at| sent.saturating_duration_since(at) > lease / 2) {
+        ctx.unwatch_all();
+    }
+    *last = prompt.then_some(answered);
+    prompt
+}
+
 /// Judges an item from its ledger entry (read ahead with its chunk the first time, else now) and the file at
 /// its final path: it ends here (skipped, adopted, poison, out of attempts; in a dry run, would run), waits
 /// for another runner's last attempt, or needs running.
@@ -208,11 +280,11 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         return Ok(Step::End(Final::DoneElsewhere { host, digest: Digest256 { sha256: sha256.clone(), size: *size } }));
     }
     // Its last allowed attempt may still be running in another runner: "out of attempts" only once that
-    // runner's lease is gone (it crashed), else wait for its result like any held item.
+    // runner counts as gone (it crashed), else wait for its result like any held item.
     if matches!(plan, Plan::Exhausted { .. })
         && matches!(entry, Some(Entry::Running { .. }))
         && !ctx.cfg.dry_run
-        && ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some()
+        && !holder_gone(ctx, keys).await?
     {
         return Ok(Step::WaitForHolder);
     }
@@ -253,6 +325,10 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             Final::Failed { attempts: *attempts, error: last_error.clone() }
         }
         _ if ctx.cfg.dry_run => Final::WouldRun,
+        // Running in another runner: claimed over only once that runner counts as gone.
+        _ if matches!(entry, Some(Entry::Running { .. })) && !holder_gone(ctx, keys).await? => {
+            return Ok(Step::WaitForHolder);
+        }
         _ => {
             let prev = match (generation, entry) {
                 (Some(g), Some(e)) => Some((g, e)),

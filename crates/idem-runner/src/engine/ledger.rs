@@ -59,12 +59,12 @@ impl Outage {
         self.exceeded.load(Ordering::SeqCst)
     }
 
-    /// The store answered.
-    fn answered(&self) {
+    /// The store answered. True when that ended an outage.
+    fn answered(&self) -> bool {
         let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(began) = since.take() {
-            tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
-        }
+        let Some(began) = since.take() else { return false };
+        tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
+        true
     }
 
     /// The store did not take an operation (`e`): true while the outage is within the limit (wait and try
@@ -145,6 +145,7 @@ where
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
     let mut stop = ctx.stop.subscribe();
+    let began = Instant::now();
     loop {
         match op().await {
             Err(e) if e.is_unavailable() => {
@@ -158,8 +159,12 @@ where
                 *tries = tries.saturating_add(1);
             }
             other => {
-                if other.is_ok() {
-                    ctx.outage.answered();
+                // Not served for a while (an outage ended, or an operation waited longer than a renewal
+                // period: a locked SQLite file blocks rather than fails): no holder could renew either, so
+                // every watch starts again and each holder gets a lease to take its lease again.
+                let ended = other.is_ok() && ctx.outage.answered();
+                if ended || began.elapsed() > ctx.cfg.lease / 3 {
+                    ctx.unwatch_all();
                 }
                 return other;
             }
@@ -278,6 +283,8 @@ pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained 
 /// over: the keeper keeps the lease, `keeping_late_answers`), then [`regain`]. True when the lease is this
 /// holder's again, and `heartbeat` keeps it from there.
 pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
+    // This runner's own renewals were not served (or it was paused): other holders' were not either.
+    ctx.unwatch_all();
     // Settled with no loss recorded is not enough: after a fence whose renewal the store did not answer well,
     // the keeper records no loss, yet the lease may have run out by the clock (someone may hold the item now).
     // Only a lease set less than its length ago is still ours without a look at the store.

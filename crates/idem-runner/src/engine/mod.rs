@@ -97,6 +97,13 @@ pub(crate) struct Ctx<S> {
     short_of_resources: AtomicBool,
     /// The store's outages as the run rides them out; one outlasting `--store-outage-limit` ends the run.
     outage: ledger::Outage,
+    /// Items another runner holds, watched until their holder counts as gone ([`judge`]'s claim gate): by
+    /// observation, not by the store's TTL, so after an outage the holder gets a lease to take its item again.
+    watches: Mutex<idem_core::Observations>,
+    /// When this runner's last prompt probe write was answered (`judge.rs`, `writes_served`): a watch counts
+    /// only while the store is seen to take writes, since a SQLite ledger locked by another connection still
+    /// serves reads (WAL) while no holder can renew.
+    probe: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl<S> Ctx<S> {
@@ -128,6 +135,9 @@ impl<S> Ctx<S> {
             program,
             short_of_resources: AtomicBool::new(false),
             outage: ledger::Outage::new(cfg.store_outage_limit),
+            // Forgetting a watch only delays a claim; a bound keeps a huge run's memory flat.
+            watches: Mutex::new(idem_core::Observations::new(4096)),
+            probe: tokio::sync::Mutex::new(None),
             store,
             cfg,
             stop,
@@ -136,6 +146,11 @@ impl<S> Ctx<S> {
 
     /// No new command may start: Ctrl-C was pressed, a poison item halts the run, or the store was
     /// unavailable for longer than `--store-outage-limit`.
+    /// Every watch starts again ([`idem_core::Observations::clear`]): this runner was not served for a while.
+    fn unwatch_all(&self) {
+        self.watches.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     pub(crate) fn stopping(&self) -> bool {
         self.stop.level() > 0 || self.halt.load(Ordering::SeqCst) || self.outage.exceeded()
     }

@@ -3,14 +3,18 @@
 //! - it ends with a valid output (JSON naming the item) and `idem run --dry-run` lists nothing left to run
 //!   (the ledger says done and the file has the recorded digest);
 //! - it executed at most once plus once per attempt cut short: an execution whose runner was killed or paused
-//!   after it started (a paused runner's lease lapses and another takes the item over);
+//!   after it started (a paused runner's lease lapses and another takes the item over). A store fault (an
+//!   outage, a restart, a link dropped or slowed) excuses nothing: it strikes every runner alike, and the
+//!   runners judge a holder gone by watching it for a lease after the store is back, so the holder takes its
+//!   lease again first;
 //! - no output of a fenced-out holder: the fencing token found at the final path never goes down (a holder
 //!   taken over must not rename its output over its successor's), and the final file is the last holder's;
 //! - every runner that was not killed exited 0 (none is replaced, store outages included), and no item was
 //!   reported failed by any runner;
-//! - on a shared SQLite ledger, in all: executions at most items + runner pauses + executions cut short by a
-//!   kill of their own runner or a store outage (a pause must not multiply work: the others' renewals wait
-//!   for the paused runner's turn, they are not given up).
+//! - on a shared SQLite ledger, in all: executions at most items + executions cut short by a kill or pause of
+//!   their own runner ([`sqlite_bound`]): a pause costs the paused runner's items in flight (a real takeover),
+//!   never the others' (their renewals wait for the paused runner's turn, they are not given up), and a
+//!   locked ledger costs none.
 
 use std::collections::BTreeMap;
 
@@ -28,7 +32,7 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
     let mut history: Vec<(Micros, serde_json::Value)> = Vec::new();
     let mut all_runs = Vec::new();
     let mut items = 0;
-    let (mut sqlite_executions, mut sqlite_items, mut sqlite_hard) = (0, 0, 0);
+    let (mut sqlite_executions, mut sqlite_items, mut sqlite_own) = (0, 0, 0);
     // Shown even when nothing exited: the figure must be 0.
     notes.insert("runner exits".into(), 0);
     notes.insert("items failed".into(), 0);
@@ -93,20 +97,8 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
                 None,
             );
         }
-        // Executions cut short: a fault that can cost their runner the lease came while they ran or were being
-        // settled (the command's time, then 2 s for the rename and the done write): a kill or pause of their
-        // runner; on a shared SQLite ledger a pause of any runner (one stopped while holding its turn stalls
-        // the others' renewals, as documented); a store restart or link fault.
         let shared_sqlite = opts.backend == crate::Backend::Sqlite;
-        let cut = |r: &ItemRun| {
-            let end = at(r) + r.id.parse::<u64>().unwrap_or(0) * 1000 + 2_000_000;
-            faults.iter().any(|f| {
-                let relevant = f.target.ends_with(&format!("(pid {})", r.runner))
-                    || (shared_sqlite && f.kind == "pause")
-                    || !f.target.starts_with("idem run");
-                relevant && f.end_us >= at(r) && f.start_us <= end
-            })
-        };
+        let cut = |r: &ItemRun| faults.iter().any(|f| excuses(f, r, at(r), shared_sqlite));
         for id in &b.items {
             let subject = format!("batch {} item {id}", b.n);
             let mine: Vec<&ItemRun> = runs.iter().filter(|r| &r.id == id).collect();
@@ -117,7 +109,8 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
                     "executed too often",
                     subject.clone(),
                     format!(
-                        "{} executions, {cut_short} of them cut short by a kill or pause: the bound is {}",
+                        "{} executions, {cut_short} of them cut short by a kill or pause of a runner (store \
+                         faults excuse none): the bound is {}",
                         mine.len(),
                         1 + cut_short
                     ),
@@ -155,32 +148,26 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             }
         }
         if shared_sqlite {
-            let hard = |r: &ItemRun| {
-                let end = at(r) + r.id.parse::<u64>().unwrap_or(0) * 1000 + 2_000_000;
-                faults.iter().any(|f| {
-                    let relevant = (f.kind == "kill9" && f.target.ends_with(&format!("(pid {})", r.runner)))
-                        || !f.target.starts_with("idem run");
-                    relevant && f.end_us >= at(r) && f.start_us <= end
-                })
-            };
+            // Only faults of the execution's own runner (`excuses` without the shared-ledger exemption).
+            let own = |r: &ItemRun| faults.iter().any(|f| excuses(f, r, at(r), false));
             sqlite_executions += runs.len();
             sqlite_items += b.items.len();
-            sqlite_hard += runs.iter().filter(|r| hard(r)).count();
+            sqlite_own += runs.iter().filter(|r| own(r)).count();
         }
         all_runs.push((b.n, runs, wall0));
     }
     if opts.backend == crate::Backend::Sqlite {
         let pauses = faults.iter().filter(|f| f.kind == "pause").count();
-        let bound = sqlite_items + pauses + sqlite_hard;
+        let bound = sqlite_bound(sqlite_items, sqlite_own);
         notes.insert("executions over items".into(), sqlite_executions.saturating_sub(sqlite_items) as u64);
         if sqlite_executions > bound {
             anomalies.push(Anomaly {
-                kind: "pauses multiplied work".into(),
+                kind: "work multiplied".into(),
                 subject: "the shared SQLite ledger".into(),
                 detail: format!(
                     "{sqlite_executions} executions for {sqlite_items} items under {pauses} pauses; the bound is \
-                     {bound} (items + pauses + {sqlite_hard} executions cut short by a kill of their runner or a \
-                     store outage)"
+                     {bound} (items + {sqlite_own} executions cut short by a kill or pause of their own runner; \
+                     store faults and other runners' pauses excuse none)"
                 ),
                 at_us: None,
                 ops: Vec::new(),
@@ -208,6 +195,23 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         history: path,
         failure_page,
     }
+}
+
+/// Whether fault `f` can have cut short execution `r` (started at `start`, batch-relative): it came while the
+/// command ran or was being settled (its `--ms`, the item id, then 2 s for the rename and the done write) and
+/// can cost its runner the lease: a kill or pause of that runner, or, on a shared SQLite ledger, a pause of any
+/// runner (one stopped while holding the ledger's turn stalls the others' renewals, as documented). A store
+/// fault never does: it strikes every runner alike.
+fn excuses(f: &Fault, r: &ItemRun, start: Micros, shared_sqlite: bool) -> bool {
+    let end = start + r.id.parse::<u64>().unwrap_or(0) * 1000 + 2_000_000;
+    let relevant = f.target.ends_with(&format!("(pid {})", r.runner)) || (shared_sqlite && f.kind == "pause");
+    relevant && f.end_us >= start && f.start_us <= end
+}
+
+/// The most executions a run on a shared SQLite ledger may take: one per item, one more per execution cut
+/// short by a kill or pause of its own runner.
+fn sqlite_bound(items: usize, cut_by_own_runner: usize) -> usize {
+    items + cut_by_own_runner
 }
 
 /// Every item line of every runner report of batch `b` (`report-*.json` beside its `out` directory), with the
@@ -266,4 +270,56 @@ fn page(
         }
     }
     crate::report::write_page(opts, a, rows, faults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(kind: &str, target: &str, start_us: Micros, end_us: Micros) -> Fault {
+        Fault { kind: kind.into(), target: target.into(), start_us, end_us, detail: String::new() }
+    }
+
+    fn run(runner: u32) -> ItemRun {
+        // Item "2000": a 2 s command, settled within 2 s more.
+        ItemRun { id: "2000".into(), token: 1, attempt: 1, runner, start_ms: 0 }
+    }
+
+    #[test]
+    fn a_store_fault_excuses_no_execution() {
+        let r = run(7);
+        for (kind, target) in [
+            ("store-outage", "store server"),
+            ("store-outage", "sqlite ledger"),
+            ("store-restart", "store server"),
+            ("net-drop", "store link"),
+            ("net-delay", "store link"),
+        ] {
+            for shared in [false, true] {
+                assert!(!excuses(&fault(kind, target, 1_000_000, 3_000_000), &r, 0, shared), "{kind} {target}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_kill_or_pause_of_its_runner_excuses_an_execution_while_it_ran_or_settled() {
+        let r = run(7);
+        assert!(excuses(&fault("kill9", "idem run #1 (pid 7)", 1_000_000, 1_000_000), &r, 0, false));
+        assert!(excuses(&fault("pause", "idem run #1 (pid 7)", 3_500_000, 6_000_000), &r, 0, false));
+        // After the command and its settling: nothing to cut.
+        assert!(!excuses(&fault("kill9", "idem run #1 (pid 7)", 4_500_000, 4_500_000), &r, 0, false));
+        // Another runner's pause only on a shared SQLite ledger (it may hold the ledger's turn).
+        let other = fault("pause", "idem run #2 (pid 8)", 1_000_000, 3_000_000);
+        assert!(!excuses(&other, &r, 0, false));
+        assert!(excuses(&other, &r, 0, true));
+    }
+
+    #[test]
+    fn the_sqlite_bound_counts_executions_cut_by_their_own_runner() {
+        assert_eq!(sqlite_bound(24, 5), 29);
+        let r = run(7);
+        // Counted for the bound: faults of the execution's own runner only (no shared-ledger exemption).
+        assert!(!excuses(&fault("pause", "idem run #2 (pid 8)", 1_000_000, 3_000_000), &r, 0, false));
+        assert!(excuses(&fault("pause", "idem run #1 (pid 7)", 1_000_000, 3_000_000), &r, 0, false));
+    }
 }

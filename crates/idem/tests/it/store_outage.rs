@@ -235,3 +235,45 @@ fn a_run_on_a_tls_port_named_redis_plain_exits_2_at_once() {
     assert_eq!(code, 2, "{err}");
     assert!(!err.contains("trying again"), "{err}");
 }
+
+/// Two runners share one SQLite ledger (`--lease 1s`); mid-run the ledger is locked for 3 s (an exclusive
+/// transaction another connection holds, as a backup or a stray `sqlite3` shell would), longer than a lease.
+/// Every lease lapses by the ledger's clock meanwhile; once it is unlocked each holder takes its own lease
+/// again, and neither runner claims over the other before it could: every item starts exactly once. Before
+/// (a lapsed lease claimed by whoever reached the ledger first), 1 to 4 of the 8 items ran twice.
+#[test]
+fn a_sqlite_ledger_locked_longer_than_the_lease_starts_nothing_twice_across_two_runners() {
+    const N: usize = 8;
+    let dir = job(N);
+    std::fs::write(
+        dir.path().join("work.sh"),
+        "echo \"$1\" >> started.log; sleep 2; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
+    )
+    .unwrap();
+    let db = dir.path().join("ledger.db");
+    let store = format!("sqlite:{}", db.display());
+    let extra = ["--lease", "1s"];
+    let a = runner(dir.path(), &store, &extra, "a");
+    let b = runner(dir.path(), &store, &extra, "b");
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    wait_for("4 commands started", Duration::from_secs(60), || started().lines().count() >= 4);
+    std::thread::sleep(Duration::from_millis(300));
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        conn.execute_batch("COMMIT").unwrap();
+    }
+    let (code_a, err_a) = finish(dir.path(), a, "a", Duration::from_secs(120));
+    let (code_b, err_b) = finish(dir.path(), b, "b", Duration::from_secs(120));
+    let err = format!("a:\n{err_a}\nb:\n{err_b}");
+    assert_eq!((code_a, code_b), (0, 0), "{err}");
+    let mut starts = BTreeMap::new();
+    for id in started().lines() {
+        *starts.entry(id.to_owned()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = starts.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(twice.is_empty(), "items started more than once: {twice:?}\n{err}");
+    assert_eq!(starts.len(), N, "items started: {starts:?}\n{err}");
+    each_once_and_in_place(dir.path(), N, &err);
+}
