@@ -130,3 +130,84 @@ async fn a_machine_further_ahead_than_the_tolerance_takes_the_stores_slot() {
     assert_eq!(report.slot, cfg.schedule.format(fired - fired % 10_000 - 10_000), "{}", report.render());
     assert!(now_ms() < fired + 4000, "it did not wait");
 }
+
+/// The invocation pauses between its read of the slot (no entry) and its claim, while the slot runs elsewhere
+/// and a hundred more after it, so the history prune deleted the slot's `done` entry: the claim's create-only
+/// write then succeeds, as if the slot had never run. Re-checked once made, the claim finds `HISTORY` newer
+/// entries, withdraws, and the slot is reported behind: 0 runs, no entry and no lease left for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_paused_past_the_history_does_not_run_a_pruned_slot() {
+    use idem_core::{Ending, HISTORY, Job, SlotEntry, SlotKeys, job_key};
+    use idem_store::{Precondition, Store as _, Ttl};
+
+    let dir = tempfile::tempdir().unwrap();
+    let paused: Arc<tokio::sync::Notify> = Arc::default();
+    let pausing = Arc::clone(&paused);
+    let mut delayed = false;
+    let store = FaultyStore::new(MemoryStore::new(), move |op| {
+        let lease_claim = op.kind == OpKind::Put && op.key.contains("/lease/") && !delayed;
+        lease_claim.then(|| {
+            delayed = true;
+            pausing.notify_one();
+            Fault::Delay(Duration::from_millis(1500))
+        })
+    });
+    let cfg = job(dir.path(), Duration::from_secs(3), "echo ran >> runs");
+    let period = 366 * 86_400_000;
+    let slot = now_ms() - now_ms() % period;
+    // What the other machines leave while this invocation is paused: the job moved on by HISTORY + 1 slots,
+    // each done, and the paused invocation's slot, done too, pruned.
+    let elsewhere = {
+        let inner = store.inner().clone();
+        tokio::spawn(async move {
+            paused.notified().await;
+            let newest = slot + period * (HISTORY as u64 + 1);
+            let job = format!(r#"{{"schedule":"every {}s","last_slot_ms":{newest}}}"#, period / 1000);
+            let job = Job::decode(job.as_bytes()).unwrap();
+            inner.put(&job_key("job"), job.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
+            for i in 1..=HISTORY as u64 + 1 {
+                let ending =
+                    Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: 1, output: vec![] };
+                let done =
+                    SlotEntry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
+                let key = SlotKeys::new("job", slot + period * i);
+                inner.put(key.entry(), done.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
+            }
+        })
+    };
+    let report = once(&store, &cfg, std::future::pending()).await.unwrap();
+    elsewhere.await.unwrap();
+    assert!(matches!(report.outcome, Outcome::Behind { .. }), "{}", report.render());
+    assert_eq!(lines(&dir.path().join("runs")), 0, "the pruned slot did not run again");
+    let keys = SlotKeys::new("job", slot);
+    assert!(store.inner().get(keys.entry()).await.unwrap().is_none(), "the claim's entry withdrawn");
+    assert!(store.inner().get(keys.lease()).await.unwrap().is_none(), "its lease released");
+}
+
+/// A signal that came before the command started starts nothing and counts nothing (exit 130): before the
+/// claim, nothing is written; after it, the claim is given back. Either way the next invocation runs the slot
+/// as attempt 1: 1 run in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_before_the_start_runs_nothing_and_counts_nothing() {
+    use std::task::Poll;
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(3), "echo \"$IDEM_ATTEMPT\" >> runs");
+    let report = once(&store, &cfg, std::future::ready(())).await.unwrap();
+    assert!(report.render().ends_with(": interrupted before the claim: nothing ran"), "{}", report.render());
+    assert_eq!(report.exit_code(false), 130);
+    // Seen at the second look, after the claim: the claim is given back.
+    let mut looks = 0;
+    let after_claim = std::future::poll_fn(move |_| {
+        looks += 1;
+        if looks >= 2 { Poll::Ready(()) } else { Poll::Pending }
+    });
+    let report = once(&store, &cfg, after_claim).await.unwrap();
+    let text = report.render();
+    assert!(text.contains(": interrupted before the command started: nothing ran; attempt 1 given back"), "{text}");
+    assert_eq!(report.exit_code(false), 130);
+    assert_eq!(lines(&dir.path().join("runs")), 0, "nothing started");
+    let again = once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert_eq!(again.outcome, Outcome::Succeeded { attempt: 1 }, "{}", again.render());
+    assert_eq!(lines(&dir.path().join("runs")), 1);
+}

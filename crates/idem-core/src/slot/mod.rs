@@ -17,7 +17,8 @@
 //!   absent | Failed (attempts left) | Running (lease lapsed) | Interrupted ─────────────────────────▶ Running
 //!                                                      Running ──done (fenced)──▶ Done
 //!                                                      Running ──failed (fenced)─▶ Failed{attempts}
-//!                                  Running, stopped by a signal ──interrupted (fenced)─▶ Interrupted
+//!                                  Running, stopped by a signal ──failed (fenced)─▶ Failed{exit interrupted}
+//!                          Running, its command never started ──given back (fenced)─▶ Interrupted
 //!   absent, never started by --starting-deadline, or the slot passed unstarted ──missed (create-only)─▶ Missed
 //!   any state but Done/Missed, in a slot older than the job record's newest ─────never claimed (Behind)
 //!                                                        lease ──renew (fenced on the lease generation)──▶ lease
@@ -76,6 +77,16 @@ pub fn takeovers_key(name: &str) -> String {
     format!("once/{name}/taken-over")
 }
 
+/// The set of attempts (`T-N`: slot time in milliseconds, attempt number) whose command had started when a
+/// signal to their invocation (SIGINT, SIGTERM) stopped it: each counted toward `--retries` as a failure, as
+/// Kubernetes counts a Job's pod that was killed among its failed pods.
+pub fn interrupted_key(name: &str) -> String {
+    format!("once/{name}/interrupted")
+}
+
+/// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`SlotEntry::Failed`]).
+pub const INTERRUPTED_EXIT: &str = "interrupted";
+
 /// The slot time a key under [`slot_prefix`] or [`lease_prefix`] names.
 pub fn slot_of_key(key: &str) -> Option<u64> {
     key.rsplit('/').next()?.parse().ok()
@@ -111,6 +122,11 @@ impl SlotKeys {
         &self.lease
     }
 
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The slot's scheduled time, in milliseconds since the Unix epoch.
     pub fn slot_ms(&self) -> u64 {
         self.slot_ms
@@ -139,6 +155,15 @@ impl SlotKeys {
             dedupe_id: Some(format!("{}-{owner}", self.slot_ms)),
         };
         (takeovers_key(&self.name), change)
+    }
+
+    /// Records that attempt `attempt` of this slot was stopped by a signal to its invocation after its
+    /// command started: a [`Store::set_change`](idem_store::Store::set_change) on [`interrupted_key`], one
+    /// member per attempt (a retried write counts once).
+    pub fn interrupted(&self, attempt: u32) -> (String, SetChange) {
+        let member = format!("{}-{attempt}", self.slot_ms);
+        let change = SetChange { add: vec![member.clone()], remove: Vec::new(), dedupe_id: Some(member) };
+        (interrupted_key(&self.name), change)
     }
 }
 
@@ -245,8 +270,10 @@ pub enum SlotEntry {
         /// How it ended.
         ending: Ending,
     },
-    /// An attempt whose command started was stopped by a signal to its holder (SIGINT, SIGTERM) and given
-    /// back: not counted, so the next invocation in the slot runs it again.
+    /// An attempt claimed whose command never started (the fence before the start refused: its holder was
+    /// paused past its lease, or the store failed) was given back: not counted, so the next invocation in the
+    /// slot runs it again. (An attempt whose command had started and was stopped by a signal to its
+    /// invocation counts: it is recorded [`SlotEntry::Failed`] with the exit [`INTERRUPTED_EXIT`].)
     Interrupted {
         /// Who ran it.
         owner: String,
@@ -430,6 +457,13 @@ impl SlotClaim {
         self.prev.as_ref().map_or(1, |(_, e)| e.attempts().saturating_add(1))
     }
 
+    /// Whether this claim creates the slot's entry (none was read): the claim to re-check against the
+    /// history once made ([`HeldSlot::withdraw`]), since an entry pruned after the read looks the same as one
+    /// never written.
+    pub fn creates(&self) -> bool {
+        self.prev.is_none()
+    }
+
     /// Whether this claim takes over an attempt whose holder vanished (a `Running` entry, its lease lapsed).
     pub fn takes_over(&self) -> bool {
         matches!(self.prev, Some((_, SlotEntry::Running { .. })))
@@ -576,7 +610,8 @@ impl HeldSlot {
         (self.entry(entry), verdict)
     }
 
-    /// Give back an attempt stopped by a signal to its holder, only if no one took it over: not counted.
+    /// Give back an attempt whose command never started, only if no one took it over: not counted. (One
+    /// whose command started and was stopped by a signal is [`HeldSlot::failed`] with [`INTERRUPTED_EXIT`].)
     pub fn interrupted(&self, now_ms: u64) -> Write {
         self.entry(SlotEntry::Interrupted {
             owner: self.claim.owner.clone(),
@@ -585,6 +620,17 @@ impl HeldSlot {
             interrupted_at_ms: now_ms,
             last: self.claim.last(),
         })
+    }
+
+    /// Delete the entry this claim created, only if no one changed it since: for a claim found, once made, on
+    /// a slot whose entry may have been pruned from the history meanwhile (its claim's read of "no entry" was
+    /// stale), which therefore must not run.
+    pub fn withdraw(&self) -> Write {
+        Write {
+            key: self.claim.keys.entry.clone(),
+            op: WriteOp::Delete,
+            precondition: Precondition::Generation(self.entry_generation),
+        }
     }
 
     fn entry(&self, entry: SlotEntry) -> Write {

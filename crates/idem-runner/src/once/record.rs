@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use idem_core::{
-    Ending, HISTORY, HeldSlot, Job, MissedReason, SlotEntry, SlotFailure, SlotKeys, job_key, lease_prefix, missed,
-    prune, slot_of_key, slot_prefix,
+    Ending, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, SlotFailure, SlotKeys, job_key,
+    lease_prefix, missed, prune, slot_of_key, slot_prefix,
 };
 use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
 
@@ -92,6 +92,21 @@ async fn record_missed<S: Store + Sync>(
     Ok(())
 }
 
+/// After a claim that created the slot's entry: the newest slot of the job's entries when [`HISTORY`] or more
+/// entries are newer than this slot's, `None` otherwise. An entry is only pruned (deleted) once [`HISTORY`]
+/// newer entries exist, and newer entries are pruned only from the oldest, so their count after the slot never
+/// falls back below [`HISTORY`] once it reached it. Below it, the entry the claim's read found missing was never
+/// pruned: that "no entry" was true. At or above it, the read may be stale (the invocation paused between its
+/// read and its claim while the slot ran elsewhere, a hundred slots more ran, and the prune deleted the slot's
+/// `done` entry, so the claim's create-only write succeeded): the slot must not run.
+pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &SlotKeys) -> Result<Option<u64>, Error> {
+    let page = store.list(&slot_prefix(keys.name()), Some(keys.entry()), HISTORY).await?;
+    if page.items.len() < HISTORY {
+        return Ok(None);
+    }
+    Ok(page.items.last().and_then(|i| slot_of_key(&i.key)))
+}
+
 /// The earliest slot of job `name` before `slot` whose lease is live (it runs now), if any.
 pub(super) async fn running_before<S: Store>(store: &S, name: &str, slot: u64) -> Result<Option<u64>, Error> {
     let page = store.list(&lease_prefix(name), None, 1000).await?;
@@ -134,12 +149,26 @@ pub(super) async fn outcome<S: Store + Sync>(
             return Outcome::LeaseLost { attempt: n, why: lost_why(why).to_owned(), succeeded: success };
         }
         Ended::Interrupted => {
-            // The renewal in flight first: the release below is fenced on its generation.
+            // The command had started: the attempt counts toward --retries (a failure, as Kubernetes counts a
+            // Job's killed pod), else an invocation stopped again and again (cron's `timeout`, a shutdown) would
+            // start the slot for ever as attempt 1. The renewal in flight first: the writes are fenced on it.
+            let end = ending(INTERRUPTED_EXIT.to_owned(), None);
             keeper.settle(held).await;
-            let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
-            let _ = store.apply(held.interrupted(now)).await;
+            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let (write, verdict) = held.failed(end, limit);
+            let left = match verdict {
+                SlotFailure::Retry => limit.max_attempts.saturating_sub(n),
+                SlotFailure::Exhausted => 0,
+            };
+            // One try, not RECORD_PATIENCE's: a stopped invocation must end promptly. Unrecorded, the entry
+            // stays `running` with its lease released, and the next invocation counts it as a crash.
+            let _ = store.apply(write).await;
+            let (key, change) = held.keys().interrupted(n);
+            if let Err(e) = store.set_change(&key, change).await {
+                tracing::warn!(error = %e, "cannot count the interrupted attempt");
+            }
             let _ = store.apply(held.release()).await;
-            return Outcome::Interrupted { attempt: n };
+            return Outcome::Interrupted { attempt: n, left };
         }
         Ended::Exited { exit, code, success: true } => {
             (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
@@ -209,6 +238,20 @@ pub(super) async fn not_started<S: Store + Sync>(
     let _ = store.apply(held.interrupted(now)).await;
     let _ = store.apply(held.release()).await;
     Outcome::LeaseLost { attempt: held.attempt(), why: format!("{why}; the command was not started"), succeeded: false }
+}
+
+/// A signal came after the claim but before the command started: the attempt is given back (fenced: refused if
+/// another invocation took the slot) and the lease released, both best effort; nothing ran.
+pub(super) async fn stopped_before_start<S: Store + Sync>(
+    store: &S,
+    held: &mut HeldSlot,
+    keeper: &mut LeaseKeeper<'_, S>,
+) -> Outcome {
+    keeper.settle(held).await;
+    let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
+    let _ = store.apply(held.interrupted(now)).await;
+    let _ = store.apply(held.release()).await;
+    Outcome::Stopped { attempt: Some(held.attempt()) }
 }
 
 /// Adds the slot to the set of slots that ran to a successful end more than once (best effort).

@@ -1,7 +1,8 @@
 //! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
 
 use idem_core::{
-    HISTORY, Job, MissedReason, SlotEntry, job_key, lease_prefix, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    HISTORY, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, interrupted_key, job_key, lease_prefix, repeats_key,
+    slot_of_key, slot_prefix, takeovers_key,
 };
 use idem_store::{Precondition, Store};
 use serde::Serialize;
@@ -30,6 +31,9 @@ pub struct History {
     /// from the store for a whole lease): that holder's command may have run too, even to its end, so these
     /// slots may have run more than once (at-least-once; not known).
     pub taken_over: u64,
+    /// Attempts whose command a signal to their invocation (SIGINT, SIGTERM) stopped after it started: each
+    /// counted toward `--retries`, as Kubernetes counts a Job's killed pods among its failed ones.
+    pub interrupted: u64,
 }
 
 /// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
@@ -37,8 +41,9 @@ pub struct History {
 pub struct SlotView {
     /// The slot's scheduled time (RFC 3339, in the schedule's time zone).
     pub slot: String,
-    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` or
-    /// `missed`.
+    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` (its
+    /// last attempt was stopped by a signal to its invocation: counted, as a failure), `given_back` (its last
+    /// claim never started the command: not counted) or `missed`.
     pub state: &'static str,
     /// Where its latest attempt ran (host name).
     pub machine: Option<String>,
@@ -98,6 +103,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     };
     let repeats = count(repeats_key(name)).await?;
     let taken_over = count(takeovers_key(name)).await?;
+    let interrupted = count(interrupted_key(name)).await?;
     Ok(Some(History {
         name: name.to_owned(),
         schedule: job.schedule.clone(),
@@ -106,6 +112,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         missed,
         ran_more_than_once: repeats,
         taken_over,
+        interrupted,
     }))
 }
 
@@ -130,8 +137,8 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
             v.state = if lease_live { "running" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Failed { host, started_at_ms, .. } => {
-            v.state = "failed";
+        SlotEntry::Failed { host, started_at_ms, ending, .. } => {
+            v.state = if ending.exit == INTERRUPTED_EXIT { "interrupted" } else { "failed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         SlotEntry::Done { host, started_at_ms, .. } => {
@@ -139,7 +146,7 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         SlotEntry::Interrupted { host, .. } => {
-            v.state = if lease_live { "running" } else { "interrupted" };
+            v.state = if lease_live { "running" } else { "given_back" };
             v.machine = Some(host.clone());
         }
         SlotEntry::Missed { reason, .. } => {
@@ -160,8 +167,14 @@ impl History {
         let schedule = parse_canonical(&self.schedule).map_or_else(|_| self.schedule.clone(), |s| s.describe());
         let mut out = format!(
             "job {}: {}; last slot seen {}; {} missed; {} slot(s) ran more than once; {} slot(s) taken over from \
-             a vanished holder (may have run more than once)\n",
-            self.name, schedule, self.last_slot, self.missed, self.ran_more_than_once, self.taken_over
+             a vanished holder (may have run more than once); {} attempt(s) interrupted\n",
+            self.name,
+            schedule,
+            self.last_slot,
+            self.missed,
+            self.ran_more_than_once,
+            self.taken_over,
+            self.interrupted
         );
         out.push_str(&format!(
             "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
@@ -200,9 +213,8 @@ fn human_millis(ms: u64) -> String {
     if ms < 60_000 { format!("{:.1}s", ms as f64 / 1000.0) } else { human_secs(ms / 1000) }
 }
 
-/// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once and
-/// taken over), so
-/// its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
+/// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once, taken
+/// over and interrupted attempts), so its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
 /// Returns how many records were deleted (0: the store had none).
 ///
 /// # Errors
@@ -219,6 +231,7 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
     keys.push(job_key(name));
     keys.push(repeats_key(name));
     keys.push(takeovers_key(name));
+    keys.push(interrupted_key(name));
     let mut deleted = 0;
     for key in keys {
         if store.delete(&key, Precondition::Any).await?.is_some() {

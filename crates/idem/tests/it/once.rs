@@ -404,20 +404,35 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
     assert_eq!(b.lines("runs").len(), 2);
 }
 
-/// SIGTERM to the invocation kills its command and gives the attempt back (exit 130, not counted): the next
-/// invocation runs the slot as attempt 1 again.
-async fn a_signal_gives_the_attempt_back(b: Backend) {
-    let args = ["--every", ONE_SLOT, "--retries", "0"];
-    let script = "echo \"$IDEM_ATTEMPT\" >> runs; [ \"$(wc -l < runs)\" -gt 1 ] || sleep 5";
-    let first = b.once("signalled", &args, script).spawn().unwrap();
-    wait_for("the first start", Duration::from_secs(20), || b.lines("runs").len() == 1);
-    signal("-TERM", &first.id().to_string());
-    let out = first.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(slots(&b.status("signalled"))[0]["state"], "interrupted");
-    let (code, stderr) = b.run("signalled", &args, script);
-    assert_eq!((code, stderr.contains(": done (attempt 1)")), (0, true), "{stderr}");
-    assert_eq!(b.lines("runs"), ["1", "1"]);
+/// SIGTERM to the invocation after its command started kills the command, and the attempt counts toward
+/// --retries (exit 130; `status` counts it interrupted): with --retries 1, six invocations each stopped
+/// mid-command (as `timeout 1 idem once …` stops them) start the command twice, attempts 1 and 2; the slot is
+/// then failed for good, and the other four exit 3 without starting it.
+async fn a_signal_counts_the_attempt(b: Backend) {
+    let args = ["--every", ONE_SLOT, "--retries", "1"];
+    let script = "echo \"$IDEM_ATTEMPT\" >> runs; sleep 5";
+    for round in 1..=2 {
+        let child = b.once("signalled", &args, script).spawn().unwrap();
+        wait_for("the command's start", Duration::from_secs(20), || b.lines("runs").len() == round);
+        signal("-TERM", &child.id().to_string());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{stderr}");
+        assert!(
+            stderr.contains(&format!("interrupted: attempt {round} killed; it counts toward --retries")),
+            "{stderr}"
+        );
+    }
+    for _ in 3..=6 {
+        let (code, stderr) = b.run("signalled", &args, script);
+        assert_eq!(code, 3, "{stderr}");
+        assert!(stderr.contains("failed for good: 2 attempt(s), the last ended with interrupted"), "{stderr}");
+    }
+    assert_eq!(b.lines("runs"), ["1", "2"], "6 invocations, 2 starts");
+    let status = b.status("signalled");
+    assert_eq!((status["interrupted"].as_u64(), status["taken_over"].as_u64()), (Some(2), Some(0)), "{status}");
+    let slot = &slots(&status)[0];
+    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("interrupted"), Some(2)), "{slot}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,7 +447,7 @@ async fn a_holder_killed_after_success_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_on_sqlite() {
-    a_signal_gives_the_attempt_back(Backend::sqlite().unwrap()).await;
+    a_signal_counts_the_attempt(Backend::sqlite().unwrap()).await;
 }
 
 /// A slot older than the job's newest never runs, even with its entry gone: the store holds a job record 200
