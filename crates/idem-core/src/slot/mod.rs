@@ -84,6 +84,19 @@ pub fn interrupted_key(name: &str) -> String {
     format!("once/{name}/interrupted")
 }
 
+/// The set of slots (as [`repeats_key`]'s) an invocation found older than the job's newest slot and so never
+/// claimed (a clock behind the one that moved the job record, within [`FUTURE_TOLERANCE_MS`]).
+pub fn behind_key(name: &str) -> String {
+    format!("once/{name}/behind")
+}
+
+/// How far the job record's newest slot may be ahead of an invocation's clock (the store's) and still hold it
+/// back, in milliseconds: 60 s. A newest slot further ahead was recorded by a clock that ran ahead (a machine's
+/// clock jumped forward, on a SQLite file each machine reads with its own clock), or this clock is behind by
+/// more than any synchronised clock is: the invocation's clock wins, the job record is taken back to its
+/// slot, and the missed entries recorded ahead of it are deleted (a slot that ran ahead keeps its entry).
+pub const FUTURE_TOLERANCE_MS: u64 = 60_000;
+
 /// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`SlotEntry::Failed`]).
 pub const INTERRUPTED_EXIT: &str = "interrupted";
 
@@ -133,28 +146,18 @@ impl SlotKeys {
     }
 
     /// Records that this slot's command ran to a successful end once more than the entry shows: a
-    /// [`Store::set_change`](idem_store::Store::set_change) on [`repeats_key`], deduplicated per `owner` so a
-    /// retried write counts once.
-    pub fn ran_again(&self, owner: &str) -> (String, SetChange) {
-        let change = SetChange {
-            add: vec![self.slot_ms.to_string()],
-            remove: Vec::new(),
-            dedupe_id: Some(format!("{}-{owner}", self.slot_ms)),
-        };
-        (repeats_key(&self.name), change)
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`repeats_key`] (a retried write counts once: a
+    /// set has each member once). `_owner`: the holder, kept for callers.
+    pub fn ran_again(&self, _owner: &str) -> (String, SetChange) {
+        (repeats_key(&self.name), self.member())
     }
 }
 
 impl SlotKeys {
     /// Records that a claim on this slot took over a vanished holder's attempt: a
-    /// [`Store::set_change`](idem_store::Store::set_change) on [`takeovers_key`], deduplicated per `owner`.
-    pub fn took_over(&self, owner: &str) -> (String, SetChange) {
-        let change = SetChange {
-            add: vec![self.slot_ms.to_string()],
-            remove: Vec::new(),
-            dedupe_id: Some(format!("{}-{owner}", self.slot_ms)),
-        };
-        (takeovers_key(&self.name), change)
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`takeovers_key`]. `_owner`: the new holder.
+    pub fn took_over(&self, _owner: &str) -> (String, SetChange) {
+        (takeovers_key(&self.name), self.member())
     }
 
     /// Records that attempt `attempt` of this slot was stopped by a signal to its invocation after its
@@ -162,13 +165,24 @@ impl SlotKeys {
     /// member per attempt (a retried write counts once).
     pub fn interrupted(&self, attempt: u32) -> (String, SetChange) {
         let member = format!("{}-{attempt}", self.slot_ms);
-        let change = SetChange { add: vec![member.clone()], remove: Vec::new(), dedupe_id: Some(member) };
-        (interrupted_key(&self.name), change)
+        (interrupted_key(&self.name), SetChange { add: vec![member], remove: Vec::new(), dedupe_id: None })
+    }
+
+    /// Records that an invocation found this slot behind the job's newest: a
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`behind_key`].
+    pub fn behind(&self) -> (String, SetChange) {
+        (behind_key(&self.name), self.member())
+    }
+
+    /// Adds this slot to a set. No dedupe id: adding a member twice leaves one member already, and a dedupe id
+    /// would leave a record `forget` cannot delete (kept for the store's dedupe retention).
+    fn member(&self) -> SetChange {
+        SetChange { add: vec![self.slot_ms.to_string()], remove: Vec::new(), dedupe_id: None }
     }
 }
 
 /// The job record: what every invocation of the job must agree on, and how far they have come.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     /// The schedule in canonical form (`every 3600s`, `cron 0 2 * * * tz Europe/Berlin`).
     pub schedule: String,
@@ -179,6 +193,15 @@ pub struct Job {
     /// since (so the job's missed total is this plus its missed entries).
     #[serde(default)]
     pub missed_unlisted: u64,
+    /// `--retries` as the job was first invoked with (or, for a record written before it was kept, first
+    /// invoked with since): every invocation must give it, as the schedule, else a slot's attempts would be
+    /// judged against two limits and "failed for good" (exit 3) would hold on one machine, not another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// `missed_unlisted` is a lower bound: a gap of a cron schedule had more slots than are counted one by one
+    /// (1,000,000).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missed_capped: bool,
 }
 
 impl Job {
@@ -203,6 +226,8 @@ impl Job {
             schedule: self.schedule.clone(),
             last_slot_ms: self.last_slot_ms.max(slot_ms),
             missed_unlisted: self.missed_unlisted.saturating_add(unlisted),
+            retries: self.retries,
+            missed_capped: self.missed_capped,
         }
     }
 }

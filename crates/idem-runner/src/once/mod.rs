@@ -160,6 +160,12 @@ pub struct Report {
     pub missed: Vec<String>,
     /// More earlier slots that passed unseen, counted but not recorded one by one.
     pub missed_unlisted: u64,
+    /// `missed_unlisted` is a lower bound (a cron gap longer than [`schedule::UNLISTED_CAP`] slots).
+    pub missed_capped: bool,
+    /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
+    /// [`SKEW_TOLERANCE`], a job record whose newest slot was ahead of the store's clock by more than
+    /// [`idem_core::FUTURE_TOLERANCE_MS`].
+    pub warnings: Vec<String>,
 }
 
 impl Report {
@@ -276,7 +282,8 @@ impl Report {
             let more = self.missed.len() - shown.len();
             let earlier = if more > 0 { format!("{more} more, ") } else { String::new() };
             let unlisted = if self.missed_unlisted > 0 {
-                format!(" and {} earlier ones counted, not listed", self.missed_unlisted)
+                let at_least = if self.missed_capped { "at least " } else { "" };
+                format!(" and {at_least}{} earlier ones counted, not listed", self.missed_unlisted)
             } else {
                 String::new()
             };
@@ -286,6 +293,9 @@ impl Report {
                 self.missed.len(),
                 shown.join(", ")
             ));
+        }
+        for warning in &self.warnings {
+            line.push_str(&format!("\nidem once: {}: warning: {warning}", self.name));
         }
         line
     }
@@ -304,7 +314,9 @@ pub async fn once<S: Store + Sync>(
 ) -> Result<Report, Error> {
     let mut interrupt = std::pin::pin!(interrupt);
     let now_ms = system_time_to_millis(store.now().await?);
-    let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, millis(SystemTime::now())).await?;
+    let local_ms = millis(SystemTime::now());
+    let skew = skew_warning(now_ms, local_ms);
+    let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
     let slot = cfg.schedule.slot_at(now_ms)?;
     let keys = SlotKeys::new(&cfg.name, slot);
     let job_key = job_key(&cfg.name);
@@ -322,6 +334,8 @@ pub async fn once<S: Store + Sync>(
         outcome: Outcome::Held { host: None, attempt: None },
         missed: Vec::new(),
         missed_unlisted: 0,
+        missed_capped: false,
+        warnings: skew.into_iter().collect(),
     };
     let newest = record::advance(store, cfg, job, slot, now_ms, &mut report).await?;
     let behind = newest > slot;
@@ -341,7 +355,10 @@ pub async fn once<S: Store + Sync>(
             SlotPlan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
             SlotPlan::FailedForGood => failed_for_good(current),
             SlotPlan::Held => held(current),
-            SlotPlan::Behind => Outcome::Behind { newest: cfg.schedule.format(newest) },
+            SlotPlan::Behind => {
+                record::behind(store, &keys).await;
+                Outcome::Behind { newest: cfg.schedule.format(newest) }
+            }
             SlotPlan::RecordMissed => {
                 let reason = MissedReason::PastDeadline { came_at_ms: now_ms };
                 match store.apply(missed(&keys, reason, now_ms)).await {
@@ -378,6 +395,7 @@ pub async fn once<S: Store + Sync>(
                             match newer {
                                 Ok(None) => {}
                                 Ok(Some(newest)) => {
+                                    record::behind(store, &keys).await;
                                     report.outcome = Outcome::Behind { newest: cfg.schedule.format(newest) };
                                     return Ok(report);
                                 }
@@ -406,6 +424,23 @@ pub async fn once<S: Store + Sync>(
 /// its own clock (cron) to take that slot rather than the one before: it waits up to this long for the
 /// store's clock to reach the boundary.
 pub const SKEW_TOLERANCE: Duration = Duration::from_secs(5);
+
+/// The warning for a machine whose clock (`local_ms`) is ahead of the store's (`store_ms`) by more than
+/// [`SKEW_TOLERANCE`]: an invocation cron fires at a slot boundary by it takes the slot before that boundary
+/// (and, under `--starting-deadline`, may find it missed). A clock behind the store's is harmless here: it
+/// fires late, and the store's clock chooses the slot.
+fn skew_warning(store_ms: u64, local_ms: u64) -> Option<String> {
+    let ahead = local_ms.saturating_sub(store_ms);
+    (u128::from(ahead) > SKEW_TOLERANCE.as_millis()).then(|| {
+        format!(
+            "this machine's clock is {:.1} s ahead of the store's, more than the {} s an invocation fired at a slot \
+             boundary waits for the store's clock to reach it: it takes the slot before; synchronise the clocks \
+             (NTP)",
+            ahead as f64 / 1000.0,
+            SKEW_TOLERANCE.as_secs()
+        )
+    })
+}
 
 /// The store's time to take the slot by: `now_ms` (the store's clock), unless this machine's clock
 /// (`local_ms`) has passed a slot boundary that the store's clock reaches within [`SKEW_TOLERANCE`]; then

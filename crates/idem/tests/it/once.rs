@@ -435,6 +435,23 @@ async fn a_signal_counts_the_attempt(b: Backend) {
     assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("interrupted"), Some(2)), "{slot}");
 }
 
+/// --retries is the job's, as its schedule is: an invocation giving another than the one the job was first
+/// invoked with is refused (exit 2, nothing run), else a slot's attempts would be judged against two limits and
+/// exit 3 (failed for good) would not be final on every machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_retries_is_refused_like_another_schedule() {
+    let b = Backend::sqlite().unwrap();
+    let script = "echo ran >> runs; exit 1";
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
+    assert_eq!(code, 3, "{stderr}");
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "2"], script);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("job retries has --retries 0 in this store, not 2"), "{stderr}");
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
+    assert_eq!(code, 3, "{stderr}");
+    assert_eq!(b.lines("runs").len(), 1, "1 run: the refused invocation ran nothing");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_overlap_on_sqlite() {
     no_overlap_holds_the_next_slot_until_the_earlier_run_ends(Backend::sqlite().unwrap()).await;
@@ -450,13 +467,14 @@ async fn a_signal_on_sqlite() {
     a_signal_counts_the_attempt(Backend::sqlite().unwrap()).await;
 }
 
-/// A slot older than the job's newest never runs, even with its entry gone: the store holds a job record 200
-/// minutes ahead of this clock with its newest 100 slots recorded (as a machine 200 minutes ahead leaves it,
-/// on a shared SQLite file), so the current slot has no entry and, were it claimed, the history prune would
-/// delete its entry again at once. Five invocations: 0 runs, each exits 4 saying why.
+/// A slot whose entry may have been pruned never runs: the store holds a job record 200 minutes ahead of this
+/// clock with its newest 100 slots done (as a machine 200 minutes ahead leaves it, on a shared SQLite file).
+/// Beyond `FUTURE_TOLERANCE_MS` the job is taken back to this clock's slot (with a warning), but the current
+/// slot has no entry and 100 newer ones: a claim of it is withdrawn. Five invocations: 0 runs, each exits 4
+/// saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_older_than_the_jobs_newest_never_runs() {
-    use idem_core::{Job, MissedReason, SlotEntry, SlotKeys, job_key};
+    use idem_core::{Ending, Job, SlotEntry, SlotKeys, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
 
     let b = Backend::sqlite().unwrap();
@@ -465,10 +483,13 @@ async fn a_slot_older_than_the_jobs_newest_never_runs() {
     let newest = current + 200 * period;
     {
         let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
-        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99 };
+        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99, ..Job::default() };
         store.put(&job_key("stale"), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
         for slot in (101..=200).map(|i| current + i * period) {
-            let entry = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: newest };
+            let ending =
+                Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: slot, output: vec![] };
+            let entry =
+                SlotEntry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: slot, ending };
             let key = SlotKeys::new("stale", slot);
             store.put(key.entry(), entry.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
         }
@@ -546,7 +567,7 @@ async fn seed_job(b: &Backend, name: &str, last_ms: u64, unlisted: u64) {
     use idem_core::{Job, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
     let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
-    let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted };
+    let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted, ..Job::default() };
     store.put(&job_key(name), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
     store.close().await;
 }
