@@ -46,6 +46,7 @@ pub use problem::ProblemType;
 pub use record::{Claim, Lease, Observations, Outcome, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
 pub use redact::redact_url;
 pub use slot::{
-    Ending, HISTORY, HeldSlot, Job, MissedReason, SlotClaim, SlotEntry, SlotFailure, SlotKeys, SlotPlan, job_key,
-    lease_prefix, missed, plan as plan_slot, prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotClaim, SlotEntry,
+    SlotFailure, SlotKeys, SlotPlan, behind_key, interrupted_key, job_key, lease_prefix, missed, plan as plan_slot,
+    prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
 };

@@ -28,7 +28,7 @@ Exit status:
   6    the lease was lost while the command ran (this invocation was paused past it and the slot taken over, or
        the store did not answer for a whole lease), or before it started (it was not started), or the store
        failed on every try of the outcome write for 60s (or --lease if longer): its outcome is not recorded
-  130  SIGINT or SIGTERM: the command was killed and its attempt given back";
+  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: interrupted)";
 
 /// Arguments of `idem once`.
 #[derive(Debug, clap::Args)]
@@ -150,8 +150,8 @@ impl StoreArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum OnceCommand {
-    /// The job's recent slots: state (done, failed, running, crashed, interrupted, missed), machine, attempts,
-    /// start, duration, exit status, the last lines of output, and how many slots ran more than once (must
+    /// The job's recent slots: state (done, failed, running, crashed, interrupted, given_back, missed),
+    /// machine, attempts, start, duration, exit status, the last lines of output, and how many slots ran more than once (must
     /// be 0). Exit 3 when the store has no such job.
     Status {
         /// The job's name.
@@ -278,15 +278,20 @@ fn parse_every(value: &str) -> Result<Duration, Error> {
     })
 }
 
-/// Resolves on SIGINT or SIGTERM (never, if they cannot be watched).
-async fn signalled() {
+/// Resolves on SIGINT or SIGTERM (never, if they cannot be watched). The handlers are installed now, not when
+/// the future is first polled: a signal while the invocation claims its slot must not kill it with the claim
+/// made (the attempt would count as a crash); `once` sees it before the start and gives the claim back.
+fn signalled() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+    let handlers = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    async move {
+        let (Ok(mut int), Ok(mut term)) = handlers else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 

@@ -17,7 +17,8 @@
 //!   absent | Failed (attempts left) | Running (lease lapsed) | Interrupted ─────────────────────────▶ Running
 //!                                                      Running ──done (fenced)──▶ Done
 //!                                                      Running ──failed (fenced)─▶ Failed{attempts}
-//!                                  Running, stopped by a signal ──interrupted (fenced)─▶ Interrupted
+//!                                  Running, stopped by a signal ──failed (fenced)─▶ Failed{exit interrupted}
+//!                          Running, its command never started ──given back (fenced)─▶ Interrupted
 //!   absent, never started by --starting-deadline, or the slot passed unstarted ──missed (create-only)─▶ Missed
 //!   any state but Done/Missed, in a slot older than the job record's newest ─────never claimed (Behind)
 //!                                                        lease ──renew (fenced on the lease generation)──▶ lease
@@ -76,6 +77,29 @@ pub fn takeovers_key(name: &str) -> String {
     format!("once/{name}/taken-over")
 }
 
+/// The set of attempts (`T-N`: slot time in milliseconds, attempt number) whose command had started when a
+/// signal to their invocation (SIGINT, SIGTERM) stopped it: each counted toward `--retries` as a failure, as
+/// Kubernetes counts a Job's pod that was killed among its failed pods.
+pub fn interrupted_key(name: &str) -> String {
+    format!("once/{name}/interrupted")
+}
+
+/// The set of slots (as [`repeats_key`]'s) an invocation found older than the job's newest slot and so never
+/// claimed (a clock behind the one that moved the job record, within [`FUTURE_TOLERANCE_MS`]).
+pub fn behind_key(name: &str) -> String {
+    format!("once/{name}/behind")
+}
+
+/// How far the job record's newest slot may be ahead of an invocation's clock (the store's) and still hold it
+/// back, in milliseconds: 60 s. A newest slot further ahead was recorded by a clock that ran ahead (a machine's
+/// clock jumped forward, on a SQLite file each machine reads with its own clock), or this clock is behind by
+/// more than any synchronised clock is: the invocation's clock wins, the job record is taken back to its
+/// slot, and the missed entries recorded ahead of it are deleted (a slot that ran ahead keeps its entry).
+pub const FUTURE_TOLERANCE_MS: u64 = 60_000;
+
+/// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`SlotEntry::Failed`]).
+pub const INTERRUPTED_EXIT: &str = "interrupted";
+
 /// The slot time a key under [`slot_prefix`] or [`lease_prefix`] names.
 pub fn slot_of_key(key: &str) -> Option<u64> {
     key.rsplit('/').next()?.parse().ok()
@@ -111,39 +135,54 @@ impl SlotKeys {
         &self.lease
     }
 
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The slot's scheduled time, in milliseconds since the Unix epoch.
     pub fn slot_ms(&self) -> u64 {
         self.slot_ms
     }
 
     /// Records that this slot's command ran to a successful end once more than the entry shows: a
-    /// [`Store::set_change`](idem_store::Store::set_change) on [`repeats_key`], deduplicated per `owner` so a
-    /// retried write counts once.
-    pub fn ran_again(&self, owner: &str) -> (String, SetChange) {
-        let change = SetChange {
-            add: vec![self.slot_ms.to_string()],
-            remove: Vec::new(),
-            dedupe_id: Some(format!("{}-{owner}", self.slot_ms)),
-        };
-        (repeats_key(&self.name), change)
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`repeats_key`] (a retried write counts once: a
+    /// set has each member once). `_owner`: the holder, kept for callers.
+    pub fn ran_again(&self, _owner: &str) -> (String, SetChange) {
+        (repeats_key(&self.name), self.member())
     }
 }
 
 impl SlotKeys {
     /// Records that a claim on this slot took over a vanished holder's attempt: a
-    /// [`Store::set_change`](idem_store::Store::set_change) on [`takeovers_key`], deduplicated per `owner`.
-    pub fn took_over(&self, owner: &str) -> (String, SetChange) {
-        let change = SetChange {
-            add: vec![self.slot_ms.to_string()],
-            remove: Vec::new(),
-            dedupe_id: Some(format!("{}-{owner}", self.slot_ms)),
-        };
-        (takeovers_key(&self.name), change)
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`takeovers_key`]. `_owner`: the new holder.
+    pub fn took_over(&self, _owner: &str) -> (String, SetChange) {
+        (takeovers_key(&self.name), self.member())
+    }
+
+    /// Records that attempt `attempt` of this slot was stopped by a signal to its invocation after its
+    /// command started: a [`Store::set_change`](idem_store::Store::set_change) on [`interrupted_key`], one
+    /// member per attempt (a retried write counts once).
+    pub fn interrupted(&self, attempt: u32) -> (String, SetChange) {
+        let member = format!("{}-{attempt}", self.slot_ms);
+        (interrupted_key(&self.name), SetChange { add: vec![member], remove: Vec::new(), dedupe_id: None })
+    }
+
+    /// Records that an invocation found this slot behind the job's newest: a
+    /// [`Store::set_change`](idem_store::Store::set_change) on [`behind_key`].
+    pub fn behind(&self) -> (String, SetChange) {
+        (behind_key(&self.name), self.member())
+    }
+
+    /// Adds this slot to a set. No dedupe id: adding a member twice leaves one member already, and a dedupe id
+    /// would leave a record `forget` cannot delete (kept for the store's dedupe retention).
+    fn member(&self) -> SetChange {
+        SetChange { add: vec![self.slot_ms.to_string()], remove: Vec::new(), dedupe_id: None }
     }
 }
 
 /// The job record: what every invocation of the job must agree on, and how far they have come.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     /// The schedule in canonical form (`every 3600s`, `cron 0 2 * * * tz Europe/Berlin`).
     pub schedule: String,
@@ -154,6 +193,15 @@ pub struct Job {
     /// since (so the job's missed total is this plus its missed entries).
     #[serde(default)]
     pub missed_unlisted: u64,
+    /// `--retries` as the job was first invoked with (or, for a record written before it was kept, first
+    /// invoked with since): every invocation must give it, as the schedule, else a slot's attempts would be
+    /// judged against two limits and "failed for good" (exit 3) would hold on one machine, not another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    /// `missed_unlisted` is a lower bound: a gap of a cron schedule had more slots than are counted one by one
+    /// (1,000,000).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missed_capped: bool,
 }
 
 impl Job {
@@ -178,6 +226,8 @@ impl Job {
             schedule: self.schedule.clone(),
             last_slot_ms: self.last_slot_ms.max(slot_ms),
             missed_unlisted: self.missed_unlisted.saturating_add(unlisted),
+            retries: self.retries,
+            missed_capped: self.missed_capped,
         }
     }
 }
@@ -245,8 +295,10 @@ pub enum SlotEntry {
         /// How it ended.
         ending: Ending,
     },
-    /// An attempt whose command started was stopped by a signal to its holder (SIGINT, SIGTERM) and given
-    /// back: not counted, so the next invocation in the slot runs it again.
+    /// An attempt claimed whose command never started (the fence before the start refused: its holder was
+    /// paused past its lease, or the store failed) was given back: not counted, so the next invocation in the
+    /// slot runs it again. (An attempt whose command had started and was stopped by a signal to its
+    /// invocation counts: it is recorded [`SlotEntry::Failed`] with the exit [`INTERRUPTED_EXIT`].)
     Interrupted {
         /// Who ran it.
         owner: String,
@@ -430,6 +482,13 @@ impl SlotClaim {
         self.prev.as_ref().map_or(1, |(_, e)| e.attempts().saturating_add(1))
     }
 
+    /// Whether this claim creates the slot's entry (none was read): the claim to re-check against the
+    /// history once made ([`HeldSlot::withdraw`]), since an entry pruned after the read looks the same as one
+    /// never written.
+    pub fn creates(&self) -> bool {
+        self.prev.is_none()
+    }
+
     /// Whether this claim takes over an attempt whose holder vanished (a `Running` entry, its lease lapsed).
     pub fn takes_over(&self) -> bool {
         matches!(self.prev, Some((_, SlotEntry::Running { .. })))
@@ -576,7 +635,8 @@ impl HeldSlot {
         (self.entry(entry), verdict)
     }
 
-    /// Give back an attempt stopped by a signal to its holder, only if no one took it over: not counted.
+    /// Give back an attempt whose command never started, only if no one took it over: not counted. (One
+    /// whose command started and was stopped by a signal is [`HeldSlot::failed`] with [`INTERRUPTED_EXIT`].)
     pub fn interrupted(&self, now_ms: u64) -> Write {
         self.entry(SlotEntry::Interrupted {
             owner: self.claim.owner.clone(),
@@ -585,6 +645,17 @@ impl HeldSlot {
             interrupted_at_ms: now_ms,
             last: self.claim.last(),
         })
+    }
+
+    /// Delete the entry this claim created, only if no one changed it since: for a claim found, once made, on
+    /// a slot whose entry may have been pruned from the history meanwhile (its claim's read of "no entry" was
+    /// stale), which therefore must not run.
+    pub fn withdraw(&self) -> Write {
+        Write {
+            key: self.claim.keys.entry.clone(),
+            op: WriteOp::Delete,
+            precondition: Precondition::Generation(self.entry_generation),
+        }
     }
 
     fn entry(&self, entry: SlotEntry) -> Write {

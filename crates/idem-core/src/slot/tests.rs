@@ -147,10 +147,18 @@ fn missed_is_create_only_and_pruning_keeps_the_newest_and_the_running() {
 
 #[test]
 fn the_job_record_only_moves_forward() {
-    let job = Job { schedule: "every 60s".into(), last_slot_ms: 120_000, missed_unlisted: 0 };
+    let job = Job { schedule: "every 60s".into(), last_slot_ms: 120_000, missed_unlisted: 0, ..Job::default() };
     assert_eq!(job.advanced(60_000, 0).last_slot_ms, 120_000);
     let later = job.advanced(600_000, 3);
     assert_eq!((later.last_slot_ms, later.missed_unlisted), (600_000, 3));
     assert_eq!(Job::decode(&later.encode()).unwrap(), later);
     assert!(Job::decode(b"{}").is_err());
+}
+
+#[test]
+fn the_counted_sets_leave_no_dedupe_records() {
+    // Adding a member twice leaves one member: a dedupe id adds nothing but a record that outlives `forget`
+    // (the store keeps it for its dedupe retention, 24 h).
+    assert_eq!(keys().ran_again("o1").1.dedupe_id, None);
+    assert_eq!(keys().took_over("o1").1.dedupe_id, None);
 }

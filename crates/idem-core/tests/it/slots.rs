@@ -90,7 +90,9 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
     let store =
         FaultyStore::new(MemoryStore::with_tokio_clock(), move |op| faults.get(op.index as usize).copied().flatten());
     let keys = SlotKeys::new("job", 1_700_000_000_000);
-    let job = |last_slot_ms| Job { schedule: "every 60s".into(), last_slot_ms, missed_unlisted: 0 }.encode();
+    let job = |last_slot_ms| {
+        Job { schedule: "every 60s".into(), last_slot_ms, missed_unlisted: 0, ..Job::default() }.encode()
+    };
     store.inner().put(&job_key("job"), job(keys.slot_ms()), Precondition::Absent, Ttl::Clear).await.unwrap();
     let mut invocations: Vec<Invocation<'_>> = (0..INVOCATIONS).map(|_| Invocation::Idle).collect();
     let (mut started, mut interrupted, mut done_writes) = (0u32, 0u32, 0u32);

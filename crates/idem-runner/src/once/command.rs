@@ -178,8 +178,11 @@ impl Tail {
 
     fn push_line(&mut self, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
-        let text = &text[..text.floor_char_boundary(LINE_BYTES)];
-        self.lines.push_back(text.trim_end_matches('\r').to_owned());
+        let text = text.trim_end_matches('\r');
+        let kept = &text[..text.floor_char_boundary(LINE_BYTES)];
+        // A cut line says so: the status reader must not take a prefix for the whole line.
+        let cut = if kept.len() < text.len() { " [cut]" } else { "" };
+        self.lines.push_back(format!("{kept}{cut}"));
         if self.lines.len() > TAIL_LINES {
             self.lines.pop_front();
         }
@@ -226,6 +229,10 @@ mod tests {
         let lines = take(&tail);
         assert_eq!(lines.len(), TAIL_LINES);
         assert_eq!(lines[0], "line 11");
-        assert_eq!(lines[TAIL_LINES - 1], "é".repeat(LINE_BYTES / 2), "a long line is cut on a character");
+        assert_eq!(
+            lines[TAIL_LINES - 1],
+            format!("{} [cut]", "é".repeat(LINE_BYTES / 2)),
+            "cut on a character, marked"
+        );
     }
 }

@@ -47,7 +47,7 @@ pub const EXIT_HELD: i32 = 5;
 /// Exit status: the lease was lost while the command ran (taken over, or the store unreachable for a whole
 /// lease), or its outcome could not be recorded: this invocation's result does not count.
 pub const EXIT_LEASE_LOST: i32 = 6;
-/// Exit status: SIGINT or SIGTERM stopped the command; the attempt was given back.
+/// Exit status: SIGINT or SIGTERM stopped the command; the attempt counts toward `--retries`.
 pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// What one invocation did about its current slot.
@@ -131,10 +131,19 @@ pub enum Outcome {
         /// How long the write was tried, in words (`61 s`).
         tried_for: String,
     },
-    /// A signal stopped the command; the attempt was given back (not counted).
+    /// A signal to the invocation came before the command started: nothing ran; a claim made was given back
+    /// (fenced; not counted).
+    Stopped {
+        /// The attempt the claim given back was, if a claim was made.
+        attempt: Option<u32>,
+    },
+    /// A signal to the invocation stopped the command after it started; the attempt counts toward
+    /// `--retries` (recorded failed, exit `interrupted`).
     Interrupted {
         /// The attempt it was.
         attempt: u32,
+        /// Attempts left for later invocations in the slot (0: the slot is failed for good).
+        left: u32,
     },
 }
 
@@ -151,6 +160,12 @@ pub struct Report {
     pub missed: Vec<String>,
     /// More earlier slots that passed unseen, counted but not recorded one by one.
     pub missed_unlisted: u64,
+    /// `missed_unlisted` is a lower bound (a cron gap longer than [`schedule::UNLISTED_CAP`] slots).
+    pub missed_capped: bool,
+    /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
+    /// [`SKEW_TOLERANCE`], a job record whose newest slot was ahead of the store's clock by more than
+    /// [`idem_core::FUTURE_TOLERANCE_MS`].
+    pub warnings: Vec<String>,
 }
 
 impl Report {
@@ -169,7 +184,7 @@ impl Report {
             Outcome::Failed { .. } => EXIT_FAILED,
             Outcome::Missed { .. } | Outcome::Behind { .. } => EXIT_MISSED,
             Outcome::LeaseLost { .. } | Outcome::NotRecorded { .. } => EXIT_LEASE_LOST,
-            Outcome::Interrupted { .. } => EXIT_INTERRUPTED,
+            Outcome::Interrupted { .. } | Outcome::Stopped { .. } => EXIT_INTERRUPTED,
         }
     }
 
@@ -193,7 +208,8 @@ impl Report {
             | Outcome::Behind { .. }
             | Outcome::LeaseLost { .. }
             | Outcome::NotRecorded { .. }
-            | Outcome::Interrupted { .. } => true,
+            | Outcome::Interrupted { .. }
+            | Outcome::Stopped { .. } => true,
         }
     }
 
@@ -247,9 +263,18 @@ impl Report {
                      its lease lapsed runs it again"
                 )
             }
-            Outcome::Interrupted { attempt } => {
-                format!("interrupted: attempt {attempt} killed and given back (not counted)")
+            Outcome::Stopped { attempt: Some(a) } => {
+                format!("interrupted before the command started: nothing ran; attempt {a} given back (not counted)")
             }
+            Outcome::Stopped { attempt: None } => "interrupted before the claim: nothing ran".to_owned(),
+            Outcome::Interrupted { attempt, left: 0 } => format!(
+                "interrupted: attempt {attempt} killed; it counts toward --retries and was the last allowed, so \
+                 the slot failed for good"
+            ),
+            Outcome::Interrupted { attempt, left } => format!(
+                "interrupted: attempt {attempt} killed; it counts toward --retries ({left} attempt(s) left; the \
+                 next invocation in this slot retries)"
+            ),
         };
         let mut line = format!("{head}: {what}");
         if !self.missed.is_empty() || self.missed_unlisted > 0 {
@@ -257,7 +282,8 @@ impl Report {
             let more = self.missed.len() - shown.len();
             let earlier = if more > 0 { format!("{more} more, ") } else { String::new() };
             let unlisted = if self.missed_unlisted > 0 {
-                format!(" and {} earlier ones counted, not listed", self.missed_unlisted)
+                let at_least = if self.missed_capped { "at least " } else { "" };
+                format!(" and {at_least}{} earlier ones counted, not listed", self.missed_unlisted)
             } else {
                 String::new()
             };
@@ -268,12 +294,15 @@ impl Report {
                 shown.join(", ")
             ));
         }
+        for warning in &self.warnings {
+            line.push_str(&format!("\nidem once: {}: warning: {warning}", self.name));
+        }
         line
     }
 }
 
 /// Runs one invocation of `cfg` (checked: [`OnceConfig::check`]) against `store`; `interrupt` resolves when
-/// a signal asks the invocation to stop (a running command is then killed and its attempt given back).
+/// a signal asks the invocation to stop (a running command is then killed; its attempt counts).
 ///
 /// # Errors
 /// [`Error::Config`] for a schedule other than the job's recorded one; [`Error::Store`] when the store fails
@@ -283,8 +312,11 @@ pub async fn once<S: Store + Sync>(
     cfg: &OnceConfig,
     interrupt: impl Future<Output = ()>,
 ) -> Result<Report, Error> {
+    let mut interrupt = std::pin::pin!(interrupt);
     let now_ms = system_time_to_millis(store.now().await?);
-    let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, millis(SystemTime::now())).await?;
+    let local_ms = millis(SystemTime::now());
+    let skew = skew_warning(now_ms, local_ms);
+    let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
     let slot = cfg.schedule.slot_at(now_ms)?;
     let keys = SlotKeys::new(&cfg.name, slot);
     let job_key = job_key(&cfg.name);
@@ -302,6 +334,8 @@ pub async fn once<S: Store + Sync>(
         outcome: Outcome::Held { host: None, attempt: None },
         missed: Vec::new(),
         missed_unlisted: 0,
+        missed_capped: false,
+        warnings: skew.into_iter().collect(),
     };
     let newest = record::advance(store, cfg, job, slot, now_ms, &mut report).await?;
     let behind = newest > slot;
@@ -321,7 +355,10 @@ pub async fn once<S: Store + Sync>(
             SlotPlan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
             SlotPlan::FailedForGood => failed_for_good(current),
             SlotPlan::Held => held(current),
-            SlotPlan::Behind => Outcome::Behind { newest: cfg.schedule.format(newest) },
+            SlotPlan::Behind => {
+                record::behind(store, &keys).await;
+                Outcome::Behind { newest: cfg.schedule.format(newest) }
+            }
             SlotPlan::RecordMissed => {
                 let reason = MissedReason::PastDeadline { came_at_ms: now_ms };
                 match store.apply(missed(&keys, reason, now_ms)).await {
@@ -340,13 +377,35 @@ pub async fn once<S: Store + Sync>(
                     report.outcome = Outcome::EarlierRunning { slot: cfg.schedule.format(earlier) };
                     return Ok(report);
                 }
+                if fired(interrupt.as_mut()) {
+                    report.outcome = Outcome::Stopped { attempt: None };
+                    return Ok(report);
+                }
                 let claim = SlotClaim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
                 match claim_slot(store, &claim).await? {
                     Some((held, sent)) => {
+                        if claim.creates() {
+                            // Re-checked once made: a read of "no entry" may be stale by a whole history
+                            // (record::newer_than_history).
+                            let newer = record::newer_than_history(store, &keys).await;
+                            if !matches!(newer, Ok(None)) {
+                                let _ = store.apply(held.withdraw()).await;
+                                let _ = store.apply(held.release()).await;
+                            }
+                            match newer {
+                                Ok(None) => {}
+                                Ok(Some(newest)) => {
+                                    record::behind(store, &keys).await;
+                                    report.outcome = Outcome::Behind { newest: cfg.schedule.format(newest) };
+                                    return Ok(report);
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        }
                         if claim.takes_over() {
                             record::took_over(store, &held).await;
                         }
-                        run_held(store, cfg, held, sent, &report.slot, interrupt).await
+                        run_held(store, cfg, held, sent, &report.slot, interrupt.as_mut()).await
                     }
                     None => {
                         entry = reread(store, &keys).await?;
@@ -365,6 +424,23 @@ pub async fn once<S: Store + Sync>(
 /// its own clock (cron) to take that slot rather than the one before: it waits up to this long for the
 /// store's clock to reach the boundary.
 pub const SKEW_TOLERANCE: Duration = Duration::from_secs(5);
+
+/// The warning for a machine whose clock (`local_ms`) is ahead of the store's (`store_ms`) by more than
+/// [`SKEW_TOLERANCE`]: an invocation cron fires at a slot boundary by it takes the slot before that boundary
+/// (and, under `--starting-deadline`, may find it missed). A clock behind the store's is harmless here: it
+/// fires late, and the store's clock chooses the slot.
+fn skew_warning(store_ms: u64, local_ms: u64) -> Option<String> {
+    let ahead = local_ms.saturating_sub(store_ms);
+    (u128::from(ahead) > SKEW_TOLERANCE.as_millis()).then(|| {
+        format!(
+            "this machine's clock is {:.1} s ahead of the store's, more than the {} s an invocation fired at a slot \
+             boundary waits for the store's clock to reach it: it takes the slot before; synchronise the clocks \
+             (NTP)",
+            ahead as f64 / 1000.0,
+            SKEW_TOLERANCE.as_secs()
+        )
+    })
+}
 
 /// The store's time to take the slot by: `now_ms` (the store's clock), unless this machine's clock
 /// (`local_ms`) has passed a slot boundary that the store's clock reaches within [`SKEW_TOLERANCE`]; then
@@ -423,7 +499,7 @@ async fn run_held<S: Store + Sync>(
     mut held: HeldSlot,
     sent: tokio::time::Instant,
     slot: &str,
-    interrupt: impl Future<Output = ()>,
+    mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Outcome {
     let mut keeper = LeaseKeeper::new(store, cfg.lease, sent);
     // The fence before the command starts (as `idem run`'s): a claim made more than a third of a lease ago
@@ -431,6 +507,11 @@ async fn run_held<S: Store + Sync>(
     // its command beside the successor's.
     if !keeper.fence(&mut held).await {
         return record::not_started(store, &mut held, &mut keeper).await;
+    }
+    // A signal that came before the start gives the claim back: the attempt never began (one that comes after
+    // the start counts, record::outcome).
+    if fired(interrupt.as_mut()) {
+        return record::stopped_before_start(store, &mut held, &mut keeper).await;
     }
     let spawn = command::Spawn { command: &cfg.command, name: &cfg.name, slot, timeout: cfg.timeout };
     let attempt = command::run(&spawn, &mut held, &mut keeper, interrupt).await;
@@ -440,6 +521,12 @@ async fn run_held<S: Store + Sync>(
         let _ = record::prune_history(store, &cfg.name).await;
     }
     outcome
+}
+
+/// Whether the interrupt has fired (its handlers are installed before the invocation begins, so a signal
+/// that came while nothing watched it is seen here).
+fn fired(interrupt: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+    futures_util::FutureExt::now_or_never(interrupt).is_some()
 }
 
 fn decode_entry(v: Option<idem_store::Versioned>, keys: &SlotKeys) -> Result<Option<(Generation, SlotEntry)>, Error> {

@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use idem_core::{
-    Ending, HISTORY, HeldSlot, Job, MissedReason, SlotEntry, SlotFailure, SlotKeys, job_key, lease_prefix, missed,
-    prune, slot_of_key, slot_prefix,
+    Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, SlotFailure,
+    SlotKeys, job_key, lease_prefix, missed, prune, slot_of_key, slot_prefix,
 };
 use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
 
 use super::command::{Attempt, Ended};
+use super::schedule::human_secs;
 use super::{OnceConfig, Outcome, Report, lost_why, millis};
 use crate::Error;
 
@@ -35,7 +36,16 @@ pub(super) async fn advance<S: Store + Sync>(
     let schedule = cfg.schedule.canonical();
     for _ in 0..ADVANCE_TRIES {
         let (precondition, next) = match &job {
-            None => (Precondition::Absent, Job { schedule: schedule.clone(), last_slot_ms: slot, missed_unlisted: 0 }),
+            None => (
+                Precondition::Absent,
+                Job {
+                    schedule: schedule.clone(),
+                    last_slot_ms: slot,
+                    missed_unlisted: 0,
+                    retries: Some(cfg.retries),
+                    missed_capped: false,
+                },
+            ),
             Some((_, j)) if j.schedule != schedule => {
                 return Err(Error::Config(format!(
                     "job {} is scheduled {} in this store, not {schedule}: every invocation of a job must give the \
@@ -44,18 +54,55 @@ pub(super) async fn advance<S: Store + Sync>(
                     cfg.name, j.schedule, cfg.name
                 )));
             }
-            Some((_, j)) if j.last_slot_ms >= slot => return Ok(j.last_slot_ms),
+            Some((_, j)) if j.retries.is_some_and(|r| r != cfg.retries) => {
+                return Err(Error::Config(format!(
+                    "job {} has --retries {} in this store, not {}: every invocation of a job must give the same \
+                     --retries (else a slot's attempts would be judged against two limits, and one machine would \
+                     retry a slot another found failed for good); to change it, `idem once forget --name {}` (its \
+                     history goes) or use another --name",
+                    cfg.name,
+                    j.retries.unwrap_or_default(),
+                    cfg.retries,
+                    cfg.name
+                )));
+            }
+            Some((g, j)) if j.last_slot_ms > slot && j.last_slot_ms.saturating_sub(now_ms) > FUTURE_TOLERANCE_MS => {
+                let warning = format!(
+                    "the job's newest slot {} is {} ahead of this clock's slot {}: a clock that ran ahead recorded \
+                     it (or this one is behind by more than {} s); the job is taken back to this clock's slot and \
+                     the slots recorded missed ahead of it are deleted (a slot that ran ahead stays done); check the \
+                     clocks (NTP)",
+                    cfg.schedule.format(j.last_slot_ms),
+                    human_secs((j.last_slot_ms - slot) / 1000),
+                    cfg.schedule.format(slot),
+                    FUTURE_TOLERANCE_MS / 1000
+                );
+                if !report.warnings.contains(&warning) {
+                    report.warnings.push(warning);
+                }
+                drop_missed_ahead(store, &cfg.name, slot, now_ms).await?;
+                (Precondition::Generation(*g), Job { last_slot_ms: slot, retries: Some(cfg.retries), ..j.clone() })
+            }
+            Some((_, j)) if j.last_slot_ms >= slot && j.retries.is_some() => return Ok(j.last_slot_ms),
+            // A record from before --retries was kept takes this invocation's (moved or not).
+            Some((g, j)) if j.last_slot_ms >= slot => {
+                (Precondition::Generation(*g), Job { retries: Some(cfg.retries), ..j.clone() })
+            }
             Some((g, j)) => {
                 let (passed, unlisted) = cfg.schedule.between(j.last_slot_ms, slot)?;
                 record_missed(store, cfg, j.last_slot_ms, &passed, now_ms, report).await?;
                 report.missed_unlisted = unlisted;
-                (Precondition::Generation(*g), j.advanced(slot, unlisted))
+                report.missed_capped = cfg.schedule.capped(unlisted);
+                let next = j.advanced(slot, unlisted);
+                let missed_capped = next.missed_capped || report.missed_capped;
+                (Precondition::Generation(*g), Job { retries: Some(cfg.retries), missed_capped, ..next })
             }
         };
         match store.put(&key, next.encode(), precondition, Ttl::Clear).await {
             Ok(_) => return Ok(next.last_slot_ms),
             Err(e) if e.is_precondition_failed() => {
                 report.missed_unlisted = 0;
+                report.missed_capped = false;
                 job = match store.get(&key).await? {
                     Some(v) => Some((
                         v.generation(),
@@ -69,6 +116,32 @@ pub(super) async fn advance<S: Store + Sync>(
     }
     // Others kept moving the record: it is at or past `slot` by now (judged by the last read of it).
     Ok(job.map_or(slot, |(_, j)| j.last_slot_ms.max(slot)))
+}
+
+/// Deletes the missed entries a clock ahead of this one recorded: every missed slot after `slot` (in this
+/// clock's future: none can have passed unseen), and `slot`'s own when recorded more than
+/// [`FUTURE_TOLERANCE_MS`] after `now_ms`. Each delete is conditional on the entry's generation; a slot that
+/// ran (or runs) keeps its entry.
+async fn drop_missed_ahead<S: Store>(store: &S, name: &str, slot: u64, now_ms: u64) -> Result<(), Error> {
+    let keys: Vec<String> = list_all(store, &slot_prefix(name))
+        .await?
+        .into_iter()
+        .filter(|k| slot_of_key(k).is_some_and(|s| s >= slot))
+        .collect();
+    let values = store.get_many(&keys).await?;
+    for (key, value) in keys.iter().zip(values) {
+        let Some(value) = value else { continue };
+        let Ok(SlotEntry::Missed { recorded_at_ms, .. }) = SlotEntry::decode(value.value()) else { continue };
+        let ahead = slot_of_key(key).is_some_and(|s| s > slot) || recorded_at_ms > now_ms + FUTURE_TOLERANCE_MS;
+        if ahead {
+            match store.delete(key, Precondition::Generation(value.generation())).await {
+                Ok(_) => {}
+                Err(e) if e.is_precondition_failed() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Records missed: the slot the job record last named, if nothing was written for it (invocations came
@@ -90,6 +163,21 @@ async fn record_missed<S: Store + Sync>(
         }
     }
     Ok(())
+}
+
+/// After a claim that created the slot's entry: the newest slot of the job's entries when [`HISTORY`] or more
+/// entries are newer than this slot's, `None` otherwise. An entry is only pruned (deleted) once [`HISTORY`]
+/// newer entries exist, and newer entries are pruned only from the oldest, so their count after the slot never
+/// falls back below [`HISTORY`] once it reached it. Below it, the entry the claim's read found missing was never
+/// pruned: that "no entry" was true. At or above it, the read may be stale (the invocation paused between its
+/// read and its claim while the slot ran elsewhere, a hundred slots more ran, and the prune deleted the slot's
+/// `done` entry, so the claim's create-only write succeeded): the slot must not run.
+pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &SlotKeys) -> Result<Option<u64>, Error> {
+    let page = store.list(&slot_prefix(keys.name()), Some(keys.entry()), HISTORY).await?;
+    if page.items.len() < HISTORY {
+        return Ok(None);
+    }
+    Ok(page.items.last().and_then(|i| slot_of_key(&i.key)))
 }
 
 /// The earliest slot of job `name` before `slot` whose lease is live (it runs now), if any.
@@ -134,12 +222,26 @@ pub(super) async fn outcome<S: Store + Sync>(
             return Outcome::LeaseLost { attempt: n, why: lost_why(why).to_owned(), succeeded: success };
         }
         Ended::Interrupted => {
-            // The renewal in flight first: the release below is fenced on its generation.
+            // The command had started: the attempt counts toward --retries (a failure, as Kubernetes counts a
+            // Job's killed pod), else an invocation stopped again and again (cron's `timeout`, a shutdown) would
+            // start the slot for ever as attempt 1. The renewal in flight first: the writes are fenced on it.
+            let end = ending(INTERRUPTED_EXIT.to_owned(), None);
             keeper.settle(held).await;
-            let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
-            let _ = store.apply(held.interrupted(now)).await;
+            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let (write, verdict) = held.failed(end, limit);
+            let left = match verdict {
+                SlotFailure::Retry => limit.max_attempts.saturating_sub(n),
+                SlotFailure::Exhausted => 0,
+            };
+            // One try, not RECORD_PATIENCE's: a stopped invocation must end promptly. Unrecorded, the entry
+            // stays `running` with its lease released, and the next invocation counts it as a crash.
+            let _ = store.apply(write).await;
+            let (key, change) = held.keys().interrupted(n);
+            if let Err(e) = store.set_change(&key, change).await {
+                tracing::warn!(error = %e, "cannot count the interrupted attempt");
+            }
             let _ = store.apply(held.release()).await;
-            return Outcome::Interrupted { attempt: n };
+            return Outcome::Interrupted { attempt: n, left };
         }
         Ended::Exited { exit, code, success: true } => {
             (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
@@ -211,11 +313,33 @@ pub(super) async fn not_started<S: Store + Sync>(
     Outcome::LeaseLost { attempt: held.attempt(), why: format!("{why}; the command was not started"), succeeded: false }
 }
 
+/// A signal came after the claim but before the command started: the attempt is given back (fenced: refused if
+/// another invocation took the slot) and the lease released, both best effort; nothing ran.
+pub(super) async fn stopped_before_start<S: Store + Sync>(
+    store: &S,
+    held: &mut HeldSlot,
+    keeper: &mut LeaseKeeper<'_, S>,
+) -> Outcome {
+    keeper.settle(held).await;
+    let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
+    let _ = store.apply(held.interrupted(now)).await;
+    let _ = store.apply(held.release()).await;
+    Outcome::Stopped { attempt: Some(held.attempt()) }
+}
+
 /// Adds the slot to the set of slots that ran to a successful end more than once (best effort).
 async fn ran_again<S: Store>(store: &S, held: &HeldSlot) {
     let (key, change) = held.keys().ran_again(&held.fencing_token().to_string());
     if let Err(e) = store.set_change(&key, change).await {
         tracing::warn!(error = %e, "cannot record that the slot ran more than once");
+    }
+}
+
+/// Adds the slot to the set of slots found behind the job's newest (best effort).
+pub(super) async fn behind<S: Store>(store: &S, keys: &SlotKeys) {
+    let (key, change) = keys.behind();
+    if let Err(e) = store.set_change(&key, change).await {
+        tracing::warn!(error = %e, "cannot count the slot skipped behind");
     }
 }
 

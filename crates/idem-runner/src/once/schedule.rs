@@ -23,6 +23,10 @@ const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
 /// How many slots a gap is walked back over one by one (each recorded missed); the rest are counted.
 const WALK: usize = idem_core::HISTORY;
 
+/// How many slots of a cron gap [`Schedule::between`] counts beyond the listed ones: each is found by walking
+/// the schedule, so a gap of years of an every-minute job is bounded (the count is then "at least").
+pub const UNLISTED_CAP: u64 = 1_000_000;
+
 /// A job's schedule.
 #[derive(Clone, Debug)]
 pub struct Schedule {
@@ -88,6 +92,12 @@ impl Schedule {
             Kind::Every { period_ms } => format!("every {}s", period_ms / 1000),
             Kind::Cron { expr, tz_name, .. } => format!("cron '{expr}' tz {tz_name}"),
         }
+    }
+
+    /// Whether `unlisted`, as [`Schedule::between`] counted it, is a lower bound: a cron gap's slots are
+    /// counted one by one, up to [`UNLISTED_CAP`] (an `--every` gap's are counted exactly).
+    pub fn capped(&self, unlisted: u64) -> bool {
+        matches!(self.kind, Kind::Cron { .. }) && unlisted >= UNLISTED_CAP
     }
 
     /// The schedule for people: `every 1h`, `every 1d12h`, `cron '0 3 * * *' tz Europe/Berlin`.
@@ -161,7 +171,7 @@ impl Schedule {
                         slots.push(ms);
                     } else {
                         unlisted += 1;
-                        if unlisted >= 1_000_000 {
+                        if unlisted >= UNLISTED_CAP {
                             break;
                         }
                     }

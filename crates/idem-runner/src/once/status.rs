@@ -1,7 +1,8 @@
 //! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
 
 use idem_core::{
-    HISTORY, Job, MissedReason, SlotEntry, job_key, lease_prefix, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    HISTORY, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, behind_key, interrupted_key, job_key, lease_prefix,
+    repeats_key, slot_of_key, slot_prefix, takeovers_key,
 };
 use idem_store::{Precondition, Store};
 use serde::Serialize;
@@ -23,6 +24,14 @@ pub struct History {
     pub slots: Vec<SlotView>,
     /// Slots recorded missed among `slots`, plus those that passed unseen in gaps too long to record one by one.
     pub missed: u64,
+    /// `missed` is a lower bound: a gap of a cron schedule had more slots than are counted (1,000,000).
+    pub missed_at_least: bool,
+    /// Slots whose holder vanished (killed, cut off) and that no invocation took over since: `running` in the
+    /// store with their lease lapsed, among every entry kept (such entries are never pruned).
+    pub crashed: u64,
+    /// Slots an invocation found older than the job's newest slot, so never claimed: a clock behind the one
+    /// that moved the job record, or a claim whose slot's entry may have been pruned meanwhile.
+    pub behind: u64,
     /// Slots whose command ran to a successful end more than once (a holder whose lease was taken over after
     /// its command exited 0): must stay 0.
     pub ran_more_than_once: u64,
@@ -30,6 +39,9 @@ pub struct History {
     /// from the store for a whole lease): that holder's command may have run too, even to its end, so these
     /// slots may have run more than once (at-least-once; not known).
     pub taken_over: u64,
+    /// Attempts whose command a signal to their invocation (SIGINT, SIGTERM) stopped after it started: each
+    /// counted toward `--retries`, as Kubernetes counts a Job's killed pods among its failed ones.
+    pub interrupted: u64,
 }
 
 /// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
@@ -37,8 +49,9 @@ pub struct History {
 pub struct SlotView {
     /// The slot's scheduled time (RFC 3339, in the schedule's time zone).
     pub slot: String,
-    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` or
-    /// `missed`.
+    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` (its
+    /// last attempt was stopped by a signal to its invocation: counted, as a failure), `given_back` (its last
+    /// claim never started the command: not counted) or `missed`.
     pub state: &'static str,
     /// Where its latest attempt ran (host name).
     pub machine: Option<String>,
@@ -79,12 +92,16 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         list_all(store, &lease_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
     let mut slots = Vec::new();
     let mut missed = job.missed_unlisted;
+    let mut crashed = 0u64;
     for (key, value) in keys.iter().zip(values).rev() {
         let Some(value) = value else { continue };
         let entry = SlotEntry::decode(value.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
         let slot_ms = slot_of_key(key).unwrap_or(0);
         if matches!(entry, SlotEntry::Missed { .. }) {
             missed += 1;
+        }
+        if matches!(entry, SlotEntry::Running { .. }) && !live.contains(&slot_ms) {
+            crashed += 1;
         }
         if slots.len() < limit.min(HISTORY) {
             slots.push(view(format(slot_ms), &entry, live.contains(&slot_ms)));
@@ -98,14 +115,20 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     };
     let repeats = count(repeats_key(name)).await?;
     let taken_over = count(takeovers_key(name)).await?;
+    let interrupted = count(interrupted_key(name)).await?;
+    let behind = count(behind_key(name)).await?;
     Ok(Some(History {
         name: name.to_owned(),
         schedule: job.schedule.clone(),
         last_slot: format(job.last_slot_ms),
         slots,
         missed,
+        missed_at_least: job.missed_capped,
+        crashed,
+        behind,
         ran_more_than_once: repeats,
         taken_over,
+        interrupted,
     }))
 }
 
@@ -130,8 +153,8 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
             v.state = if lease_live { "running" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Failed { host, started_at_ms, .. } => {
-            v.state = "failed";
+        SlotEntry::Failed { host, started_at_ms, ending, .. } => {
+            v.state = if ending.exit == INTERRUPTED_EXIT { "interrupted" } else { "failed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         SlotEntry::Done { host, started_at_ms, .. } => {
@@ -139,7 +162,7 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         SlotEntry::Interrupted { host, .. } => {
-            v.state = if lease_live { "running" } else { "interrupted" };
+            v.state = if lease_live { "running" } else { "given_back" };
             v.machine = Some(host.clone());
         }
         SlotEntry::Missed { reason, .. } => {
@@ -159,9 +182,19 @@ impl History {
     pub fn render(&self) -> String {
         let schedule = parse_canonical(&self.schedule).map_or_else(|_| self.schedule.clone(), |s| s.describe());
         let mut out = format!(
-            "job {}: {}; last slot seen {}; {} missed; {} slot(s) ran more than once; {} slot(s) taken over from \
-             a vanished holder (may have run more than once)\n",
-            self.name, schedule, self.last_slot, self.missed, self.ran_more_than_once, self.taken_over
+            "job {}: {}; last slot seen {}; {}{} missed; {} slot(s) ran more than once; {} slot(s) taken over \
+             from a vanished holder (may have run more than once); {} attempt(s) interrupted; {} crashed; {} \
+             slot(s) skipped behind\n",
+            self.name,
+            schedule,
+            self.last_slot,
+            if self.missed_at_least { "at least " } else { "" },
+            self.missed,
+            self.ran_more_than_once,
+            self.taken_over,
+            self.interrupted,
+            self.crashed,
+            self.behind
         );
         out.push_str(&format!(
             "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
@@ -188,11 +221,17 @@ impl History {
         if let Some(s) = self.slots.iter().find(|s| !s.output.is_empty()) {
             out.push_str(&format!("last output of {} ({} line(s)):\n", s.slot, s.output.len()));
             for line in &s.output {
-                out.push_str(&format!("  {line}\n"));
+                out.push_str(&format!("  {}\n", printable(line)));
             }
         }
         out
     }
+}
+
+/// `line` with its control characters escaped (`\u{1b}`): a command's colour codes or a stray escape
+/// sequence must not drive the reader's terminal. JSON keeps the line as it was.
+fn printable(line: &str) -> String {
+    line.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 /// A duration for people: tenths of seconds under a minute (`2.5s`), else whole units (`1h2m5s`).
@@ -200,9 +239,8 @@ fn human_millis(ms: u64) -> String {
     if ms < 60_000 { format!("{:.1}s", ms as f64 / 1000.0) } else { human_secs(ms / 1000) }
 }
 
-/// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once and
-/// taken over), so
-/// its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
+/// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once, taken
+/// over and interrupted attempts), so its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
 /// Returns how many records were deleted (0: the store had none).
 ///
 /// # Errors
@@ -219,6 +257,8 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
     keys.push(job_key(name));
     keys.push(repeats_key(name));
     keys.push(takeovers_key(name));
+    keys.push(interrupted_key(name));
+    keys.push(behind_key(name));
     let mut deleted = 0;
     for key in keys {
         if store.delete(&key, Precondition::Any).await?.is_some() {
@@ -226,4 +266,15 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_lines_are_shown_without_control_characters() {
+        assert_eq!(printable("\u{1b}[31mred\u{1b}[0m\tend"), "\\u{1b}[31mred\\u{1b}[0m\\u{9}end");
+        assert_eq!(printable("plain é"), "plain é");
+    }
 }

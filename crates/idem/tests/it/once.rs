@@ -404,20 +404,52 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
     assert_eq!(b.lines("runs").len(), 2);
 }
 
-/// SIGTERM to the invocation kills its command and gives the attempt back (exit 130, not counted): the next
-/// invocation runs the slot as attempt 1 again.
-async fn a_signal_gives_the_attempt_back(b: Backend) {
-    let args = ["--every", ONE_SLOT, "--retries", "0"];
-    let script = "echo \"$IDEM_ATTEMPT\" >> runs; [ \"$(wc -l < runs)\" -gt 1 ] || sleep 5";
-    let first = b.once("signalled", &args, script).spawn().unwrap();
-    wait_for("the first start", Duration::from_secs(20), || b.lines("runs").len() == 1);
-    signal("-TERM", &first.id().to_string());
-    let out = first.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(slots(&b.status("signalled"))[0]["state"], "interrupted");
-    let (code, stderr) = b.run("signalled", &args, script);
-    assert_eq!((code, stderr.contains(": done (attempt 1)")), (0, true), "{stderr}");
-    assert_eq!(b.lines("runs"), ["1", "1"]);
+/// SIGTERM to the invocation after its command started kills the command, and the attempt counts toward
+/// --retries (exit 130; `status` counts it interrupted): with --retries 1, six invocations each stopped
+/// mid-command (as `timeout 1 idem once …` stops them) start the command twice, attempts 1 and 2; the slot is
+/// then failed for good, and the other four exit 3 without starting it.
+async fn a_signal_counts_the_attempt(b: Backend) {
+    let args = ["--every", ONE_SLOT, "--retries", "1"];
+    let script = "echo \"$IDEM_ATTEMPT\" >> runs; sleep 5";
+    for round in 1..=2 {
+        let child = b.once("signalled", &args, script).spawn().unwrap();
+        wait_for("the command's start", Duration::from_secs(20), || b.lines("runs").len() == round);
+        signal("-TERM", &child.id().to_string());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{stderr}");
+        assert!(
+            stderr.contains(&format!("interrupted: attempt {round} killed; it counts toward --retries")),
+            "{stderr}"
+        );
+    }
+    for _ in 3..=6 {
+        let (code, stderr) = b.run("signalled", &args, script);
+        assert_eq!(code, 3, "{stderr}");
+        assert!(stderr.contains("failed for good: 2 attempt(s), the last ended with interrupted"), "{stderr}");
+    }
+    assert_eq!(b.lines("runs"), ["1", "2"], "6 invocations, 2 starts");
+    let status = b.status("signalled");
+    assert_eq!((status["interrupted"].as_u64(), status["taken_over"].as_u64()), (Some(2), Some(0)), "{status}");
+    let slot = &slots(&status)[0];
+    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("interrupted"), Some(2)), "{slot}");
+}
+
+/// --retries is the job's, as its schedule is: an invocation giving another than the one the job was first
+/// invoked with is refused (exit 2, nothing run), else a slot's attempts would be judged against two limits and
+/// exit 3 (failed for good) would not be final on every machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_retries_is_refused_like_another_schedule() {
+    let b = Backend::sqlite().unwrap();
+    let script = "echo ran >> runs; exit 1";
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
+    assert_eq!(code, 3, "{stderr}");
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "2"], script);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("job retries has --retries 0 in this store, not 2"), "{stderr}");
+    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
+    assert_eq!(code, 3, "{stderr}");
+    assert_eq!(b.lines("runs").len(), 1, "1 run: the refused invocation ran nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,16 +464,17 @@ async fn a_holder_killed_after_success_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_on_sqlite() {
-    a_signal_gives_the_attempt_back(Backend::sqlite().unwrap()).await;
+    a_signal_counts_the_attempt(Backend::sqlite().unwrap()).await;
 }
 
-/// A slot older than the job's newest never runs, even with its entry gone: the store holds a job record 200
-/// minutes ahead of this clock with its newest 100 slots recorded (as a machine 200 minutes ahead leaves it,
-/// on a shared SQLite file), so the current slot has no entry and, were it claimed, the history prune would
-/// delete its entry again at once. Five invocations: 0 runs, each exits 4 saying why.
+/// A slot whose entry may have been pruned never runs: the store holds a job record 200 minutes ahead of this
+/// clock with its newest 100 slots done (as a machine 200 minutes ahead leaves it, on a shared SQLite file).
+/// Beyond `FUTURE_TOLERANCE_MS` the job is taken back to this clock's slot (with a warning), but the current
+/// slot has no entry and 100 newer ones: a claim of it is withdrawn. Five invocations: 0 runs, each exits 4
+/// saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_older_than_the_jobs_newest_never_runs() {
-    use idem_core::{Job, MissedReason, SlotEntry, SlotKeys, job_key};
+    use idem_core::{Ending, Job, SlotEntry, SlotKeys, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
 
     let b = Backend::sqlite().unwrap();
@@ -450,10 +483,13 @@ async fn a_slot_older_than_the_jobs_newest_never_runs() {
     let newest = current + 200 * period;
     {
         let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
-        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99 };
+        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99, ..Job::default() };
         store.put(&job_key("stale"), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
         for slot in (101..=200).map(|i| current + i * period) {
-            let entry = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: newest };
+            let ending =
+                Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: slot, output: vec![] };
+            let entry =
+                SlotEntry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: slot, ending };
             let key = SlotKeys::new("stale", slot);
             store.put(key.entry(), entry.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
         }
@@ -531,7 +567,7 @@ async fn seed_job(b: &Backend, name: &str, last_ms: u64, unlisted: u64) {
     use idem_core::{Job, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
     let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
-    let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted };
+    let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted, ..Job::default() };
     store.put(&job_key(name), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
     store.close().await;
 }
