@@ -3,9 +3,10 @@
 
 use std::io::Write as _;
 use std::path::Path;
+use std::time::Duration;
 
 use idem_core::{Entry, ItemKeys, Plan};
-use idem_store::Store;
+use idem_store::{Precondition, Store, Ttl};
 
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
@@ -232,17 +233,13 @@ async fn writes_served<S: Store>(ctx: &Ctx<S>) -> bool {
     }
     let key = format!("run/{}/watcher/{}", ctx.job, ctx.owner);
     let sent = tokio::time::Instant::now();
-    let wrote = ctx
-        .store
-        .put(
-            &key,
-            bytes::Bytes::from(ctx.owner.clone()),
-            idem_store::Precondition::Any,
-            idem_store::Ttl::After(lease * 2),
-        )
-        .await;
+    // TTLs are whole seconds: two leases, rounded up.
+    let ttl = Duration::from_secs((lease * 2).as_secs_f64().ceil() as u64).max(Duration::from_secs(1));
+    let wrote = ctx.store.put(&key, bytes::Bytes::from(ctx.owner.clone()), Precondition::Any, Ttl::After(ttl)).await;
     let answered = tokio::time::Instant::now();
-    let prompt = wrote.is_ok() && answered - sent <= lease / 3;
+    // Any answer but "unavailable" means the store took the write in hand (a refusal is no stall).
+    let taken = wrote.as_ref().map_or_else(|e| !e.is_unavailable(), |_| true);
+    let prompt = taken && answered - sent <= lease / 3;
     if !prompt || last.is_none_or(|at| sent.saturating_duration_since(at) > lease / 2) {
         ctx.unwatch_all();
     }
@@ -488,7 +485,9 @@ mod tests {
     #[tokio::test]
     async fn a_last_attempt_running_elsewhere_is_waited_for_until_its_lease_is_gone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ctx = ctx_in(&dir, false);
+        let mut cfg = RunConfig::new("items", format!("{}/{{id}}.txt", dir.path().display()), vec!["true".into()]);
+        cfg.lease = Duration::from_millis(400);
+        let ctx = test_ctx(cfg);
         let running = Entry::Running {
             owner: "other".into(),
             attempt: 4,
@@ -505,7 +504,20 @@ mod tests {
             .expect("put");
         assert!(matches!(judged(&ctx, &item("a")).await, Step::WaitForHolder));
         ctx.store.delete(&lease, Precondition::Any).await.expect("delete");
-        assert!(matches!(judged(&ctx, &item("a")).await, Step::End(Final::Failed { attempts: 4, .. })));
+        // The lease gone (the holder crashed): out of attempts once the holder was watched for a whole lease
+        // without a sign of life, not before.
+        let gone = std::time::Instant::now();
+        loop {
+            match judged(&ctx, &item("a")).await {
+                Step::WaitForHolder => {
+                    assert!(gone.elapsed() < Duration::from_secs(5), "never judged gone");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Step::End(Final::Failed { attempts: 4, .. }) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(gone.elapsed() >= Duration::from_millis(400), "judged gone after {:?}", gone.elapsed());
     }
 
     #[test]
