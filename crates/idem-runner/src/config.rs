@@ -79,8 +79,10 @@ pub struct RunConfig {
     /// its own copy). Otherwise an item another host recorded done is done here too, counted "done
     /// elsewhere", and its output is verified only on that host.
     pub require_local_output: bool,
-    /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`).
-    pub key_prefix: String,
+    /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`); `None`: the job's name when
+    /// [`RunConfig::name`] is given (the key is then `IDEM_KEY`), else `run`
+    /// ([`RunConfig::idempotency_prefix`]).
+    pub key_prefix: Option<String>,
     /// Progress display.
     pub progress: ProgressMode,
 }
@@ -110,7 +112,7 @@ impl RunConfig {
             store_outage_limit: Duration::from_secs(300),
             dry_run: false,
             require_local_output: false,
-            key_prefix: "run".into(),
+            key_prefix: None,
             progress: ProgressMode::Auto,
         }
     }
@@ -178,7 +180,9 @@ impl RunConfig {
         if self.until_empty && self.queue.is_none() {
             return Err(Error::Config("--until-empty needs --items amqp://… or nats://… (a queue)".into()));
         }
-        if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
+        if let Some(prefix) = &self.key_prefix
+            && (prefix.is_empty() || prefix.contains(':'))
+        {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
         }
         if let Some(report) = &self.report {
@@ -225,6 +229,17 @@ impl RunConfig {
     /// The job's name in the ledger: `--name`, else [`job_id`] of the output template.
     pub fn job(&self) -> String {
         self.name.clone().unwrap_or_else(|| job_id(&self.output))
+    }
+
+    /// The prefix of `IDEM_IDEMPOTENCY_KEY`: `--key-prefix` when given; else the job's name for a named job, so
+    /// two named jobs sending through one idempotency proxy never share keys (the key is then `IDEM_KEY`);
+    /// else `run`, the prefix every unnamed job had, so the keys of existing jobs do not change.
+    pub fn idempotency_prefix(&self) -> &str {
+        match (&self.key_prefix, &self.name) {
+            (Some(prefix), _) => prefix,
+            (None, Some(name)) => name,
+            (None, None) => "run",
+        }
     }
 
     /// True when the job writes an output file per item ([`RunConfig::output`] is not empty).

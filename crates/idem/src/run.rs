@@ -13,8 +13,8 @@ const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
 verified; needs --output), {key} the item's idempotency key, {item} the item as read. The item is also on \
 standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
-IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY (PREFIX:ID:HASH with \
---key-prefix), IDEM_ATTEMPT.
+IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY \
+(PREFIX:ID:HASH: PREFIX is --key-prefix, else the job's --name, so it equals IDEM_KEY, else `run`), IDEM_ATTEMPT.
 
 {key} / IDEM_KEY is JOB:ID:HASH: the job's name (--name, else the 12-hex-digit hash of --output), the item's \
 id, and the first 16 hex digits of the SHA-256 of the item's canonical text (as `idem key` derives it). It is \
@@ -121,9 +121,10 @@ pub struct RunArgs {
     /// How to read --items.
     #[arg(long, value_enum, default_value_t = FormatArg::Auto)]
     format: FormatArg,
-    /// Prefix of IDEM_IDEMPOTENCY_KEY.
-    #[arg(long, default_value = "run")]
-    key_prefix: String,
+    /// Prefix of IDEM_IDEMPOTENCY_KEY. Default: the job's name with --name (IDEM_IDEMPOTENCY_KEY is then
+    /// IDEM_KEY), else `run`.
+    #[arg(long)]
+    key_prefix: Option<String>,
     /// Judge every done item by its output on this machine, even one another host recorded done (each machine
     /// needs its own copy). Without it, with a shared --store, an item another host recorded done is skipped
     /// and counted "done elsewhere (HOST)": its output is on that host, which alone verifies it. The host is

@@ -412,3 +412,48 @@ fn a_check_that_reports_done_skips_the_command_and_one_failing_after_it_fails_th
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--check says whether an item's effect is there"), "{err}");
 }
+
+/// Two named jobs over the same items must not send one `IDEM_IDEMPOTENCY_KEY` (behind one idempotency proxy the
+/// second job's requests would be answered with the first's replays): for a named job it is its `IDEM_KEY`.
+/// An unnamed job keeps `run:ID:HASH`, and `--key-prefix` still sets it.
+#[test]
+fn idempotency_key_of_a_named_job_is_its_item_key() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 3);
+    let log = dir.path().join("log");
+    // Each execution logs "IDEM_IDEMPOTENCY_KEY IDEM_KEY" (and writes its output when it has one).
+    let script = format!(
+        "echo \"$IDEM_IDEMPOTENCY_KEY $IDEM_KEY\" >> {}; [ -z \"$IDEM_OUTPUT\" ] || echo x > \"$IDEM_OUTPUT\"",
+        log.display()
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--items", "items.txt", "--quiet"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 0, "{err}");
+        let logged = lines(&log);
+        logged[logged.len() - 3..]
+            .iter()
+            .map(|l| l.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).unwrap())
+            .collect::<Vec<(String, String)>>()
+    };
+    let mail = run(&["--name", "mail"]);
+    let sms = run(&["--name", "sms"]);
+    for (idempotency, key) in mail.iter().chain(&sms) {
+        assert_eq!(idempotency, key, "a named job's IDEM_IDEMPOTENCY_KEY is its IDEM_KEY");
+    }
+    let mut all: Vec<&String> = mail.iter().chain(&sms).map(|(i, _)| i).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6, "two jobs shared an idempotency key: {mail:?} {sms:?}");
+    assert!(mail.iter().all(|(i, _)| i.starts_with("mail:")) && sms.iter().all(|(i, _)| i.starts_with("sms:")));
+    // --key-prefix still wins; an unnamed job keeps the prefix every job had.
+    let fax = run(&["--name", "fax", "--key-prefix", "legacy"]);
+    assert!(fax.iter().all(|(i, k)| i.starts_with("legacy:") && k.starts_with("fax:")), "{fax:?}");
+    let unnamed = run(&["--output", "out/{id}"]);
+    assert!(unnamed.iter().all(|(i, _)| i.starts_with("run:")), "{unnamed:?}");
+    let (code, derived, err) = common::idem(&["key", "--prefix", "run", "--id", "2", "--data", "2"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(unnamed.iter().any(|(i, _)| i == derived.trim()), "{derived} not among {unnamed:?}");
+}
