@@ -166,8 +166,9 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job named by --name (or writing --output).
     Status(LedgerArgs),
-    /// Forget items (ledger entries and outputs) so the next run executes them again. Exit status 3 when an id is
-    /// not in the job's ledger (the others are forgotten).
+    /// Forget items so the next run executes them again: their ledger entries, and their outputs under --output
+    /// (only then: without it no file is deleted). Exit status 3 when an id is not in the job's ledger (the
+    /// others are forgotten).
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -184,7 +185,7 @@ struct LedgerArgs {
     #[arg(long)]
     name: Option<String>,
     /// The job's output template, as given to `idem run` (it names the job when --name does not, and the
-    /// default ledger; `forget` removes the forgotten items' outputs from it).
+    /// default ledger; `forget` removes the forgotten items' outputs from it, and deletes none without it).
     #[arg(long)]
     output: Option<String>,
     /// The ledger store (default: next to the outputs).
@@ -384,19 +385,28 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
 }
 
 async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, ids: &[String]) -> Result<i32, Error> {
-    // Without --output, the outputs are those of the job's last run, as its record says (none: the job writes
-    // no files, or ran before records were kept; then only the ledger entries go).
+    // Outputs are removed only from the --output given here. The job's recorded template is only read to say
+    // what was kept: it may be relative to another directory (or machine), and resolved against this one it
+    // names some other file, which must never be deleted.
     let recorded = match output {
         Some(_) => None,
         None => on_ledger!(ledger, s => idem_runner::job_record(s, job).await).map_err(runner_error)?,
     };
-    let template = output.or(recorded.as_ref().map(|r| r.output.as_str()));
-    let unknown = on_ledger!(ledger, s => idem_runner::forget(s, job, template, ids).await).map_err(runner_error)?;
+    let unknown = on_ledger!(ledger, s => idem_runner::forget(s, job, output, ids).await).map_err(runner_error)?;
     let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let forgotten = given - unknown.len();
     if forgotten > 0 {
+        let what = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
+            (Some(_), _) => "entries and outputs".to_owned(),
+            (None, Some(t)) if !t.is_empty() => format!(
+                "ledger entries only; no output deleted: without --output {t:?} here, where the job runs, the next \
+                 run adopts an output it finds instead of running its command"
+            ),
+            (None, Some(_)) => "ledger entries; the job writes no outputs".to_owned(),
+            (None, None) => "ledger entries only; no output deleted (give --output to delete them too)".to_owned(),
+        };
         crate::error::out(&format!(
-            "forgot {forgotten} of {given} items (entries and outputs); the next run executes them again\n"
+            "forgot {forgotten} of {given} items ({what}); the next run executes them again\n"
         ))?;
     }
     if !unknown.is_empty() {

@@ -83,9 +83,10 @@ fn two_jobs_with_one_output_template_on_one_ledger_keep_apart_by_name() {
         assert_eq!(code, 0, "{err}");
         assert!(status.starts_with(&format!("job {name}: 5 done, 0 running or abandoned")), "{status}");
     }
-    // Forgetting by name finds the outputs from the job's record (no --output given) and redoes only that item.
-    // (Run where the job ran: its template is relative.)
-    let (code, out, err) = idem_in(&a, &["runs", "forget", "--name", "job-a", "--store", &store, "3"], &[]);
+    // Forgetting by name with the job's --output removes that output and redoes only that item. (Run where the
+    // job ran: its template is relative.)
+    let forget = ["runs", "forget", "--name", "job-a", "--output", "out/{id}.txt", "--store", &store, "3"];
+    let (code, out, err) = idem_in(&a, &forget, &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(!a.join("out/3.txt").exists(), "forget left the output of job-a's item 3");
     assert!(b.join("out/3.txt").exists(), "forget of job-a removed job-b's output");
@@ -456,4 +457,36 @@ fn idempotency_key_of_a_named_job_is_its_item_key() {
     let (code, derived, err) = common::idem(&["key", "--prefix", "run", "--id", "2", "--data", "2"], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(unnamed.iter().any(|(i, _)| i == derived.trim()), "{derived} not among {unnamed:?}");
+}
+
+/// `idem runs forget --name J ID` without --output deletes no file: the job's recorded template, resolved against
+/// another directory, names someone else's file. It says so, and names the --output that would delete outputs.
+#[test]
+fn forget_by_name_without_output_deletes_no_file() {
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", root.path().join("ledger.db").display());
+    let (job_dir, elsewhere) = (root.path().join("job"), root.path().join("elsewhere"));
+    items(&job_dir, 3);
+    let log = root.path().join("log");
+    let (code, _, err) = run_writing(&job_dir, &store, &["--name", "rep"], &writing(&log, "R"));
+    assert_eq!(code, 0, "{err}");
+    // Someone's file where the recorded template points from another directory.
+    std::fs::create_dir_all(elsewhere.join("out")).unwrap();
+    std::fs::write(elsewhere.join("out/2.txt"), "precious\n").unwrap();
+    let (code, out, err) = idem_in(&elsewhere, &["runs", "forget", "--name", "rep", "--store", &store, "2"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(elsewhere.join("out/2.txt")).unwrap(), "precious\n", "forget deleted a file");
+    assert!(job_dir.join("out/2.txt").exists(), "forget without --output deleted the job's output");
+    assert!(out.contains("forgot 1 of 1 items (ledger entries only; no output deleted"), "{out}");
+    assert!(out.contains("--output \"out/{id}.txt\""), "{out}");
+    // A job without outputs says just that.
+    let (code, _, err) = idem_in(
+        &job_dir,
+        &["run", "--name", "mail", "--items", "items.txt", "--store", &store, "--quiet", "--", "true"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = idem_in(&elsewhere, &["runs", "forget", "--name", "mail", "--store", &store, "1"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("(ledger entries; the job writes no outputs)"), "{out}");
 }
