@@ -52,6 +52,18 @@ pub async fn job_record<S: Store>(store: &S, job: &str) -> Result<Option<JobReco
         .map_err(|e| Error::Config(format!("the ledger's record of job {job} is unreadable: {e}")))
 }
 
+/// True when the ledger knows `job`: a record of one of its runs, or an entry (jobs run before records were
+/// kept have entries only). `idem runs status|forget` answer "no such job" otherwise, rather than zeros.
+///
+/// # Errors
+/// [`Error::Store`].
+pub async fn job_exists<S: Store>(store: &S, job: &str) -> Result<bool, Error> {
+    if store.get(&job_key(job)).await?.is_some() {
+        return Ok(true);
+    }
+    Ok(!store.list(&entry_prefix(job), None, 1).await?.items.is_empty())
+}
+
 /// Compares `record` with the record of `job`'s last run and, unless `dry_run`, writes it as the new one.
 /// Returns what changed, one sentence each (none for a first run, or a job run before records were kept): a
 /// job whose output template or command changed under one name keeps its done items done, which the operator

@@ -164,11 +164,12 @@ pub struct RunsArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum RunsCommand {
-    /// Summarise the ledger of the job named by --name (or writing --output).
+    /// Summarise the ledger of the job named by --name (or writing --output). Exit status 3 when the store has
+    /// no such job (nothing is created).
     Status(LedgerArgs),
     /// Forget items so the next run executes them again: their ledger entries, and their outputs under --output
-    /// (only then: without it no file is deleted). Exit status 3 when an id is not in the job's ledger (the
-    /// others are forgotten).
+    /// (only then: without it no file is deleted). Exit status 3 when the store has no such job, or an id is not
+    /// in the job's ledger (the others are forgotten).
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -331,26 +332,49 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         idem_runner::check_job_name(name).map_err(runner_error)?;
     }
     let template = ledger_args.output.as_deref().unwrap_or("");
-    // Status and forget only read what runs wrote: a missing default ledger means nothing ran with this
-    // --output (a typo, say), which must be said rather than answered with zeros from a ledger made for it.
-    if ledger_args.store.is_none() {
-        let path = idem_runner::default_ledger_path(template);
-        if !path.exists() {
-            let with = match &ledger_args.output {
-                Some(o) => format!("--output {o:?}"),
-                None => "no --output (a ledger in the current directory)".to_owned(),
-            };
-            return Err(Error::Config(format!(
-                "no ledger at {}: nothing has run with {with} (or its ledger is elsewhere: --store)",
-                path.display()
-            )));
-        }
-    }
-    let ledger = Ledger::open(&ledger_url(ledger_args.store.as_deref(), template), &ledger_args.namespace).await?;
+    let url = ledger_url(ledger_args.store.as_deref(), template);
     let job = match &ledger_args.name {
         Some(name) => name.clone(),
         None => idem_runner::job_id(template),
     };
+    // Status and forget only read what runs wrote: a missing ledger (a SQLite file, a PostgreSQL schema) or a
+    // job it does not know means nothing ran with these flags (a typo, say), which must be said (exit 3, as
+    // `idem once status`) rather than answered with zeros from a store made for it.
+    let of_job = || match &ledger_args.name {
+        Some(name) => format!("job {name}"),
+        None => format!("--output {template:?}"),
+    };
+    if let Ok(idem_stores::StoreUrl::Sqlite(path)) = idem_stores::StoreUrl::parse(&url)
+        && !path.exists()
+    {
+        let elsewhere = if ledger_args.store.is_none() { " (or its ledger is elsewhere: --store)" } else { "" };
+        return Err(Error::NotFound(format!(
+            "no ledger at {}: nothing has run with {}{elsewhere}",
+            path.display(),
+            of_job()
+        )));
+    }
+    let no_job = || {
+        let namespace = match idem_stores::StoreUrl::parse(&url) {
+            Ok(idem_stores::StoreUrl::Sqlite(_)) => String::new(),
+            _ => format!(" (namespace {})", ledger_args.namespace),
+        };
+        Error::NotFound(format!("no {} in {}{namespace}", of_job(), idem_core::redact_url(&url)))
+    };
+    let Some(ledger) = Ledger::open_existing(&url, &ledger_args.namespace).await? else {
+        return Err(no_job());
+    };
+    match on_ledger!(&ledger, s => idem_runner::job_exists(s, &job).await) {
+        Ok(true) => {}
+        Ok(false) => {
+            ledger.close().await;
+            return Err(no_job());
+        }
+        Err(e) => {
+            ledger.close().await;
+            return Err(runner_error(e));
+        }
+    }
     let result = match &args.command {
         RunsCommand::Status(_) => status(&ledger, &job).await,
         RunsCommand::Forget { ids, .. } => {

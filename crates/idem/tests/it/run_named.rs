@@ -490,3 +490,48 @@ fn forget_by_name_without_output_deletes_no_file() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("(ledger entries; the job writes no outputs)"), "{out}");
 }
+
+/// `idem runs status|forget` for a job, store or namespace nothing ran with: one line, exit 3 (as `idem once
+/// status`), and no store made for it (no SQLite file, no PostgreSQL schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_status_and_forget_of_an_unknown_job_exit_3_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let d = dir.path();
+    let expect_3 = |args: &[&str], needle: &str| {
+        let (code, out, err) = idem_in(d, args, &[]);
+        assert_eq!(code, 3, "{args:?}: {out}{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+    };
+    // No ledger in the current directory, and a named SQLite file that does not exist: neither is created.
+    for sub in [&["runs", "status", "--name", "nosuch"][..], &["runs", "forget", "--name", "nosuch", "1"]] {
+        expect_3(sub, "no ledger at ./.idem/ledger.db: nothing has run with job nosuch");
+    }
+    assert!(!d.join(".idem").exists(), "status or forget created the default ledger");
+    let typo = format!("sqlite:{}", d.join("typo.db").display());
+    expect_3(&["runs", "status", "--name", "nosuch", "--store", &typo], "no ledger at");
+    assert!(!d.join("typo.db").exists(), "status created the SQLite file it was given");
+    // A ledger that exists, with another job in it.
+    let (code, _, err) = idem_in(d, &["run", "--name", "real", "--items", "items.txt", "--quiet", "--", "true"], &[]);
+    assert_eq!(code, 0, "{err}");
+    expect_3(&["runs", "status", "--name", "nosuch"], "no job nosuch in sqlite:./.idem/ledger.db");
+    expect_3(&["runs", "forget", "--name", "nosuch", "1"], "no job nosuch in");
+    expect_3(&["runs", "status", "--output", "o/{id}"], "no ledger at o/.idem/ledger.db");
+    let (code, status, err) = idem_in(d, &["runs", "status", "--name", "real"], &[]);
+    assert_eq!((code, status.starts_with("job real: 2 done")), (0, true), "{status}{err}");
+    // A PostgreSQL namespace nothing ran in: not created.
+    let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") else { return };
+    let ns = format!("runs_unknown_{}", std::process::id());
+    drop_namespace(&url, &ns).await;
+    tokio::task::block_in_place(|| {
+        expect_3(
+            &["runs", "status", "--name", "real", "--store", &url, "--namespace", &ns],
+            "(namespace runs_unknown_",
+        );
+    });
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let rows = client.query("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", &[&ns]).await.unwrap();
+    assert_eq!(rows.len(), 0, "status created the schema {ns}");
+}
