@@ -535,3 +535,50 @@ async fn runs_status_and_forget_of_an_unknown_job_exit_3_and_create_nothing() {
     let rows = client.query("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", &[&ns]).await.unwrap();
     assert_eq!(rows.len(), 0, "status created the schema {ns}");
 }
+
+/// An item whose command ran and whose --check then failed, not retried because a poison item halted the run,
+/// is reported as its entry says: failed, 1 attempt, the check's error (it was "not_started", 0 attempts).
+#[test]
+fn an_item_not_retried_after_a_halt_is_reported_failed_with_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("items.txt"), "p\ns\n").unwrap();
+    let log = dir.path().join("log").display().to_string();
+    // Every check fails (nothing makes effects/ID). p fails the same way twice (poison: the run halts); s's one
+    // attempt ends after p's second has ended and been recorded.
+    let script = format!(
+        "echo \"$1\" >> {log}; [ \"$1\" = p ] && exit 0; \
+         until [ \"$(grep -c '^p$' {log})\" -ge 2 ]; do sleep 0.05; done; sleep 2"
+    );
+    let report = dir.path().join("r.json").display().to_string();
+    let args = [
+        "run",
+        "--name",
+        "halt",
+        "--items",
+        "items.txt",
+        "--jobs",
+        "2",
+        "--check",
+        "test -e effects/{id}",
+        "--report",
+        &report,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &script,
+        "sh",
+        "{id}",
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(sorted(lines(Path::new(&log))), ["p", "p", "s"], "{err}");
+    assert!(err.contains("1 poison, 1 not done"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let s = json["items"].as_array().unwrap().iter().find(|i| i["id"] == "s").unwrap().clone();
+    assert_eq!((s["status"].as_str(), s["attempts"].as_u64()), (Some("failed"), Some(1)), "{s}");
+    assert_eq!(s["last_error"], "check exit 1 after the command exited 0", "{s}");
+    let (code, status, err) = idem_in(dir.path(), &["runs", "status", "--name", "halt"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.starts_with("job halt: 0 done, 0 running or abandoned, 1 failed, 1 poison"), "{status}");
+}
