@@ -154,6 +154,12 @@ impl RunConfig {
         } else if !self.output.contains("{id}") {
             return Err(Error::Config(format!("--output {:?} must contain {{id}}", self.output)));
         }
+        for arg in &self.command {
+            refuse_unknown_placeholders(arg, "the command", &["id", "out", "key", "item"])?;
+        }
+        if let Some(check) = &self.check {
+            refuse_unknown_placeholders(check, "--check", &["id", "key"])?;
+        }
         if self.output.ends_with('/') {
             return Err(Error::Config(format!("--output {:?} must name a file", self.output)));
         }
@@ -299,6 +305,37 @@ impl CheckedConfig {
     }
 }
 
+/// Refuses a placeholder-like word in `text` that is not one of `valid` (`{ky}`, `{}`, `{item}` in `--check`):
+/// it would otherwise reach the command literally, and a typo in `{key}` would send every item with one key.
+/// A placeholder-like word is `{` then only ASCII letters, digits and `_` (none too), then `}`, not right after
+/// `$`: `${HOME}` is the shell's, and `{print $1}`, `{"a": 1}` and `{a,b}` are not placeholders.
+///
+/// # Errors
+/// [`Error::Config`] naming the word, where it was (`what`) and the valid ones.
+fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result<(), Error> {
+    let bytes = text.as_bytes();
+    for (open, _) in text.match_indices('{') {
+        if open > 0 && bytes[open - 1] == b'$' {
+            continue;
+        }
+        let word_len = bytes[open + 1..].iter().take_while(|b| b.is_ascii_alphanumeric() || **b == b'_').count();
+        let close = open + 1 + word_len;
+        if bytes.get(close) != Some(&b'}') {
+            continue;
+        }
+        let word = &text[open + 1..close];
+        if !valid.contains(&word) {
+            let listed: Vec<String> = valid.iter().map(|v| format!("{{{v}}}")).collect();
+            let hint = if word.is_empty() { " (GNU parallel's {} is {item} or {id} here)" } else { "" };
+            return Err(Error::Config(format!(
+                "unknown placeholder {{{word}}} in {what}{hint}; {what} takes {}",
+                listed.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The job's name in the ledger: the first 12 hex digits of the SHA-256 of the output template, so two jobs
 /// writing different outputs never share ledger entries, and the same job finds its entries on every rerun.
 /// The template is normalised first (`./out//{id}.json` is `out/{id}.json`), so two spellings of one job share
@@ -341,6 +378,20 @@ pub fn default_ledger_path(output_template: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_known_placeholders_pass() {
+        let valid = ["id", "key"];
+        for ok in ["{id}-{key}", "${HOME}/{id}", "awk '{print $1}'", "{\"a\": 1}", "{a,b}", "{1..3}", "{", "}{", "a{b"]
+        {
+            assert!(refuse_unknown_placeholders(ok, "--check", &valid).is_ok(), "{ok}");
+        }
+        for (bad, word) in [("{ky}", "{ky}"), ("x {} y", "{}"), ("{id} {item}", "{item}"), ("{ID}", "{ID}")] {
+            let err = refuse_unknown_placeholders(bad, "--check", &valid).expect_err(bad).to_string();
+            assert!(err.contains(&format!("unknown placeholder {word} in --check")), "{err}");
+            assert!(err.contains("--check takes {id}, {key}"), "{err}");
+        }
+    }
 
     #[test]
     fn ledger_sits_next_to_the_outputs() {

@@ -536,6 +536,48 @@ async fn runs_status_and_forget_of_an_unknown_job_exit_3_and_create_nothing() {
     assert_eq!(rows.len(), 0, "status created the schema {ns}");
 }
 
+/// A placeholder the runner does not know (`{ky}`, `{}`, `{item}` in --check) is refused before anything runs
+/// (exit 2, one line listing the valid ones), rather than reaching the command literally.
+#[test]
+fn unknown_placeholders_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let log = dir.path().join("log").display().to_string();
+    let script = format!("echo \"$1\" >> {log}");
+    for (extra, needle) in [
+        (
+            vec!["--", "sh", "-c", &script, "sh", "{ky}"],
+            "unknown placeholder {ky} in the command; the command takes {id}, {out}, {key}, {item}",
+        ),
+        (
+            vec!["--", "sh", "-c", &script, "sh", "{}"],
+            "unknown placeholder {} in the command (GNU parallel's {} is {item} or {id} here)",
+        ),
+        (
+            vec!["--check", "grep -q {item} done.txt", "--", "sh", "-c", &script, "sh", "{id}"],
+            "unknown placeholder {item} in --check; --check takes {id}, {key}",
+        ),
+    ] {
+        let mut args = vec!["run", "--name", "p", "--items", "items.txt", "--quiet"];
+        args.extend_from_slice(&extra);
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    assert!(lines(Path::new(&log)).is_empty(), "a refused run executed something");
+    assert!(!dir.path().join(".idem").exists(), "a refused run left a ledger");
+    // The shell's ${VAR} and braces that are no placeholder pass.
+    let script = format!("v=x; echo \"${{v}}$1\" | awk '{{print $1}}' >> {log}");
+    let (code, _, err) = idem_in(
+        dir.path(),
+        &["run", "--name", "p", "--items", "items.txt", "--quiet", "--", "sh", "-c", &script, "sh", "{id}"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sorted(lines(Path::new(&log))), ["x1", "x2"]);
+}
+
 /// An item whose command ran and whose --check then failed, not retried because a poison item halted the run,
 /// is reported as its entry says: failed, 1 attempt, the check's error (it was "not_started", 0 attempts).
 #[test]
