@@ -142,6 +142,11 @@ impl RunConfig {
             if self.command.iter().any(|a| a.contains("{out}")) {
                 return Err(Error::Config("{out} in the command needs --output (where the output goes)".into()));
             }
+            if self.require_local_output {
+                return Err(Error::Config(
+                    "--require-local-output judges done items by their output files: it needs --output".into(),
+                ));
+            }
             if self.verify.is_some() || !self.expect_fields.is_empty() {
                 return Err(Error::Config("--verify and --expect-fields check an output: they need --output".into()));
             }

@@ -270,7 +270,8 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
     };
     let (cfg, job) = (checked.config(), checked.config().job());
-    let record = idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone() };
+    let record =
+        idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone(), ..Default::default() };
     // Only for the warnings below: a store that does not answer at once (down at the start, which the run rides
     // out) must neither stop nor delay the run, so the record is skipped then.
     let noted = tokio::time::timeout(Duration::from_secs(2), async {
@@ -400,7 +401,12 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
         st.done, st.running, st.failed, st.poison, st.interrupted
     );
     for (host, n) in &st.done_by_host {
-        text.push_str(&format!("done on {host}: {n}\n"));
+        if host == "adopted" {
+            // Outputs found in place without running: their entries name no host.
+            text.push_str(&format!("adopted (found in place; no host recorded): {n}\n"));
+        } else {
+            text.push_str(&format!("done on {host}: {n}\n"));
+        }
     }
     for (id, error) in &st.problems {
         text.push_str(&format!("{id}\t{error}\n"));

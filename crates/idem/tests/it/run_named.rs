@@ -624,3 +624,111 @@ fn an_item_not_retried_after_a_halt_is_reported_failed_with_its_attempts() {
     assert_eq!(code, 0, "{err}");
     assert!(status.starts_with("job halt: 0 done, 0 running or abandoned, 1 failed, 1 poison"), "{status}");
 }
+
+/// Messages that misled: a template "changed" each time two hosts with their own paths alternate on one ledger;
+/// --require-local-output accepted without --output (it did nothing); adopted items listed as done on a host
+/// named "adopted"; adding --output to a job that had none said its done items stay done (they run again).
+#[test]
+fn shared_ledger_messages_say_what_happens() {
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", root.path().join("ledger.db").display());
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    items(&a, 2);
+    items(&b, 2);
+    let run = |dir: &Path, host: &str, output: &str| {
+        let args = [
+            "run",
+            "--name",
+            "j",
+            "--items",
+            "items.txt",
+            "--output",
+            output,
+            "--store",
+            &store,
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            "echo x > \"$1\"",
+            "sh",
+            "{out}",
+        ];
+        idem_in(dir, &args, &[("IDEM_HOST", host)])
+    };
+    // Two hosts, each with its own path: no warning however they alternate.
+    for _ in 0..2 {
+        for (dir, host, output) in [(&a, "host-a", "out-a/{id}"), (&b, "host-b", "out-b/{id}")] {
+            let (code, _, err) = run(dir, host, output);
+            assert_eq!(code, 0, "{err}");
+            assert!(!err.contains("changed since its last run"), "{host}: {err}");
+        }
+    }
+    // One host whose template changed: said.
+    let (code, _, err) = run(&b, "host-b", "out-c/{id}");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("job j: the output template changed since its last run"), "{err}");
+    // An output found in place is adopted; status does not call "adopted" a host.
+    std::fs::create_dir_all(a.join("out-d")).unwrap();
+    std::fs::write(a.join("out-d/1"), "x\n").unwrap();
+    let args = [
+        "run",
+        "--name",
+        "k",
+        "--items",
+        "items.txt",
+        "--output",
+        "out-d/{id}",
+        "--store",
+        &store,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo x > \"$1\"",
+        "sh",
+        "{out}",
+    ];
+    let (code, _, err) = idem_in(&a, &args, &[("IDEM_HOST", "host-a")]);
+    assert_eq!(code, 0, "{err}");
+    let (code, status, err) = idem_in(&a, &["runs", "status", "--name", "k", "--store", &store], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.contains("adopted (found in place; no host recorded): 1\n"), "{status}");
+    assert!(!status.contains("done on adopted"), "{status}");
+    // --require-local-output needs --output.
+    let (code, _, err) = idem_in(
+        &a,
+        &["run", "--name", "m", "--items", "items.txt", "--store", &store, "--require-local-output", "--", "true"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--require-local-output judges done items by their output files: it needs --output"), "{err}");
+    // A job without outputs that gets one: its done items run again, as said.
+    let (code, _, err) =
+        idem_in(&a, &["run", "--name", "m", "--items", "items.txt", "--store", &store, "--quiet", "--", "true"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let args = [
+        "run",
+        "--name",
+        "m",
+        "--items",
+        "items.txt",
+        "--output",
+        "out-m/{id}",
+        "--store",
+        &store,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo x > \"$1\"",
+        "sh",
+        "{out}",
+    ];
+    let (code, _, err) = idem_in(&a, &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let said = "--output \"out-m/{id}\" was added since its last run, which had none; items done then have no \
+                output there and run again";
+    assert!(err.contains(said), "{err}");
+    assert!(err.contains("2 done now"), "{err}");
+}
