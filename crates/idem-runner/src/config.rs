@@ -51,6 +51,9 @@ pub struct RunConfig {
     pub jobs: usize,
     /// Retries after the first attempt; attempts include ones whose runner crashed.
     pub retries: u32,
+    /// The pause before an item's first retry, doubled for each later one (capped at 5 minutes, or at
+    /// this when longer), each drawn between half and all of it; zero: retry at once. Default 1 s.
+    pub retry_delay: Duration,
     /// What an item turning poison does to the run.
     pub on_poison: OnPoison,
     /// Top-level fields a JSON output must have.
@@ -88,8 +91,8 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// A configuration with the defaults: 1 job, 3 retries, halt on poison, 10 s lease, no timeout, 5 minutes
-    /// of store outage ridden out.
+    /// A configuration with the defaults: 1 job, 3 retries 1 s apart (doubling), halt on poison, 10 s lease, no
+    /// timeout, 5 minutes of store outage ridden out.
     pub fn new(items: impl Into<PathBuf>, output: impl Into<String>, command: Vec<String>) -> Self {
         Self {
             items: items.into(),
@@ -102,6 +105,7 @@ impl RunConfig {
             command,
             jobs: 1,
             retries: 3,
+            retry_delay: Duration::from_secs(1),
             on_poison: OnPoison::Halt,
             expect_fields: Vec::new(),
             verify: None,

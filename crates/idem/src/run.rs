@@ -86,6 +86,12 @@ pub struct RunArgs {
     /// crashed runner's too), so a rerun with a higher N gives items out of attempts more.
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
+    /// Pause before an item's first retry (e.g. 500ms, 1s, 1m; 0: at once), doubled for each later one up to 5
+    /// minutes (or this, when longer), each drawn between half and all of it, as Airflow's retry_delay with
+    /// retry_exponential_backoff: a transient failure (a sink restarting, a 503) is not met again within
+    /// milliseconds, where the same error twice would make the item poison. The item keeps its slot meanwhile.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "1s")]
+    retry_delay: Duration,
     /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new
     /// starts; a rerun skips it and does the rest), or skip it. Poison items from earlier runs are always skipped.
     #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]
@@ -230,6 +236,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.until_empty = args.until_empty;
     cfg.jobs = args.jobs;
     cfg.retries = args.retries;
+    cfg.retry_delay = args.retry_delay;
     cfg.on_poison = match args.on_poison {
         PoisonArg::Halt => OnPoison::Halt,
         PoisonArg::Skip => OnPoison::Skip,

@@ -732,3 +732,68 @@ fn shared_ledger_messages_say_what_happens() {
     assert!(err.contains(said), "{err}");
     assert!(err.contains("2 done now"), "{err}");
 }
+
+/// Milliseconds since the epoch in each line of `path` (`date +%s%3N` output).
+fn stamps(path: &Path) -> Vec<u64> {
+    lines(path).iter().map(|l| l.trim().parse().unwrap()).collect()
+}
+
+/// `--retry-delay`: a retried item waits before its next attempt, doubling (with jitter between half and all of
+/// it), so a sink down for a moment is not met again within milliseconds; and by default (1s) an outage
+/// shorter than half a second no longer turns the item poison (the same error twice).
+#[test]
+fn retries_wait_retry_delay_doubling_and_a_brief_outage_is_not_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 1);
+    let (log, report) = (dir.path().join("attempts"), dir.path().join("r.json"));
+    // Fails its first 2 attempts (two different errors, so never poison), then succeeds.
+    let script = format!(
+        "date +%s%3N >> {log}; n=$(wc -l < {log}); \
+         [ $n -eq 1 ] && {{ echo 'connection refused' >&2; exit 1; }}; \
+         [ $n -eq 2 ] && {{ echo 'service unavailable' >&2; exit 1; }}; exit 0",
+        log = log.display()
+    );
+    let args = [
+        "run",
+        "--name",
+        "flaky",
+        "--items",
+        "items.txt",
+        "--retry-delay",
+        "1s",
+        "--report",
+        report.to_str().unwrap(),
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!((json["items"][0]["status"].as_str(), json["items"][0]["attempts"].as_u64()), (Some("done"), Some(3)));
+    let at = stamps(&log);
+    assert_eq!(at.len(), 3, "{at:?}");
+    // The first pause is 0.5..=1 s of a 1 s delay, the second 1..=2 s (doubled).
+    assert!(
+        at[1] - at[0] >= 500,
+        "retried {} ms after the first failure, under half of --retry-delay 1s",
+        at[1] - at[0]
+    );
+    assert!(at[2] - at[1] >= 1000, "retried {} ms after the second failure, under half of 2s", at[2] - at[1]);
+
+    // A sink down for 300 ms after the first attempt, with the same error each time: at once, the retry would
+    // meet it again and make the item poison; with the default delay it finds the sink back.
+    std::fs::remove_file(&log).unwrap();
+    let script = format!(
+        "now=$(date +%s%3N); [ -s {log} ] || echo $now > {log}; \
+         if [ $((now - $(head -n 1 {log}))) -lt 300 ]; then echo '503 service unavailable' >&2; exit 1; fi; \
+         echo $now >> {log}",
+        log = log.display()
+    );
+    let args = ["run", "--name", "outage", "--items", "items.txt", "--quiet", "--", "sh", "-c", &script];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "a brief outage made the item poison: {err}");
+    assert_eq!(stamps(&log).len(), 2, "one failure, then one success");
+}
