@@ -35,6 +35,9 @@ pub struct JobRecord {
     pub output: String,
     /// The command and its arguments, as given (placeholders not substituted).
     pub command: Vec<String>,
+    /// The host that ran it ([`note_job`] sets it; empty in records written before hosts were kept).
+    #[serde(default)]
+    pub host: String,
 }
 
 fn job_key(job: &str) -> String {
@@ -52,6 +55,18 @@ pub async fn job_record<S: Store>(store: &S, job: &str) -> Result<Option<JobReco
         .map_err(|e| Error::Config(format!("the ledger's record of job {job} is unreadable: {e}")))
 }
 
+/// True when the ledger knows `job`: a record of one of its runs, or an entry (jobs run before records were
+/// kept have entries only). `idem runs status|forget` answer "no such job" otherwise, rather than zeros.
+///
+/// # Errors
+/// [`Error::Store`].
+pub async fn job_exists<S: Store>(store: &S, job: &str) -> Result<bool, Error> {
+    if store.get(&job_key(job)).await?.is_some() {
+        return Ok(true);
+    }
+    Ok(!store.list(&entry_prefix(job), None, 1).await?.items.is_empty())
+}
+
 /// Compares `record` with the record of `job`'s last run and, unless `dry_run`, writes it as the new one.
 /// Returns what changed, one sentence each (none for a first run, or a job run before records were kept): a
 /// job whose output template or command changed under one name keeps its done items done, which the operator
@@ -61,10 +76,22 @@ pub async fn job_record<S: Store>(store: &S, job: &str) -> Result<Option<JobReco
 /// [`Error::Store`].
 pub async fn note_job<S: Store>(store: &S, job: &str, record: &JobRecord, dry_run: bool) -> Result<Vec<String>, Error> {
     let mut changes = Vec::new();
-    // An unreadable record is replaced: it only serves these warnings.
-    if let Ok(Some(last)) = job_record(store, job).await {
+    let record = &JobRecord { host: crate::engine::host_name(), ..record.clone() };
+    // An unreadable record is replaced: it only serves these warnings. One written by another host is not
+    // compared: runners on several machines may differ in paths (each its own disk) by design, and alternating
+    // runs would warn every time.
+    if let Ok(Some(last)) = job_record(store, job).await
+        && (last.host.is_empty() || last.host == record.host)
+    {
         let shown = |o: &str| if o.is_empty() { "none".to_owned() } else { format!("{o:?}") };
-        if last.output != record.output {
+        if last.output.is_empty() && !record.output.is_empty() {
+            // Done without an output is no longer done: each is judged by a file that is not there.
+            changes.push(format!(
+                "job {job}: --output {:?} was added since its last run, which had none; items done then have no \
+                 output there and run again (give this job another --name to keep them apart)",
+                record.output
+            ));
+        } else if last.output != record.output {
             changes.push(format!(
                 "job {job}: the output template changed since its last run ({} then, {} now); its done items \
                  are judged by the outputs at the new paths",

@@ -51,6 +51,9 @@ pub struct RunConfig {
     pub jobs: usize,
     /// Retries after the first attempt; attempts include ones whose runner crashed.
     pub retries: u32,
+    /// The pause before an item's first retry, doubled for each later one (capped at 5 minutes, or at
+    /// this when longer), each drawn between half and all of it; zero: retry at once. Default 1 s.
+    pub retry_delay: Duration,
     /// What an item turning poison does to the run.
     pub on_poison: OnPoison,
     /// Top-level fields a JSON output must have.
@@ -79,15 +82,17 @@ pub struct RunConfig {
     /// its own copy). Otherwise an item another host recorded done is done here too, counted "done
     /// elsewhere", and its output is verified only on that host.
     pub require_local_output: bool,
-    /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`).
-    pub key_prefix: String,
+    /// Prefix of `IDEM_IDEMPOTENCY_KEY` (see `idem_core::derive_key`); `None`: the job's name when
+    /// [`RunConfig::name`] is given (the key is then `IDEM_KEY`), else `run`
+    /// ([`RunConfig::idempotency_prefix`]).
+    pub key_prefix: Option<String>,
     /// Progress display.
     pub progress: ProgressMode,
 }
 
 impl RunConfig {
-    /// A configuration with the defaults: 1 job, 3 retries, halt on poison, 10 s lease, no timeout, 5 minutes
-    /// of store outage ridden out.
+    /// A configuration with the defaults: 1 job, 3 retries 1 s apart (doubling), halt on poison, 10 s lease, no
+    /// timeout, 5 minutes of store outage ridden out.
     pub fn new(items: impl Into<PathBuf>, output: impl Into<String>, command: Vec<String>) -> Self {
         Self {
             items: items.into(),
@@ -100,6 +105,7 @@ impl RunConfig {
             command,
             jobs: 1,
             retries: 3,
+            retry_delay: Duration::from_secs(1),
             on_poison: OnPoison::Halt,
             expect_fields: Vec::new(),
             verify: None,
@@ -110,7 +116,7 @@ impl RunConfig {
             store_outage_limit: Duration::from_secs(300),
             dry_run: false,
             require_local_output: false,
-            key_prefix: "run".into(),
+            key_prefix: None,
             progress: ProgressMode::Auto,
         }
     }
@@ -140,6 +146,11 @@ impl RunConfig {
             if self.command.iter().any(|a| a.contains("{out}")) {
                 return Err(Error::Config("{out} in the command needs --output (where the output goes)".into()));
             }
+            if self.require_local_output {
+                return Err(Error::Config(
+                    "--require-local-output judges done items by their output files: it needs --output".into(),
+                ));
+            }
             if self.verify.is_some() || !self.expect_fields.is_empty() {
                 return Err(Error::Config("--verify and --expect-fields check an output: they need --output".into()));
             }
@@ -151,6 +162,12 @@ impl RunConfig {
             ));
         } else if !self.output.contains("{id}") {
             return Err(Error::Config(format!("--output {:?} must contain {{id}}", self.output)));
+        }
+        for arg in &self.command {
+            refuse_unknown_placeholders(arg, "the command", &["id", "out", "key", "item"])?;
+        }
+        if let Some(check) = &self.check {
+            refuse_unknown_placeholders(check, "--check", &["id", "key"])?;
         }
         if self.output.ends_with('/') {
             return Err(Error::Config(format!("--output {:?} must name a file", self.output)));
@@ -178,7 +195,9 @@ impl RunConfig {
         if self.until_empty && self.queue.is_none() {
             return Err(Error::Config("--until-empty needs --items amqp://… or nats://… (a queue)".into()));
         }
-        if self.key_prefix.is_empty() || self.key_prefix.contains(':') {
+        if let Some(prefix) = &self.key_prefix
+            && (prefix.is_empty() || prefix.contains(':'))
+        {
             return Err(Error::Config("--key-prefix must be non-empty and without ':'".into()));
         }
         if let Some(report) = &self.report {
@@ -225,6 +244,17 @@ impl RunConfig {
     /// The job's name in the ledger: `--name`, else [`job_id`] of the output template.
     pub fn job(&self) -> String {
         self.name.clone().unwrap_or_else(|| job_id(&self.output))
+    }
+
+    /// The prefix of `IDEM_IDEMPOTENCY_KEY`: `--key-prefix` when given; else the job's name for a named job, so
+    /// two named jobs sending through one idempotency proxy never share keys (the key is then `IDEM_KEY`);
+    /// else `run`, the prefix every unnamed job had, so the keys of existing jobs do not change.
+    pub fn idempotency_prefix(&self) -> &str {
+        match (&self.key_prefix, &self.name) {
+            (Some(prefix), _) => prefix,
+            (None, Some(name)) => name,
+            (None, None) => "run",
+        }
     }
 
     /// True when the job writes an output file per item ([`RunConfig::output`] is not empty).
@@ -284,6 +314,37 @@ impl CheckedConfig {
     }
 }
 
+/// Refuses a placeholder-like word in `text` that is not one of `valid` (`{ky}`, `{}`, `{item}` in `--check`):
+/// it would otherwise reach the command literally, and a typo in `{key}` would send every item with one key.
+/// A placeholder-like word is `{` then only ASCII letters, digits and `_` (none too), then `}`, not right after
+/// `$`: `${HOME}` is the shell's, and `{print $1}`, `{"a": 1}` and `{a,b}` are not placeholders.
+///
+/// # Errors
+/// [`Error::Config`] naming the word, where it was (`what`) and the valid ones.
+fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result<(), Error> {
+    let bytes = text.as_bytes();
+    for (open, _) in text.match_indices('{') {
+        if open > 0 && bytes[open - 1] == b'$' {
+            continue;
+        }
+        let word_len = bytes[open + 1..].iter().take_while(|b| b.is_ascii_alphanumeric() || **b == b'_').count();
+        let close = open + 1 + word_len;
+        if bytes.get(close) != Some(&b'}') {
+            continue;
+        }
+        let word = &text[open + 1..close];
+        if !valid.contains(&word) {
+            let listed: Vec<String> = valid.iter().map(|v| format!("{{{v}}}")).collect();
+            let hint = if word.is_empty() { " (GNU parallel's {} is {item} or {id} here)" } else { "" };
+            return Err(Error::Config(format!(
+                "unknown placeholder {{{word}}} in {what}{hint}; {what} takes {}",
+                listed.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The job's name in the ledger: the first 12 hex digits of the SHA-256 of the output template, so two jobs
 /// writing different outputs never share ledger entries, and the same job finds its entries on every rerun.
 /// The template is normalised first (`./out//{id}.json` is `out/{id}.json`), so two spellings of one job share
@@ -326,6 +387,20 @@ pub fn default_ledger_path(output_template: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_known_placeholders_pass() {
+        let valid = ["id", "key"];
+        for ok in ["{id}-{key}", "${HOME}/{id}", "awk '{print $1}'", "{\"a\": 1}", "{a,b}", "{1..3}", "{", "}{", "a{b"]
+        {
+            assert!(refuse_unknown_placeholders(ok, "--check", &valid).is_ok(), "{ok}");
+        }
+        for (bad, word) in [("{ky}", "{ky}"), ("x {} y", "{}"), ("{id} {item}", "{item}"), ("{ID}", "{ID}")] {
+            let err = refuse_unknown_placeholders(bad, "--check", &valid).expect_err(bad).to_string();
+            assert!(err.contains(&format!("unknown placeholder {word} in --check")), "{err}");
+            assert!(err.contains("--check takes {id}, {key}"), "{err}");
+        }
+    }
 
     #[test]
     fn ledger_sits_next_to_the_outputs() {

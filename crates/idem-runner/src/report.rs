@@ -14,7 +14,8 @@ pub(crate) struct ItemReport<'a> {
     pub id: &'a str,
     pub line: u64,
     /// `done`, `skipped`, `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`, `store_unavailable`,
-    /// `would_run`.
+    /// `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
+    /// not done; a rerun retries it).
     pub status: &'a str,
     pub attempts: u32,
     pub last_error: Option<&'a str>,

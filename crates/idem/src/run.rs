@@ -11,10 +11,11 @@ use crate::ledger::{Ledger, on_ledger};
 
 const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
-verified; needs --output), {key} the item's idempotency key, {item} the item as read. The item is also on \
-standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
-IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY (PREFIX:ID:HASH with \
---key-prefix), IDEM_ATTEMPT.
+verified; needs --output), {key} the item's idempotency key, {item} the item as read; in --check: {id}, {key}. \
+Any other {word} (letters, digits, '_'; none too, as {}) is refused (exit 2); ${VAR} is left to the shell. The \
+item is also on standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
+IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY \
+(PREFIX:ID:HASH: PREFIX is --key-prefix, else the job's --name, so it equals IDEM_KEY, else `run`), IDEM_ATTEMPT.
 
 {key} / IDEM_KEY is JOB:ID:HASH: the job's name (--name, else the 12-hex-digit hash of --output), the item's \
 id, and the first 16 hex digits of the SHA-256 of the item's canonical text (as `idem key` derives it). It is \
@@ -85,6 +86,12 @@ pub struct RunArgs {
     /// crashed runner's too), so a rerun with a higher N gives items out of attempts more.
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
+    /// Pause before an item's first retry (e.g. 500ms, 1s, 1m; 0: at once), doubled for each later one up to 5
+    /// minutes (or this, when longer), each drawn between half and all of it, as Airflow's retry_delay with
+    /// retry_exponential_backoff: a transient failure (a sink restarting, a 503) is not met again within
+    /// milliseconds, where the same error twice would make the item poison. The item keeps its slot meanwhile.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "1s")]
+    retry_delay: Duration,
     /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new
     /// starts; a rerun skips it and does the rest), or skip it. Poison items from earlier runs are always skipped.
     #[arg(long, value_enum, default_value_t = PoisonArg::Halt)]
@@ -121,9 +128,10 @@ pub struct RunArgs {
     /// How to read --items.
     #[arg(long, value_enum, default_value_t = FormatArg::Auto)]
     format: FormatArg,
-    /// Prefix of IDEM_IDEMPOTENCY_KEY.
-    #[arg(long, default_value = "run")]
-    key_prefix: String,
+    /// Prefix of IDEM_IDEMPOTENCY_KEY. Default: the job's name with --name (IDEM_IDEMPOTENCY_KEY is then
+    /// IDEM_KEY), else `run`.
+    #[arg(long)]
+    key_prefix: Option<String>,
     /// Judge every done item by its output on this machine, even one another host recorded done (each machine
     /// needs its own copy). Without it, with a shared --store, an item another host recorded done is skipped
     /// and counted "done elsewhere (HOST)": its output is on that host, which alone verifies it. The host is
@@ -163,10 +171,12 @@ pub struct RunsArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum RunsCommand {
-    /// Summarise the ledger of the job named by --name (or writing --output).
+    /// Summarise the ledger of the job named by --name (or writing --output). Exit status 3 when the store has
+    /// no such job (nothing is created).
     Status(LedgerArgs),
-    /// Forget items (ledger entries and outputs) so the next run executes them again. Exit status 3 when an id is
-    /// not in the job's ledger (the others are forgotten).
+    /// Forget items so the next run executes them again: their ledger entries, and their outputs under --output
+    /// (only then: without it no file is deleted). Exit status 3 when the store has no such job, or an id is not
+    /// in the job's ledger (the others are forgotten).
     Forget {
         #[command(flatten)]
         ledger: LedgerArgs,
@@ -183,7 +193,7 @@ struct LedgerArgs {
     #[arg(long)]
     name: Option<String>,
     /// The job's output template, as given to `idem run` (it names the job when --name does not, and the
-    /// default ledger; `forget` removes the forgotten items' outputs from it).
+    /// default ledger; `forget` removes the forgotten items' outputs from it, and deletes none without it).
     #[arg(long)]
     output: Option<String>,
     /// The ledger store (default: next to the outputs).
@@ -226,6 +236,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     cfg.until_empty = args.until_empty;
     cfg.jobs = args.jobs;
     cfg.retries = args.retries;
+    cfg.retry_delay = args.retry_delay;
     cfg.on_poison = match args.on_poison {
         PoisonArg::Halt => OnPoison::Halt,
         PoisonArg::Skip => OnPoison::Skip,
@@ -266,7 +277,8 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
     };
     let (cfg, job) = (checked.config(), checked.config().job());
-    let record = idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone() };
+    let record =
+        idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone(), ..Default::default() };
     // Only for the warnings below: a store that does not answer at once (down at the start, which the run rides
     // out) must neither stop nor delay the run, so the record is skipped then.
     let noted = tokio::time::timeout(Duration::from_secs(2), async {
@@ -329,26 +341,49 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         idem_runner::check_job_name(name).map_err(runner_error)?;
     }
     let template = ledger_args.output.as_deref().unwrap_or("");
-    // Status and forget only read what runs wrote: a missing default ledger means nothing ran with this
-    // --output (a typo, say), which must be said rather than answered with zeros from a ledger made for it.
-    if ledger_args.store.is_none() {
-        let path = idem_runner::default_ledger_path(template);
-        if !path.exists() {
-            let with = match &ledger_args.output {
-                Some(o) => format!("--output {o:?}"),
-                None => "no --output (a ledger in the current directory)".to_owned(),
-            };
-            return Err(Error::Config(format!(
-                "no ledger at {}: nothing has run with {with} (or its ledger is elsewhere: --store)",
-                path.display()
-            )));
-        }
-    }
-    let ledger = Ledger::open(&ledger_url(ledger_args.store.as_deref(), template), &ledger_args.namespace).await?;
+    let url = ledger_url(ledger_args.store.as_deref(), template);
     let job = match &ledger_args.name {
         Some(name) => name.clone(),
         None => idem_runner::job_id(template),
     };
+    // Status and forget only read what runs wrote: a missing ledger (a SQLite file, a PostgreSQL schema) or a
+    // job it does not know means nothing ran with these flags (a typo, say), which must be said (exit 3, as
+    // `idem once status`) rather than answered with zeros from a store made for it.
+    let of_job = || match &ledger_args.name {
+        Some(name) => format!("job {name}"),
+        None => format!("--output {template:?}"),
+    };
+    if let Ok(idem_stores::StoreUrl::Sqlite(path)) = idem_stores::StoreUrl::parse(&url)
+        && !path.exists()
+    {
+        let elsewhere = if ledger_args.store.is_none() { " (or its ledger is elsewhere: --store)" } else { "" };
+        return Err(Error::NotFound(format!(
+            "no ledger at {}: nothing has run with {}{elsewhere}",
+            path.display(),
+            of_job()
+        )));
+    }
+    let no_job = || {
+        let namespace = match idem_stores::StoreUrl::parse(&url) {
+            Ok(idem_stores::StoreUrl::Sqlite(_)) => String::new(),
+            _ => format!(" (namespace {})", ledger_args.namespace),
+        };
+        Error::NotFound(format!("no {} in {}{namespace}", of_job(), idem_core::redact_url(&url)))
+    };
+    let Some(ledger) = Ledger::open_existing(&url, &ledger_args.namespace).await? else {
+        return Err(no_job());
+    };
+    match on_ledger!(&ledger, s => idem_runner::job_exists(s, &job).await) {
+        Ok(true) => {}
+        Ok(false) => {
+            ledger.close().await;
+            return Err(no_job());
+        }
+        Err(e) => {
+            ledger.close().await;
+            return Err(runner_error(e));
+        }
+    }
     let result = match &args.command {
         RunsCommand::Status(_) => status(&ledger, &job).await,
         RunsCommand::Forget { ids, .. } => {
@@ -373,7 +408,12 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
         st.done, st.running, st.failed, st.poison, st.interrupted
     );
     for (host, n) in &st.done_by_host {
-        text.push_str(&format!("done on {host}: {n}\n"));
+        if host == "adopted" {
+            // Outputs found in place without running: their entries name no host.
+            text.push_str(&format!("adopted (found in place; no host recorded): {n}\n"));
+        } else {
+            text.push_str(&format!("done on {host}: {n}\n"));
+        }
     }
     for (id, error) in &st.problems {
         text.push_str(&format!("{id}\t{error}\n"));
@@ -383,19 +423,28 @@ async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
 }
 
 async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, ids: &[String]) -> Result<i32, Error> {
-    // Without --output, the outputs are those of the job's last run, as its record says (none: the job writes
-    // no files, or ran before records were kept; then only the ledger entries go).
+    // Outputs are removed only from the --output given here. The job's recorded template is only read to say
+    // what was kept: it may be relative to another directory (or machine), and resolved against this one it
+    // names some other file, which must never be deleted.
     let recorded = match output {
         Some(_) => None,
         None => on_ledger!(ledger, s => idem_runner::job_record(s, job).await).map_err(runner_error)?,
     };
-    let template = output.or(recorded.as_ref().map(|r| r.output.as_str()));
-    let unknown = on_ledger!(ledger, s => idem_runner::forget(s, job, template, ids).await).map_err(runner_error)?;
+    let unknown = on_ledger!(ledger, s => idem_runner::forget(s, job, output, ids).await).map_err(runner_error)?;
     let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let forgotten = given - unknown.len();
     if forgotten > 0 {
+        let what = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
+            (Some(_), _) => "entries and outputs".to_owned(),
+            (None, Some(t)) if !t.is_empty() => format!(
+                "ledger entries only; no output deleted: without --output {t:?} here, where the job runs, the next \
+                 run adopts an output it finds instead of running its command"
+            ),
+            (None, Some(_)) => "ledger entries; the job writes no outputs".to_owned(),
+            (None, None) => "ledger entries only; no output deleted (give --output to delete them too)".to_owned(),
+        };
         crate::error::out(&format!(
-            "forgot {forgotten} of {given} items (entries and outputs); the next run executes them again\n"
+            "forgot {forgotten} of {given} items ({what}); the next run executes them again\n"
         ))?;
     }
     if !unknown.is_empty() {

@@ -226,7 +226,7 @@ async fn spawn<S: Store>(
     item: &Item,
     temp: &Path,
 ) -> Result<tokio::process::Child, Attempt> {
-    let key = match idem_core::derive_key(&ctx.cfg.key_prefix, &item.id, item.raw.as_bytes()) {
+    let key = match idem_core::derive_key(ctx.cfg.idempotency_prefix(), &item.id, item.raw.as_bytes()) {
         Ok(k) => k,
         Err(e) => return Err(failed("cannot derive the idempotency key", e.to_string().into_bytes())),
     };

@@ -89,7 +89,9 @@ pub(super) fn disposition(result: &Result<Final, ItemError>) -> Disposition {
             Disposition::Ack
         }
         Ok(Final::Poison { .. } | Final::Failed { .. } | Final::Malformed { .. }) => Disposition::DeadLetter,
-        Ok(Final::NotDone { .. } | Final::WouldRun | Final::Error { .. }) | Err(_) => Disposition::Requeue,
+        Ok(Final::NotDone { .. } | Final::Unretried { .. } | Final::WouldRun | Final::Error { .. }) | Err(_) => {
+            Disposition::Requeue
+        }
     }
 }
 

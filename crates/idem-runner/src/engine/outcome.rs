@@ -44,6 +44,13 @@ pub(super) enum Final {
     NotDone {
         reason: &'static str,
     },
+    /// An item whose last attempt failed with attempts left, not retried because the run stopped (halted by a
+    /// poison item, or Ctrl-C): not done, counted so, but reported with its attempts and error, as the ledger
+    /// (and `idem runs status`) has it.
+    Unretried {
+        attempts: u32,
+        error: String,
+    },
     WouldRun,
     /// A queue message that is no item (not UTF-8, empty, no usable id): rejected without running.
     Malformed {
@@ -118,6 +125,10 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
         Final::NotDone { reason } => {
             summary.not_done += 1;
             (*reason, 0, None, None, None)
+        }
+        Final::Unretried { attempts, error } => {
+            summary.not_done += 1;
+            ("failed", *attempts, Some(error.clone()), None, None)
         }
         Final::Malformed { reason } => {
             summary.failed += 1;

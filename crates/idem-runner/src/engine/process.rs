@@ -79,7 +79,18 @@ async fn claim_and_run<'a, S: Store>(
     run: &mut ItemRun<'a>,
     prev: Option<(Generation, Entry)>,
 ) -> Result<Step, ItemError> {
-    let not_started = || Step::End(Final::NotDone { reason: "not_started" });
+    // Not started because the run is stopping: an item whose earlier attempts failed says so (attempts, error),
+    // as its entry does, rather than "not_started" with no attempts after its command ran.
+    let unretried = match &prev {
+        Some((_, Entry::Failed { attempts, last_error, .. })) => Some((*attempts, last_error.clone())),
+        _ => None,
+    };
+    let not_started = || {
+        Step::End(match &unretried {
+            Some((attempts, error)) => Final::Unretried { attempts: *attempts, error: error.clone() },
+            None => Final::NotDone { reason: "not_started" },
+        })
+    };
     let ahead = if run.permit.is_none() {
         match ctx.ahead.acquire().await {
             Ok(p) => Some(p),

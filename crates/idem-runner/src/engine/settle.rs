@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use idem_core::{FailureVerdict, Held};
 use idem_store::Store;
@@ -13,6 +13,7 @@ use super::claim::unclaim;
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{Attempt, Step, failed};
+use super::stop::stopped;
 use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
 use crate::output;
@@ -162,7 +163,10 @@ pub(super) async fn record_attempt<S: Store>(
             }
             let _ = ledger::apply(ctx, Waiting::Started, held.release()).await;
             match verdict {
-                FailureVerdict::Retry => Ok(Step::Judge),
+                FailureVerdict::Retry => {
+                    pause_before_retry(ctx, held.attempt()).await;
+                    Ok(Step::Judge)
+                }
                 FailureVerdict::Poison => {
                     // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
                     // earlier run (`Plan::Poison` in the judgement) halts nothing: it is a known fact, not a new
@@ -195,6 +199,35 @@ pub(super) async fn record_attempt<S: Store>(
             let _ = ledger::apply(ctx, Waiting::Started, held.interrupted(now_ms())).await;
             let _ = ledger::apply(ctx, Waiting::Started, held.release()).await;
             end(Final::NotDone { reason: "interrupted" })
+        }
+    }
+}
+
+/// The longest pause before a retry, however many attempts failed (unless `--retry-delay` is longer).
+const RETRY_DELAY_CAP: Duration = Duration::from_secs(300);
+
+/// The pause before retrying an item whose attempt number `failed` failed: `--retry-delay` doubled for each
+/// earlier failure, capped at [`RETRY_DELAY_CAP`] (or `--retry-delay` when that is longer), then drawn between
+/// half and all of it, so items that failed together (a sink down for a moment) do not all come back at once.
+pub(crate) fn retry_pause(retry_delay: Duration, failed: u32, jitter: f64) -> Duration {
+    let doubled = retry_delay.saturating_mul(1u32 << failed.saturating_sub(1).min(20));
+    doubled.min(RETRY_DELAY_CAP.max(retry_delay)).mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+}
+
+/// Waits [`retry_pause`] before an item's next attempt, as Airflow's `retry_delay` with
+/// `retry_exponential_backoff` does: a transient failure (a sink restarting, a 503) would otherwise be met
+/// again within milliseconds, and the same error twice makes the item poison. The lease is given back
+/// already; the item keeps its slot (a failing item is retried before others start). A stop (Ctrl-C, a poison
+/// item halting the run, a store outage past its limit) ends the wait: the retry then does not start.
+async fn pause_before_retry<S>(ctx: &Ctx<S>, failed: u32) {
+    let until = tokio::time::Instant::now() + retry_pause(ctx.cfg.retry_delay, failed, rand::random::<f64>());
+    let mut stop = ctx.stop.subscribe();
+    // A halt is a flag, not a signal: looked at every 100 ms.
+    while !ctx.stopping() && tokio::time::Instant::now() < until {
+        let next = until.min(tokio::time::Instant::now() + Duration::from_millis(100));
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = stopped(&mut stop, 1) => break,
         }
     }
 }
@@ -239,4 +272,24 @@ pub(super) async fn adopt_unrecorded<S: Store>(
         Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
         Err(e) => Err(ItemError::LedgerWrite(e)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_pause_doubles_with_jitter_and_is_capped() {
+        let base = Duration::from_secs(1);
+        assert_eq!(retry_pause(base, 1, 1.0), base);
+        assert_eq!(retry_pause(base, 1, 0.0), base / 2);
+        assert_eq!(retry_pause(base, 3, 1.0), base * 4);
+        assert_eq!(retry_pause(base, 30, 1.0), RETRY_DELAY_CAP);
+        assert_eq!(
+            retry_pause(Duration::from_secs(600), 4, 1.0),
+            Duration::from_secs(600),
+            "a longer base is its own cap"
+        );
+        assert_eq!(retry_pause(Duration::ZERO, 5, 1.0), Duration::ZERO);
+    }
 }

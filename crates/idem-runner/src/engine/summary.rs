@@ -205,20 +205,22 @@ impl Summary {
                 "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
                 self.total, self.adopted
             ));
-        }
-        s.push_str(&format!(
-            "{} items in {:.1}s: {} done now, {} already done, {} adopted, {} failed, {} poison, {} not done; \
+        } else {
+            // Said once: after "nothing to do" the counts would only repeat it.
+            s.push_str(&format!(
+                "{} items in {:.1}s: {} done now, {} already done, {} adopted, {} failed, {} poison, {} not done; \
              {} commands ran\n",
-            self.total,
-            secs,
-            self.done,
-            self.skipped,
-            self.adopted,
-            self.failed,
-            self.poison.len(),
-            self.not_done,
-            self.executions
-        ));
+                self.total,
+                secs,
+                self.done,
+                self.skipped,
+                self.adopted,
+                self.failed,
+                self.poison.len(),
+                self.not_done,
+                self.executions
+            ));
+        }
         if self.stopped > 0 {
             s.push_str(&format!(
                 "commands stopped for their lease: {} (no renewal accepted in time; each went on once one was, or \
@@ -392,6 +394,7 @@ mod tests {
         let s = Summary { total: 3, skipped: 2, adopted: 1, ..Summary::default() };
         let text = s.render();
         assert!(text.starts_with("nothing to do: all 3 items already done (1 adopted), ran 0 commands\n"), "{text}");
+        assert!(!text.contains("items in"), "the counts repeat it: {text}");
         assert!(text.ends_with("exit status 0 (every item done)\n"), "{text}");
     }
 

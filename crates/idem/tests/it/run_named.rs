@@ -83,9 +83,10 @@ fn two_jobs_with_one_output_template_on_one_ledger_keep_apart_by_name() {
         assert_eq!(code, 0, "{err}");
         assert!(status.starts_with(&format!("job {name}: 5 done, 0 running or abandoned")), "{status}");
     }
-    // Forgetting by name finds the outputs from the job's record (no --output given) and redoes only that item.
-    // (Run where the job ran: its template is relative.)
-    let (code, out, err) = idem_in(&a, &["runs", "forget", "--name", "job-a", "--store", &store, "3"], &[]);
+    // Forgetting by name with the job's --output removes that output and redoes only that item. (Run where the
+    // job ran: its template is relative.)
+    let forget = ["runs", "forget", "--name", "job-a", "--output", "out/{id}.txt", "--store", &store, "3"];
+    let (code, out, err) = idem_in(&a, &forget, &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(!a.join("out/3.txt").exists(), "forget left the output of job-a's item 3");
     assert!(b.join("out/3.txt").exists(), "forget of job-a removed job-b's output");
@@ -411,4 +412,388 @@ fn a_check_that_reports_done_skips_the_command_and_one_failing_after_it_fails_th
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--check says whether an item's effect is there"), "{err}");
+}
+
+/// Two named jobs over the same items must not send one `IDEM_IDEMPOTENCY_KEY` (behind one idempotency proxy the
+/// second job's requests would be answered with the first's replays): for a named job it is its `IDEM_KEY`.
+/// An unnamed job keeps `run:ID:HASH`, and `--key-prefix` still sets it.
+#[test]
+fn idempotency_key_of_a_named_job_is_its_item_key() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 3);
+    let log = dir.path().join("log");
+    // Each execution logs "IDEM_IDEMPOTENCY_KEY IDEM_KEY" (and writes its output when it has one).
+    let script = format!(
+        "echo \"$IDEM_IDEMPOTENCY_KEY $IDEM_KEY\" >> {}; [ -z \"$IDEM_OUTPUT\" ] || echo x > \"$IDEM_OUTPUT\"",
+        log.display()
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--items", "items.txt", "--quiet"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 0, "{err}");
+        let logged = lines(&log);
+        logged[logged.len() - 3..]
+            .iter()
+            .map(|l| l.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())).unwrap())
+            .collect::<Vec<(String, String)>>()
+    };
+    let mail = run(&["--name", "mail"]);
+    let sms = run(&["--name", "sms"]);
+    for (idempotency, key) in mail.iter().chain(&sms) {
+        assert_eq!(idempotency, key, "a named job's IDEM_IDEMPOTENCY_KEY is its IDEM_KEY");
+    }
+    let mut all: Vec<&String> = mail.iter().chain(&sms).map(|(i, _)| i).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6, "two jobs shared an idempotency key: {mail:?} {sms:?}");
+    assert!(mail.iter().all(|(i, _)| i.starts_with("mail:")) && sms.iter().all(|(i, _)| i.starts_with("sms:")));
+    // --key-prefix still wins; an unnamed job keeps the prefix every job had.
+    let fax = run(&["--name", "fax", "--key-prefix", "legacy"]);
+    assert!(fax.iter().all(|(i, k)| i.starts_with("legacy:") && k.starts_with("fax:")), "{fax:?}");
+    let unnamed = run(&["--output", "out/{id}"]);
+    assert!(unnamed.iter().all(|(i, _)| i.starts_with("run:")), "{unnamed:?}");
+    let (code, derived, err) = common::idem(&["key", "--prefix", "run", "--id", "2", "--data", "2"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(unnamed.iter().any(|(i, _)| i == derived.trim()), "{derived} not among {unnamed:?}");
+}
+
+/// `idem runs forget --name J ID` without --output deletes no file: the job's recorded template, resolved against
+/// another directory, names someone else's file. It says so, and names the --output that would delete outputs.
+#[test]
+fn forget_by_name_without_output_deletes_no_file() {
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", root.path().join("ledger.db").display());
+    let (job_dir, elsewhere) = (root.path().join("job"), root.path().join("elsewhere"));
+    items(&job_dir, 3);
+    let log = root.path().join("log");
+    let (code, _, err) = run_writing(&job_dir, &store, &["--name", "rep"], &writing(&log, "R"));
+    assert_eq!(code, 0, "{err}");
+    // Someone's file where the recorded template points from another directory.
+    std::fs::create_dir_all(elsewhere.join("out")).unwrap();
+    std::fs::write(elsewhere.join("out/2.txt"), "precious\n").unwrap();
+    let (code, out, err) = idem_in(&elsewhere, &["runs", "forget", "--name", "rep", "--store", &store, "2"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(std::fs::read_to_string(elsewhere.join("out/2.txt")).unwrap(), "precious\n", "forget deleted a file");
+    assert!(job_dir.join("out/2.txt").exists(), "forget without --output deleted the job's output");
+    assert!(out.contains("forgot 1 of 1 items (ledger entries only; no output deleted"), "{out}");
+    assert!(out.contains("--output \"out/{id}.txt\""), "{out}");
+    // A job without outputs says just that.
+    let (code, _, err) = idem_in(
+        &job_dir,
+        &["run", "--name", "mail", "--items", "items.txt", "--store", &store, "--quiet", "--", "true"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = idem_in(&elsewhere, &["runs", "forget", "--name", "mail", "--store", &store, "1"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("(ledger entries; the job writes no outputs)"), "{out}");
+}
+
+/// `idem runs status|forget` for a job, store or namespace nothing ran with: one line, exit 3 (as `idem once
+/// status`), and no store made for it (no SQLite file, no PostgreSQL schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_status_and_forget_of_an_unknown_job_exit_3_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let d = dir.path();
+    let expect_3 = |args: &[&str], needle: &str| {
+        let (code, out, err) = idem_in(d, args, &[]);
+        assert_eq!(code, 3, "{args:?}: {out}{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
+    };
+    // No ledger in the current directory, and a named SQLite file that does not exist: neither is created.
+    for sub in [&["runs", "status", "--name", "nosuch"][..], &["runs", "forget", "--name", "nosuch", "1"]] {
+        expect_3(sub, "no ledger at ./.idem/ledger.db: nothing has run with job nosuch");
+    }
+    assert!(!d.join(".idem").exists(), "status or forget created the default ledger");
+    let typo = format!("sqlite:{}", d.join("typo.db").display());
+    expect_3(&["runs", "status", "--name", "nosuch", "--store", &typo], "no ledger at");
+    assert!(!d.join("typo.db").exists(), "status created the SQLite file it was given");
+    // A ledger that exists, with another job in it.
+    let (code, _, err) = idem_in(d, &["run", "--name", "real", "--items", "items.txt", "--quiet", "--", "true"], &[]);
+    assert_eq!(code, 0, "{err}");
+    expect_3(&["runs", "status", "--name", "nosuch"], "no job nosuch in sqlite:./.idem/ledger.db");
+    expect_3(&["runs", "forget", "--name", "nosuch", "1"], "no job nosuch in");
+    expect_3(&["runs", "status", "--output", "o/{id}"], "no ledger at o/.idem/ledger.db");
+    let (code, status, err) = idem_in(d, &["runs", "status", "--name", "real"], &[]);
+    assert_eq!((code, status.starts_with("job real: 2 done")), (0, true), "{status}{err}");
+    // A PostgreSQL namespace nothing ran in: not created.
+    let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") else { return };
+    let ns = format!("runs_unknown_{}", std::process::id());
+    drop_namespace(&url, &ns).await;
+    tokio::task::block_in_place(|| {
+        expect_3(
+            &["runs", "status", "--name", "real", "--store", &url, "--namespace", &ns],
+            "(namespace runs_unknown_",
+        );
+    });
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let rows = client.query("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", &[&ns]).await.unwrap();
+    assert_eq!(rows.len(), 0, "status created the schema {ns}");
+}
+
+/// A placeholder the runner does not know (`{ky}`, `{}`, `{item}` in --check) is refused before anything runs
+/// (exit 2, one line listing the valid ones), rather than reaching the command literally.
+#[test]
+fn unknown_placeholders_are_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let log = dir.path().join("log").display().to_string();
+    let script = format!("echo \"$1\" >> {log}");
+    for (extra, needle) in [
+        (
+            vec!["--", "sh", "-c", &script, "sh", "{ky}"],
+            "unknown placeholder {ky} in the command; the command takes {id}, {out}, {key}, {item}",
+        ),
+        (
+            vec!["--", "sh", "-c", &script, "sh", "{}"],
+            "unknown placeholder {} in the command (GNU parallel's {} is {item} or {id} here)",
+        ),
+        (
+            vec!["--check", "grep -q {item} done.txt", "--", "sh", "-c", &script, "sh", "{id}"],
+            "unknown placeholder {item} in --check; --check takes {id}, {key}",
+        ),
+    ] {
+        let mut args = vec!["run", "--name", "p", "--items", "items.txt", "--quiet"];
+        args.extend_from_slice(&extra);
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(needle), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    assert!(lines(Path::new(&log)).is_empty(), "a refused run executed something");
+    assert!(!dir.path().join(".idem").exists(), "a refused run left a ledger");
+    // The shell's ${VAR} and braces that are no placeholder pass.
+    let script = format!("v=x; echo \"${{v}}$1\" | awk '{{print $1}}' >> {log}");
+    let (code, _, err) = idem_in(
+        dir.path(),
+        &["run", "--name", "p", "--items", "items.txt", "--quiet", "--", "sh", "-c", &script, "sh", "{id}"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sorted(lines(Path::new(&log))), ["x1", "x2"]);
+}
+
+/// An item whose command ran and whose --check then failed, not retried because a poison item halted the run,
+/// is reported as its entry says: failed, 1 attempt, the check's error (it was "not_started", 0 attempts).
+#[test]
+fn an_item_not_retried_after_a_halt_is_reported_failed_with_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("items.txt"), "p\ns\n").unwrap();
+    let log = dir.path().join("log").display().to_string();
+    // Every check fails (nothing makes effects/ID). p fails the same way twice (poison: the run halts); s's one
+    // attempt ends after p's second has ended and been recorded.
+    let script = format!(
+        "echo \"$1\" >> {log}; [ \"$1\" = p ] && exit 0; \
+         until [ \"$(grep -c '^p$' {log})\" -ge 2 ]; do sleep 0.05; done; sleep 2"
+    );
+    let report = dir.path().join("r.json").display().to_string();
+    let args = [
+        "run",
+        "--name",
+        "halt",
+        "--items",
+        "items.txt",
+        "--jobs",
+        "2",
+        "--check",
+        "test -e effects/{id}",
+        "--report",
+        &report,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &script,
+        "sh",
+        "{id}",
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(sorted(lines(Path::new(&log))), ["p", "p", "s"], "{err}");
+    assert!(err.contains("1 poison, 1 not done"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let s = json["items"].as_array().unwrap().iter().find(|i| i["id"] == "s").unwrap().clone();
+    assert_eq!((s["status"].as_str(), s["attempts"].as_u64()), (Some("failed"), Some(1)), "{s}");
+    assert_eq!(s["last_error"], "check exit 1 after the command exited 0", "{s}");
+    let (code, status, err) = idem_in(dir.path(), &["runs", "status", "--name", "halt"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.starts_with("job halt: 0 done, 0 running or abandoned, 1 failed, 1 poison"), "{status}");
+}
+
+/// Messages that misled: a template "changed" each time two hosts with their own paths alternate on one ledger;
+/// --require-local-output accepted without --output (it did nothing); adopted items listed as done on a host
+/// named "adopted"; adding --output to a job that had none said its done items stay done (they run again).
+#[test]
+fn shared_ledger_messages_say_what_happens() {
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", root.path().join("ledger.db").display());
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    items(&a, 2);
+    items(&b, 2);
+    let run = |dir: &Path, host: &str, output: &str| {
+        let args = [
+            "run",
+            "--name",
+            "j",
+            "--items",
+            "items.txt",
+            "--output",
+            output,
+            "--store",
+            &store,
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            "echo x > \"$1\"",
+            "sh",
+            "{out}",
+        ];
+        idem_in(dir, &args, &[("IDEM_HOST", host)])
+    };
+    // Two hosts, each with its own path: no warning however they alternate.
+    for _ in 0..2 {
+        for (dir, host, output) in [(&a, "host-a", "out-a/{id}"), (&b, "host-b", "out-b/{id}")] {
+            let (code, _, err) = run(dir, host, output);
+            assert_eq!(code, 0, "{err}");
+            assert!(!err.contains("changed since its last run"), "{host}: {err}");
+        }
+    }
+    // One host whose template changed: said.
+    let (code, _, err) = run(&b, "host-b", "out-c/{id}");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("job j: the output template changed since its last run"), "{err}");
+    // An output found in place is adopted; status does not call "adopted" a host.
+    std::fs::create_dir_all(a.join("out-d")).unwrap();
+    std::fs::write(a.join("out-d/1"), "x\n").unwrap();
+    let args = [
+        "run",
+        "--name",
+        "k",
+        "--items",
+        "items.txt",
+        "--output",
+        "out-d/{id}",
+        "--store",
+        &store,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo x > \"$1\"",
+        "sh",
+        "{out}",
+    ];
+    let (code, _, err) = idem_in(&a, &args, &[("IDEM_HOST", "host-a")]);
+    assert_eq!(code, 0, "{err}");
+    let (code, status, err) = idem_in(&a, &["runs", "status", "--name", "k", "--store", &store], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(status.contains("adopted (found in place; no host recorded): 1\n"), "{status}");
+    assert!(!status.contains("done on adopted"), "{status}");
+    // --require-local-output needs --output.
+    let (code, _, err) = idem_in(
+        &a,
+        &["run", "--name", "m", "--items", "items.txt", "--store", &store, "--require-local-output", "--", "true"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--require-local-output judges done items by their output files: it needs --output"), "{err}");
+    // A job without outputs that gets one: its done items run again, as said.
+    let (code, _, err) =
+        idem_in(&a, &["run", "--name", "m", "--items", "items.txt", "--store", &store, "--quiet", "--", "true"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let args = [
+        "run",
+        "--name",
+        "m",
+        "--items",
+        "items.txt",
+        "--output",
+        "out-m/{id}",
+        "--store",
+        &store,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo x > \"$1\"",
+        "sh",
+        "{out}",
+    ];
+    let (code, _, err) = idem_in(&a, &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let said = "--output \"out-m/{id}\" was added since its last run, which had none; items done then have no \
+                output there and run again";
+    assert!(err.contains(said), "{err}");
+    assert!(err.contains("2 done now"), "{err}");
+}
+
+/// Milliseconds since the epoch in each line of `path` (`date +%s%3N` output).
+fn stamps(path: &Path) -> Vec<u64> {
+    lines(path).iter().map(|l| l.trim().parse().unwrap()).collect()
+}
+
+/// `--retry-delay`: a retried item waits before its next attempt, doubling (with jitter between half and all of
+/// it), so a sink down for a moment is not met again within milliseconds; and by default (1s) an outage
+/// shorter than half a second no longer turns the item poison (the same error twice).
+#[test]
+fn retries_wait_retry_delay_doubling_and_a_brief_outage_is_not_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 1);
+    let (log, report) = (dir.path().join("attempts"), dir.path().join("r.json"));
+    // Fails its first 2 attempts (two different errors, so never poison), then succeeds.
+    let script = format!(
+        "date +%s%3N >> {log}; n=$(wc -l < {log}); \
+         [ $n -eq 1 ] && {{ echo 'connection refused' >&2; exit 1; }}; \
+         [ $n -eq 2 ] && {{ echo 'service unavailable' >&2; exit 1; }}; exit 0",
+        log = log.display()
+    );
+    let args = [
+        "run",
+        "--name",
+        "flaky",
+        "--items",
+        "items.txt",
+        "--retry-delay",
+        "1s",
+        "--report",
+        report.to_str().unwrap(),
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!((json["items"][0]["status"].as_str(), json["items"][0]["attempts"].as_u64()), (Some("done"), Some(3)));
+    let at = stamps(&log);
+    assert_eq!(at.len(), 3, "{at:?}");
+    // The first pause is 0.5..=1 s of a 1 s delay, the second 1..=2 s (doubled).
+    assert!(
+        at[1] - at[0] >= 500,
+        "retried {} ms after the first failure, under half of --retry-delay 1s",
+        at[1] - at[0]
+    );
+    assert!(at[2] - at[1] >= 1000, "retried {} ms after the second failure, under half of 2s", at[2] - at[1]);
+
+    // A sink down for 300 ms after the first attempt, with the same error each time: at once, the retry would
+    // meet it again and make the item poison; with the default delay it finds the sink back.
+    std::fs::remove_file(&log).unwrap();
+    let script = format!(
+        "now=$(date +%s%3N); [ -s {log} ] || echo $now > {log}; \
+         if [ $((now - $(head -n 1 {log}))) -lt 300 ]; then echo '503 service unavailable' >&2; exit 1; fi; \
+         echo $now >> {log}",
+        log = log.display()
+    );
+    let args = ["run", "--name", "outage", "--items", "items.txt", "--quiet", "--", "sh", "-c", &script];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "a brief outage made the item poison: {err}");
+    assert_eq!(stamps(&log).len(), 2, "one failure, then one success");
 }
