@@ -8,14 +8,18 @@
 //!
 //! The lease is a separate key because a lapsed lease must disappear (the store's clock decides, a lapsed key
 //! reads as absent and the next create takes it over) while the attempt count must survive a crashed holder:
-//! attempts are counted when an item is claimed, so a runner killed mid-item still used up one.
+//! attempts are counted just before the command starts ([`Held::count`]), so a runner killed mid-item still
+//! used up one, and an item claimed ahead of a free slot and never started (the run stopped, or the store was
+//! unreachable past the limit so the claim could not be given back) spent none: its lease simply lapses.
 //!
 //! ```text
-//!                 claim: create lease (Absent, TTL = lease), then entry := Running{attempt + 1}
+//!            claim: create lease (Absent, TTL = lease); just before the command starts: count,
+//!                   entry := Running{attempt + 1} (fenced on the entry read before the claim)
 //!   absent | Failed | Running(lapsed) | Done(output gone) ──────────────────────────────▶ Running
 //!                                                    Running ──done (fenced)──▶ Done{sha256}
 //!                                                    Running ──failed (fenced)─▶ Failed{fingerprints}
 //!                       Running, command never started ──unclaim (fenced)─▶ the entry before the claim
+//!                          claimed, not counted, not started ──release the lease──▶ (entry untouched)
 //!                     Running, command started, stopped ──interrupted (fenced)─▶ Interrupted{attempt}
 //!                                                    lease ──renew (fenced on the lease generation)──▶ lease
 //! ```
@@ -267,8 +271,41 @@ pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64, item_sha256:
     }
 }
 
-/// A claim about to be made on an item: first [`ItemClaim::lease_write`], then, once the store accepted it,
-/// [`ItemClaim::entry_write`]; both accepted make a [`Held`] item.
+/// The write that records done an output the attempt of entry `over` (read with generation `generation`)
+/// left behind unrecorded (its runner gave up waiting for the store; the output verified against the digest it
+/// noted): fenced on that generation, so it is refused if anyone claimed the item over meanwhile. Its attempts
+/// are the entry's.
+pub fn record_noted(
+    keys: &ItemKeys,
+    generation: Generation,
+    over: &Entry,
+    sha256: &str,
+    size: u64,
+    now_ms: u64,
+) -> Write {
+    let owner = match over {
+        Entry::Running { owner, .. } | Entry::Interrupted { owner, .. } | Entry::Done { owner, .. } => owner.clone(),
+        Entry::Failed { .. } => "adopted".to_owned(),
+    };
+    let entry = Entry::Done {
+        attempts: over.attempts(),
+        sha256: sha256.to_owned(),
+        size,
+        owner,
+        finished_at_ms: now_ms,
+        duration_ms: 0,
+        item_sha256: over.item_sha256().map(str::to_owned),
+    };
+    Write {
+        key: keys.entry.clone(),
+        op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+        precondition: Precondition::Generation(generation),
+    }
+}
+
+/// A claim about to be made on an item: [`ItemClaim::lease_write`]; once the store accepted it,
+/// [`ItemClaim::leased`] makes a [`Held`] item whose attempt is counted ([`Held::count`], the same write as
+/// [`ItemClaim::entry_write`]) just before its command starts.
 #[derive(Clone, Debug)]
 pub struct ItemClaim {
     keys: ItemKeys,
@@ -343,7 +380,8 @@ impl ItemClaim {
         }
     }
 
-    /// Step 2, once the lease is held: count the attempt, conditional on the entry being unchanged since read.
+    /// Step 2, once the lease is held and just before the command starts: count the attempt, conditional on
+    /// the entry being unchanged since read ([`Held::count`] makes the same write).
     pub fn entry_write(&self) -> Write {
         let (failures, last_error) = self.carried();
         let entry = Entry::Running {
@@ -357,10 +395,7 @@ impl ItemClaim {
         Write {
             key: self.keys.entry.clone(),
             op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
-            precondition: match &self.prev {
-                Some((g, _)) => Precondition::Generation(*g),
-                None => Precondition::Absent,
-            },
+            precondition: self.prev_precondition(),
         }
     }
 
@@ -375,9 +410,25 @@ impl ItemClaim {
 
     /// The item held once the store accepted both writes with these generations.
     pub fn acquired(self, lease_generation: Generation, entry_generation: Generation) -> Held {
+        let mut held = self.leased(lease_generation);
+        held.counted(entry_generation);
+        held
+    }
+
+    /// The item held once the store accepted the lease write with this generation; its attempt is not counted
+    /// until [`Held::count`] is accepted.
+    pub fn leased(self, lease_generation: Generation) -> Held {
         let (failures, last_error) = self.carried();
         let attempt = self.attempt();
-        Held { claim: self, attempt, failures, last_error, lease_generation, entry_generation }
+        Held { claim: self, attempt, failures, last_error, lease_generation, entry_generation: None }
+    }
+
+    /// The precondition of a write over the entry as read before the claim.
+    fn prev_precondition(&self) -> Precondition {
+        match &self.prev {
+            Some((g, _)) => Precondition::Generation(*g),
+            None => Precondition::Absent,
+        }
     }
 }
 
@@ -400,7 +451,9 @@ pub struct Held {
     failures: Vec<String>,
     last_error: Option<String>,
     lease_generation: Generation,
-    entry_generation: Generation,
+    /// The entry's generation since the attempt was counted ([`Held::count`]); `None` before, while the entry is
+    /// still as read before the claim.
+    entry_generation: Option<Generation>,
 }
 
 /// Kept by [`idem_store::LeaseKeeper`] while the item waits for a slot, runs and settles.
@@ -430,9 +483,30 @@ impl Renewable for Held {
 }
 
 impl Held {
-    /// The fencing token: the entry generation the claim wrote. Greater than every earlier holder's.
-    pub fn fencing_token(&self) -> Generation {
+    /// The fencing token: the entry generation the count wrote ([`Held::count`]), greater than every earlier
+    /// holder's; `None` until the attempt is counted.
+    pub fn fencing_token(&self) -> Option<Generation> {
         self.entry_generation
+    }
+
+    /// Count the attempt, just before its command starts: the entry becomes [`Entry::Running`] with this
+    /// attempt's number, conditional on it being unchanged since read before the claim (so it is refused if
+    /// anyone claimed the item over, or recorded it, meanwhile). Record the generation with [`Held::counted`]:
+    /// it is the fencing token. Counting here rather than with the lease means a claim made ahead of a free slot
+    /// and never started (the run stopped, or the store stayed unreachable past the limit so the claim could
+    /// not be given back) leaves the entry untouched: no attempt spent, nothing said to have run.
+    pub fn count(&self) -> Write {
+        self.claim.entry_write()
+    }
+
+    /// Records the generation the store gave [`Held::count`].
+    pub fn counted(&mut self, entry_generation: Generation) {
+        self.entry_generation = Some(entry_generation);
+    }
+
+    /// True once the attempt is counted ([`Held::counted`]).
+    pub fn is_counted(&self) -> bool {
+        self.entry_generation.is_some()
     }
 
     /// This attempt's number (1 for the first).
@@ -463,17 +537,31 @@ impl Held {
     /// fencing token (nobody claimed the item over while the lease was lapsed). It moves the generation on, so a
     /// claim over the entry that was read before the lease was retaken (a successor that took the lapsed lease
     /// and paused before its entry write) is refused. Record the new generation with [`Held::reasserted`].
-    pub fn reassert(&self) -> Write {
+    ///
+    /// `None` before the attempt is counted: the count itself is fenced on the entry as read before the claim,
+    /// so it is refused if anyone claimed the item over meanwhile, and the retaken lease is all there is to
+    /// hold.
+    pub fn reassert(&self) -> Option<Write> {
+        let generation = self.entry_generation?;
         let mut write = self.claim.entry_write();
-        write.precondition = Precondition::Generation(self.entry_generation);
-        write
+        write.precondition = Precondition::Generation(generation);
+        Some(write)
     }
 
     /// Records the generation the store gave [`Held::reassert`]: the new fencing token of every later write. The
     /// command keeps the token it started with, still greater than every earlier holder's and smaller than any
     /// later one's.
     pub fn reasserted(&mut self, entry_generation: Generation) {
-        self.entry_generation = entry_generation;
+        self.entry_generation = Some(entry_generation);
+    }
+
+    /// The precondition of every entry write after the claim: the count's generation, or before the count, the
+    /// entry as read before the claim.
+    fn entry_precondition(&self) -> Precondition {
+        match self.entry_generation {
+            Some(g) => Precondition::Generation(g),
+            None => self.claim.prev_precondition(),
+        }
     }
 
     /// Give the lease back (after done or failed, or when interrupted), only if still held.
@@ -486,14 +574,15 @@ impl Held {
     /// Give the lease back with [`Held::release`] after it.
     ///
     /// Only for a command that never started: once it has, the attempt is given back with
-    /// [`Held::interrupted`], since removing the entry would let its partial output be adopted.
-    pub fn unclaim(&self) -> Write {
+    /// [`Held::interrupted`], since removing the entry would let its partial output be adopted. `None` when the
+    /// attempt was never counted: the entry is as it was, and only the lease is given back.
+    pub fn unclaim(&self) -> Option<Write> {
         let key = self.claim.keys.entry.clone();
-        let precondition = Precondition::Generation(self.entry_generation);
-        match &self.claim.prev {
+        let precondition = Precondition::Generation(self.entry_generation?);
+        Some(match &self.claim.prev {
             Some((_, prev)) => Write { key, op: WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear }, precondition },
             None => Write { key, op: WriteOp::Delete, precondition },
-        }
+        })
     }
 
     /// Give back an attempt whose command started and was stopped by the operator (a second Ctrl-C, or
@@ -512,10 +601,12 @@ impl Held {
         })
     }
 
-    /// Record the item done with its output's digest, only if no one took it over.
+    /// Record the item done with its output's digest, only if no one took it over. Before the attempt is
+    /// counted (an earlier holder's output adopted from its note), the attempts are the earlier ones.
     pub fn done(&self, sha256: &str, size: u64, now_ms: u64, duration_ms: u64) -> Write {
+        let attempts = if self.is_counted() { self.attempt } else { self.attempt.saturating_sub(1).max(1) };
         let entry = Entry::Done {
-            attempts: self.attempt,
+            attempts,
             sha256: sha256.to_owned(),
             size,
             owner: self.claim.owner.clone(),
@@ -554,7 +645,7 @@ impl Held {
         Write {
             key: self.claim.keys.entry.clone(),
             op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
-            precondition: Precondition::Generation(self.entry_generation),
+            precondition: self.entry_precondition(),
         }
     }
 }
@@ -602,7 +693,7 @@ mod tests {
         let keys = ItemKeys::new("job", "a");
         let fresh = ItemClaim::new(keys.clone(), "o1", 1, Duration::from_secs(10), None)
             .acquired(Generation::new(5), Generation::new(6));
-        let undo = fresh.unclaim();
+        let undo = fresh.unclaim().expect("counted");
         assert_eq!(undo.key, keys.entry());
         assert_eq!(undo.op, WriteOp::Delete, "a new item goes back to having no entry");
         assert_eq!(undo.precondition, Precondition::Generation(Generation::new(6)));
@@ -617,7 +708,7 @@ mod tests {
         let retry = ItemClaim::new(keys, "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())))
             .acquired(Generation::new(7), Generation::new(8));
         assert_eq!(retry.attempt(), 2);
-        let undo = retry.unclaim();
+        let undo = retry.unclaim().expect("counted");
         assert_eq!(undo.op, WriteOp::Put { value: failed.encode(), ttl: Ttl::Clear }, "attempt 2 is not spent");
         assert_eq!(undo.precondition, Precondition::Generation(Generation::new(8)));
     }
@@ -625,6 +716,43 @@ mod tests {
     use super::*;
 
     const LIMIT: RetryLimit = RetryLimit { max_attempts: 3 };
+
+    /// A claim made ahead of a free slot holds the lease only: until its count, nothing in the entry says an
+    /// attempt ran, so one given up (stopped, or the store unreachable past the limit) spends no attempt even
+    /// when nothing can be written to give it back.
+    #[test]
+    fn an_uncounted_claim_leaves_the_entry_as_it_was() {
+        let failed = Entry::Failed {
+            attempts: 1,
+            failures: vec!["exit 1".into()],
+            last_error: "boom".into(),
+            poison: false,
+            finished_at_ms: 0,
+            item_sha256: None,
+        };
+        let once = RetryLimit { max_attempts: 2 };
+        let claim =
+            ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())));
+        let mut held = claim.clone().leased(Generation::new(4));
+        assert_eq!(held.fencing_token(), None);
+        assert!(!held.is_counted());
+        assert_eq!(held.unclaim(), None, "nothing to undo in the entry");
+        assert_eq!(held.reassert(), None, "a retaken lease is all there is to hold");
+        // The entry as the next run reads it: still attempt 1 of 2, so the item runs again.
+        assert_eq!(plan(Some(&failed), once), Plan::Retry { attempts: 1 });
+        // The count is the claim's entry write, fenced on the entry read before the claim.
+        let count = held.count();
+        assert_eq!(count, claim.entry_write());
+        assert_eq!(count.precondition, Precondition::Generation(Generation::new(3)));
+        assert_eq!(decoded(&count).attempts(), 2);
+        held.counted(Generation::new(5));
+        assert_eq!(held.fencing_token(), Some(Generation::new(5)));
+        assert_eq!(held.done("ab", 1, 2, 3).precondition, Precondition::Generation(Generation::new(5)));
+        assert_eq!(held.unclaim().map(|w| w.precondition), Some(Precondition::Generation(Generation::new(5))));
+        // Before the count, a write over the entry (an earlier holder's output adopted) is fenced on what was read.
+        let fresh = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None).leased(Generation::new(1));
+        assert_eq!(fresh.done("ab", 1, 2, 3).precondition, Precondition::Absent);
+    }
 
     fn keys() -> ItemKeys {
         ItemKeys::new("job1", "a")
@@ -671,7 +799,7 @@ mod tests {
     fn every_write_after_the_claim_is_fenced() {
         let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
         let mut held = claim.acquired(Generation::new(3), Generation::new(4));
-        assert_eq!(held.fencing_token(), Generation::new(4));
+        assert_eq!(held.fencing_token(), Some(Generation::new(4)));
         assert_eq!(held.renewal().precondition, Precondition::Generation(Generation::new(3)));
         held.renewed(Generation::new(9));
         assert_eq!(held.renewal().precondition, Precondition::Generation(Generation::new(9)));
@@ -759,7 +887,7 @@ mod tests {
         assert_eq!(next.previous_attempt(), Some(("o1".to_owned(), 1)));
         assert_eq!(next.entry_write().precondition, Precondition::Generation(Generation::new(5)));
         // If that claim's command never starts, undoing it keeps the mark.
-        let undo = next.acquired(Generation::new(6), Generation::new(7)).unclaim();
+        let undo = next.acquired(Generation::new(6), Generation::new(7)).unclaim().expect("counted");
         assert_eq!(decoded(&undo), entry);
         assert_eq!(undo.precondition, Precondition::Generation(Generation::new(7)));
     }
@@ -821,7 +949,7 @@ mod tests {
             }
         }
         // Stopped before its command started: nothing ran, the item is as it was.
-        assert_eq!(held().unclaim().op, WriteOp::Delete);
+        assert_eq!(held().unclaim().expect("counted").op, WriteOp::Delete);
         assert_eq!(plan(None, LIMIT), Plan::New);
     }
 

@@ -40,6 +40,7 @@ pub use idem_store::{Write, WriteOp};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
 pub use ledger::{
     Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, adopt, entry_prefix, error_fingerprint, plan,
+    record_noted,
 };
 pub use planted::planted;
 pub use problem::ProblemType;

@@ -300,7 +300,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                         // (claimed its entry, or holds a live lease).
                         let entry = store.inner().get(keys.entry()).await.unwrap();
                         let lease = store.inner().get(keys.lease()).await.unwrap();
-                        let ours = entry.map(|v| v.generation()) == Some(held.fencing_token())
+                        let ours = entry.map(|v| v.generation()) == held.fencing_token()
                             && lease.is_none_or(|v| v.value().as_ref() == format!("runner-{i}").as_bytes());
                         prop_assert!(!ours, "runner {i} discarded an attempt nobody took over");
                     }
@@ -380,7 +380,9 @@ async fn fence(
         None => match store.apply(held.retake()).await {
             Ok(Some(g)) => {
                 held.renewed(g);
-                match store.apply(held.reassert()).await {
+                // Counted at the claim here (`acquired`): the entry is moved on too.
+                let reassert = held.reassert().expect("the model counts at the claim");
+                match store.apply(reassert).await {
                     Ok(Some(entry)) => {
                         held.reasserted(entry);
                         true

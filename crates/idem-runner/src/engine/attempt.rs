@@ -236,7 +236,9 @@ async fn spawn<S: Store>(
     };
     let argv: Vec<String> =
         ctx.cfg.command.iter().map(|a| substitute(a, &item.id, temp, &item.raw, sink_key.as_str())).collect();
-    let (token, attempt_no) = (held.fencing_token().to_string(), held.attempt().to_string());
+    // Counted before the spawn (`claim::count`), so the token is there.
+    let token = held.fencing_token().map(|g| g.to_string()).unwrap_or_default();
+    let attempt_no = held.attempt().to_string();
     let command = |program: Option<&Path>| {
         let mut cmd = match program {
             Some(path) => {

@@ -46,11 +46,45 @@ pub(super) async fn wait_for_slot<'a, S: Store>(
     Ok(permit)
 }
 
-/// Gives back a claim whose command never started: the entry as it was, then the lease. (One whose command
-/// started is given back with [`Held::interrupted`] instead.)
+/// Gives back a claim whose command never started: the entry as it was (when the attempt was counted), then
+/// the lease. (One whose command started is given back with [`Held::interrupted`] instead.)
 pub(super) async fn unclaim<S: Store>(ctx: &Ctx<S>, held: &Held) -> Result<(), StoreError> {
-    ledger::apply(ctx, Waiting::Unstarted, held.unclaim()).await?;
+    if let Some(undo) = held.unclaim() {
+        ledger::apply(ctx, Waiting::Unstarted, undo).await?;
+    }
     ledger::apply(ctx, Waiting::Unstarted, held.release()).await.map(|_| ())
+}
+
+/// How counting an attempt went ([`count`]).
+pub(super) enum Counted {
+    /// The entry says this attempt runs; its generation is the fencing token.
+    Yes,
+    /// The entry changed since it was judged (another runner recorded or claimed the item meanwhile): the
+    /// lease was given back; judge again.
+    Changed,
+}
+
+/// Counts the attempt just before its command starts ([`Held::count`]), riding out an outage like every
+/// ledger write. `Err` when the store stayed unavailable past the limit or the operator stopped the run while
+/// it waited: the lease is left to lapse, and the entry is as it was unless the count landed unanswered.
+pub(super) async fn count<S: Store>(
+    ctx: &Ctx<S>,
+    held: &mut Held,
+    heartbeat: &mut LeaseKeeper<'_, S>,
+) -> Result<Counted, ItemError> {
+    match ledger::apply(ctx, Waiting::Unstarted, held.count()).await {
+        Ok(Some(g)) => {
+            held.counted(g);
+            Ok(Counted::Yes)
+        }
+        Ok(None) => Err(ItemError::NoGeneration),
+        Err(e) if e.is_precondition_failed() => {
+            heartbeat.settle(held).await;
+            let _ = ledger::apply(ctx, Waiting::Unstarted, held.release()).await;
+            Ok(Counted::Changed)
+        }
+        Err(e) => Err(ItemError::LedgerWrite(e)),
+    }
 }
 
 /// Another runner holds the item: counts this one as waiting (once) and pauses a quarter lease (0.1..=2 s)
@@ -79,7 +113,7 @@ pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool, room: O
 pub(super) enum Claimed {
     /// The lease and the entry are ours.
     Held {
-        /// The claim, holding both generations its later writes are fenced on.
+        /// The claim: the lease's generation, and the entry as read, which the count is fenced on.
         held: Held,
         /// When the lease write was sent (the heartbeat counts the lease from there).
         lease_sent: Instant,
@@ -89,12 +123,11 @@ pub(super) enum Claimed {
     },
     /// Another runner holds the lease.
     Refused,
-    /// The entry changed between the judgement and the claim: the lease was given back; judge again.
-    Changed,
 }
 
-/// Claims an item: its lease, then its entry (each conditional on what the judgement read). While the store is
-/// unavailable the claim waits for it ([`ledger::apply`]): nothing new is claimed during an outage.
+/// Claims an item: its lease (conditional on there being none). The attempt is counted in the entry only
+/// just before the command starts ([`count`]). While the store is unavailable the claim waits for it
+/// ([`ledger::apply`]): nothing new is claimed during an outage.
 pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Claimed, ItemError> {
     let (lease_gen, lease_sent) = match ledger::apply_sent(ctx, Waiting::Unstarted, claim.lease_write()).await {
         Ok((Some(g), sent)) => (g, sent),
@@ -102,18 +135,6 @@ pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Cl
         Err(e) if e.is_precondition_failed() => return Ok(Claimed::Refused),
         Err(e) => return Err(ItemError::LedgerWrite(e)),
     };
-    let entry_gen = match ledger::apply(ctx, Waiting::Unstarted, claim.entry_write()).await {
-        Ok(Some(g)) => g,
-        Ok(None) => return Err(ItemError::NoGeneration),
-        Err(e) => {
-            // Someone changed the entry between our read and our claim: give the lease back, judge again.
-            let _ = ledger::apply(ctx, Waiting::Unstarted, claim.lease_release(lease_gen)).await;
-            if e.is_precondition_failed() {
-                return Ok(Claimed::Changed);
-            }
-            return Err(ItemError::LedgerWrite(e));
-        }
-    };
     let previous = claim.previous_attempt();
-    Ok(Claimed::Held { held: claim.acquired(lease_gen, entry_gen), lease_sent, previous })
+    Ok(Claimed::Held { held: claim.leased(lease_gen), lease_sent, previous })
 }

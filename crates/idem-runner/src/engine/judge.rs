@@ -10,6 +10,7 @@ use idem_store::{Precondition, Store, Ttl};
 
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
+use super::settle::noted_output;
 use super::step::{ItemRun, Prefetched, Step};
 use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
@@ -319,6 +320,23 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             poisoned(ctx, item, entry.as_ref().map_or(0, Entry::attempts), last_error.clone())
         }
         (Plan::Exhausted { attempts, last_error }, _) => {
+            // Its last attempt finished but was left unrecorded (its runner gave up waiting for the store, and
+            // noted the output's digest): recorded done now, rather than failed as a crash. Its holder is gone
+            // (checked above), and the write is fenced on its entry.
+            if let (Some(g), Some(over @ Entry::Running { owner, attempt, .. })) = (generation, &entry)
+                && !ctx.cfg.dry_run
+                && let Some((digest, note)) = noted_output(ctx, &run.output, &(owner.clone(), *attempt)).await
+            {
+                let write = idem_core::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
+                return match ledger::apply(ctx, Waiting::Unstarted, write).await {
+                    Ok(_) => {
+                        let _ = tokio::fs::remove_file(&note).await;
+                        Ok(Step::End(Final::Adopted { digest }))
+                    }
+                    Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
+                    Err(e) => Err(ItemError::LedgerWrite(e)),
+                };
+            }
             Final::Failed { attempts: *attempts, error: last_error.clone() }
         }
         _ if ctx.cfg.dry_run => Final::WouldRun,

@@ -42,9 +42,10 @@ fn backoff(n: u32) -> Duration {
 pub(crate) struct Outage {
     /// `--store-outage-limit`.
     limit: Duration,
-    /// When the current outage began (the first unavailable answer since the last good one); `None` while the
-    /// store answers.
-    since: Mutex<Option<Instant>>,
+    /// When the current outage began (when the first operation the store did not take since the last good
+    /// answer was sent: a locked SQLite file holds a write for its busy timeout before refusing it), and whether
+    /// a write was among those refused; `None` while the store answers.
+    since: Mutex<Option<(Instant, bool)>>,
     /// An outage outlasted the limit: the run ends. Never cleared.
     exceeded: AtomicBool,
 }
@@ -59,19 +60,26 @@ impl Outage {
         self.exceeded.load(Ordering::SeqCst)
     }
 
-    /// The store answered. True when that ended an outage.
-    fn answered(&self) -> bool {
+    /// The store answered an operation (a `write` or a read). True when that ended an outage. A read does not
+    /// end an outage in which a write was refused: a SQLite file locked by another connection still serves reads
+    /// (WAL mode) while every write waits, and the limit must still apply to that.
+    fn answered(&self, write: bool) -> bool {
         let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(began) = since.take() else { return false };
-        tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
-        true
+        match *since {
+            Some((began, writes_refused)) if write || !writes_refused => {
+                *since = None;
+                tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// The store did not take an operation (`e`): true while the outage is within the limit (wait and try
-    /// again), false once it outlasted it (give up).
-    fn unavailable(&self, e: &StoreError) -> bool {
+    /// The store did not take an operation (`e`, a `write` or a read) sent at `sent`: true while the outage is
+    /// within the limit (wait and try again), false once it outlasted it (give up).
+    fn unavailable(&self, e: &StoreError, sent: Instant, write: bool) -> bool {
         let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
-        let began = *since.get_or_insert_with(|| {
+        let (began, writes_refused) = since.get_or_insert_with(|| {
             tracing::warn!(
                 "the ledger store is unavailable ({}); waiting for it up to --store-outage-limit {}: nothing new \
                  is claimed, running commands go on while their leases last, finished items are recorded once \
@@ -79,8 +87,10 @@ impl Outage {
                 chain(e),
                 humanize(self.limit)
             );
-            Instant::now()
+            (sent, false)
         });
+        *began = (*began).min(sent);
+        *writes_refused |= write;
         if began.elapsed() < self.limit {
             return true;
         }
@@ -139,7 +149,13 @@ impl Waiting {
 /// outlasts the limit or the operator's stop ends the wait ([`Waiting`]). Any other answer is returned as it
 /// is. `Err(_)` with [`StoreError::is_unavailable`] means the wait was given up. `tries` counts the tries that
 /// got an unavailable answer.
-async fn patient<S, T, F, Fut>(ctx: &Ctx<S>, waiting: Waiting, tries: &mut u32, mut op: F) -> Result<T, StoreError>
+async fn patient<S, T, F, Fut>(
+    ctx: &Ctx<S>,
+    waiting: Waiting,
+    write: bool,
+    tries: &mut u32,
+    mut op: F,
+) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -147,9 +163,21 @@ where
     let mut stop = ctx.stop.subscribe();
     let began = Instant::now();
     loop {
-        match op().await {
+        let sent = Instant::now();
+        // An operation the store holds without answering (a write to a SQLite file another connection keeps
+        // locked waits for the lock; a server stopped with SIGSTOP) is unanswered once it has waited a whole
+        // --store-outage-limit: the limit applies to it as to a refusal. It may still land after it was given up
+        // (its answer lost, as with any unavailable answer); every write here is fenced, so nothing depends on it.
+        let answer = match tokio::time::timeout(ctx.outage.limit, op()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreError::unavailable(format!(
+                "no answer within --store-outage-limit {}",
+                humanize(ctx.outage.limit)
+            ))),
+        };
+        match answer {
             Err(e) if e.is_unavailable() => {
-                if !ctx.outage.unavailable(&e) || ctx.stop.level() >= waiting.stop_level() {
+                if !ctx.outage.unavailable(&e, sent, write) || ctx.stop.level() >= waiting.stop_level() {
                     return Err(e);
                 }
                 tokio::select! {
@@ -162,7 +190,7 @@ where
                 // Not served for a while (an outage ended, or an operation waited longer than a renewal
                 // period: a locked SQLite file blocks rather than fails): no holder could renew either, so
                 // every watch starts again and each holder gets a lease to take its lease again.
-                let ended = other.is_ok() && ctx.outage.answered();
+                let ended = other.is_ok() && ctx.outage.answered(write);
                 if ended || began.elapsed() > ctx.cfg.lease / 3 {
                     ctx.unwatch_all();
                 }
@@ -174,7 +202,7 @@ where
 
 /// Reads `key`, riding out an outage.
 pub(super) async fn get<S: Store>(ctx: &Ctx<S>, waiting: Waiting, key: &str) -> Result<Option<Versioned>, StoreError> {
-    patient(ctx, waiting, &mut 0, || ctx.store.get(key)).await
+    patient(ctx, waiting, false, &mut 0, || ctx.store.get(key)).await
 }
 
 /// Applies `write`, riding out an outage. A retry refused by its precondition where the key now holds exactly
@@ -198,7 +226,7 @@ pub(super) async fn apply_sent<S: Store>(
     let first = Instant::now();
     let mut last = first;
     let mut tries = 0;
-    let tried = patient(ctx, waiting, &mut tries, || {
+    let tried = patient(ctx, waiting, true, &mut tries, || {
         last = Instant::now();
         ctx.store.apply(write.clone())
     })
@@ -259,7 +287,9 @@ pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained 
             None => match apply_sent(ctx, waiting, held.retake()).await {
                 Ok((Some(g), sent)) => {
                     held.renewed(g);
-                    return match apply(ctx, waiting, held.reassert()).await {
+                    // Not counted yet: the count is fenced on the entry as judged, nothing to move on.
+                    let Some(reassert) = held.reassert() else { return Regained::Held(sent) };
+                    return match apply(ctx, waiting, reassert).await {
                         Ok(Some(entry)) => {
                             held.reasserted(entry);
                             Regained::Held(sent)
@@ -312,7 +342,7 @@ pub(super) async fn fence<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &m
         }
         if heartbeat.lost().is_none() && heartbeat.sent().elapsed() < heartbeat.length() {
             // The renewal failed (the store did not answer well) while the lease is still ours: try again.
-            if ctx.stop.level() >= 2 {
+            if ctx.stop.level() >= 2 || ctx.outage.exceeded() {
                 return false;
             }
             tokio::time::sleep(backoff(tries).min(heartbeat.length() / 10)).await;

@@ -8,7 +8,7 @@ use idem_core::{Entry, ItemClaim, ItemKeys};
 use idem_store::{Generation, Store};
 
 use super::attempt::attempt;
-use super::claim::{Claimed, claim, unclaim, wait_for_holder, wait_for_slot};
+use super::claim::{Claimed, Counted, claim, count, unclaim, wait_for_holder, wait_for_slot};
 use super::consume::Room;
 use super::judge::judge;
 use super::outcome::Final;
@@ -70,10 +70,13 @@ async fn steps<'a, S: Store>(ctx: &'a Ctx<S>, run: &mut ItemRun<'a>) -> Result<F
 
 /// Claims the item, waits for a slot, runs one attempt and records it.
 ///
-/// It is claimed first and then waits for a slot: the claim's two commits (each waiting for an fsync) then
-/// overlap the commands running, rather than keeping a slot idle (on a VM whose fsyncs slowed down, claiming
-/// inside the slot cut the throughput by a third). At most `--jobs` items wait claimed. A retry keeps the slot
-/// it had, so a failing item is retried (and found poison) before other items start.
+/// It is claimed (its lease) first and then waits for a slot: the lease's commit (waiting for an fsync) then
+/// overlaps the commands running, rather than keeping a slot idle (on a VM whose fsyncs slowed down, making
+/// both claim writes inside the slot cut the throughput by a third). The attempt is counted in the entry only
+/// once the slot is free, just before the command starts: a claim made ahead and given up without starting
+/// (the run stopped, or the store unreachable past `--store-outage-limit`, when not even the lease can be given
+/// back) then spends no attempt, whatever the store kept. At most `--jobs` items wait claimed. A retry keeps
+/// the slot it had, so a failing item is retried (and found poison) before other items start.
 async fn claim_and_run<'a, S: Store>(
     ctx: &'a Ctx<S>,
     run: &mut ItemRun<'a>,
@@ -112,7 +115,6 @@ async fn claim_and_run<'a, S: Store>(
             drop(ahead);
             return Ok(Step::WaitForHolder);
         }
-        Claimed::Changed => return Ok(Step::Judge),
     };
     if run.waiting {
         run.waiting = false;
@@ -140,6 +142,17 @@ async fn claim_and_run<'a, S: Store>(
             }
         }
         drop(ahead);
+    }
+    // Counted only now, just before the command starts: a claim given up before this point (the run stopped,
+    // the store unreachable past the limit, so not even the lease could be given back) spent no attempt.
+    if ctx.stopping() {
+        heartbeat.settle(&mut held).await;
+        let _ = unclaim(ctx, &held).await;
+        return Ok(not_started());
+    }
+    match count(ctx, &mut held, &mut heartbeat).await? {
+        Counted::Yes => {}
+        Counted::Changed => return Ok(Step::Judge),
     }
     if let Some((owner, attempt)) = previous {
         // The previous holder crashed, lost its lease or was interrupted: its temporary file is ours to remove.

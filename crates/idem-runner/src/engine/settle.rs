@@ -85,6 +85,12 @@ pub(super) async fn finish<S: Store>(
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
     // The planted bug "runner-fence" (idem-verify, debug builds only): the fence not checked.
     if !idem_core::planted("runner-fence") && !ledger::fence(ctx, held, heartbeat).await {
+        if ctx.outage.exceeded() && ctx.cfg.has_output() && keep_unrecorded(ctx, held, temp, output, &digest).await {
+            // Not taken over: the store stayed unreachable past the limit, so the lease could not be renewed.
+            // The verified output stays at its temporary path with a note of its digest, for the next holder
+            // to put in place and record done instead of running the item again (`adopt_noted`).
+            return Attempt::Unrecorded;
+        }
         let _ = tokio::fs::remove_file(temp).await;
         return Attempt::Lost;
     }
@@ -97,6 +103,16 @@ pub(super) async fn finish<S: Store>(
     // A rename that failed (the final path is a directory, say) must not leave the temporary file behind.
     let _ = tokio::fs::remove_file(temp).await;
     failed("cannot rename the output into place", why.into_bytes())
+}
+
+/// Leaves a verified output the run could not put in place (the store unreachable past the limit) at its
+/// temporary path, with a note of its digest beside the final path ([`output::unrecorded_path`]). False when
+/// the note could not be written: the caller removes the output, and the item runs again.
+async fn keep_unrecorded<S>(ctx: &Ctx<S>, held: &Held, temp: &Path, output: &Path, digest: &output::Digest256) -> bool {
+    let note = output::unrecorded_path(output, &ctx.owner, held.attempt());
+    let noted = digest.clone();
+    matches!(tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await, Ok(Ok(())))
+        && temp.exists()
 }
 
 /// Why finishing an output failed on the blocking pool.
@@ -184,6 +200,13 @@ pub(super) async fn record_attempt<S: Store>(
             tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
             Ok(Step::Judge)
         }
+        Attempt::Unrecorded => {
+            tracing::warn!(
+                item = %item.id,
+                "the output is verified but the store is unreachable: kept with a note for the next run to record"
+            );
+            end(Final::NotDone { reason: "store_unavailable" })
+        }
         Attempt::NotStarted => {
             // Stopped while it waited to start (the runner short of resources): nothing ran, so the claim is
             // undone as if it had never been made.
@@ -232,33 +255,54 @@ async fn pause_before_retry<S>(ctx: &Ctx<S>, failed: u32) {
     }
 }
 
-/// Right after a claim over an attempt that ended unrecorded (its runner put the output in place, then gave up
-/// waiting for an unavailable store: [`output::unrecorded_path`]): if the output still has the digest noted,
-/// the item is recorded done without running, as adopted. `None` when there is no such note (or the output
-/// changed since, then the note is removed): the item runs.
+/// The output an attempt that ended unrecorded left behind, noted with its digest
+/// ([`output::unrecorded_path`]): at the final path (its runner put it in place, then gave up waiting for the
+/// store to record it), or at that attempt's temporary path (the store was unreachable before the rename: it is
+/// renamed into place now). `None` when there is no note, or nothing with the noted digest: the note is then
+/// removed, and the item runs again. The caller holds the item (its lease, or the previous holder is gone and
+/// the entry write that follows is fenced on that holder's entry).
+pub(super) async fn noted_output<S>(
+    ctx: &Ctx<S>,
+    output: &Path,
+    previous: &(String, u32),
+) -> Option<(output::Digest256, std::path::PathBuf)> {
+    if !ctx.cfg.has_output() {
+        // No output, no note: an attempt that ended unrecorded runs again (with the same IDEM_KEY).
+        return None;
+    }
+    let note = output::unrecorded_path(output, &previous.0, previous.1);
+    let temp = output::temp_path(output, &previous.0, previous.1);
+    let (path, read, renamer) = (output.to_owned(), note.clone(), Arc::clone(&ctx.renamer));
+    let digest = tokio::task::spawn_blocking(move || {
+        let digest = output::read_unrecorded(&read)?;
+        if output::matches(&path, &digest).is_ok() {
+            return Some(digest);
+        }
+        output::matches(&temp, &digest).ok()?;
+        renamer.rename_into_place(&temp, &path).ok()?;
+        output::matches(&path, &digest).ok().map(|()| digest)
+    })
+    .await
+    .ok()
+    .flatten();
+    match digest {
+        Some(digest) => Some((digest, note)),
+        None => {
+            let _ = tokio::fs::remove_file(&note).await;
+            None
+        }
+    }
+}
+
+/// Right after a claim over an attempt that ended unrecorded ([`noted_output`]): the output recorded done
+/// instead of running the item again. `None` when there is nothing to adopt.
 pub(super) async fn adopt_unrecorded<S: Store>(
     ctx: &Ctx<S>,
     held: &Held,
     output: &Path,
     previous: &(String, u32),
 ) -> Option<Result<Step, ItemError>> {
-    if !ctx.cfg.has_output() {
-        // No output, no note: an attempt that ended unrecorded runs again (with the same IDEM_KEY).
-        return None;
-    }
-    let note = output::unrecorded_path(output, &previous.0, previous.1);
-    let (path, read) = (output.to_owned(), note.clone());
-    let digest = tokio::task::spawn_blocking(move || {
-        let digest = output::read_unrecorded(&read)?;
-        output::matches(&path, &digest).ok().map(|()| digest)
-    })
-    .await
-    .ok()
-    .flatten();
-    let Some(digest) = digest else {
-        let _ = tokio::fs::remove_file(&note).await;
-        return None;
-    };
+    let (digest, note) = noted_output(ctx, output, previous).await?;
     let write = held.done(&digest.sha256, digest.size, now_ms(), 0);
     let (done, _) = tokio::join!(
         ledger::apply(ctx, Waiting::Unstarted, write),

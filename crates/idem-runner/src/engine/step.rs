@@ -62,6 +62,9 @@ pub(super) enum Attempt {
         message: String,
     },
     Lost,
+    /// The output is verified, but the store stayed unreachable past the limit before it could be renamed into
+    /// place: it stays at its temporary path with a note of its digest, for the next holder.
+    Unrecorded,
     /// The run stopped before the command could start: nothing ran.
     NotStarted,
     /// The command ran and was killed by a second Ctrl-C or SIGTERM: it may have written anything.

@@ -25,12 +25,18 @@ fn job(n: usize) -> tempfile::TempDir {
     dir
 }
 
-/// `idem run` of the job on `store`, standard error to `name`.err.
+/// `idem run` of the job on `store` with `--jobs 4`, standard error to `name`.err.
 fn runner(dir: &Path, store: &str, extra: &[&str], name: &str) -> Child {
+    let extra: Vec<&str> = ["--jobs", "4"].into_iter().chain(extra.iter().copied()).collect();
+    runner_with(dir, store, &extra, name)
+}
+
+/// `idem run` of the job on `store` with the options `extra`, standard error to `name`.err.
+fn runner_with(dir: &Path, store: &str, extra: &[&str], name: &str) -> Child {
     let err = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
     Command::new(BIN)
         .current_dir(dir)
-        .args(["run", "--items", "items.txt", "--output", "out/{id}.json", "--jobs", "4", "--quiet"])
+        .args(["run", "--items", "items.txt", "--output", "out/{id}.json", "--quiet"])
         .args(["--report", &format!("{name}.json"), "--store", store])
         .args(extra)
         .args(["--", "sh", "work.sh", "{id}", "{out}"])
@@ -275,5 +281,152 @@ fn a_sqlite_ledger_locked_longer_than_the_lease_starts_nothing_twice_across_two_
     let twice: Vec<_> = starts.iter().filter(|(_, c)| **c > 1).collect();
     assert!(twice.is_empty(), "items started more than once: {twice:?}\n{err}");
     assert_eq!(starts.len(), N, "items started: {starts:?}\n{err}");
+    each_once_and_in_place(dir.path(), N, &err);
+}
+
+/// The items of a `--report` file by id: (status, attempts).
+fn report_items(dir: &Path, name: &str) -> BTreeMap<String, (String, u64)> {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let mut items = BTreeMap::new();
+    for item in report["items"].as_array().unwrap() {
+        let status = item["status"].as_str().unwrap().to_owned();
+        items.insert(item["id"].as_str().unwrap().to_owned(), (status, item["attempts"].as_u64().unwrap_or(0)));
+    }
+    items
+}
+
+/// Items claimed ahead of a free slot when the store goes away for longer than the limit never started, and
+/// the claim cannot be given back while the store is down: they must spend no attempt. With `--retries 0` the
+/// rerun ran them; before (the attempt counted with the claim), it reported them "failed after 1 attempt:
+/// crashed" though they never ran.
+#[test]
+fn claims_ahead_given_up_in_an_outage_past_the_limit_spend_no_attempt() {
+    const N: usize = 8;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let dir = job(N);
+    std::fs::write(
+        dir.path().join("work.sh"),
+        "echo \"$1\" >> started.log; sleep 3; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
+    )
+    .unwrap();
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    let extra = ["--jobs", "2", "--retries", "0", "--lease", "1s", "--store-outage-limit", "1s"];
+    let child = runner_with(dir.path(), &url, &extra, "first");
+    wait_for("2 commands started", Duration::from_secs(60), || started().lines().count() >= 2);
+    // The two claims ahead of the next free slots are made at once; give them time to land.
+    std::thread::sleep(Duration::from_millis(500));
+    redis.kill();
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    assert_eq!(code, 75, "{err}");
+    let first: std::collections::BTreeSet<String> = started().lines().map(str::to_owned).collect();
+    assert!(first.len() < N, "every item started before the outage: the test proved nothing\n{err}");
+    redis.start_again();
+    let second = runner_with(dir.path(), &url, &extra, "second");
+    let (_, err) = finish(dir.path(), second, "second", Duration::from_secs(120));
+    let second = report_items(dir.path(), "second");
+    for i in 1..=N {
+        let id = i.to_string();
+        if first.contains(&id) {
+            continue;
+        }
+        assert_eq!(
+            second.get(&id).map(|(status, _)| status.as_str()),
+            Some("done"),
+            "item {id} never started in the first run, yet the rerun (--retries 0) did not run it: {second:?}\n{err}"
+        );
+    }
+    let ran = executions(dir.path());
+    assert!(ran.values().all(|c| *c == 1), "executed twice: {ran:?}\n{err}");
+}
+
+/// Commands that finish while the store is out past the limit: their outputs are verified but cannot be put in
+/// place behind the fence (the lease cannot be renewed) nor recorded. They stay at their temporary paths with a
+/// note of their digest, and the rerun records them done without running them again (`--retries 0`: a crash
+/// would fail them). Before, they were discarded: the rerun executed all four a second time.
+#[test]
+fn commands_finished_in_an_outage_past_the_limit_are_recorded_by_the_rerun_not_run_again() {
+    const N: usize = 4;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let dir = job(N);
+    std::fs::write(
+        dir.path().join("work.sh"),
+        "echo \"$1\" >> started.log; sleep 2.5; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
+    )
+    .unwrap();
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    // The commands end after a third of the lease, so the fence before the rename must renew it, and before
+    // four fifths, so no command is stopped for want of a renewal.
+    let extra = ["--retries", "0", "--lease", "6s", "--store-outage-limit", "1s"];
+    let child = runner(dir.path(), &url, &extra, "first");
+    wait_for("4 commands started", Duration::from_secs(60), || started().lines().count() >= N);
+    redis.kill();
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    assert_eq!(code, 75, "{err}");
+    let finished = executions(dir.path()).len();
+    eprintln!("first run: {finished} commands finished\n{err}");
+    assert_eq!(finished, N, "the commands did not finish during the outage: the test proved nothing\n{err}");
+    assert!(!dir.path().join("out/1.json").exists(), "an output was put in place without the fence\n{err}");
+    redis.start_again();
+    let (code, err) =
+        finish(dir.path(), runner(dir.path(), &url, &extra, "second"), "second", Duration::from_secs(120));
+    let second = report_items(dir.path(), "second");
+    eprintln!("second run: {second:?}\n{err}");
+    assert_eq!(code, 0, "{second:?}\n{err}");
+    each_once_and_in_place(dir.path(), N, &err);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.ends_with(".json"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files or notes left behind: {leftovers:?}");
+}
+
+/// `--store-outage-limit` applies to a SQLite ledger another connection keeps locked (a backup, a stray
+/// `sqlite3` shell): its reads still succeed (WAL) while every write waits out the busy timeout and is then
+/// refused. Locked for 25 s with a limit of 2 s, the run ends with exit status 75 while the lock is still held;
+/// before, reads kept resetting the outage and the run waited for the lock however long it lasted. A rerun
+/// after the lock is gone finishes every item, none executed twice.
+#[test]
+fn a_sqlite_ledger_locked_longer_than_the_limit_ends_the_run_with_75() {
+    const N: usize = 6;
+    let dir = job(N);
+    std::fs::write(
+        dir.path().join("work.sh"),
+        "echo \"$1\" >> started.log; sleep 1; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
+    )
+    .unwrap();
+    let db = dir.path().join("ledger.db");
+    let store = format!("sqlite:{}", db.display());
+    let extra = ["--jobs", "2", "--store-outage-limit", "2s"];
+    let mut child = runner_with(dir.path(), &store, &extra, "first");
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    wait_for("2 commands started", Duration::from_secs(60), || started().lines().count() >= 2);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let locked = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if locked.elapsed() > Duration::from_secs(25) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    conn.execute_batch("COMMIT").unwrap();
+    drop(conn);
+    let err = std::fs::read_to_string(dir.path().join("first.err")).unwrap();
+    if code.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    eprintln!("the first run ended {:?} after the lock: {code:?}\n{err}", locked.elapsed());
+    assert_eq!(code, Some(75), "the run did not give up while the ledger stayed locked\n{err}");
+    assert!(err.contains("longer than --store-outage-limit"), "{err}");
+    let (code, err) = finish(dir.path(), runner(dir.path(), &store, &[], "second"), "second", Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
     each_once_and_in_place(dir.path(), N, &err);
 }
