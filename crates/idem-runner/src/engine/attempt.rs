@@ -43,7 +43,7 @@ impl Drop for Watched<'_> {
 }
 
 /// Resolves when `rx` sees a new value; never without a watchdog (or once it is gone).
-async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+pub(crate) async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
     if let Some(rx) = rx
         && rx.changed().await.is_ok()
     {
@@ -53,7 +53,7 @@ async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
 }
 
 /// Sends `signal` to the process group `pgid` (the command's: SIGSTOP, SIGCONT).
-fn signal_group(pgid: Option<u32>, signal: rustix::process::Signal) {
+pub(crate) fn signal_group(pgid: Option<u32>, signal: rustix::process::Signal) {
     if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
         let _ = rustix::process::kill_process_group(pid, signal);
     }

@@ -42,7 +42,7 @@ use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig};
 use outcome::{Final, record};
 pub(crate) use program::jobs_within_descriptor_limit;
 
-pub(crate) use attempt::{Watched, kill_group};
+pub(crate) use attempt::{Watched, changed, kill_group, signal_group};
 pub(crate) use program::owner_host;
 pub use program::owner_token;
 pub(crate) use program::{check_program, host_name};

@@ -97,8 +97,16 @@ pub(crate) async fn run<S: Store + Sync>(
             };
         }
     };
-    let watchdog = Watchdog::start(None);
+    // With a quiet limit, as for `idem run`: an invocation paused (SIGSTOP, a debugger, a stall) has its
+    // command stopped by the watchdog before its lease can lapse, so the command never runs beside the one of
+    // an invocation that took the slot over meanwhile.
+    let lease = keeper.length();
+    let quiet = crate::watchdog::quiet_for(lease);
+    let watchdog = Watchdog::start(Some(quiet));
     let watched = Watched::new(watchdog.as_ref(), child.id());
+    let mut resumed = watchdog.as_ref().map(Watchdog::resumed);
+    let pgid = child.id();
+    let mut cont_again: Option<tokio::time::Instant> = None;
     let mut copies = Vec::new();
     if let Some(out) = child.stdout.take() {
         copies.push(tokio::spawn(copy(out, tokio::io::stdout(), Arc::clone(&tail))));
@@ -108,28 +116,45 @@ pub(crate) async fn run<S: Store + Sync>(
     }
     let deadline = spawn.timeout.map(|t| tokio::time::Instant::now() + t);
     tokio::pin!(interrupt);
-    let ended = tokio::select! {
-        // The command's exit first: a lease loss seen in the same round must not hide that it finished.
-        biased;
-        status = child.wait() => match status {
-            Ok(s) => exited(s),
-            Err(e) => Ended::Exited { exit: format!("cannot wait for the command: {e}"), code: None, success: false },
-        },
-        why = keeper.until_lost(held) => {
-            // Taken over (a renewal refused), or no renewal accepted for a whole lease: the slot is no longer
-            // ours. A command that exited 0 meanwhile (the invocation was paused while it finished) ran to the
-            // end all the same.
-            let success = matches!(child.try_wait(), Ok(Some(s)) if s.success());
-            kill_group(&mut child).await;
-            Ended::Lost { why, success }
-        }
-        () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-            kill_group(&mut child).await;
-            Ended::Exited { exit: "timeout".into(), code: None, success: false }
-        }
-        () = &mut interrupt => {
-            kill_group(&mut child).await;
-            Ended::Interrupted
+    let ended = loop {
+        tokio::select! {
+            // The command's exit first: a lease loss seen in the same round must not hide that it finished.
+            biased;
+            status = child.wait() => break match status {
+                Ok(s) => exited(s),
+                Err(e) => Ended::Exited { exit: format!("cannot wait for the command: {e}"), code: None, success: false },
+            },
+            why = keeper.until_lost(held) => {
+                // Taken over (a renewal refused), or no renewal accepted for a whole lease: the slot is no longer
+                // ours. A command that exited 0 meanwhile (the invocation was paused while it finished) ran to the
+                // end all the same.
+                let success = matches!(child.try_wait(), Ok(Some(s)) if s.success());
+                kill_group(&mut child).await;
+                break Ended::Lost { why, success };
+            }
+            () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                kill_group(&mut child).await;
+                break Ended::Exited { exit: "timeout".into(), code: None, success: false };
+            }
+            () = &mut interrupt => {
+                kill_group(&mut child).await;
+                break Ended::Interrupted;
+            }
+            // The invocation runs again after a pause, and the watchdog may have stopped the command: it goes on
+            // while the lease is still ours (a lapse is `until_lost`'s, which kills it). Sent again a quiet limit
+            // later, in case the watchdog acted on ticks it read just before the heartbeat that ended the pause.
+            () = crate::engine::changed(&mut resumed) => {
+                if keeper.sent().elapsed() < lease {
+                    crate::engine::signal_group(pgid, rustix::process::Signal::CONT);
+                    cont_again = Some(tokio::time::Instant::now() + quiet);
+                }
+            }
+            () = async { match cont_again { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                cont_again = None;
+                if keeper.sent().elapsed() < lease {
+                    crate::engine::signal_group(pgid, rustix::process::Signal::CONT);
+                }
+            }
         }
     };
     let duration = started.elapsed();
