@@ -84,9 +84,20 @@ pub(crate) async fn run<S: Store + Sync>(
         // the group reaches what the command started.
         .process_group(0)
         .kill_on_drop(true);
+    // With a quiet limit, as for `idem run`: an invocation paused (SIGSTOP, a debugger, a stall) has its
+    // command stopped by the watchdog before its lease can lapse, so the command never runs beside the one of
+    // an invocation that took the slot over meanwhile. Started before the command, so that the command is
+    // listed with it a moment after it starts: started after, a kill -9 of the invocation while the watchdog
+    // was being started (a fork and two execs on a loaded machine) left the command running.
+    let lease = keeper.length();
+    let quiet = crate::watchdog::quiet_for(lease);
+    let watchdog = Watchdog::start(Some(quiet));
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
+            if let Some(w) = &watchdog {
+                w.finish();
+            }
             let exit = format!("cannot start {}: {e}", spawn.command[0]);
             tail.lock().unwrap_or_else(|p| p.into_inner()).push_line(exit.as_bytes());
             let output = take(&tail);
@@ -97,12 +108,6 @@ pub(crate) async fn run<S: Store + Sync>(
             };
         }
     };
-    // With a quiet limit, as for `idem run`: an invocation paused (SIGSTOP, a debugger, a stall) has its
-    // command stopped by the watchdog before its lease can lapse, so the command never runs beside the one of
-    // an invocation that took the slot over meanwhile.
-    let lease = keeper.length();
-    let quiet = crate::watchdog::quiet_for(lease);
-    let watchdog = Watchdog::start(Some(quiet));
     let watched = Watched::new(watchdog.as_ref(), child.id());
     let mut resumed = watchdog.as_ref().map(Watchdog::resumed);
     let pgid = child.id();
