@@ -175,11 +175,21 @@ async fn without_output<S: Store>(
         Ok(k) => k,
         Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
     };
-    if ctx.cfg.check.is_some() && check(ctx, held, heartbeat, item, key.as_str()).await.is_ok() {
-        // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
-        ctx.executions.fetch_sub(1, Ordering::Relaxed);
-        *permit = None;
-        return Attempt::Ok(output::Digest256::nothing());
+    if ctx.cfg.check.is_some() {
+        match check(ctx, held, heartbeat, item, key.as_str()).await {
+            Ok(true) => {
+                // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
+                ctx.executions.fetch_sub(1, Ordering::Relaxed);
+                *permit = None;
+                return Attempt::Ok(output::Digest256::nothing());
+            }
+            Ok(false) => {}
+            // The check itself failed: whether the effect is there is unknown, so the command must not run.
+            Err((ending, stderr)) => {
+                ctx.executions.fetch_sub(1, Ordering::Relaxed);
+                return failed(format!("{ending} before the command (0: the effect is there, 1: it is not)"), stderr);
+            }
+        }
     }
     let child = match spawn(ctx, held, heartbeat, item, Path::new("")).await {
         Ok(child) => child,
@@ -191,10 +201,12 @@ async fn without_output<S: Store>(
     }
     drop(watched);
     *permit = None;
-    if ctx.cfg.check.is_some()
-        && let Err((ending, stderr)) = check(ctx, held, heartbeat, item, key.as_str()).await
-    {
-        return failed(format!("{ending} after the command exited 0"), stderr);
+    if ctx.cfg.check.is_some() {
+        match check(ctx, held, heartbeat, item, key.as_str()).await {
+            Ok(true) => {}
+            Ok(false) => return failed("check exit 1 after the command exited 0", Vec::new()),
+            Err((ending, stderr)) => return failed(format!("{ending} after the command exited 0"), stderr),
+        }
     }
     Attempt::Ok(output::Digest256::nothing())
 }
@@ -206,7 +218,7 @@ async fn check<S: Store>(
     heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
     key: &str,
-) -> Result<(), (String, Vec<u8>)> {
+) -> Result<bool, (String, Vec<u8>)> {
     let check = super::verify::check_cmd(ctx, &item.id, key);
     tokio::pin!(check);
     tokio::select! {

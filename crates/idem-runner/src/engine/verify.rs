@@ -12,10 +12,11 @@ fn quote(text: &str) -> String {
 }
 
 /// Runs `--check` for an item (`{id}` and `{key}` substituted, quoted; `IDEM_ITEM_ID` and `IDEM_KEY` in its
-/// environment): `Ok` when it exited 0 (the item's effect is there), `Err` with the ending and standard error
-/// otherwise (or when `sh` cannot start).
-pub(super) async fn check_cmd<S>(ctx: &Ctx<S>, id: &str, key: &str) -> Result<(), (String, Vec<u8>)> {
-    let Some(script) = &ctx.cfg.check else { return Ok(()) };
+/// environment): `Ok(true)` when it exited 0 (the item's effect is there), `Ok(false)` when it exited 1 (it is
+/// not), `Err` with the ending and standard error for any other ending (the check failed: a missing program,
+/// exit 2, a signal) or when `sh` cannot start. Without `--check`, `Ok(true)`.
+pub(super) async fn check_cmd<S>(ctx: &Ctx<S>, id: &str, key: &str) -> Result<bool, (String, Vec<u8>)> {
+    let Some(script) = &ctx.cfg.check else { return Ok(true) };
     let script = script.replace("{id}", &quote(id)).replace("{key}", &quote(key));
     let out = tokio::process::Command::new("sh")
         .arg("-c")
@@ -30,7 +31,13 @@ pub(super) async fn check_cmd<S>(ctx: &Ctx<S>, id: &str, key: &str) -> Result<()
         .output()
         .await
         .map_err(|e| ("check: cannot start sh".to_owned(), e.to_string().into_bytes()))?;
-    if out.status.success() { Ok(()) } else { Err((format!("check {}", describe(out.status)), out.stderr)) }
+    // As `grep`, `test` and `diff` say it: 0 the effect is there, 1 it is not, anything else (2, 126 or 127 for a
+    // program not found, a signal) the check itself failed, which must not read as "absent" and run the command.
+    match out.status.code() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => Err((format!("check {}", describe(out.status)), out.stderr)),
+    }
 }
 
 /// Runs `--verify` on `path`; `Err` carries the ending and standard error when it refuses.

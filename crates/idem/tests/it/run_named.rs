@@ -417,6 +417,56 @@ fn a_check_that_reports_done_skips_the_command_and_one_failing_after_it_fails_th
 /// Two named jobs over the same items must not send one `IDEM_IDEMPOTENCY_KEY` (behind one idempotency proxy the
 /// second job's requests would be answered with the first's replays): for a named job it is its `IDEM_KEY`.
 /// An unnamed job keeps `run:ID:HASH`, and `--key-prefix` still sets it.
+/// A check that fails itself (its program missing: exit 127; `grep` on a file that is not there: exit 2) is not "the effect is
+/// absent": the command never runs, and the item fails with the check's ending (poison once the same ending
+/// repeats). Before, such a check read as "absent": 5 items ran 6 commands, and ran again on every retry.
+#[test]
+fn a_check_that_fails_itself_runs_no_command() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 5);
+    let log = dir.path().join("log");
+    let script = format!("echo \"$1\" >> {}", log.display());
+    for (name, check) in
+        [("missing", "no-such-check-program {id}"), ("unreadable", "grep -q {id} no-such-dir/done.txt")]
+    {
+        let report = dir.path().join(format!("{name}.json"));
+        let (code, _, err) = idem_in(
+            dir.path(),
+            &[
+                "run",
+                "--name",
+                name,
+                "--items",
+                "items.txt",
+                "--check",
+                check,
+                "--retry-delay",
+                "0s",
+                "--quiet",
+                "--report",
+                &report.display().to_string(),
+                "--on-poison",
+                "skip",
+                "--",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+                "{id}",
+            ],
+            &[],
+        );
+        assert_ne!(code, 0, "{name}: {err}");
+        assert_eq!(lines(&log), Vec::<String>::new(), "{name}: a command ran though the check failed\n{err}");
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        for item in json["items"].as_array().unwrap() {
+            assert!(matches!(item["status"].as_str(), Some("failed" | "poison")), "{name}: {item}");
+            let error = item["last_error"].as_str().unwrap_or_default().to_owned();
+            assert!(error.starts_with("check exit ") && error.contains("before the command"), "{name}: {item}");
+        }
+    }
+}
+
 #[test]
 fn idempotency_key_of_a_named_job_is_its_item_key() {
     let dir = tempfile::tempdir().unwrap();
