@@ -80,3 +80,12 @@ fn runner_fence_is_caught() {
 fn proxy_fingerprint_is_caught() {
     caught(Backend::Sqlite, Workload::Proxy, "proxy-fingerprint", 8);
 }
+
+/// A lapsed lease judged by the store's clock alone (the claim gate's watching skipped): after a store outage
+/// or a pause longer than a lease, runners claim over each other's items whose holders are alive and take them
+/// again, so items run twice and the shared ledger's work is multiplied. 20 s a seed: the schedule must draw a
+/// store outage or a pause (seeds 1 and 2 on SQLite do).
+#[test]
+fn runner_lapse_by_clock_is_caught() {
+    caught(Backend::Sqlite, Workload::Runner, "runner-lapse-by-clock", 20);
+}
