@@ -339,6 +339,16 @@ impl ItemClaim {
         self
     }
 
+    /// The item's ledger keys.
+    pub fn keys(&self) -> &ItemKeys {
+        &self.keys
+    }
+
+    /// The generation of the entry read before claiming (`None`: there was no entry): the count is fenced on it.
+    pub fn judged_generation(&self) -> Option<Generation> {
+        self.prev.as_ref().map(|(g, _)| *g)
+    }
+
     /// The attempt number this claim starts. A done item being redone starts again at 1.
     pub fn attempt(&self) -> u32 {
         match &self.prev {

@@ -258,16 +258,44 @@ async fn a_refused_renewal_still_stops_the_command() {
     let run = job.start();
     let pid = pid_in(&job.path("pid")).await;
     job.renewal_held().await;
-    // Another runner takes the item over while the renewal is on its way: the renewal is refused.
+    // Another runner takes the item over while the renewal is on its way: the renewal is refused. A takeover
+    // is the other runner's lease and then its count, which moves the entry on (a foreign lease alone, without
+    // the count, is waited for: it may be a claim made on a stale view, given back at once).
     let lease = job.store.gated_key();
     job.store.inner.delete(&lease, Precondition::Any).await.unwrap();
     job.store.inner.put(&lease, Bytes::from("another runner"), Precondition::Absent, Ttl::After(LEASE)).await.unwrap();
+    let entry = ItemKeys::new(&job_id(&job.cfg.output), "a").entry().to_owned();
+    let counted = job.store.inner.get(&entry).await.unwrap().expect("the entry of the running attempt");
+    job.store.inner.put(&entry, counted.value().clone(), Precondition::Any, Ttl::Clear).await.unwrap();
     job.open();
     wait_for("the refused renewal to kill the command", AT_ONCE, || !alive(pid)).await;
     // It waits for the other runner now; stop it there.
     job.stop.request();
     let summary = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
     assert_eq!((summary.done, summary.executions, summary.status()), (0, 1, RunStatus::Interrupted));
+}
+
+/// A lease another runner holds without having counted an attempt (a claim made on a stale view of the entry,
+/// given back a moment later) takes nothing over: the holder, whose renewal that lease refused, waits for the
+/// entry to move or the lease to go, takes its lease again, and its command runs to the end, once. Before, it
+/// counted as taken over at once: the command was killed and the item ran a second time (seen after a SQLite
+/// ledger was locked longer than a lease, when claims queued behind the lock landed on lapsed leases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_lease_without_a_count_takes_nothing_over() {
+    let job = Job::new(&["a"], Some("a"), r#"echo "$1" >> started; sleep 2; echo "{\"id\": \"$1\"}" > "$2""#);
+    let run = job.start();
+    job.renewal_held().await;
+    let lease = job.store.gated_key();
+    job.store.inner.delete(&lease, Precondition::Any).await.unwrap();
+    job.store.inner.put(&lease, Bytes::from("another runner"), Precondition::Absent, Ttl::After(LEASE)).await.unwrap();
+    job.open();
+    // The other runner finds the entry changed since its judgement and gives its lease back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    job.store.inner.delete(&lease, Precondition::Any).await.unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(30), run).await.unwrap().unwrap().unwrap();
+    let started = std::fs::read_to_string(job.path("started")).unwrap_or_default();
+    assert_eq!(started.lines().count(), 1, "the command ran again: {started:?}");
+    assert_eq!((summary.done, summary.executions, summary.status()), (1, 1, RunStatus::AllDone));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

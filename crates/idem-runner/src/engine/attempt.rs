@@ -403,6 +403,7 @@ async fn wait<S: Store>(
                     frozen = true;
                 }
                 if !ledger::recover(ctx, held, heartbeat).await {
+                    tracing::debug!(item = %item.id, "the lease was lost while the command ran, and not taken again");
                     kill_group(&mut child).await;
                     let _ = tokio::fs::remove_file(temp).await;
                     return Err(Attempt::Lost);

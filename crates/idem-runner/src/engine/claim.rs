@@ -123,6 +123,8 @@ pub(super) enum Claimed {
     },
     /// Another runner holds the lease.
     Refused,
+    /// The entry changed since it was judged: the lease was given back; judge again.
+    Changed,
 }
 
 /// Claims an item: its lease (conditional on there being none). The attempt is counted in the entry only
@@ -135,6 +137,23 @@ pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Cl
         Err(e) if e.is_precondition_failed() => return Ok(Claimed::Refused),
         Err(e) => return Err(ItemError::LedgerWrite(e)),
     };
+    // The judgement may be stale (an entry read ahead with its chunk, before another runner counted an attempt
+    // of its own; that runner's lease lapsed in an outage since). Held on a stale view until a slot is free, the
+    // lease would keep that runner from taking its lease again (`ledger::regain` sees another's lease and
+    // discards an attempt nobody else will run): so the entry is read again now, and a changed one gives the
+    // lease back at once and is judged again.
+    let entry = ledger::get(ctx, Waiting::Unstarted, claim.keys().entry()).await;
+    let current = match entry {
+        Ok(entry) => entry.map(|v| v.generation()),
+        Err(e) => {
+            let _ = ledger::apply(ctx, Waiting::Unstarted, claim.lease_release(lease_gen)).await;
+            return Err(ItemError::LedgerRead(e));
+        }
+    };
+    if current != claim.judged_generation() {
+        let _ = ledger::apply(ctx, Waiting::Unstarted, claim.lease_release(lease_gen)).await;
+        return Ok(Claimed::Changed);
+    }
     let previous = claim.previous_attempt();
     Ok(Claimed::Held { held: claim.leased(lease_gen), lease_sent, previous })
 }

@@ -60,6 +60,11 @@ impl Outage {
         self.exceeded.load(Ordering::SeqCst)
     }
 
+    /// True while the store is not taking operations (an outage began and has not ended).
+    pub(crate) fn ongoing(&self) -> bool {
+        self.since.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
     /// The store answered an operation (a `write` or a read). True when that ended an outage. A read does not
     /// end an outage in which a write was refused: a SQLite file locked by another connection still serves reads
     /// (WAL mode) while every write waits, and the limit must still apply to that.
@@ -265,10 +270,14 @@ pub(super) enum Regained {
 pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained {
     let waiting = Waiting::Started;
     let lease_key = held.keys().lease().to_owned();
+    let mut waited = Duration::ZERO;
     loop {
         let current = match get(ctx, waiting, &lease_key).await {
             Ok(current) => current,
-            Err(_) => return Regained::GaveUp,
+            Err(e) => {
+                tracing::debug!(key = %lease_key, error = %e, "the lease could not be read: giving up");
+                return Regained::GaveUp;
+            }
         };
         match current {
             Some(v) if held.is_mine(&v) => {
@@ -280,10 +289,36 @@ pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained 
                     }
                     // It lapsed or changed between the read and the renewal: read again.
                     Err(e) if e.is_precondition_failed() => {}
-                    _ => return Regained::GaveUp,
+                    other => {
+                        tracing::debug!(key = %lease_key, ?other, "the lease could not be renewed: giving up");
+                        return Regained::GaveUp;
+                    }
                 }
             }
-            Some(_) => return Regained::TakenOver,
+            Some(v) => {
+                // Another runner holds the lease. The attempt is taken over only once that runner's count moved the
+                // entry past this holder's: a claim made on a stale view (its count is then refused and its lease
+                // given back at once) or one made as this lease lapsed and still waiting for a slot holds the lease
+                // without having taken anything. So wait for the entry to move (taken over) or the lease to go
+                // (take it again), for at most a lease; an attempt not yet counted has nothing to wait for.
+                let Some(token) = held.fencing_token() else { return Regained::TakenOver };
+                if waited >= held.lease() {
+                    tracing::debug!(key = %lease_key, generation = %v.generation(), "another holder's lease stayed: taken over");
+                    return Regained::TakenOver;
+                }
+                match get(ctx, waiting, held.keys().entry()).await {
+                    Ok(Some(entry)) if entry.generation() == token => {
+                        let pause = (held.lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(100));
+                        tokio::time::sleep(pause).await;
+                        waited += pause;
+                    }
+                    Ok(_) => {
+                        tracing::debug!(key = %lease_key, "another holder counted its attempt: taken over");
+                        return Regained::TakenOver;
+                    }
+                    Err(_) => return Regained::GaveUp,
+                }
+            }
             None => match apply_sent(ctx, waiting, held.retake()).await {
                 Ok((Some(g), sent)) => {
                     held.renewed(g);
@@ -295,15 +330,22 @@ pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained 
                             Regained::Held(sent)
                         }
                         Err(e) if e.is_precondition_failed() => {
+                            tracing::debug!(key = %lease_key, error = %e, "the entry moved on since the count: taken over");
                             let _ = apply(ctx, waiting, held.release()).await;
                             Regained::TakenOver
                         }
-                        _ => Regained::GaveUp,
+                        other => {
+                            tracing::debug!(key = %lease_key, ?other, "the entry could not be written again: giving up");
+                            Regained::GaveUp
+                        }
                     };
                 }
                 // Someone created it first: read whose it is.
                 Err(e) if e.is_precondition_failed() => {}
-                _ => return Regained::GaveUp,
+                other => {
+                    tracing::debug!(key = %lease_key, ?other, "the lease could not be taken again: giving up");
+                    return Regained::GaveUp;
+                }
             },
         }
     }

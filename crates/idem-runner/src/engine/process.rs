@@ -115,6 +115,7 @@ async fn claim_and_run<'a, S: Store>(
             drop(ahead);
             return Ok(Step::WaitForHolder);
         }
+        Claimed::Changed => return Ok(Step::Judge),
     };
     if run.waiting {
         run.waiting = false;

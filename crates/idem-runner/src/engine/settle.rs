@@ -85,8 +85,11 @@ pub(super) async fn finish<S: Store>(
     // slip through; the done write is fenced as well, and the next run would see the digest differ.
     // The planted bug "runner-fence" (idem-verify, debug builds only): the fence not checked.
     if !idem_core::planted("runner-fence") && !ledger::fence(ctx, held, heartbeat).await {
-        if ctx.outage.exceeded() && ctx.cfg.has_output() && keep_unrecorded(ctx, held, temp, output, &digest).await {
-            // Not taken over: the store stayed unreachable past the limit, so the lease could not be renewed.
+        let unreachable = ctx.outage.exceeded() || (ctx.stop.level() >= 2 && ctx.outage.ongoing());
+        tracing::debug!(unreachable, "the fence before the rename failed");
+        if unreachable && ctx.cfg.has_output() && keep_unrecorded(ctx, held, temp, output, &digest).await {
+            // Not taken over: the store stayed unreachable past the limit (or the operator stopped the run during
+            // an outage), so the lease could not be renewed.
             // The verified output stays at its temporary path with a note of its digest, for the next holder
             // to put in place and record done instead of running the item again (`adopt_noted`).
             return Attempt::Unrecorded;
