@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 use crate::config::{Config, UnknownOutcome};
 use crate::decide::now_ms;
 use crate::problem::{outcome_unknown_broken, outcome_unknown_now, problem};
+use crate::route::OnFailure;
 use idem_store::StoreExt;
 
 /// How long a caller waits for its outcome to be stored before it is answered anyway.
@@ -121,6 +122,15 @@ where
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
         // The upstream asked to be retried later: it did not do the work (docs/DESIGN.md step 5).
         drop(renewals);
+        keeper.release().await;
+        return Ok(response.map(Body::new));
+    }
+    if config.on_failure == OnFailure::Release && !status.is_success() {
+        // A webhook route: the sender delivers again on any non-2xx, and that delivery must execute, so only a
+        // 2xx is ever stored (docs/DESIGN.md, "Routes").
+        drop(renewals);
+        crate::counters::count(crate::counters::Count::ReleasedFailures);
+        info!(key = keeper.lease.key().as_str(), status = status.as_u16(), "released after a non-2xx answer");
         keeper.release().await;
         return Ok(response.map(Body::new));
     }

@@ -10,6 +10,7 @@ use idem_tower::{InFlight, KeyPolicy, UnknownOutcome};
 use idem_store::Limits;
 use serde::Deserialize;
 
+use super::routes::{RouteFile, resolve_routes};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
 use idem_stores::StoreUrl;
@@ -170,6 +171,9 @@ struct FileConfig {
     credential_header: Option<String>,
     release_unknown: Option<bool>,
     replay_cache: Option<u64>,
+    /// `[[route]]` tables: webhook and other per-path policies (proxy only).
+    #[serde(default)]
+    route: Vec<RouteFile>,
 }
 
 /// The validated configuration of one server.
@@ -209,6 +213,8 @@ pub(super) struct ProxyConfig {
     pub(super) unknown_outcome: UnknownOutcome,
     /// `None`: the default for the store.
     pub(super) replay_cache: Option<u64>,
+    /// The `[[route]]` tables, checked.
+    pub(super) routes: Vec<idem_tower::RoutePolicy>,
 }
 
 /// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
@@ -241,8 +247,12 @@ fn refuse_proxy_flags(args: &ProxyArgs, file: &FileConfig) -> Result<(), Error> 
         ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
         ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
         ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
+        ("[[route]]", !file.route.is_empty()),
     ];
     match given.iter().find(|(_, set)| *set) {
+        Some((flag, _)) if flag.starts_with('[') => {
+            Err(Error::Config(format!("{flag} applies to the proxy only: add --upstream URL")))
+        }
         Some((flag, _)) => Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL"))),
         None => Ok(()),
     }
@@ -348,6 +358,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
         replay_cache: args.replay_cache.or(file.replay_cache),
+        routes: resolve_routes(std::mem::take(&mut file.route))?,
     }))
 }
 

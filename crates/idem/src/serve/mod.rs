@@ -1,6 +1,7 @@
 //! `idem serve`: the checked configuration ([`config`]) made into an `idem_server::Server`, run until a signal.
 
 mod config;
+mod routes;
 
 use std::net::SocketAddr;
 
@@ -68,7 +69,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
                 None => 0,
             };
-            let layer = IdempotencyLayer::new(store.clone())
+            let mut layer = IdempotencyLayer::new(store.clone())
                 .retention(p.retention)
                 .lease(p.lease)
                 .key_policy(p.key_policy)
@@ -80,6 +81,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .unknown_outcome(p.unknown_outcome)
                 .execution_timeout(p.upstream_timeout)
                 .replay_cache(replay_cache);
+            for route in p.routes {
+                tracing::info!(route = route.name(), path = route.path(), "route");
+                layer = layer.route(route);
+            }
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
             println!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})",
