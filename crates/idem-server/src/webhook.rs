@@ -4,10 +4,11 @@
 //! for a known sender.
 //!
 //! Each comparison is `hmac`'s `verify_slice`, constant-time. Secrets are keyed into HMAC states once, when
-//! they are loaded, and never shown: [`Secrets`]' `Debug` prints only how many there are.
+//! they are loaded (and again when [`Verifier::replace_secrets`] swaps them, on SIGHUP in `idem serve`), and
+//! never shown: [`Secrets`]' `Debug` prints only how many there are.
 
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -138,18 +139,30 @@ impl Secrets {
     }
 }
 
-/// A route's signature check: a scheme, its secrets and the tolerance of its timestamps.
+/// A route's signature check: a scheme, its secrets (replaceable while serving) and the tolerance of its
+/// timestamps.
 #[derive(Debug)]
 pub struct Verifier {
     scheme: Scheme,
-    secrets: Secrets,
+    secrets: RwLock<Arc<Secrets>>,
     tolerance: Duration,
 }
 
 impl Verifier {
     /// A check of `scheme` signatures made with any of `secrets`, timestamps within `tolerance` of now.
     pub fn new(scheme: Scheme, secrets: Secrets, tolerance: Duration) -> Arc<Self> {
-        Arc::new(Self { scheme, secrets, tolerance })
+        Arc::new(Self { scheme, secrets: RwLock::new(Arc::new(secrets)), tolerance })
+    }
+
+    /// The scheme checked.
+    pub fn scheme_of(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// Checks requests from now on with `secrets` instead (a rotation: the file re-read). A request being
+    /// checked keeps the secrets it started with.
+    pub fn replace_secrets(&self, secrets: Secrets) {
+        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(secrets);
     }
 }
 
@@ -266,7 +279,8 @@ impl Verify for Verifier {
                 (vec![ts.as_bytes(), b".", body], signatures)
             }
         };
-        if self.secrets.any_matches(&signed, &signatures) {
+        let secrets = Arc::clone(&self.secrets.read().unwrap_or_else(PoisonError::into_inner));
+        if secrets.any_matches(&signed, &signatures) {
             Ok(())
         } else {
             Err(refuse(RefusalReason::Mismatch, "no signature matches a secret of this route"))
@@ -392,6 +406,14 @@ mod tests {
         assert_eq!(sw_check(&v, SW_SIG, SW_TS), Ok(()));
         let v = standard("whsec_c2VjcmV0LW9uZQ==");
         assert_eq!(sw_check(&v, SW_SIG, SW_TS), Err(RefusalReason::Mismatch));
+    }
+
+    #[test]
+    fn replaced_secrets_apply_to_the_next_check() {
+        let v = standard("whsec_c2VjcmV0LW9uZQ==");
+        assert_eq!(sw_check(&v, SW_SIG, SW_TS), Err(RefusalReason::Mismatch));
+        v.replace_secrets(Secrets::parse(Scheme::StandardWebhooks, SW_SECRET).unwrap());
+        assert_eq!(sw_check(&v, SW_SIG, SW_TS), Ok(()));
     }
 
     #[test]

@@ -215,6 +215,8 @@ pub(super) struct ProxyConfig {
     pub(super) replay_cache: Option<u64>,
     /// The `[[route]]` tables, checked.
     pub(super) routes: Vec<idem_tower::RoutePolicy>,
+    /// The routes' secret files, re-read on SIGHUP.
+    pub(super) secret_files: Vec<super::routes::SecretFile>,
 }
 
 /// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
@@ -340,6 +342,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
                 .map_err(|_| Error::Config(format!("--credential-header: {h:?} is not a header name")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let (routes, secret_files) = resolve_routes(std::mem::take(&mut file.route))?;
     let require_key = args.require_key || file.require_key.unwrap_or(false);
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {
@@ -358,7 +361,8 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
         replay_cache: args.replay_cache.or(file.replay_cache),
-        routes: resolve_routes(std::mem::take(&mut file.route))?,
+        routes,
+        secret_files,
     }))
 }
 

@@ -54,7 +54,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: no TLS certificate to reload; other settings are read only at start-up");
+                    tracing::info!(
+                        "SIGHUP: no TLS certificate to reload; settings other than webhook secret files are read \
+                         only at start-up"
+                    );
                 }
             });
             None
@@ -81,6 +84,9 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .unknown_outcome(p.unknown_outcome)
                 .execution_timeout(p.upstream_timeout)
                 .replay_cache(replay_cache);
+            if !p.secret_files.is_empty() {
+                tokio::spawn(routes::reload_secrets_on_sighup(p.secret_files)?);
+            }
             for route in p.routes {
                 tracing::info!(route = route.name(), path = route.path(), "route");
                 layer = layer.route(route);

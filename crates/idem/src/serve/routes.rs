@@ -2,6 +2,7 @@
 //! (README, "Webhooks"; docs/DESIGN.md, "Routes"), checked at start-up into [`RoutePolicy`]s.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_server::webhook::{self, DEFAULT_TOLERANCE, Scheme, Secrets, Verifier};
@@ -27,12 +28,52 @@ pub(super) struct RouteFile {
     in_flight_wait: Option<String>,
 }
 
-/// Checks every route table; a path or a name given twice is refused.
-pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<Vec<RoutePolicy>, Error> {
+/// A route's secret file, re-read on SIGHUP into its verifier.
+#[derive(Debug)]
+pub(super) struct SecretFile {
+    route: String,
+    path: PathBuf,
+    verifier: Arc<Verifier>,
+}
+
+/// Re-reads every route's secret file on each SIGHUP. A file that cannot be read or holds no usable secret
+/// leaves that route's previous secrets in place, and the error names the file, never its content.
+pub(super) fn reload_secrets_on_sighup(
+    files: Vec<SecretFile>,
+) -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    Ok(async move {
+        while hup.recv().await.is_some() {
+            for file in &files {
+                let read = std::fs::read_to_string(&file.path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| Secrets::parse(file.verifier.scheme_of(), &text).map_err(|e| e.to_string()));
+                match read {
+                    Ok(secrets) => {
+                        // Replaced before the line is logged: whoever reads the log may rely on the new secrets.
+                        file.verifier.replace_secrets(secrets);
+                        tracing::info!(route = %file.route, file = %file.path.display(), "webhook secrets reloaded");
+                    }
+                    Err(e) => tracing::error!(
+                        route = %file.route,
+                        file = %file.path.display(),
+                        error = %e,
+                        "webhook secret reload failed; the route keeps its previous secrets"
+                    ),
+                }
+            }
+        }
+    })
+}
+
+/// Checks every route table; a path or a name given twice is refused. Returns the routes and their secret
+/// files.
+pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<(Vec<RoutePolicy>, Vec<SecretFile>), Error> {
     let mut routes: Vec<RoutePolicy> = Vec::with_capacity(files.len());
+    let mut secret_files = Vec::new();
     for file in files {
         let path = file.path.clone();
-        let route = resolve(file).map_err(|e| Error::Config(format!("[[route]] path = {path:?}: {e}")))?;
+        let (route, secret) = resolve(file).map_err(|e| Error::Config(format!("[[route]] path = {path:?}: {e}")))?;
         if let Some(twin) = routes.iter().find(|r| r.path() == route.path() || r.name() == route.name()) {
             return Err(Error::Config(format!(
                 "[[route]] path = {path:?}: route {:?} at {:?} has the same path or name",
@@ -40,12 +81,18 @@ pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<Vec<RoutePolicy>, 
                 twin.path()
             )));
         }
+        if let Some((path, verifier)) = secret {
+            secret_files.push(SecretFile { route: route.name().to_owned(), path, verifier });
+        }
         routes.push(route);
     }
-    Ok(routes)
+    Ok((routes, secret_files))
 }
 
-fn resolve(file: RouteFile) -> Result<RoutePolicy, String> {
+/// A checked route, and its secret file with the verifier that file feeds.
+type Resolved = (RoutePolicy, Option<(PathBuf, Arc<Verifier>)>);
+
+fn resolve(file: RouteFile) -> Result<Resolved, String> {
     let preset = file.preset.as_deref().map(webhook::preset).transpose().map_err(|e| e.to_string())?;
     let name = match (&file.name, &file.preset) {
         (Some(name), _) => name.clone(),
@@ -74,6 +121,7 @@ fn resolve(file: RouteFile) -> Result<RoutePolicy, String> {
     };
     let mut route = RoutePolicy::new(&name, &file.path, key).map_err(|e| e.to_string())?.ignore(ignore);
     let webhook = scheme.is_some() || preset.is_some();
+    let mut secret = None;
     match (scheme, file.secret_file) {
         (Some(scheme), Some(secret_file)) => {
             let tolerance = match file.tolerance {
@@ -91,7 +139,9 @@ fn resolve(file: RouteFile) -> Result<RoutePolicy, String> {
                 .map_err(|e| format!("cannot read secret_file {}: {e}", secret_file.display()))?;
             let secrets =
                 Secrets::parse(scheme, &text).map_err(|e| format!("secret_file {}: {e}", secret_file.display()))?;
-            route = route.verifier(Verifier::new(scheme, secrets, tolerance));
+            let verifier = Verifier::new(scheme, secrets, tolerance);
+            route = route.verifier(Arc::clone(&verifier) as Arc<dyn idem_tower::Verify>);
+            secret = Some((secret_file, verifier));
         }
         (Some(scheme), None) => return Err(format!("{} signatures need secret_file", scheme.name())),
         (None, Some(_)) => return Err("secret_file without a signature scheme (signature or preset)".into()),
@@ -117,5 +167,5 @@ fn resolve(file: RouteFile) -> Result<RoutePolicy, String> {
     if let Some(wait) = wait {
         route = route.in_flight(if wait.is_zero() { InFlight::Reject } else { InFlight::Wait(wait) });
     }
-    Ok(route)
+    Ok((route, secret))
 }

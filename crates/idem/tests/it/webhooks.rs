@@ -329,6 +329,61 @@ async fn one_delivery_id_on_two_routes_is_two_deliveries_and_ignored_fields_are_
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_rotate_on_sighup_and_a_broken_file_keeps_the_previous_ones() {
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let config = dir.path().join("idem.toml");
+    std::fs::write(
+        &config,
+        format!("[[route]]\npath = \"/orders\"\npreset = \"standard-webhooks\"\nsecret_file = {secret:?}\n"),
+    )
+    .unwrap();
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let config_arg = config.display().to_string();
+    let server = Server::start(
+        &["--upstream", &up, "--admin-listen", "127.0.0.1:0", "--store", &store, "--config", &config_arg],
+        &[],
+    );
+    let deliver = |secret: &'static str| {
+        let url = format!("{}/orders", server.url);
+        async move {
+            let id = delivery_id();
+            let request = client().post(url).header("content-type", "application/json");
+            let request = signed(secret, &id, now(), BODY).into_iter().fold(request, |r, (k, v)| r.header(k, v));
+            request.body(BODY).send().await.unwrap().status()
+        }
+    };
+    let hup = |reloads: usize, needle: &str| {
+        let status = Command::new("kill").args(["-HUP", &server.pid().to_string()]).status().unwrap();
+        assert!(status.success());
+        server.wait_for_log(needle, reloads, std::time::Duration::from_secs(10));
+    };
+    assert_eq!(deliver(OTHER_SECRET).await, StatusCode::UNAUTHORIZED, "not yet a secret of the route");
+    // Rotation: the new secret added beside the old one, then the old one removed.
+    std::fs::write(&secret, format!("{SECRET}\n{OTHER_SECRET}\n")).unwrap();
+    hup(1, "webhook secrets reloaded");
+    assert_eq!(deliver(SECRET).await, StatusCode::CREATED);
+    assert_eq!(deliver(OTHER_SECRET).await, StatusCode::CREATED);
+    std::fs::write(&secret, format!("{OTHER_SECRET}\n")).unwrap();
+    hup(2, "webhook secrets reloaded");
+    assert_eq!(deliver(SECRET).await, StatusCode::UNAUTHORIZED, "the removed secret no longer verifies");
+    assert_eq!(deliver(OTHER_SECRET).await, StatusCode::CREATED);
+    // A file broken on reload keeps what the route had.
+    std::fs::write(&secret, "\n").unwrap();
+    let log = {
+        hup(1, "webhook secret reload failed");
+        server.log.0.lock().unwrap().clone()
+    };
+    assert_eq!(deliver(OTHER_SECRET).await, StatusCode::CREATED);
+    assert_eq!(counts.executions(), 4, "each accepted delivery executed once");
+    for text in ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "c2VjcmV0LW9uZS10d28tdGhyZWU"] {
+        assert!(!log.contains(text), "a secret reached the log:\n{log}");
+    }
+}
+
 #[test]
 fn route_mistakes_are_start_up_errors() {
     let dir = tempfile::tempdir().unwrap();
