@@ -24,6 +24,8 @@ use crate::common::{Server, client, idem, start_upstream};
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OTHER_SECRET: &str = "whsec_c2VjcmV0LW9uZS10d28tdGhyZWU=";
 const BODY: &str = r#"{"type":"invoice.paid","data":{"amount":1200}}"#;
+const GITHUB_SECRET: &str = "It's a Secret to Everybody";
+const STRIPE_SECRET: &str = "whsec_stripe_route_test";
 
 /// Where records live: the embedded store in a temporary directory, or a throw-away PostgreSQL schema.
 enum Backend {
@@ -58,7 +60,8 @@ struct Hooks {
 
 impl Hooks {
     /// Routes: `/orders` and `/slow` (Standard Webhooks preset, each its own route), `/fail-first` (the preset),
-    /// `/status` (signed, keyed by `webhook-id`, ignoring `/attempts`).
+    /// `/status` (signed, keyed by `webhook-id`, ignoring `/attempts`), `/headers` (GitHub preset), `/big`
+    /// (Stripe preset).
     async fn start(backend: &Backend) -> Hooks {
         let (up, counts) = start_upstream().await;
         let dir = tempfile::tempdir().unwrap();
@@ -74,6 +77,11 @@ impl Hooks {
             "[[route]]\npath = \"/status\"\nname = \"ignoring\"\nsignature = \"standard-webhooks\"\nsecret_file = \
              {secret:?}\nkey = [\"header:webhook-id\"]\nignore = [\"json:/attempts\"]\n"
         ));
+        for (path, preset, secret) in [("/headers", "github", GITHUB_SECRET), ("/big", "stripe", STRIPE_SECRET)] {
+            let file = dir.path().join(preset);
+            std::fs::write(&file, format!("{secret}\n")).unwrap();
+            config.push_str(&format!("[[route]]\npath = {path:?}\npreset = {preset:?}\nsecret_file = {file:?}\n"));
+        }
         let config_file = dir.path().join("idem.toml");
         std::fs::write(&config_file, config).unwrap();
         let (store, postgres) = match backend {
@@ -152,6 +160,30 @@ fn signed(secret: &str, id: &str, timestamp: i64, body: &str) -> Vec<(String, St
         ("webhook-timestamp".into(), timestamp.to_string()),
         ("webhook-signature".into(), format!("v1,{signature}")),
     ]
+}
+
+fn hmac_hex(secret: &str, parts: &[&str]) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    for part in parts {
+        mac.update(part.as_bytes());
+    }
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A GitHub delivery's headers: `X-Hub-Signature-256: sha256=` hex HMAC-SHA256 of the body under the secret.
+fn github(hook: &str, guid: &str, body: &str) -> Vec<(String, String)> {
+    vec![
+        ("x-github-hook-id".into(), hook.into()),
+        ("x-github-delivery".into(), guid.into()),
+        ("x-github-event".into(), "push".into()),
+        ("x-hub-signature-256".into(), format!("sha256={}", hmac_hex(GITHUB_SECRET, &[body]))),
+    ]
+}
+
+/// A Stripe delivery's `Stripe-Signature`: `t=`, `v1=` hex HMAC-SHA256 of `t.body` under the `whsec_` text.
+fn stripe(timestamp: i64, body: &str) -> Vec<(String, String)> {
+    let t = timestamp.to_string();
+    vec![("stripe-signature".into(), format!("t={t},v1={}", hmac_hex(STRIPE_SECRET, &[&t, ".", body])))]
 }
 
 /// The Python interpreter of the installed peers, or `None` (skipped with a reason; a failure in CI).
@@ -381,6 +413,52 @@ async fn secrets_rotate_on_sighup_and_a_broken_file_keeps_the_previous_ones() {
     assert_eq!(counts.executions(), 4, "each accepted delivery executed once");
     for text in ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "c2VjcmV0LW9uZS10d28tdGhyZWU"] {
         assert!(!log.contains(text), "a secret reached the log:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_github_delivery_at_two_hooks_executes_once_at_each() {
+    for backend in Backend::all() {
+        let hooks = Hooks::start(&backend).await;
+        let guid = format!("{:08x}-0000-4000-8000-000000000000", rand::random::<u32>());
+        let body = r#"{"ref":"refs/heads/main","after":"abc"}"#;
+        // GitHub sends one delivery GUID to every hook the event reaches; a redelivery keeps it.
+        for _ in 0..2 {
+            for hook in ["101", "202"] {
+                let answer = hooks.send("/headers", &github(hook, &guid, body), body).await;
+                assert_eq!(answer.status(), StatusCode::OK, "hook {hook}");
+            }
+        }
+        assert_eq!(hooks.counts.executions_of(&format!("101+{guid}")), 1);
+        assert_eq!(hooks.counts.executions_of(&format!("202+{guid}")), 1);
+        assert_eq!(hooks.counts.executions(), 2);
+        let forged = hooks.send("/headers", &github("303", &guid, "{}"), body).await;
+        assert_eq!(forged.status(), StatusCode::UNAUTHORIZED, "a signature over another body");
+        assert_eq!(hooks.counts.executions(), 2);
+        hooks.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stripe_event_redelivered_with_fewer_pending_webhooks_is_replayed() {
+    for backend in Backend::all() {
+        let hooks = Hooks::start(&backend).await;
+        let id = format!("evt_{:016x}", rand::random::<u64>());
+        let event = |pending: u32, amount: u32| {
+            format!(r#"{{"id":"{id}","object":"event","pending_webhooks":{pending},"data":{{"amount":{amount}}}}}"#)
+        };
+        let first = hooks.send("/big/16", &stripe(now() - 10, &event(2, 5)), &event(2, 5)).await;
+        assert_eq!(first.status(), StatusCode::OK);
+        let again = hooks.send("/big/16", &stripe(now(), &event(1, 5)), &event(1, 5)).await;
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(hooks.counts.executions(), 1, "pending_webhooks is not compared");
+        let changed = hooks.send("/big/16", &stripe(now(), &event(1, 6)), &event(1, 6)).await;
+        assert_eq!(changed.status(), StatusCode::UNPROCESSABLE_ENTITY, "another amount is another event");
+        let stale = hooks.send("/big/16", &stripe(now() - 301, &event(1, 5)), &event(1, 5)).await;
+        assert_eq!(stale.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(hooks.counts.executions(), 1);
+        hooks.finish().await;
     }
 }
 
