@@ -130,6 +130,15 @@ impl Hooks {
         page["items"].as_array().map_or(0, Vec::len)
     }
 
+    /// The admin URL of a route's record for a delivery sent to `path` without a credential header: the scope
+    /// is 32 hex digits of SHA-256 over `idem scope`, NUL, `idem route scope`, NUL, the path, NUL.
+    fn route_record_url(&self, route: &str, path: &str, id: &str) -> String {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(format!("idem scope\0idem route scope\0{path}\0").as_bytes());
+        let scope: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}/v1/idempotency/route/{route}/{scope}/{id}", self.server.admin)
+    }
+
     async fn finish(self) {
         drop(self.server);
         if let Some((url, ns)) = self.postgres {
@@ -270,10 +279,21 @@ async fn forged_stale_and_missing_signatures_claim_nothing_then_the_genuine_deli
         }
         assert_eq!(hooks.counts.executions(), 0, "nothing forwarded");
         assert_eq!(hooks.route_records().await, 0, "nothing claimed or stored");
+        let record = hooks.route_record_url("orders", "/orders", &id);
+        assert_eq!(client().get(&record).send().await.unwrap().status(), StatusCode::NOT_FOUND);
         let genuine = hooks.send("/orders", &signed(SECRET, &id, now(), BODY), BODY).await;
         assert_eq!(genuine.status(), StatusCode::CREATED);
         assert_eq!(hooks.counts.executions_of(&id), 1);
         assert_eq!(hooks.route_records().await, 1);
+        // The operator's view of the route's record, and its removal: the next delivery executes again.
+        let view: serde_json::Value = client().get(&record).send().await.unwrap().json().await.unwrap();
+        assert_eq!((view["state"].as_str(), view["status"].as_u64()), (Some("completed"), Some(201)), "{view}");
+        assert_eq!(client().delete(&record).send().await.unwrap().status(), StatusCode::NO_CONTENT);
+        assert_eq!(client().get(&record).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+        let after_delete = hooks.send("/orders", &signed(SECRET, &id, now(), BODY), BODY).await;
+        assert_eq!(after_delete.status(), StatusCode::CREATED);
+        assert!(after_delete.headers().get("idempotent-replayed").is_none());
+        assert_eq!(hooks.counts.executions_of(&id), 2);
         let log = hooks.server.log.0.lock().unwrap().clone();
         assert!(!log.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), "the secret never reaches the log");
         hooks.finish().await;
