@@ -37,19 +37,35 @@ impl Verify for HeaderCheck {
     }
 }
 
-/// The inner service: counts executions; `/fail...` answers 500 on its first execution, everything else 201.
-fn inner(executions: Arc<AtomicUsize>) -> Inner {
+/// The inner service: counts executions; `/fail...` answers 500 on its first execution, `/status/N` answers
+/// N, `/own-hint` 500 with its own `Stripe-Should-Retry: true`, `/slow` waits for `gate`; the rest 201.
+fn gated(executions: Arc<AtomicUsize>, gate: Arc<tokio::sync::Semaphore>) -> Inner {
     BoxCloneService::new(service_fn(move |request: Request<Body>| {
         let n = executions.fetch_add(1, Ordering::SeqCst) + 1;
+        let gate = Arc::clone(&gate);
         async move {
-            let status = if request.uri().path().starts_with("/fail") && n == 1 {
-                StatusCode::INTERNAL_SERVER_ERROR
-            } else {
-                StatusCode::CREATED
+            let path = request.uri().path().to_owned();
+            let mut response = Response::builder();
+            let status = match path.as_str() {
+                p if p.starts_with("/fail") && n == 1 => StatusCode::INTERNAL_SERVER_ERROR,
+                p if p.starts_with("/status/") => StatusCode::from_u16(p[8..].parse().unwrap()).unwrap(),
+                "/own-hint" => {
+                    response = response.header("stripe-should-retry", "true");
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+                "/slow" => {
+                    gate.acquire().await.unwrap().forget();
+                    StatusCode::CREATED
+                }
+                _ => StatusCode::CREATED,
             };
-            Ok(Response::builder().status(status).body(Body::from(format!("execution {n}\n"))).unwrap())
+            Ok(response.status(status).body(Body::from(format!("execution {n}\n"))).unwrap())
         }
     }))
+}
+
+fn inner(executions: Arc<AtomicUsize>) -> Inner {
+    gated(executions, Arc::new(tokio::sync::Semaphore::new(0)))
 }
 
 fn key() -> Vec<KeySource> {
@@ -142,4 +158,59 @@ async fn a_release_route_stores_only_2xx() {
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(executions.load(Ordering::SeqCst), 2);
+}
+
+/// The retry hints (`Stripe-Should-Retry`, `x-should-retry`) of `answer`, which must agree.
+fn hint_of(answer: &Response<Body>) -> Option<String> {
+    let stripe = answer.headers().get("stripe-should-retry").map(|v| v.to_str().unwrap().to_owned());
+    let stainless = answer.headers().get("x-should-retry").map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(stripe, stainless, "both SDKs get the same hint");
+    stripe
+}
+
+#[tokio::test]
+async fn retry_hints_say_whether_a_retry_could_get_another_answer() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let app = IdempotencyLayer::new(MemoryStore::new())
+        .route(RoutePolicy::new("hooks", "/fail", key()).unwrap().on_failure(OnFailure::Release))
+        .route(RoutePolicy::new("signed", "/hooks", key()).unwrap().verifier(Arc::new(HeaderCheck)))
+        .layer(gated(Arc::clone(&executions), Arc::clone(&gate)));
+    let keyed = |path: &str, key: &str, body: &str| {
+        let request = Request::post(path).header("idempotency-key", key).header("content-type", "application/json");
+        app.clone().oneshot(request.body(Body::from(body.to_owned())).unwrap())
+    };
+    let hint = |answer: Response<Body>| (answer.status().as_u16(), hint_of(&answer));
+    let no = Some("false".to_owned());
+    let yes = Some("true".to_owned());
+    let route = |id: &str| app.clone().oneshot(delivery("/fail", Some(id), None, "{}"));
+    // Released on a release route (the first execution of `/fail` answers 500).
+    assert_eq!(hint(route("d1").await.unwrap()), (500, yes.clone()));
+    // A 2xx, first or replayed, carries none.
+    assert_eq!(hint(route("d1").await.unwrap()), (201, None));
+    assert_eq!(hint(route("d1").await.unwrap()), (201, None));
+    // A stored error: its first answer and its replays would be the same on every retry.
+    assert_eq!(hint(keyed("/status/500", "k1", "{}").await.unwrap()), (500, no.clone()));
+    assert_eq!(hint(keyed("/status/500", "k1", "{}").await.unwrap()), (500, no.clone()));
+    // Released: 429 and 503 everywhere.
+    assert_eq!(hint(keyed("/status/429", "k2", "{}").await.unwrap()), (429, yes.clone()));
+    assert_eq!(hint(keyed("/status/503", "k3", "{}").await.unwrap()), (503, yes.clone()));
+    // The layer's own refusals: 422, 400, 401 never change on a retry; 409 in flight does.
+    assert_eq!(hint(keyed("/status/500", "k1", r#"{"other":1}"#).await.unwrap()), (422, no.clone()));
+    let malformed = Request::post("/orders").header("idempotency-key", "two words").body(Body::empty()).unwrap();
+    assert_eq!(hint(app.clone().oneshot(malformed).await.unwrap()), (400, no.clone()));
+    let unsigned = app.clone().oneshot(delivery("/hooks", Some("d2"), None, "{}")).await.unwrap();
+    assert_eq!(hint(unsigned), (401, no.clone()));
+    let first = tokio::spawn(keyed("/slow", "k4", "{}"));
+    while executions.load(Ordering::SeqCst) < 6 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(hint(keyed("/slow", "k4", "{}").await.unwrap()), (409, yes.clone()));
+    gate.add_permits(1);
+    assert_eq!(hint(first.await.unwrap().unwrap()), (201, None));
+    // The upstream's own hint is kept, and no other added.
+    let own = keyed("/own-hint", "k5", "{}").await.unwrap();
+    assert_eq!(own.headers()["stripe-should-retry"], "true");
+    assert!(own.headers().get("x-should-retry").is_none());
+    assert_eq!(executions.load(Ordering::SeqCst), 7);
 }

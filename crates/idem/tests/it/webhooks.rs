@@ -309,6 +309,8 @@ async fn a_failed_first_processing_is_executed_again_and_never_after_the_first_2
         let first = hooks.send("/fail-first/1", &signed(SECRET, &id, t - 30, BODY), BODY).await;
         assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR, "the upstream's own 500 reaches the sender");
         assert!(first.headers().get("idempotent-replayed").is_none());
+        assert_eq!(first.headers()["stripe-should-retry"], "true", "a released failure is worth retrying");
+        assert_eq!(first.headers()["x-should-retry"], "true");
         assert_eq!(hooks.route_records().await, 0, "the failure was released, not stored");
         let second = hooks.send("/fail-first/1", &signed(SECRET, &id, t - 20, BODY), BODY).await;
         assert_eq!(second.status(), StatusCode::CREATED, "the redelivery executed");
