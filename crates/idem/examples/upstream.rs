@@ -10,7 +10,7 @@
 //! With `--sqlite PATH`, every order is also written durably (one conditional put acknowledged after fsync, in
 //! idem's embedded store): an upstream that, like any real write API, persists what it is asked to do.
 //!
-//! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}` (answers that status),
+//! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}[/…]` (answers that status),
 //! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes), `POST /headers`
 //! (representation, caching and cookie headers),
 //! `POST /fail-first/{n}` (500 for the first n executions of a delivery, then 201),
@@ -89,6 +89,7 @@ pub fn router(counts: Arc<Counts>) -> Router {
         .route("/orders", post(create).patch(create))
         .route("/orders/{n}", get(read_order).delete(delete_order))
         .route("/status/{code}", post(status))
+        .route("/status/{code}/{*rest}", post(status_rest))
         .route("/slow/{ms}", post(slow))
         .route("/fail-first/{n}", post(fail_first))
         .route("/big/{bytes}", post(big))
@@ -129,6 +130,15 @@ async fn status(State(counts): State<Arc<Counts>>, Path(code): Path<u16>, header
     let n = counts.count(&headers);
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     (status, format!("execution {n} answered {code}\n")).into_response()
+}
+
+/// `POST /status/{code}/...`: as `/status/{code}`, for clients that append their own path (an SDK's base URL).
+async fn status_rest(
+    State(counts): State<Arc<Counts>>,
+    Path((code, _rest)): Path<(u16, String)>,
+    headers: HeaderMap,
+) -> Response {
+    status(State(counts), Path(code), headers).await
 }
 
 async fn fail_first(

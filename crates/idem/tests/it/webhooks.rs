@@ -484,6 +484,35 @@ async fn a_stripe_event_redelivered_with_fewer_pending_webhooks_is_replayed() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stripe_sdk_does_not_retry_a_replayed_stored_error() {
+    let Some(python) = python_peer() else { return };
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::common::proxy(&dir, &up, &[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/stripe_client.py");
+    let api_base = format!("{}/status/500", server.url);
+    // The SDK would retry a 500 twice (max_network_retries=2); the stored 500 says Stripe-Should-Retry: false.
+    for attempt in 0..2 {
+        let output = tokio::task::block_in_place(|| {
+            Command::new(&python).args([script, &api_base, "cus-create-1"]).output().unwrap()
+        });
+        let outcome: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&output.stderr)));
+        assert_eq!(outcome, serde_json::json!({"outcome": "error", "status": 500}), "attempt {attempt}");
+    }
+    assert_eq!(counts.executions(), 1, "executed once");
+    // Without the proxy's hint the same SDK call is sent three times: the 500 alone says "retry".
+    let direct = format!("{up}/status/500");
+    let output =
+        tokio::task::block_in_place(|| Command::new(&python).args([script, &direct, "cus-create-2"]).output().unwrap());
+    assert!(String::from_utf8_lossy(&output.stdout).contains("500"));
+    assert_eq!(counts.executions(), 4, "the SDK's own retries reach an upstream without the hint");
+    let metrics = client().get(format!("{}/metrics", server.admin)).send().await.unwrap().text().await.unwrap();
+    let replays = metrics.lines().find(|l| l.starts_with("idem_idempotency_replays_total")).unwrap();
+    assert_eq!(replays.split_whitespace().last(), Some("1"), "one replay: the second run's one request; no SDK retry");
+}
+
 #[test]
 fn route_mistakes_are_start_up_errors() {
     let dir = tempfile::tempdir().unwrap();
