@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use crate::cache::ReplayCache;
-use crate::route::{OnFailure, RoutePolicy};
+use crate::route::{OnFailure, RouteCounters, RoutePolicy};
 
 /// Whether a covered request must carry a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -63,4 +63,6 @@ pub(crate) struct Config {
     pub(crate) on_failure: OnFailure,
     /// The route this configuration serves, if any (key sources, ignores, signature check).
     pub(crate) route: Option<Arc<RoutePolicy>>,
+    /// The route's own counters (`idem_route_*_total{route}`).
+    pub(crate) route_counters: Option<Arc<RouteCounters>>,
 }

@@ -136,6 +136,9 @@ where
         // 2xx is ever stored (docs/DESIGN.md, "Routes").
         drop(renewals);
         crate::counters::count(crate::counters::Count::ReleasedFailures);
+        if let Some(counters) = &config.route_counters {
+            counters.released.increment(1);
+        }
         info!(key = keeper.lease.key().as_str(), status = status.as_u16(), "released after a non-2xx answer");
         keeper.release().await;
         let mut response = response.map(Body::new);

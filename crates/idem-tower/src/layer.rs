@@ -7,7 +7,7 @@ use tower::Layer;
 
 use crate::cache::ReplayCache;
 use crate::config::{Config, InFlight, KeyPolicy, UnknownOutcome};
-use crate::route::{OnFailure, RoutePolicy};
+use crate::route::{OnFailure, RouteCounters, RoutePolicy};
 use crate::service::Idempotency;
 
 /// Response headers replayed by default (docs/DESIGN.md step 3), the representation and caching headers among
@@ -75,6 +75,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 observations: Arc::new(std::sync::Mutex::new(idem_core::Observations::new(OBSERVED_RECORDS))),
                 on_failure: OnFailure::Store,
                 route: None,
+                route_counters: None,
             },
             routes: Vec::new(),
         }
@@ -249,6 +250,7 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
                     config.in_flight = in_flight;
                 }
                 config.route = Some(Arc::clone(&policy));
+                config.route_counters = Some(Arc::new(RouteCounters::new(&policy.name)));
                 (policy, Arc::new(config))
             })
             .collect();

@@ -109,6 +109,9 @@ where
         && let Err(refusal) = verifier.verify(&parts, &body, SystemTime::now())
     {
         crate::counters::count(crate::counters::Count::SignatureRefusals);
+        if let Some(counters) = &config.route_counters {
+            counters.refused(refusal.reason);
+        }
         info!(route = route.name(), reason = refusal.reason.as_str(), "webhook signature refused");
         let mut answer = problem(StatusCode::UNAUTHORIZED, ProblemType::WebhookSignatureInvalid, &refusal.detail);
         // RFC 9110 §15.5.2: a 401 carries WWW-Authenticate. The scheme name is the operator's configuration.
@@ -122,16 +125,27 @@ where
     let Some(value) = route.key.iter().find_map(|source| source.extract(&parts, &body, &mut json)) else {
         return match route.missing_key {
             MissingKey::Pass => {
+                if let Some(counters) = &config.route_counters {
+                    counters.keyless_passed.increment(1);
+                }
                 parts.headers.remove(header::EXPECT);
                 Prepared::PassThrough(Request::from_parts(parts, Body::from(body)))
             }
-            MissingKey::Refuse => Prepared::Answer(problem(
-                StatusCode::BAD_REQUEST,
-                ProblemType::WebhookKeyMissing,
-                &format!("requests to route {:?} must carry one of its key sources", route.name()),
-            )),
+            MissingKey::Refuse => {
+                if let Some(counters) = &config.route_counters {
+                    counters.keyless_refused.increment(1);
+                }
+                Prepared::Answer(problem(
+                    StatusCode::BAD_REQUEST,
+                    ProblemType::WebhookKeyMissing,
+                    &format!("requests to route {:?} must carry one of its key sources", route.name()),
+                ))
+            }
         };
     };
+    if let Some(counters) = &config.route_counters {
+        counters.deliveries.increment(1);
+    }
     let key = record_key_of(value);
     // The path is part of the scope: the same delivery id at another path below the route is another delivery.
     let mut credential = b"idem route scope\0".to_vec();

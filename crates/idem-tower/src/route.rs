@@ -459,6 +459,83 @@ pub fn normalise_path(path: &str) -> String {
     normal
 }
 
+/// One route's counters, labelled with its name: handles resolved once when the layer is applied (no registry
+/// look-up per request), registered at zero so every series exists before its first event.
+#[derive(Debug)]
+pub(crate) struct RouteCounters {
+    /// Requests past the signature check that carried a key.
+    pub(crate) deliveries: metrics::Counter,
+    /// Deliveries claimed and executed.
+    pub(crate) executions: metrics::Counter,
+    /// Duplicates answered from the stored record at once.
+    pub(crate) replayed: metrics::Counter,
+    /// Duplicates answered from the stored record after waiting for an in-flight first attempt.
+    pub(crate) waited: metrics::Counter,
+    /// Non-2xx answers released (`OnFailure::Release`).
+    pub(crate) released: metrics::Counter,
+    /// Redeliveries whose compared parts differ: 422.
+    pub(crate) mismatches: metrics::Counter,
+    /// Signature refusals, by [`RefusalReason`] in declaration order.
+    refusals: [metrics::Counter; 4],
+    /// Requests without any key source: refused, passed.
+    pub(crate) keyless_refused: metrics::Counter,
+    pub(crate) keyless_passed: metrics::Counter,
+}
+
+impl RouteCounters {
+    pub(crate) fn new(route: &str) -> Self {
+        let help = [
+            ("idem_route_deliveries_total", "Route requests past the signature check that carried a key."),
+            ("idem_route_executions_total", "Route deliveries claimed and executed."),
+            ("idem_route_duplicates_replayed_total", "Route duplicates answered from the stored record at once."),
+            (
+                "idem_route_duplicates_waited_total",
+                "Route duplicates answered from the stored record after waiting for the first attempt.",
+            ),
+            ("idem_route_released_failures_total", "Route non-2xx answers released so a redelivery executes."),
+            ("idem_route_mismatches_total", "Route redeliveries whose compared parts differ (422)."),
+            ("idem_route_signature_refusals_total", "Route requests refused by the signature check (401), by reason."),
+            ("idem_route_keyless_total", "Route requests without any key source, by action (refused or passed)."),
+        ];
+        for (name, text) in help {
+            metrics::describe_counter!(name, text);
+        }
+        let route = route.to_owned();
+        let counter = |name: &'static str| {
+            let c = metrics::counter!(name, "route" => route.clone());
+            c.increment(0);
+            c
+        };
+        let labelled = |name: &'static str, key: &'static str, value: &'static str| {
+            let c = metrics::counter!(name, "route" => route.clone(), key => value);
+            c.increment(0);
+            c
+        };
+        let reasons = [RefusalReason::Missing, RefusalReason::Malformed, RefusalReason::Mismatch, RefusalReason::Stale];
+        Self {
+            deliveries: counter("idem_route_deliveries_total"),
+            executions: counter("idem_route_executions_total"),
+            replayed: counter("idem_route_duplicates_replayed_total"),
+            waited: counter("idem_route_duplicates_waited_total"),
+            released: counter("idem_route_released_failures_total"),
+            mismatches: counter("idem_route_mismatches_total"),
+            refusals: reasons.map(|r| labelled("idem_route_signature_refusals_total", "reason", r.as_str())),
+            keyless_refused: labelled("idem_route_keyless_total", "action", "refused"),
+            keyless_passed: labelled("idem_route_keyless_total", "action", "passed"),
+        }
+    }
+
+    pub(crate) fn refused(&self, reason: RefusalReason) {
+        let index = match reason {
+            RefusalReason::Missing => 0,
+            RefusalReason::Malformed => 1,
+            RefusalReason::Mismatch => 2,
+            RefusalReason::Stale => 3,
+        };
+        self.refusals[index].increment(1);
+    }
+}
+
 /// The default in-flight wait of webhook routes: Slack retries after 3 s and GitHub gives up after 10 s.
 pub const WEBHOOK_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 

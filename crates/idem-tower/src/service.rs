@@ -140,6 +140,9 @@ where
         Err(answer) => return Ok(*answer),
     };
     count(Count::Claims);
+    if let Some(counters) = &config.route_counters {
+        counters.executions.increment(1);
+    }
     let request = Request::from_parts(parts, Body::from(body));
     execute(inner, store, config, request, lease).await
 }

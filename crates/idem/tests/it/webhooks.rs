@@ -139,6 +139,16 @@ impl Hooks {
         format!("{}/v1/idempotency/route/{route}/{scope}/{id}", self.server.admin)
     }
 
+    /// The value of the counter `name` whose labels include every `k="v"` of `labels`, from `/metrics`.
+    async fn metric(&self, name: &str, labels: &[&str]) -> u64 {
+        let text = client().get(format!("{}/metrics", self.server.admin)).send().await.unwrap().text().await.unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|label| l.contains(label)))
+            .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    }
+
     async fn finish(self) {
         drop(self.server);
         if let Some((url, ns)) = self.postgres {
@@ -294,6 +304,13 @@ async fn forged_stale_and_missing_signatures_claim_nothing_then_the_genuine_deli
         assert_eq!(after_delete.status(), StatusCode::CREATED);
         assert!(after_delete.headers().get("idempotent-replayed").is_none());
         assert_eq!(hooks.counts.executions_of(&id), 2);
+        let refusals = "idem_route_signature_refusals_total";
+        for (reason, n) in [("mismatch", 2), ("stale", 1), ("missing", 1), ("malformed", 0)] {
+            let labels = ["route=\"orders\"", &format!("reason=\"{reason}\"")];
+            assert_eq!(hooks.metric(refusals, &labels).await, n, "{reason}");
+        }
+        assert_eq!(hooks.metric("idem_route_deliveries_total", &["route=\"orders\""]).await, 2);
+        assert_eq!(hooks.metric("idem_route_executions_total", &["route=\"orders\""]).await, 2);
         let log = hooks.server.log.0.lock().unwrap().clone();
         assert!(!log.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), "the secret never reaches the log");
         hooks.finish().await;
@@ -322,6 +339,10 @@ async fn a_failed_first_processing_is_executed_again_and_never_after_the_first_2
             assert_eq!(again.bytes().await.unwrap(), body);
         }
         assert_eq!(hooks.counts.executions_of(&id), 2, "the failed execution and the successful one");
+        let route = ["route=\"fail\""];
+        assert_eq!(hooks.metric("idem_route_released_failures_total", &route).await, 1);
+        assert_eq!(hooks.metric("idem_route_executions_total", &route).await, 2);
+        assert_eq!(hooks.metric("idem_route_duplicates_replayed_total", &route).await, 5);
         hooks.finish().await;
     }
 }
@@ -347,6 +368,14 @@ async fn twelve_concurrent_copies_against_a_slow_upstream_execute_once_and_all_g
         assert_eq!(hooks.counts.executions_of(&id), 1, "one execution for 12 copies");
         assert_eq!(answers.iter().filter(|(status, _)| *status == StatusCode::CREATED).count(), 12, "{answers:?}");
         assert!(answers.iter().all(|(_, body)| *body == answers[0].1), "every copy got the first answer");
+        let route = ["route=\"slow\""];
+        assert_eq!(hooks.metric("idem_route_deliveries_total", &route).await, 12);
+        assert_eq!(hooks.metric("idem_route_executions_total", &route).await, 1);
+        // Most copies arrive while the first executes and wait; one delayed past its end is replayed at once.
+        let waited = hooks.metric("idem_route_duplicates_waited_total", &route).await;
+        let replayed = hooks.metric("idem_route_duplicates_replayed_total", &route).await;
+        assert_eq!(waited + replayed, 11, "{waited} waited, {replayed} replayed");
+        assert!(waited >= 1, "at least one copy waited for the first answer");
         let Ok(hooks) = Arc::try_unwrap(hooks) else { panic!("a copy still holds the proxy") };
         hooks.finish().await;
     }
@@ -375,6 +404,7 @@ async fn one_delivery_id_on_two_routes_is_two_deliveries_and_ignored_fields_are_
         let third = hooks.send("/status/201", &signed(SECRET, &other, now(), changed), changed).await;
         assert_eq!(third.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(hooks.counts.executions_of(&other), 1);
+        assert_eq!(hooks.metric("idem_route_mismatches_total", &["route=\"ignoring\""]).await, 1);
         // A request on a route without any of its key sources is refused before anything is claimed.
         let keyless = hooks.send("/orders", &[], BODY).await;
         assert_eq!(keyless.status(), StatusCode::UNAUTHORIZED, "the signature is checked first");
