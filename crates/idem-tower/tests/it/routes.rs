@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use idem_store::testing::FaultyStore;
 use idem_store::{MemoryStore, Store};
 use idem_tower::{
@@ -53,6 +54,7 @@ fn gated(executions: Arc<AtomicUsize>, gate: Arc<tokio::sync::Semaphore>) -> Inn
                     response = response.header("stripe-should-retry", "true");
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
+                "/big" => return Ok(Response::new(Body::from(vec![b'x'; 5000]))),
                 "/slow" => {
                     gate.acquire().await.unwrap().forget();
                     StatusCode::CREATED
@@ -213,4 +215,22 @@ async fn retry_hints_say_whether_a_retry_could_get_another_answer() {
     assert_eq!(own.headers()["stripe-should-retry"], "true");
     assert!(own.headers().get("x-should-retry").is_none());
     assert_eq!(executions.load(Ordering::SeqCst), 7);
+}
+
+#[tokio::test]
+async fn a_2xx_too_large_to_store_is_replayed_as_its_status_on_a_release_route() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let app = IdempotencyLayer::new(MemoryStore::new())
+        .max_stored_body(1000)
+        .route(RoutePolicy::new("big", "/big", key()).unwrap().on_failure(OnFailure::Release))
+        .layer(inner(Arc::clone(&executions)));
+    let send = || app.clone().oneshot(delivery("/big", Some("d1"), None, "{}"));
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.into_body().collect().await.unwrap().to_bytes().len(), 5000, "the first caller gets it whole");
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK, "not 409, which a sender would deliver again for days");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert!(again.into_body().collect().await.unwrap().to_bytes().is_empty());
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
