@@ -62,6 +62,14 @@ impl Scheme {
         }
     }
 
+    /// Whether a signature of this scheme covers the key source part `part` (`header:NAME`, `json:/p`,
+    /// `query:NAME`): every scheme signs the body; Standard Webhooks also the `webhook-id` / `svix-id` header;
+    /// none signs a query or another header. An uncovered id can be made up and sent with a captured body.
+    pub fn covers(self, part: &str) -> bool {
+        part.starts_with("json:")
+            || (self == Self::StandardWebhooks && matches!(part, "header:webhook-id" | "header:svix-id"))
+    }
+
     /// Whether the scheme signs a timestamp (and so takes a tolerance).
     pub fn has_timestamp(self) -> bool {
         !matches!(self, Self::Github)

@@ -109,6 +109,29 @@ impl FromStr for KeySource {
     }
 }
 
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Part::Header(name) => write!(f, "header:{name}"),
+            Part::Json(pointer) => write!(f, "json:{pointer}"),
+            Part::Query(name) => write!(f, "query:{name}"),
+        }
+    }
+}
+
+/// As written in a configuration: `header:NAME`, `json:/pointer`, `query:NAME`, parts joined with `+`.
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, part) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{part}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A request's body parsed as JSON at most once, shared by the key sources and the ignores.
 #[derive(Default)]
 pub(crate) struct JsonBody(Option<Option<Value>>);
@@ -391,6 +414,11 @@ impl RoutePolicy {
         &self.name
     }
 
+    /// Its key sources, in order.
+    pub fn key_sources(&self) -> &[KeySource] {
+        &self.key
+    }
+
     /// The normalised path prefix it covers.
     pub fn path(&self) -> &str {
         &self.path
@@ -584,6 +612,8 @@ mod tests {
             assert!(bad.parse::<KeySource>().is_err(), "{bad}");
         }
         assert!("header:webhook-timestamp".parse::<Ignore>().is_ok());
+        let joined: KeySource = "header:X-Hook+json:/a~1b+query:id".parse().unwrap();
+        assert_eq!(joined.to_string(), "header:x-hook+json:/a~1b+query:id");
     }
 
     #[test]

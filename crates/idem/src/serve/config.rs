@@ -10,7 +10,7 @@ use idem_tower::{InFlight, KeyPolicy, UnknownOutcome};
 use idem_store::Limits;
 use serde::Deserialize;
 
-use super::routes::{RouteFile, resolve_routes};
+use super::routes::{RouteFile, Routes, resolve_routes};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
 use idem_stores::StoreUrl;
@@ -217,6 +217,8 @@ pub(super) struct ProxyConfig {
     pub(super) routes: Vec<idem_tower::RoutePolicy>,
     /// The routes' secret files, re-read on SIGHUP.
     pub(super) secret_files: Vec<super::routes::SecretFile>,
+    /// What the route tables allow but start-up warns about (unsigned key sources, readable secrets).
+    pub(super) route_warnings: Vec<String>,
 }
 
 /// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
@@ -342,7 +344,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
                 .map_err(|_| Error::Config(format!("--credential-header: {h:?} is not a header name")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let (routes, secret_files) = resolve_routes(std::mem::take(&mut file.route))?;
+    let Routes { routes, secret_files, warnings: route_warnings } = resolve_routes(std::mem::take(&mut file.route))?;
     let require_key = args.require_key || file.require_key.unwrap_or(false);
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {
@@ -363,6 +365,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         replay_cache: args.replay_cache.or(file.replay_cache),
         routes,
         secret_files,
+        route_warnings,
     }))
 }
 
@@ -440,7 +443,7 @@ impl ServeArgs {
         // Traffic to a non-loopback address crosses a network: in clear text only when TLS ends in front of
         // idem, which only the operator knows (--insecure).
         let listeners = std::iter::once(listen).chain(proxy.as_ref().map(|p| p.admin_listen));
-        let mut warnings = Vec::new();
+        let mut warnings: Vec<String> = proxy.as_ref().map(|p| p.route_warnings.clone()).unwrap_or_default();
         for open in listeners.filter(|a| !a.ip().is_loopback()).filter(|_| tls.is_none()) {
             if !insecure {
                 return Err(Error::Config(format!(

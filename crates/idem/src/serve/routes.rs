@@ -66,11 +66,18 @@ pub(super) fn reload_secrets_on_sighup(
     })
 }
 
-/// Checks every route table; a path or a name given twice is refused. Returns the routes and their secret
-/// files.
-pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<(Vec<RoutePolicy>, Vec<SecretFile>), Error> {
+/// Checked routes, their secret files, and what start-up should warn about.
+pub(super) struct Routes {
+    pub(super) routes: Vec<RoutePolicy>,
+    pub(super) secret_files: Vec<SecretFile>,
+    pub(super) warnings: Vec<String>,
+}
+
+/// Checks every route table; a path or a name given twice is refused.
+pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<Routes, Error> {
     let mut routes: Vec<RoutePolicy> = Vec::with_capacity(files.len());
     let mut secret_files = Vec::new();
+    let mut warnings = Vec::new();
     for file in files {
         let path = file.path.clone();
         let (route, secret) = resolve(file).map_err(|e| Error::Config(format!("[[route]] path = {path:?}: {e}")))?;
@@ -82,11 +89,35 @@ pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<(Vec<RoutePolicy>,
             )));
         }
         if let Some((path, verifier)) = secret {
+            let scheme = verifier.scheme_of();
+            for source in route.key_sources() {
+                let source = source.to_string();
+                if let Some(part) = source.split('+').find(|part| !scheme.covers(part)) {
+                    warnings.push(format!(
+                        "route {:?}: its {} signature does not cover key source part {part}: a captured genuine \
+                         body resent under a made-up id executes once more",
+                        route.name(),
+                        scheme.name()
+                    ));
+                }
+            }
+            if world_readable(&path) {
+                warnings.push(format!(
+                    "route {:?}: secret_file {} is readable by every user of this machine",
+                    route.name(),
+                    path.display()
+                ));
+            }
             secret_files.push(SecretFile { route: route.name().to_owned(), path, verifier });
         }
         routes.push(route);
     }
-    Ok((routes, secret_files))
+    Ok(Routes { routes, secret_files, warnings })
+}
+
+fn world_readable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0)
 }
 
 /// A checked route, and its secret file with the verifier that file feeds.

@@ -472,6 +472,12 @@ async fn secrets_rotate_on_sighup_and_a_broken_file_keeps_the_previous_ones() {
 async fn one_github_delivery_at_two_hooks_executes_once_at_each() {
     for backend in Backend::all() {
         let hooks = Hooks::start(&backend).await;
+        // GitHub signs the body only: start-up says the delivery id headers can be made up.
+        let needle = "route \"github\": its github signature does not cover key source part header:x-github-hook-id";
+        let log = hooks.server.wait_for_log(needle, 1, std::time::Duration::from_secs(10));
+        assert!(!log.contains("route \"orders\": its"), "Standard Webhooks signs webhook-id:\n{log}");
+        assert!(!log.contains("route \"stripe\": its"), "Stripe signs the body's id:\n{log}");
+        assert!(log.contains("secret_file") && log.contains("is readable by every user"), "{log}");
         let guid = format!("{:08x}-0000-4000-8000-000000000000", rand::random::<u32>());
         let body = r#"{"ref":"refs/heads/main","after":"abc"}"#;
         // GitHub sends one delivery GUID to every hook the event reaches; a redelivery keeps it.
