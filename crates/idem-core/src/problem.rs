@@ -108,6 +108,10 @@ problem_types! {
     OutcomeUnknown = "outcome-unknown", "Outcome unknown";
     /// 502: the upstream could not be reached; the request was not sent.
     UpstreamUnreachable = "upstream-unreachable", "Upstream unreachable";
+    /// 401: a webhook route's signature is missing, malformed, wrong or stale; nothing was claimed or forwarded.
+    WebhookSignatureInvalid = "webhook-signature-invalid", "Webhook signature invalid";
+    /// 400: a request on a keyed route carries none of the route's key sources.
+    WebhookKeyMissing = "webhook-key-missing", "Webhook delivery id missing";
     /// 500: an internal error of idem.
     Internal = "internal", "Internal error";
 }

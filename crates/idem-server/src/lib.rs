@@ -29,6 +29,7 @@ mod records;
 mod server;
 mod tls;
 mod upstream_conn;
+pub mod webhook;
 
 pub(crate) use app::error_chain;
 pub use app::{ServerConfig, app, serve};

@@ -1,6 +1,8 @@
 //! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (docs/DESIGN.md,
-//! "The admin listener and the record endpoint"). The key is percent-encoded like KV keys; the scope is
-//! `anonymous` or the 32 hex digits the layer derives from a credential (see `idem_core::Scope`).
+//! "The admin listener and the record endpoint"), and `/v1/idempotency/route/{name}/{scope}/{key}` for the
+//! records of a route (webhook deliveries). The key is percent-encoded like KV keys; the scope is `anonymous`
+//! or the 32 hex digits the layer derives from a credential (see `idem_core::Scope`), for a route from the
+//! request path and the credential.
 
 use idem_core::ProblemType;
 use std::sync::Arc;
@@ -42,14 +44,29 @@ fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
     let usage = || {
         Problem::bad_request(
             ProblemType::InvalidRecordPath,
-            "use /v1/idempotency/{scope}/{percent-encoded key}; scope is 'anonymous' or 32 hex digits",
+            "use /v1/idempotency/{scope}/{percent-encoded key} or /v1/idempotency/route/{name}/{scope}/{key}; scope \
+             is 'anonymous' or 32 hex digits",
         )
+    };
+    // A route's records live under `{prefix}route/{name}/` (idem_tower::IdempotencyLayer::route). `route` is
+    // not a scope (neither `anonymous` nor hex), so the two forms cannot be confused.
+    let (prefix, rest) = match rest.strip_prefix("route/") {
+        Some(routed) => {
+            let (name, rest) = routed.split_once('/').ok_or_else(usage)?;
+            let valid = (1..=32).contains(&name.len())
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+            if !valid {
+                return Err(usage());
+            }
+            (std::borrow::Cow::Owned(format!("{prefix}route/{name}/")), rest)
+        }
+        None => (std::borrow::Cow::Borrowed(prefix), rest),
     };
     let (scope, key) = rest.split_once('/').ok_or_else(usage)?;
     let scope = Scope::parse(scope).map_err(|_| usage())?;
     let key = IdempotencyKey::new(decode_key(key)?)
         .map_err(|e| Problem::bad_request(ProblemType::IdempotencyKeyInvalid, e.to_string()))?;
-    Ok(RecordKey::new(prefix, &scope, &key))
+    Ok(RecordKey::new(&prefix, &scope, &key))
 }
 
 async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Response, Problem> {

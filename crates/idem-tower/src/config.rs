@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use crate::cache::ReplayCache;
+use crate::route::{OnFailure, RouteCounters, RoutePolicy};
 
 /// Whether a covered request must carry a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -58,4 +59,10 @@ pub(crate) struct Config {
     /// The in-flight records this process found, watched for a dead holder (shared by every service the
     /// layer makes).
     pub(crate) observations: Arc<std::sync::Mutex<idem_core::Observations>>,
+    /// What a non-2xx answer does to the key ([`OnFailure::Store`] outside routes).
+    pub(crate) on_failure: OnFailure,
+    /// The route this configuration serves, if any (key sources, ignores, signature check).
+    pub(crate) route: Option<Arc<RoutePolicy>>,
+    /// The route's own counters (`idem_route_*_total{route}`).
+    pub(crate) route_counters: Option<Arc<RouteCounters>>,
 }

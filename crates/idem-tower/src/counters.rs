@@ -18,10 +18,12 @@ pub(crate) enum Count {
     UnknownOutcomes,
     LapsedTakeovers,
     Panics,
+    ReleasedFailures,
+    SignatureRefusals,
 }
 
 /// Name and help of each counter, in the order of [`Count`].
-const COUNTERS: [(&str, &str); 10] = [
+const COUNTERS: [(&str, &str); 12] = [
     ("idem_idempotency_claims_total", "Keys claimed: requests executed under a new record."),
     ("idem_idempotency_replays_total", "Retries answered from a stored record (incl. response-not-stored)."),
     ("idem_idempotency_conflicts_total", "Retries answered 409 because the first request was still in flight."),
@@ -39,6 +41,14 @@ const COUNTERS: [(&str, &str); 10] = [
         "In-flight records taken over by a retry after their generation stood unchanged for a whole lease.",
     ),
     ("idem_idempotency_panics_total", "Panics of the inner service, settled as unknown outcomes and answered 500."),
+    (
+        "idem_idempotency_released_failures_total",
+        "Non-2xx answers on routes with on_failure = release: passed on, key released so a redelivery executes.",
+    ),
+    (
+        "idem_idempotency_signature_refusals_total",
+        "Requests on a route with a signature check answered 401: nothing claimed, stored or forwarded.",
+    ),
 ];
 
 /// Adds one to `which`.

@@ -5,18 +5,19 @@ use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, Verdict, Watch, judge};
+use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
 use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
 use tracing::{error, warn};
 
 use crate::config::{Config, InFlight};
 use crate::prepare::Keyed;
 use crate::problem::{in_flight, outcome_unknown, problem, replay, store_unavailable};
+use crate::route::OnFailure;
 
 /// Step 3 from the replay cache: the answer a cached finished record gives, judged like one read from the store.
 pub(crate) fn cached_answer(config: &Config, keyed: &Keyed) -> Option<Response<Body>> {
     let record = config.replay_cache.as_ref()?.get(keyed.record_key.as_str())?;
-    finished_answer(judge(Some(record), &keyed.fingerprint)).ok()
+    finished_answer(judge(Some(record), &keyed.fingerprint), config, &keyed.record_key, false).ok()
 }
 
 /// Steps 2 and 3 of docs/DESIGN.md: claim the key, or answer from the record that holds it.
@@ -32,6 +33,8 @@ pub(crate) async fn decide<St: Store>(
     };
     let mut pause = Duration::from_millis(10);
     let mut lost_races = 0;
+    // Whether this request waited for an in-flight first attempt (a replay after it counts as waited).
+    let mut waited = false;
     // docs/DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay
     // cache just missed, so the key is most likely new and the read would be wasted; without a cache a retry
     // is as likely as a new key, and a read costs every backend less than a refused write.
@@ -67,7 +70,7 @@ pub(crate) async fn decide<St: Store>(
             (Some(r @ Record::InProgress { .. }), Some(current)) => Some((r.clone(), current.generation())),
             _ => None,
         };
-        let answer = match finished_answer(judge(record, fingerprint)) {
+        let answer = match finished_answer(judge(record, fingerprint), config, record_key, waited) {
             Ok(answer) => answer,
             Err(Verdict::InFlight) => {
                 let Some((record, generation)) = in_flight_record else { continue };
@@ -99,6 +102,7 @@ pub(crate) async fn decide<St: Store>(
                     && tokio::time::Instant::now() + pause < deadline
                 {
                     tokio::time::sleep(pause).await;
+                    waited = true;
                     pause = (pause * 2).min(Duration::from_millis(200));
                     continue;
                 }
@@ -154,7 +158,16 @@ async fn claim<St: Store>(
 
 /// The answer for a key whose record is finished, or was used for another request (docs/DESIGN.md step 3);
 /// [`Verdict::Claim`] and [`Verdict::InFlight`] come back as they are: they need the store.
-fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
+fn finished_answer(
+    verdict: Verdict,
+    config: &Config,
+    record_key: &RecordKey,
+    waited: bool,
+) -> Result<Response<Body>, Verdict> {
+    let route = config.route_counters.as_deref();
+    if let (Some(counters), Verdict::Replay(_) | Verdict::TooLarge { .. }) = (route, &verdict) {
+        if waited { &counters.waited } else { &counters.replayed }.increment(1);
+    }
     Ok(match verdict {
         Verdict::Claim | Verdict::InFlight => return Err(verdict),
         Verdict::Replay(stored) => {
@@ -163,12 +176,24 @@ fn finished_answer(verdict: Verdict) -> Result<Response<Body>, Verdict> {
         }
         Verdict::Mismatch => {
             crate::counters::count(crate::counters::Count::Mismatches);
+            if let Some(counters) = route {
+                counters.mismatches.increment(1);
+                // For a webhook the sender changed the event under the same id: worth an operator's look. The
+                // bodies are never logged.
+                warn!(key = record_key.as_str(), "a redelivery differs in its compared parts: 422");
+            }
             problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ProblemType::IdempotencyKeyReused,
                 "this key was already used for a different request (method, path, query, content type or body \
                  differ); use a new key for a new request",
             )
+        }
+        Verdict::TooLarge { status, .. } if config.on_failure == OnFailure::Release => {
+            // A release route stores only 2xx, so this is a 2xx whose body was over the limit. A webhook sender
+            // reads only the status, and would deliver a 409 again for days: it gets the status, no body.
+            crate::counters::count(crate::counters::Count::Replays);
+            replay(StoredResponse { status, headers: Vec::new(), body: bytes::Bytes::new() })
         }
         Verdict::TooLarge { status, limit } => {
             crate::counters::count(crate::counters::Count::Replays);

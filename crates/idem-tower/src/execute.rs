@@ -22,7 +22,8 @@ use tracing::{error, info, warn};
 
 use crate::config::{Config, UnknownOutcome};
 use crate::decide::now_ms;
-use crate::problem::{outcome_unknown_broken, outcome_unknown_now, problem};
+use crate::problem::{hint, outcome_unknown_broken, outcome_unknown_now, problem, rehint};
+use crate::route::OnFailure;
 use idem_store::StoreExt;
 
 /// How long a caller waits for its outcome to be stored before it is answered anyway.
@@ -108,12 +109,16 @@ where
         Some(UpstreamFailure::NotSent) => {
             drop(renewals);
             keeper.release().await;
-            return Ok(response.map(Body::new));
+            let mut response = response.map(Body::new);
+            hint(&mut response, true);
+            return Ok(response);
         }
         Some(UpstreamFailure::OutcomeUnknown { reason }) => {
             drop(renewals);
             keeper.unknown(&config, &reason).await;
-            return Ok(response.map(Body::new));
+            let mut response = response.map(Body::new);
+            hint(&mut response, config.unknown_outcome == UnknownOutcome::Release);
+            return Ok(response);
         }
         None => {}
     }
@@ -122,7 +127,23 @@ where
         // The upstream asked to be retried later: it did not do the work (docs/DESIGN.md step 5).
         drop(renewals);
         keeper.release().await;
-        return Ok(response.map(Body::new));
+        let mut response = response.map(Body::new);
+        hint(&mut response, true);
+        return Ok(response);
+    }
+    if config.on_failure == OnFailure::Release && !status.is_success() {
+        // A webhook route: the sender delivers again on any non-2xx, and that delivery must execute, so only a
+        // 2xx is ever stored (docs/DESIGN.md, "Routes").
+        drop(renewals);
+        crate::counters::count(crate::counters::Count::ReleasedFailures);
+        if let Some(counters) = &config.route_counters {
+            counters.released.increment(1);
+        }
+        info!(key = keeper.lease.key().as_str(), status = status.as_u16(), "released after a non-2xx answer");
+        keeper.release().await;
+        let mut response = response.map(Body::new);
+        hint(&mut response, true);
+        return Ok(response);
     }
     let (parts, body) = response.into_parts();
     // A record must fit the store's value limit, or its completion write would fail and the key would free
@@ -152,12 +173,21 @@ where
                 Some(trailers) => Body::new(WithTrailers { data: Some(bytes), trailers: Some(trailers) }),
                 None => Body::from(bytes),
             };
-            Ok(Response::from_parts(parts, body))
+            let mut response = Response::from_parts(parts, body);
+            if !status.is_success() {
+                // Stored: a retry would only replay it.
+                hint(&mut response, false);
+            }
+            Ok(response)
         }
         Prefix::Over { prefix, rest } => {
             let outcome = Outcome::TooLarge { status: status.as_u16(), size: prefix.len() as u64, limit: limit as u64 };
             keeper.finish(&config, outcome).await;
-            Ok(Response::from_parts(parts, Body::new(Prefixed { prefix: Some(prefix), rest })))
+            let mut response = Response::from_parts(parts, Body::new(Prefixed { prefix: Some(prefix), rest }));
+            if !status.is_success() {
+                hint(&mut response, false);
+            }
+            Ok(response)
         }
         Prefix::Broken(reason) => {
             keeper.unknown(&config, &format!("the response body broke off: {reason}")).await;
@@ -183,7 +213,7 @@ async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, mess
     error!(key = keeper.lease.key().as_str(), panic = %message, "the inner service panicked");
     keeper.unknown(config, "the inner service panicked").await;
     let released = config.unknown_outcome == UnknownOutcome::Release;
-    problem(
+    let answer = problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         ProblemType::Internal,
         &format!(
@@ -194,7 +224,8 @@ async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, mess
                 "it will not be executed again under this key"
             }
         ),
-    )
+    );
+    rehint(answer, released)
 }
 
 /// The layer's side of a claimed record: the lease (renewed by an [`idem_store::LeaseKeeper`] while the call

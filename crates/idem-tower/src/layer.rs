@@ -7,6 +7,7 @@ use tower::Layer;
 
 use crate::cache::ReplayCache;
 use crate::config::{Config, InFlight, KeyPolicy, UnknownOutcome};
+use crate::route::{OnFailure, RouteCounters, RoutePolicy};
 use crate::service::Idempotency;
 
 /// Response headers replayed by default (docs/DESIGN.md step 3), the representation and caching headers among
@@ -41,6 +42,7 @@ const OBSERVED_RECORDS: usize = 100_000;
 pub struct IdempotencyLayer<St> {
     store: Arc<St>,
     config: Config,
+    routes: Vec<RoutePolicy>,
 }
 
 impl<St: Store> IdempotencyLayer<St> {
@@ -71,7 +73,11 @@ impl<St: Store> IdempotencyLayer<St> {
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
                 observations: Arc::new(std::sync::Mutex::new(idem_core::Observations::new(OBSERVED_RECORDS))),
+                on_failure: OnFailure::Store,
+                route: None,
+                route_counters: None,
             },
+            routes: Vec::new(),
         }
     }
 
@@ -204,6 +210,15 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
+    /// Adds a route: requests whose normalised path is the route's path or below it are keyed, checked and
+    /// settled by its policy (the longest matching path wins), with every other setting of this layer. Its
+    /// records live under `{record prefix}route/{name}/`. Paths no route covers keep the layer's own
+    /// `Idempotency-Key` handling.
+    pub fn route(mut self, policy: RoutePolicy) -> Self {
+        self.routes.push(policy);
+        self
+    }
+
     /// What to do when the outcome of a sent request is unknown.
     pub fn unknown_outcome(mut self, policy: UnknownOutcome) -> Self {
         self.config.unknown_outcome = policy;
@@ -213,7 +228,7 @@ impl<St: Store> IdempotencyLayer<St> {
 
 impl<St> Clone for IdempotencyLayer<St> {
     fn clone(&self) -> Self {
-        Self { store: Arc::clone(&self.store), config: self.config.clone() }
+        Self { store: Arc::clone(&self.store), config: self.config.clone(), routes: self.routes.clone() }
     }
 }
 
@@ -221,6 +236,26 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
     type Service = Idempotency<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, Arc::clone(&self.store), Arc::new(self.config.clone()))
+        // One configuration per route, made once: the clones share the tracker, the replay cache and the
+        // observations of in-flight records (Arcs), so shutdown drains every route's executions.
+        let mut routes: Vec<(Arc<RoutePolicy>, Arc<Config>)> = self
+            .routes
+            .iter()
+            .map(|policy| {
+                let policy = Arc::new(policy.clone());
+                let mut config = self.config.clone();
+                config.record_prefix = format!("{}route/{}/", self.config.record_prefix, policy.name);
+                config.on_failure = policy.on_failure;
+                if let Some(in_flight) = policy.in_flight {
+                    config.in_flight = in_flight;
+                }
+                config.route = Some(Arc::clone(&policy));
+                config.route_counters = Some(Arc::new(RouteCounters::new(&policy.name)));
+                (policy, Arc::new(config))
+            })
+            .collect();
+        // Longest path first: the first route that covers a path is the most specific one.
+        routes.sort_by_key(|(policy, _)| std::cmp::Reverse(policy.path.len()));
+        Idempotency::new(inner, Arc::clone(&self.store), Arc::new(self.config.clone()), routes.into())
     }
 }

@@ -40,6 +40,7 @@ mod invalidating;
 mod layer;
 mod prepare;
 mod problem;
+mod route;
 mod service;
 
 pub use body::Body;
@@ -50,4 +51,8 @@ pub use future::ResponseFuture;
 pub use invalidating::InvalidatingStore;
 pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer};
 pub use prepare::BufferedBody;
+pub use route::{
+    Ignore, KeySource, MissingKey, OnFailure, Refusal, RefusalReason, RouteError, RoutePolicy, Verify,
+    WEBHOOK_IN_FLIGHT_WAIT, normalise_path,
+};
 pub use service::Idempotency;

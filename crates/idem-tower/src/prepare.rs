@@ -10,6 +10,9 @@ use tower::BoxError;
 
 use crate::config::{Config, KeyPolicy};
 use crate::problem::problem;
+use crate::route::{JsonBody, MissingKey, RoutePolicy, record_key_of, without_ignored};
+use std::time::SystemTime;
+use tracing::info;
 
 static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -42,6 +45,9 @@ where
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
 {
+    if let Some(route) = &config.route {
+        return prepare_route(config, route, request).await;
+    }
     let lines = request.headers().get_all(&IDEMPOTENCY_KEY).iter().map(HeaderValue::as_bytes);
     let key = match IdempotencyKey::from_field_lines(lines) {
         Ok(Some(key)) => key,
@@ -86,8 +92,89 @@ where
     Prepared::Keyed(Keyed { parts, body, fingerprint, record_key })
 }
 
+/// Step 1 on a route: the whole body first, then the signature check, and only then the key, the scope and
+/// the fingerprint. A refused signature therefore claims, stores and forwards nothing, and a request without
+/// a key cannot pass through unsigned.
+async fn prepare_route<ReqBody>(config: &Config, route: &RoutePolicy, request: Request<ReqBody>) -> Prepared
+where
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+{
+    let (mut parts, body) = request.into_parts();
+    let body = match read_request_body(&parts.headers, body, config.max_request_body).await {
+        Ok(body) => body,
+        Err(refusal) => return Prepared::Answer(refusal),
+    };
+    if let Some(verifier) = &route.verifier
+        && let Err(refusal) = verifier.verify(&parts, &body, SystemTime::now())
+    {
+        crate::counters::count(crate::counters::Count::SignatureRefusals);
+        if let Some(counters) = &config.route_counters {
+            counters.refused(refusal.reason);
+        }
+        info!(route = route.name(), reason = refusal.reason.as_str(), "webhook signature refused");
+        let mut answer = problem(StatusCode::UNAUTHORIZED, ProblemType::WebhookSignatureInvalid, &refusal.detail);
+        // RFC 9110 §15.5.2: a 401 carries WWW-Authenticate. The scheme name is the operator's configuration.
+        let challenge = format!("Webhook-Signature scheme=\"{}\"", verifier.scheme());
+        if let Ok(value) = HeaderValue::try_from(challenge) {
+            answer.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+        }
+        return Prepared::Answer(answer);
+    }
+    let mut json = JsonBody::default();
+    let Some(value) = route.key.iter().find_map(|source| source.extract(&parts, &body, &mut json)) else {
+        return match route.missing_key {
+            MissingKey::Pass => {
+                if let Some(counters) = &config.route_counters {
+                    counters.keyless_passed.increment(1);
+                }
+                parts.headers.remove(header::EXPECT);
+                Prepared::PassThrough(Request::from_parts(parts, Body::from(body)))
+            }
+            MissingKey::Refuse => {
+                if let Some(counters) = &config.route_counters {
+                    counters.keyless_refused.increment(1);
+                }
+                Prepared::Answer(problem(
+                    StatusCode::BAD_REQUEST,
+                    ProblemType::WebhookKeyMissing,
+                    &format!("requests to route {:?} must carry one of its key sources", route.name()),
+                ))
+            }
+        };
+    };
+    if let Some(counters) = &config.route_counters {
+        counters.deliveries.increment(1);
+    }
+    let key = record_key_of(value);
+    // The path is part of the scope: the same delivery id at another path below the route is another delivery.
+    let mut credential = b"idem route scope\0".to_vec();
+    credential.extend_from_slice(parts.uri.path().as_bytes());
+    credential.push(0);
+    credential.extend_from_slice(&credential_bytes(&parts.headers, &config.credential_headers));
+    let scope = Scope::from_credential(Some(&credential));
+    let (query, compared) = without_ignored(&route.ignore, parts.uri.query(), &body, &mut json);
+    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let fingerprint = Fingerprint::of_request(&RequestParts::new(
+        parts.method.as_str(),
+        parts.uri.path(),
+        query.as_deref(),
+        content_type,
+        &compared,
+    ));
+    let record_key = RecordKey::new(&config.record_prefix, &scope, &key);
+    parts.headers.remove(header::EXPECT);
+    Prepared::Keyed(Keyed { parts, body, fingerprint, record_key })
+}
+
 /// The scope of a request: a hash of every configured credential header it carries (name and value).
 fn scope_of(headers: &HeaderMap, credential_headers: &[HeaderName]) -> Scope {
+    let credential = credential_bytes(headers, credential_headers);
+    if credential.is_empty() { Scope::from_credential(None) } else { Scope::from_credential(Some(&credential)) }
+}
+
+/// Every configured credential header a request carries, name and value, NUL-separated.
+fn credential_bytes(headers: &HeaderMap, credential_headers: &[HeaderName]) -> Vec<u8> {
     let mut credential = Vec::new();
     for name in credential_headers {
         for value in headers.get_all(name) {
@@ -97,7 +184,7 @@ fn scope_of(headers: &HeaderMap, credential_headers: &[HeaderName]) -> Scope {
             credential.push(0);
         }
     }
-    if credential.is_empty() { Scope::from_credential(None) } else { Scope::from_credential(Some(&credential)) }
+    credential
 }
 
 async fn read_request_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Response<Body>>

@@ -10,6 +10,27 @@ use tracing::warn;
 
 static REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// The retry hints of SDKs: Stripe's (`Stripe-Should-Retry`) and the Stainless-generated ones'
+/// (`x-should-retry`). Each SDK follows its header over its own status rules, so an answer a retry could only
+/// repeat says `false` and stops the SDK's retries at once.
+static RETRY_HINTS: [HeaderName; 2] =
+    [HeaderName::from_static("stripe-should-retry"), HeaderName::from_static("x-should-retry")];
+
+/// Marks `response` as worth retrying (`true`: a retry may execute or get the first answer) or not (`false`: a
+/// retry would get this answer again). An answer carrying either hint already (the upstream's own) is left as
+/// it is, so the two never disagree.
+pub(crate) fn hint<B>(response: &mut Response<B>, retry: bool) {
+    if RETRY_HINTS.iter().any(|name| response.headers().contains_key(name)) {
+        return;
+    }
+    let value = HeaderValue::from_static(if retry { "true" } else { "false" });
+    for name in &RETRY_HINTS {
+        response.headers_mut().insert(name.clone(), value.clone());
+    }
+}
+
+/// A problem answer of the layer, with its retry hint: `true` for a request in flight and an unavailable store
+/// (a retry later executes or replays), `false` for every other refusal (the same request gets it again).
 pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response<Body> {
     let body = serde_json::json!({
         "type": kind.uri(),
@@ -20,6 +41,7 @@ pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Re
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    hint(&mut response, matches!(kind, ProblemType::RequestInFlight | ProblemType::StoreUnavailable));
     response
 }
 
@@ -32,6 +54,10 @@ pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
         }
     }
     response.headers_mut().insert(REPLAYED.clone(), HeaderValue::from_static("true"));
+    // A replayed error would be replayed again; a replayed 2xx needs no hint.
+    if !response.status().is_success() {
+        hint(&mut response, false);
+    }
     response
 }
 
@@ -60,14 +86,26 @@ fn after_unknown(released: bool) -> &'static str {
 /// The first caller's answer when its own request's outcome became unknown here (timeout); `released` as
 /// for the key's policy.
 pub(crate) fn outcome_unknown_now(status: StatusCode, limit: &str, released: bool) -> Response<Body> {
-    problem(
-        status,
-        ProblemType::OutcomeUnknown,
-        &format!(
-            "no complete answer within {limit}; the request may or may not have taken effect, and {}",
-            after_unknown(released)
+    rehint(
+        problem(
+            status,
+            ProblemType::OutcomeUnknown,
+            &format!(
+                "no complete answer within {limit}; the request may or may not have taken effect, and {}",
+                after_unknown(released)
+            ),
         ),
+        released,
     )
+}
+
+/// `response` with its retry hint replaced: a released unknown outcome executes again on a retry.
+pub(crate) fn rehint(mut response: Response<Body>, retry: bool) -> Response<Body> {
+    for name in &RETRY_HINTS {
+        response.headers_mut().remove(name);
+    }
+    hint(&mut response, retry);
+    response
 }
 
 /// The first caller's answer when the response body broke off; `released` as for the key's policy.
@@ -75,14 +113,17 @@ pub(crate) fn outcome_unknown_broken(released: bool) -> Response<Body> {
     if !released {
         return outcome_unknown();
     }
-    problem(
-        StatusCode::BAD_GATEWAY,
-        ProblemType::OutcomeUnknown,
-        &format!(
-            "the request under this key was sent upstream but no complete answer came back, so it may or may not \
+    rehint(
+        problem(
+            StatusCode::BAD_GATEWAY,
+            ProblemType::OutcomeUnknown,
+            &format!(
+                "the request under this key was sent upstream but no complete answer came back, so it may or may not \
              have taken effect; {}",
-            after_unknown(true)
+                after_unknown(true)
+            ),
         ),
+        true,
     )
 }
 

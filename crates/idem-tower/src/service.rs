@@ -20,24 +20,46 @@ use crate::execute::execute;
 use crate::future::ResponseFuture;
 use crate::prepare::{BufferedBody, Keyed, Prepared, prepare};
 use crate::problem::problem;
+use crate::route::{RoutePolicy, normalise_path};
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) produces around `S`.
 pub struct Idempotency<S, St> {
     inner: S,
     store: Arc<St>,
     config: Arc<Config>,
+    /// Each route's policy and configuration, the longest path first.
+    routes: Arc<[(Arc<RoutePolicy>, Arc<Config>)]>,
 }
 
 impl<S, St> Idempotency<S, St> {
-    pub(crate) fn new(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        store: Arc<St>,
+        config: Arc<Config>,
+        routes: Arc<[(Arc<RoutePolicy>, Arc<Config>)]>,
+    ) -> Self {
         crate::counters::register();
-        Self { inner, store, config }
+        Self { inner, store, config, routes }
+    }
+
+    /// The configuration for a request's path: its route's, else the layer's own.
+    fn config_for(&self, path: &str) -> &Arc<Config> {
+        if self.routes.is_empty() {
+            return &self.config;
+        }
+        let normal = normalise_path(path);
+        self.routes.iter().find(|(policy, _)| policy.covers(&normal)).map_or(&self.config, |(_, config)| config)
     }
 }
 
 impl<S: Clone, St> Clone for Idempotency<S, St> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), store: Arc::clone(&self.store), config: Arc::clone(&self.config) }
+        Self {
+            inner: self.inner.clone(),
+            store: Arc::clone(&self.store),
+            config: Arc::clone(&self.config),
+            routes: Arc::clone(&self.routes),
+        }
     }
 }
 
@@ -65,11 +87,12 @@ where
         // usual idiom) and move the ready one into the future.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if !self.config.methods.contains(request.method()) {
+        let config = Arc::clone(self.config_for(request.uri().path()));
+        if !config.methods.contains(request.method()) {
             let call = inner.call(request.map(Body::new));
             return ResponseFuture::new(async move { call.await.map(|r| r.map(Body::new)) });
         }
-        let (store, config) = (Arc::clone(&self.store), Arc::clone(&self.config));
+        let store = Arc::clone(&self.store);
         ResponseFuture::new(async move {
             // Nothing here touches the store: a client that hangs up now leaves nothing behind.
             let keyed = match prepare(&config, request).await {
@@ -117,6 +140,9 @@ where
         Err(answer) => return Ok(*answer),
     };
     count(Count::Claims);
+    if let Some(counters) = &config.route_counters {
+        counters.executions.increment(1);
+    }
     let request = Request::from_parts(parts, Body::from(body));
     execute(inner, store, config, request, lease).await
 }

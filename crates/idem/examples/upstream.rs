@@ -10,11 +10,14 @@
 //! With `--sqlite PATH`, every order is also written durably (one conditional put acknowledged after fsync, in
 //! idem's embedded store): an upstream that, like any real write API, persists what it is asked to do.
 //!
-//! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}` (answers that status),
+//! Routes: `POST|PATCH /orders` (201 + Location), `GET|DELETE /orders/{n}`, `POST /status/{code}[/…]` (answers that status),
 //! `POST /slow/{ms}` (sleeps, then 201), `POST /big/{bytes}` (a body of that many bytes), `POST /headers`
 //! (representation, caching and cookie headers),
-//! `GET /executions` (the counts, with how often each forwarded `Idempotency-Key` executed).
-//! Every POST/PATCH counts as one execution when it starts.
+//! `POST /fail-first/{n}` (500 for the first n executions of a delivery, then 201),
+//! `GET /executions` (the counts, with how often each delivery executed).
+//! Every POST/PATCH counts as one execution when it starts, under its delivery: the forwarded
+//! `Idempotency-Key`, else a webhook's `webhook-id` / `svix-id`, else `X-GitHub-Hook-ID` + `X-GitHub-Delivery`,
+//! else the JSON body's `id`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -52,13 +55,32 @@ impl Counts {
     }
 
     fn count(&self, headers: &HeaderMap) -> u64 {
-        let Ok(mut inner) = self.inner.lock() else { return 0 };
-        inner.executions += 1;
-        if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-            *inner.by_key.entry(key.to_owned()).or_default() += 1;
-        }
-        inner.executions
+        self.count_delivery(headers, "").0
     }
+
+    /// Counts one execution; returns the total and how often this delivery has executed, this one included.
+    fn count_delivery(&self, headers: &HeaderMap, body: &str) -> (u64, u64) {
+        let Ok(mut inner) = self.inner.lock() else { return (0, 0) };
+        inner.executions += 1;
+        let mut of_delivery = 0;
+        if let Some(key) = delivery(headers, body) {
+            let n = inner.by_key.entry(key).or_default();
+            *n += 1;
+            of_delivery = *n;
+        }
+        (inner.executions, of_delivery)
+    }
+}
+
+/// The delivery a request belongs to, as its sender names it.
+fn delivery(headers: &HeaderMap, body: &str) -> Option<String> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    text("idempotency-key").or_else(|| text("webhook-id")).or_else(|| text("svix-id")).or_else(|| {
+        match (text("x-github-hook-id"), text("x-github-delivery")) {
+            (Some(hook), Some(guid)) => Some(format!("{hook}+{guid}")),
+            _ => serde_json::from_str::<serde_json::Value>(body).ok()?.get("id")?.as_str().map(str::to_owned),
+        }
+    })
 }
 
 /// The routes above, counting into `counts`.
@@ -67,7 +89,9 @@ pub fn router(counts: Arc<Counts>) -> Router {
         .route("/orders", post(create).patch(create))
         .route("/orders/{n}", get(read_order).delete(delete_order))
         .route("/status/{code}", post(status))
+        .route("/status/{code}/{*rest}", post(status_rest))
         .route("/slow/{ms}", post(slow))
+        .route("/fail-first/{n}", post(fail_first))
         .route("/big/{bytes}", post(big))
         .route("/headers", post(with_headers))
         .route("/executions", get(executions))
@@ -75,7 +99,7 @@ pub fn router(counts: Arc<Counts>) -> Router {
 }
 
 async fn create(State(counts): State<Arc<Counts>>, headers: HeaderMap, body: String) -> Response {
-    let n = counts.count(&headers);
+    let (n, _) = counts.count_delivery(&headers, &body);
     if let Some(orders) = &counts.orders {
         use idem_store::{Precondition, Store, Ttl};
         let written = orders.put(&format!("orders/{n}"), body.clone().into(), Precondition::Absent, Ttl::Keep).await;
@@ -108,8 +132,31 @@ async fn status(State(counts): State<Arc<Counts>>, Path(code): Path<u16>, header
     (status, format!("execution {n} answered {code}\n")).into_response()
 }
 
-async fn slow(State(counts): State<Arc<Counts>>, Path(ms): Path<u64>, headers: HeaderMap) -> Response {
-    let n = counts.count(&headers);
+/// `POST /status/{code}/...`: as `/status/{code}`, for clients that append their own path (an SDK's base URL).
+async fn status_rest(
+    State(counts): State<Arc<Counts>>,
+    Path((code, _rest)): Path<(u16, String)>,
+    headers: HeaderMap,
+) -> Response {
+    status(State(counts), Path(code), headers).await
+}
+
+async fn fail_first(
+    State(counts): State<Arc<Counts>>,
+    Path(n): Path<u64>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let (total, of_delivery) = counts.count_delivery(&headers, &body);
+    if of_delivery <= n {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("execution {total} failed ({of_delivery} of {n})\n"))
+            .into_response();
+    }
+    (StatusCode::CREATED, format!("execution {total} succeeded after {n} failures\n")).into_response()
+}
+
+async fn slow(State(counts): State<Arc<Counts>>, Path(ms): Path<u64>, headers: HeaderMap, body: String) -> Response {
+    let (n, _) = counts.count_delivery(&headers, &body);
     tokio::time::sleep(Duration::from_millis(ms)).await;
     (StatusCode::CREATED, [(header::LOCATION, format!("/orders/{n}"))], format!("slow execution {n}\n")).into_response()
 }
@@ -167,7 +214,8 @@ async fn main() -> std::io::Result<()> {
                     "usage: upstream [--listen ADDR (default 127.0.0.1:9000)] [--sqlite PATH (persist orders)]\n\
                      routes: POST|PATCH /orders (201 + Location), GET|DELETE /orders/N,\n\
                      \x20       POST /status/CODE (answers CODE),\n\
-                     \x20       POST /slow/MS (sleeps, then 201), POST /big/BYTES (a body that long),\n\
+                     \x20       POST /slow/MS (sleeps, then 201), POST /big/BYTES (a body that long),
+                     \x20       POST /fail-first/N (500 for a delivery's first N executions, then 201),\n\
                      \x20       POST /headers (representation, caching and cookie headers),\n\
                      \x20       GET /executions (counts, per forwarded Idempotency-Key)"
                 );

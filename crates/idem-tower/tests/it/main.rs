@@ -4,6 +4,7 @@
 
 mod backends;
 mod layer;
+mod routes;
 mod takeover;
 
 #[allow(dead_code, clippy::unwrap_used)]

@@ -10,6 +10,7 @@ use idem_tower::{InFlight, KeyPolicy, UnknownOutcome};
 use idem_store::Limits;
 use serde::Deserialize;
 
+use super::routes::{RouteFile, Routes, resolve_routes};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
 use idem_stores::StoreUrl;
@@ -170,6 +171,9 @@ struct FileConfig {
     credential_header: Option<String>,
     release_unknown: Option<bool>,
     replay_cache: Option<u64>,
+    /// `[[route]]` tables: webhook and other per-path policies (proxy only).
+    #[serde(default)]
+    route: Vec<RouteFile>,
 }
 
 /// The validated configuration of one server.
@@ -209,6 +213,12 @@ pub(super) struct ProxyConfig {
     pub(super) unknown_outcome: UnknownOutcome,
     /// `None`: the default for the store.
     pub(super) replay_cache: Option<u64>,
+    /// The `[[route]]` tables, checked.
+    pub(super) routes: Vec<idem_tower::RoutePolicy>,
+    /// The routes' secret files, re-read on SIGHUP.
+    pub(super) secret_files: Vec<super::routes::SecretFile>,
+    /// What the route tables allow but start-up warns about (unsigned key sources, readable secrets).
+    pub(super) route_warnings: Vec<String>,
 }
 
 /// The replay cache's size when `--replay-cache` is not given and the store is the embedded one.
@@ -241,8 +251,12 @@ fn refuse_proxy_flags(args: &ProxyArgs, file: &FileConfig) -> Result<(), Error> 
         ("credential-header", args.credential_header.is_some() || file.credential_header.is_some()),
         ("release-unknown", args.release_unknown || file.release_unknown.is_some()),
         ("replay-cache", args.replay_cache.is_some() || file.replay_cache.is_some()),
+        ("[[route]]", !file.route.is_empty()),
     ];
     match given.iter().find(|(_, set)| *set) {
+        Some((flag, _)) if flag.starts_with('[') => {
+            Err(Error::Config(format!("{flag} applies to the proxy only: add --upstream URL")))
+        }
         Some((flag, _)) => Err(Error::Config(format!("--{flag} applies to the proxy only: add --upstream URL"))),
         None => Ok(()),
     }
@@ -330,6 +344,7 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
                 .map_err(|_| Error::Config(format!("--credential-header: {h:?} is not a header name")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let Routes { routes, secret_files, warnings: route_warnings } = resolve_routes(std::mem::take(&mut file.route))?;
     let require_key = args.require_key || file.require_key.unwrap_or(false);
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {
@@ -348,6 +363,9 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
         credential_headers,
         unknown_outcome: if release_unknown { UnknownOutcome::Release } else { UnknownOutcome::Keep },
         replay_cache: args.replay_cache.or(file.replay_cache),
+        routes,
+        secret_files,
+        route_warnings,
     }))
 }
 
@@ -425,7 +443,7 @@ impl ServeArgs {
         // Traffic to a non-loopback address crosses a network: in clear text only when TLS ends in front of
         // idem, which only the operator knows (--insecure).
         let listeners = std::iter::once(listen).chain(proxy.as_ref().map(|p| p.admin_listen));
-        let mut warnings = Vec::new();
+        let mut warnings: Vec<String> = proxy.as_ref().map(|p| p.route_warnings.clone()).unwrap_or_default();
         for open in listeners.filter(|a| !a.ip().is_loopback()).filter(|_| tls.is_none()) {
             if !insecure {
                 return Err(Error::Config(format!(

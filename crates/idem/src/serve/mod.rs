@@ -1,6 +1,7 @@
 //! `idem serve`: the checked configuration ([`config`]) made into an `idem_server::Server`, run until a signal.
 
 mod config;
+mod routes;
 
 use std::net::SocketAddr;
 
@@ -53,7 +54,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
             tokio::spawn(async move {
                 while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP: no TLS certificate to reload; other settings are read only at start-up");
+                    tracing::info!(
+                        "SIGHUP: no TLS certificate to reload; settings other than webhook secret files are read \
+                         only at start-up"
+                    );
                 }
             });
             None
@@ -68,7 +72,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
                 None => 0,
             };
-            let layer = IdempotencyLayer::new(store.clone())
+            let mut layer = IdempotencyLayer::new(store.clone())
                 .retention(p.retention)
                 .lease(p.lease)
                 .key_policy(p.key_policy)
@@ -80,6 +84,13 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 .unknown_outcome(p.unknown_outcome)
                 .execution_timeout(p.upstream_timeout)
                 .replay_cache(replay_cache);
+            if !p.secret_files.is_empty() {
+                tokio::spawn(routes::reload_secrets_on_sighup(p.secret_files)?);
+            }
+            for route in p.routes {
+                tracing::info!(route = route.name(), path = route.path(), "route");
+                layer = layer.route(route);
+            }
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
             println!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})",

@@ -24,3 +24,4 @@ mod shared_backends;
 mod store_outage;
 mod tls;
 mod tls_backends;
+mod webhooks;

@@ -1,0 +1,654 @@
+//! Routes: per-path policies for deliveries whose key is not an `Idempotency-Key` header (webhooks). A route
+//! names where its key comes from ([`KeySource`]), what the fingerprint leaves out ([`Ignore`]), an optional
+//! signature check that runs before anything is claimed ([`Verify`]), and what a failure does to the key
+//! ([`OnFailure`]). docs/DESIGN.md, "Routes".
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::HeaderName;
+use http::request::Parts;
+use percent_encoding::percent_decode_str;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::config::InFlight;
+
+/// Why a route setting was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// A key source or ignore entry is not `header:NAME`, `json:/pointer` or `query:NAME`.
+    #[error("{entry:?} is not a valid {what}: {reason}")]
+    InvalidSource {
+        /// `key source` or `ignore entry`.
+        what: &'static str,
+        /// The entry as given.
+        entry: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The route's name is not `[a-z0-9_-]{1,32}`.
+    #[error("route name {0:?} must match [a-z0-9_-]{{1,32}}")]
+    InvalidName(String),
+    /// The route's path is not absolute, or holds `..`, `%`, `?` or `#`.
+    #[error("route path {0:?} must start with / and hold no '..', '%', '?' or '#'")]
+    InvalidPath(String),
+    /// A keyed route needs at least one key source.
+    #[error("route {0:?} has no key source")]
+    NoKeySource(String),
+    /// A name the route settings do not know (a preset, a signature scheme, a policy value).
+    #[error("unknown {what} {value:?}")]
+    Unknown {
+        /// What was named: `preset`, `signature scheme`, ...
+        what: &'static str,
+        /// The name given.
+        value: String,
+    },
+    /// A signature secret is unusable; the message never contains the secret.
+    #[error("webhook secret: {0}")]
+    InvalidSecret(String),
+}
+
+/// One part of a key source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    /// The single field line of this header, trimmed.
+    Header(HeaderName),
+    /// A string, or a number's JSON text, at this RFC 6901 pointer of a JSON body.
+    Json(String),
+    /// The first value of this query parameter, percent-decoded.
+    Query(String),
+}
+
+impl Part {
+    fn parse(entry: &str, what: &'static str) -> Result<Self, RouteError> {
+        let invalid = |reason| RouteError::InvalidSource { what, entry: entry.to_owned(), reason };
+        let (kind, rest) = entry.split_once(':').ok_or_else(|| invalid("expected header:, json: or query:"))?;
+        match kind {
+            "header" => HeaderName::try_from(rest).map(Part::Header).map_err(|_| invalid("not a header name")),
+            "json" if rest.starts_with('/') => Ok(Part::Json(rest.to_owned())),
+            "json" => Err(invalid("a JSON pointer starts with / (RFC 6901)")),
+            "query" if !rest.is_empty() => Ok(Part::Query(rest.to_owned())),
+            "query" => Err(invalid("an empty query parameter name")),
+            _ => Err(invalid("expected header:, json: or query:")),
+        }
+    }
+}
+
+/// Where a route's key comes from: `header:NAME`, `json:/rfc6901/pointer` or `query:NAME`, or several of them
+/// joined with `+` (present only when every part is; the values are joined with `+` after escaping `%` as
+/// `%25` and `+` as `%2B`, so the join is unambiguous).
+///
+/// A header given on two field lines, a JSON value that is an object, an array or null, and a body that is not
+/// JSON all count as absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySource(Vec<Part>);
+
+impl FromStr for KeySource {
+    type Err = RouteError;
+
+    fn from_str(s: &str) -> Result<Self, RouteError> {
+        let parts = s
+            .split('+')
+            .map(|p| {
+                if p.is_empty() {
+                    Err(RouteError::InvalidSource {
+                        what: "key source",
+                        entry: s.to_owned(),
+                        reason: "an empty + part",
+                    })
+                } else {
+                    Part::parse(p, "key source")
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(parts))
+    }
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Part::Header(name) => write!(f, "header:{name}"),
+            Part::Json(pointer) => write!(f, "json:{pointer}"),
+            Part::Query(name) => write!(f, "query:{name}"),
+        }
+    }
+}
+
+/// As written in a configuration: `header:NAME`, `json:/pointer`, `query:NAME`, parts joined with `+`.
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, part) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{part}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A request's body parsed as JSON at most once, shared by the key sources and the ignores.
+#[derive(Default)]
+pub(crate) struct JsonBody(Option<Option<Value>>);
+
+impl JsonBody {
+    pub(crate) fn get(&mut self, body: &[u8]) -> Option<&Value> {
+        self.0.get_or_insert_with(|| serde_json::from_slice(body).ok()).as_ref()
+    }
+}
+
+impl KeySource {
+    /// The key this source gives for a request, if every part is present.
+    pub(crate) fn extract(&self, parts: &Parts, body: &[u8], json: &mut JsonBody) -> Option<String> {
+        let mut joined = String::new();
+        for (i, part) in self.0.iter().enumerate() {
+            let value = match part {
+                Part::Header(name) => {
+                    let mut lines = parts.headers.get_all(name).iter();
+                    let first = lines.next()?;
+                    if lines.next().is_some() {
+                        return None;
+                    }
+                    first.to_str().ok()?.trim().to_owned()
+                }
+                Part::Json(pointer) => match json.get(body)?.pointer(pointer)? {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => return None,
+                },
+                Part::Query(name) => query_value(parts.uri.query()?, name)?,
+            };
+            if value.is_empty() {
+                return None;
+            }
+            if self.0.len() == 1 {
+                return Some(value);
+            }
+            if i > 0 {
+                joined.push('+');
+            }
+            joined.push_str(&value.replace('%', "%25").replace('+', "%2B"));
+        }
+        Some(joined)
+    }
+}
+
+/// The first value of `name` in a raw query, percent-decoded (`+` as a space, as forms encode it).
+fn query_value(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (decode(k) == name).then(|| decode(v))
+    })
+}
+
+fn decode(s: &str) -> String {
+    percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned()
+}
+
+/// A part of the request left out of the fingerprint: `json:/pointer` (an object member is removed, an array
+/// element becomes null so that indices stay stable; applies only to a JSON body the canonical form represents
+/// exactly), `query:NAME` (every value of it), or `header:NAME` (accepted for documentation: headers are never
+/// compared).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ignore(Part);
+
+impl FromStr for Ignore {
+    type Err = RouteError;
+
+    fn from_str(s: &str) -> Result<Self, RouteError> {
+        Part::parse(s, "ignore entry").map(Self)
+    }
+}
+
+/// The request's body and query as the fingerprint compares them on a route with ignores.
+pub(crate) fn without_ignored(
+    ignore: &[Ignore],
+    query: Option<&str>,
+    body: &Bytes,
+    json: &mut JsonBody,
+) -> (Option<String>, Bytes) {
+    let names: Vec<&str> =
+        ignore.iter().filter_map(|i| if let Part::Query(n) = &i.0 { Some(n.as_str()) } else { None }).collect();
+    let query = query.map(|q| {
+        if names.is_empty() {
+            return q.to_owned();
+        }
+        q.split('&')
+            .filter(|pair| !names.contains(&decode(pair.split_once('=').map_or(*pair, |(k, _)| k)).as_str()))
+            .collect::<Vec<_>>()
+            .join("&")
+    });
+    let pointers: Vec<&str> =
+        ignore.iter().filter_map(|i| if let Part::Json(p) = &i.0 { Some(p.as_str()) } else { None }).collect();
+    // Only a body the canonical form represents exactly: else it is compared byte for byte, ignores and all
+    // (removing a member from a body with duplicate names would compare something the sender never sent).
+    if pointers.is_empty() || matches!(idem_core::canonical_payload(body), std::borrow::Cow::Borrowed(_)) {
+        return (query, body.clone());
+    }
+    let Some(mut value) = json.get(body).cloned() else { return (query, body.clone()) };
+    for pointer in pointers {
+        remove_pointer(&mut value, pointer);
+    }
+    match serde_json::to_vec(&value) {
+        Ok(bytes) => (query, Bytes::from(bytes)),
+        Err(_) => (query, body.clone()),
+    }
+}
+
+fn remove_pointer(value: &mut Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else { return };
+    let last = last.replace("~1", "/").replace("~0", "~");
+    let parent = if parent.is_empty() { Some(value) } else { value.pointer_mut(parent) };
+    match parent {
+        Some(Value::Object(map)) => {
+            map.remove(&last);
+        }
+        Some(Value::Array(items)) => {
+            if let Some(item) = last.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                *item = Value::Null;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A key value the record key can hold: as it is when it is a valid `IdempotencyKey` (printable ASCII, at most
+/// 255 bytes: `msg_…`, `evt_…` and GUIDs stay readable), else `sha256:` and 64 hex digits of its bytes.
+pub(crate) fn record_key_of(value: String) -> idem_core::IdempotencyKey {
+    match idem_core::IdempotencyKey::new(value.clone()) {
+        Ok(key) => key,
+        Err(_) => {
+            let digest = Sha256::digest(value.as_bytes());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            // 71 printable ASCII bytes: always valid.
+            idem_core::IdempotencyKey::new(format!("sha256:{hex}"))
+                .unwrap_or_else(|_| unreachable!("a sha256 key is printable ASCII"))
+        }
+    }
+}
+
+/// What a non-2xx answer of the inner service does to the key on a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Stored and replayed like any answer, except 429 and 503 (the layer's policy without routes).
+    #[default]
+    Store,
+    /// Only 2xx answers are stored; any other is passed on and the key released, so the sender's next
+    /// delivery executes (webhook senders deliver again on any non-2xx).
+    Release,
+}
+
+/// A covered request on a route that carries none of the route's key sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MissingKey {
+    /// 400 `webhook-key-missing`.
+    #[default]
+    Refuse,
+    /// Forwarded unprotected.
+    Pass,
+}
+
+/// Why a signature check refused a request (the `reason` label and the problem's detail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// No signature (or no timestamp) header.
+    Missing,
+    /// A signature or timestamp that cannot be parsed.
+    Malformed,
+    /// No presented signature matches any secret.
+    Mismatch,
+    /// The timestamp is outside the tolerance.
+    Stale,
+}
+
+impl RefusalReason {
+    /// `missing`, `malformed`, `mismatch` or `stale`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Malformed => "malformed",
+            Self::Mismatch => "mismatch",
+            Self::Stale => "stale",
+        }
+    }
+}
+
+/// A refused signature: the reason and a detail for the 401's problem (never a secret, never the expected
+/// signature).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: RefusalReason,
+    /// One line for the sender, e.g. `the timestamp is 301 s from now, over the 300 s tolerance`.
+    pub detail: String,
+}
+
+/// A signature check run on a route before its key is read or anything is claimed, stored or forwarded: a
+/// refusal is answered 401 problem+json (`webhook-signature-invalid`) with `WWW-Authenticate:
+/// Webhook-Signature scheme="…"` (RFC 9110 §15.5.2).
+pub trait Verify: Send + Sync + 'static {
+    /// The scheme's name for `WWW-Authenticate`, e.g. `standard-webhooks`.
+    fn scheme(&self) -> &str;
+
+    /// Checks the request's signature over its head and its whole body as received, at `now`.
+    ///
+    /// # Errors
+    /// The [`Refusal`] the 401 carries.
+    fn verify(&self, parts: &Parts, body: &Bytes, now: SystemTime) -> Result<(), Refusal>;
+}
+
+/// One route's policy: given to [`IdempotencyLayer::route`](crate::IdempotencyLayer::route) with the path
+/// prefix it covers. Its records live under `{record prefix}route/{name}/{scope}/{key}`, where the scope
+/// hashes the request's path and credential headers, so the same delivery id on another route or path is
+/// another delivery.
+#[derive(Clone)]
+pub struct RoutePolicy {
+    pub(crate) name: String,
+    pub(crate) path: String,
+    pub(crate) key: Vec<KeySource>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) ignore: Vec<Ignore>,
+    pub(crate) verifier: Option<Arc<dyn Verify>>,
+    pub(crate) on_failure: OnFailure,
+    pub(crate) in_flight: Option<InFlight>,
+}
+
+impl std::fmt::Debug for RoutePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutePolicy")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("key", &self.key)
+            .field("missing_key", &self.missing_key)
+            .field("ignore", &self.ignore)
+            .field("verifier", &self.verifier.as_ref().map(|v| v.scheme().to_owned()))
+            .field("on_failure", &self.on_failure)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+impl RoutePolicy {
+    /// A route named `name` (`[a-z0-9_-]{1,32}`) over `path` and every path below it (`/hooks/x` covers
+    /// `/hooks/x` and `/hooks/x/y`, not `/hooks/xy`), keyed by the first present of `key`. Matching compares
+    /// normalised paths (see [`normalise_path`]). Defaults: a missing key refused, nothing ignored, no
+    /// signature, failures stored, in-flight duplicates as the layer says.
+    ///
+    /// # Errors
+    /// [`RouteError::InvalidName`], [`RouteError::InvalidPath`], [`RouteError::NoKeySource`].
+    pub fn new(name: &str, path: &str, key: Vec<KeySource>) -> Result<Self, RouteError> {
+        let valid_name = (1..=32).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !valid_name {
+            return Err(RouteError::InvalidName(name.to_owned()));
+        }
+        if !path.starts_with('/') || path.contains("..") || path.contains(['%', '?', '#']) {
+            return Err(RouteError::InvalidPath(path.to_owned()));
+        }
+        if key.is_empty() {
+            return Err(RouteError::NoKeySource(name.to_owned()));
+        }
+        let mut path = normalise_path(path);
+        while path.len() > 1 && path.ends_with('/') {
+            path.pop();
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            path,
+            key,
+            missing_key: MissingKey::Refuse,
+            ignore: Vec::new(),
+            verifier: None,
+            on_failure: OnFailure::Store,
+            in_flight: None,
+        })
+    }
+
+    /// The route's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its key sources, in order.
+    pub fn key_sources(&self) -> &[KeySource] {
+        &self.key
+    }
+
+    /// The normalised path prefix it covers.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What a covered request without any key source gets.
+    pub fn missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing_key = missing;
+        self
+    }
+
+    /// The parts left out of the fingerprint.
+    pub fn ignore(mut self, ignore: Vec<Ignore>) -> Self {
+        self.ignore = ignore;
+        self
+    }
+
+    /// The signature check run before the key is read.
+    pub fn verifier(mut self, verifier: Arc<dyn Verify>) -> Self {
+        self.verifier = Some(verifier);
+        self
+    }
+
+    /// What a non-2xx answer does to the key.
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// What a duplicate gets while the first delivery executes (the layer's setting unless given).
+    pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+        self.in_flight = Some(in_flight);
+        self
+    }
+
+    /// Whether this route covers the normalised `path`.
+    pub(crate) fn covers(&self, path: &str) -> bool {
+        self.path == "/"
+            || path.strip_prefix(self.path.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+}
+
+/// The path routes are matched on: `%2E` and `%2F` decoded, dot segments removed (RFC 3986 §5.2.4), empty
+/// segments (`//`) collapsed, ASCII letters lowercased. So `/hooks/x/../stripe` and `/HOOKS//stripe` meet the
+/// `/hooks/stripe` route's signature check; the request itself is forwarded as it was sent.
+pub fn normalise_path(path: &str) -> String {
+    let lowered = path.to_ascii_lowercase().replace("%2e", ".").replace("%2f", "/");
+    let mut out: Vec<&str> = Vec::new();
+    for segment in lowered.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    let mut normal = String::with_capacity(lowered.len());
+    for s in &out {
+        normal.push('/');
+        normal.push_str(s);
+    }
+    if normal.is_empty() || (lowered.ends_with('/') && !out.is_empty()) {
+        normal.push('/');
+    }
+    normal
+}
+
+/// One route's counters, labelled with its name: handles resolved once when the layer is applied (no registry
+/// look-up per request), registered at zero so every series exists before its first event.
+#[derive(Debug)]
+pub(crate) struct RouteCounters {
+    /// Requests past the signature check that carried a key.
+    pub(crate) deliveries: metrics::Counter,
+    /// Deliveries claimed and executed.
+    pub(crate) executions: metrics::Counter,
+    /// Duplicates answered from the stored record at once.
+    pub(crate) replayed: metrics::Counter,
+    /// Duplicates answered from the stored record after waiting for an in-flight first attempt.
+    pub(crate) waited: metrics::Counter,
+    /// Non-2xx answers released (`OnFailure::Release`).
+    pub(crate) released: metrics::Counter,
+    /// Redeliveries whose compared parts differ: 422.
+    pub(crate) mismatches: metrics::Counter,
+    /// Signature refusals, by [`RefusalReason`] in declaration order.
+    refusals: [metrics::Counter; 4],
+    /// Requests without any key source: refused, passed.
+    pub(crate) keyless_refused: metrics::Counter,
+    pub(crate) keyless_passed: metrics::Counter,
+}
+
+impl RouteCounters {
+    pub(crate) fn new(route: &str) -> Self {
+        let help = [
+            ("idem_route_deliveries_total", "Route requests past the signature check that carried a key."),
+            ("idem_route_executions_total", "Route deliveries claimed and executed."),
+            ("idem_route_duplicates_replayed_total", "Route duplicates answered from the stored record at once."),
+            (
+                "idem_route_duplicates_waited_total",
+                "Route duplicates answered from the stored record after waiting for the first attempt.",
+            ),
+            ("idem_route_released_failures_total", "Route non-2xx answers released so a redelivery executes."),
+            ("idem_route_mismatches_total", "Route redeliveries whose compared parts differ (422)."),
+            ("idem_route_signature_refusals_total", "Route requests refused by the signature check (401), by reason."),
+            ("idem_route_keyless_total", "Route requests without any key source, by action (refused or passed)."),
+        ];
+        for (name, text) in help {
+            metrics::describe_counter!(name, text);
+        }
+        let route = route.to_owned();
+        let counter = |name: &'static str| {
+            let c = metrics::counter!(name, "route" => route.clone());
+            c.increment(0);
+            c
+        };
+        let labelled = |name: &'static str, key: &'static str, value: &'static str| {
+            let c = metrics::counter!(name, "route" => route.clone(), key => value);
+            c.increment(0);
+            c
+        };
+        let reasons = [RefusalReason::Missing, RefusalReason::Malformed, RefusalReason::Mismatch, RefusalReason::Stale];
+        Self {
+            deliveries: counter("idem_route_deliveries_total"),
+            executions: counter("idem_route_executions_total"),
+            replayed: counter("idem_route_duplicates_replayed_total"),
+            waited: counter("idem_route_duplicates_waited_total"),
+            released: counter("idem_route_released_failures_total"),
+            mismatches: counter("idem_route_mismatches_total"),
+            refusals: reasons.map(|r| labelled("idem_route_signature_refusals_total", "reason", r.as_str())),
+            keyless_refused: labelled("idem_route_keyless_total", "action", "refused"),
+            keyless_passed: labelled("idem_route_keyless_total", "action", "passed"),
+        }
+    }
+
+    pub(crate) fn refused(&self, reason: RefusalReason) {
+        let index = match reason {
+            RefusalReason::Missing => 0,
+            RefusalReason::Malformed => 1,
+            RefusalReason::Mismatch => 2,
+            RefusalReason::Stale => 3,
+        };
+        self.refusals[index].increment(1);
+    }
+}
+
+/// The default in-flight wait of webhook routes: Slack retries after 3 s and GitHub gives up after 10 s.
+pub const WEBHOOK_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut builder = http::Request::post(uri);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    fn key(source: &str, parts: &Parts, body: &[u8]) -> Option<String> {
+        source.parse::<KeySource>().unwrap().extract(parts, body, &mut JsonBody::default())
+    }
+
+    #[test]
+    fn key_sources_take_headers_pointers_and_query_values() {
+        let p = parts("/h?id=a%20b&id=c", &[("webhook-id", " msg_1 "), ("x-two", "a"), ("x-two", "b")]);
+        let body = br#"{"id":"evt_1","n":42,"o":{},"a/b":{"~x":"deep"},"null":null}"#;
+        assert_eq!(key("header:webhook-id", &p, body).as_deref(), Some("msg_1"));
+        assert_eq!(key("header:x-two", &p, body), None, "two field lines are ambiguous");
+        assert_eq!(key("header:absent", &p, body), None);
+        assert_eq!(key("json:/id", &p, body).as_deref(), Some("evt_1"));
+        assert_eq!(key("json:/n", &p, body).as_deref(), Some("42"));
+        assert_eq!(key("json:/o", &p, body), None);
+        assert_eq!(key("json:/null", &p, body), None);
+        assert_eq!(key("json:/a~1b/~0x", &p, body).as_deref(), Some("deep"));
+        assert_eq!(key("json:/id", &p, b"not json"), None);
+        assert_eq!(key("query:id", &p, body).as_deref(), Some("a b"));
+    }
+
+    #[test]
+    fn joined_sources_need_every_part_and_escape_the_separator() {
+        let p = parts("/h", &[("x-a", "1+2%"), ("x-b", "3")]);
+        assert_eq!(key("header:x-a+header:x-b", &p, b"").as_deref(), Some("1%2B2%25+3"));
+        assert_eq!(key("header:x-a+header:x-c", &p, b""), None);
+    }
+
+    #[test]
+    fn malformed_sources_are_refused() {
+        for bad in ["webhook-id", "json:id", "query:", "cookie:x", "header:a+", "header:bad name"] {
+            assert!(bad.parse::<KeySource>().is_err(), "{bad}");
+        }
+        assert!("header:webhook-timestamp".parse::<Ignore>().is_ok());
+        let joined: KeySource = "header:X-Hook+json:/a~1b+query:id".parse().unwrap();
+        assert_eq!(joined.to_string(), "header:x-hook+json:/a~1b+query:id");
+    }
+
+    #[test]
+    fn long_or_unprintable_values_become_a_sha256_key() {
+        assert_eq!(record_key_of("evt_1".into()).as_str(), "evt_1");
+        let long = record_key_of("x".repeat(256));
+        assert!(long.as_str().starts_with("sha256:") && long.as_str().len() == 71, "{}", long.as_str());
+        assert!(record_key_of("é".into()).as_str().starts_with("sha256:"));
+    }
+
+    #[test]
+    fn ignored_members_and_query_names_are_left_out() {
+        let ignore: Vec<Ignore> =
+            ["json:/attempts", "json:/list/1", "query:t"].iter().map(|s| s.parse().unwrap()).collect();
+        let body = Bytes::from_static(br#"{"id":"e","attempts":3,"list":[1,2,3]}"#);
+        let (query, compared) = without_ignored(&ignore, Some("a=1&t=9&b=2"), &body, &mut JsonBody::default());
+        assert_eq!(query.as_deref(), Some("a=1&b=2"));
+        assert_eq!(&compared[..], br#"{"id":"e","list":[1,null,3]}"#);
+        // Not exactly representable (a duplicate member): compared as it is.
+        let dup = Bytes::from_static(br#"{"attempts":1,"attempts":2}"#);
+        assert_eq!(without_ignored(&ignore, None, &dup, &mut JsonBody::default()).1, dup);
+    }
+
+    #[test]
+    fn paths_are_normalised_before_matching() {
+        let route = RoutePolicy::new("stripe", "/hooks/stripe/", vec!["json:/id".parse().unwrap()]).unwrap();
+        assert_eq!(route.path(), "/hooks/stripe");
+        for covered in ["/hooks/stripe", "/hooks/stripe/x", "/HOOKS//Stripe", "/hooks/x/../stripe", "/hooks%2Fstripe"] {
+            assert!(route.covers(&normalise_path(covered)), "{covered}");
+        }
+        for other in ["/hooks/stripe2", "/hooks", "/hooks/stripe/../x", "/"] {
+            assert!(!route.covers(&normalise_path(other)), "{other}");
+        }
+        assert!(RoutePolicy::new("x", "/a/../b", vec!["json:/id".parse().unwrap()]).is_err());
+        assert!(RoutePolicy::new("Bad", "/a", vec!["json:/id".parse().unwrap()]).is_err());
+        assert!(RoutePolicy::new("x", "/a", vec![]).is_err());
+    }
+}
