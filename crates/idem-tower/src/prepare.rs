@@ -148,8 +148,11 @@ where
     }
     let key = record_key_of(value);
     // The path is part of the scope: the same delivery id at another path below the route is another delivery.
+    // Normalised, as routes are matched: the same path spelled another way (`/Stripe`, `/x/../stripe`, `%73`) is
+    // the same delivery, not another execution.
+    let path = crate::route::normalise_path(parts.uri.path());
     let mut credential = b"idem route scope\0".to_vec();
-    credential.extend_from_slice(parts.uri.path().as_bytes());
+    credential.extend_from_slice(path.as_bytes());
     credential.push(0);
     credential.extend_from_slice(&credential_bytes(&parts.headers, &config.credential_headers));
     let scope = Scope::from_credential(Some(&credential));
@@ -157,7 +160,7 @@ where
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let fingerprint = Fingerprint::of_request(&RequestParts::new(
         parts.method.as_str(),
-        parts.uri.path(),
+        &path,
         query.as_deref(),
         content_type,
         &compared,

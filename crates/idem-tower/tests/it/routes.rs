@@ -143,6 +143,14 @@ async fn one_id_on_three_routes_and_two_paths_of_one_is_four_deliveries() {
     assert_eq!(app.clone().oneshot(plain).await.unwrap().status(), StatusCode::CREATED);
     assert_eq!(keys(&store, "idempotency/anonymous/").await, ["idempotency/anonymous/evt_1"]);
     assert_eq!(executions.load(Ordering::SeqCst), 6);
+    // The same delivery under other spellings of its path is replayed, not executed again (break-it review: a
+    // genuine delivery resent to `/a/Other`, `/a/x/../other` or `/a/%6fther` executed once per spelling).
+    for path in ["/a/Other", "/a/x/../other", "/a/%6fther", "/a//other"] {
+        let answer = app.clone().oneshot(delivery(path, Some("evt_1"), None, "{}")).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED, "{path}");
+        assert!(answer.headers().contains_key("idempotent-replayed"), "{path}: not a replay");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 6, "no spelling executed again");
 }
 
 #[tokio::test]
