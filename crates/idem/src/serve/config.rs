@@ -390,8 +390,12 @@ impl ServeArgs {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| Error::Config(format!("config file {}: {e}", p.display())))?
+                // The error's message and line, not its Display, which quotes the offending line: a secret written
+                // into the file where it does not belong would be echoed.
+                toml::from_str::<FileConfig>(&text).map_err(|e| {
+                    let line = e.span().map_or(0, |s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+                    Error::Config(format!("config file {}: line {line}: {}", p.display(), e.message().trim()))
+                })?
             }
             None => FileConfig::default(),
         };

@@ -166,8 +166,9 @@ fn resolve(file: RouteFile) -> Result<Resolved, String> {
                 return Err("tolerance must be within 1s..=1h".into());
             }
             // The file's content never reaches a message: only its name and what is wrong.
-            let text = std::fs::read_to_string(&secret_file)
-                .map_err(|e| format!("cannot read secret_file {}: {e}", secret_file.display()))?;
+            // Nor its name when it cannot be read: a secret pasted where the file name belongs would be echoed.
+            let text =
+                std::fs::read_to_string(&secret_file).map_err(|e| format!("its secret_file cannot be read: {e}"))?;
             let secrets =
                 Secrets::parse(scheme, &text).map_err(|e| format!("secret_file {}: {e}", secret_file.display()))?;
             let verifier = Verifier::new(scheme, secrets, tolerance);

@@ -579,6 +579,12 @@ fn route_mistakes_are_start_up_errors() {
             "path = \"/a\"\nkey = [\"json:/id\"]\n[[route]]\npath = \"/A/\"\nname = \"b\"\nkey = [\"json:/id\"]".into(),
             "same path",
         ),
+        // The secret itself where a file name or a table belongs (break-it review: both were echoed).
+        (
+            "path = \"/a\"\nkey = [\"json:/id\"]\nsignature = \"github\"\nsecret_file = \"not base64 at all!\"".into(),
+            "secret_file cannot be read",
+        ),
+        ("path = \"/a\"\nkey = [\"json:/id\"]\nsecret = \"not base64 at all!\"".into(), "unknown field"),
     ];
     for (table, expected) in cases {
         let config = dir.path().join("idem.toml");
