@@ -120,9 +120,9 @@ fn check_printable(bytes: &[u8]) -> Result<(), Error> {
 
 /// The bytes a payload is hashed as: its RFC 8785 canonical form when it parses as JSON that the canonical
 /// form represents exactly (so key order and whitespace do not matter, array order does), else the bytes
-/// themselves. Not exact, so hashed raw: duplicate member names (a parser keeps one of them) and integers
-/// beyond ±2^53 (RFC 8785 §3.2.2.3 writes numbers as IEEE 754 doubles, which would merge 9007199254740993 with
-/// 9007199254740992).
+/// themselves. Not exact, so hashed raw: duplicate member names (a parser keeps one of them) and numbers of
+/// magnitude 2^53 or more, integer or not (RFC 8785 §3.2.2.3 writes numbers as IEEE 754 doubles, which would
+/// merge 9007199254740993 with 9007199254740992, and 18446744073709551617 with …618).
 pub fn canonical_payload(payload: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     let mut de = serde_json::Deserializer::from_slice(payload);
     if serde::de::Deserializer::deserialize_any(&mut de, Exact).is_err() || de.end().is_err() {
@@ -165,8 +165,10 @@ impl<'de> serde::de::Visitor<'de> for Exact {
     fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
         if v.unsigned_abs() > EXACT_INT { Err(E::custom("integer beyond 2^53")) } else { Ok(()) }
     }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        // serde_json gives an integer beyond 64 bits as an f64: 18446744073709551617 and …618 would be one
+        // number (break-it review: a changed amount was replayed instead of refused).
+        if v.abs() >= EXACT_INT as f64 { Err(E::custom("number beyond 2^53")) } else { Ok(()) }
     }
     fn visit_str<E>(self, _: &str) -> Result<(), E> {
         Ok(())
@@ -266,6 +268,10 @@ mod tests {
         // Not exactly representable in the canonical form: compared byte for byte instead.
         let big = |v: &str| derive_key("p", "1", format!(r#"{{"amount": {v}}}"#).as_bytes()).unwrap();
         assert_ne!(big("9007199254740993"), big("9007199254740992"));
+        // Beyond 64 bits serde_json parses an f64, which both share (break-it review).
+        assert_ne!(big("18446744073709551617"), big("18446744073709551618"));
+        assert_ne!(big("1e300"), big("1.0e300"));
+        assert_eq!(big("1.5"), derive_key("p", "1", br#"{"amount":1.5}"#).unwrap());
         assert_eq!(big("9007199254740992"), derive_key("p", "1", br#"{"amount":9007199254740992}"#).unwrap());
         assert_ne!(derive_key("p", "1", br#"{"a":1,"a":2}"#).unwrap(), derive_key("p", "1", br#"{"a":2}"#).unwrap());
         assert!(matches!(derive_key("p", &"x".repeat(250), b""), Err(Error::KeyTooLong { .. })));

@@ -1,8 +1,9 @@
 //! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (docs/DESIGN.md,
 //! "The admin listener and the record endpoint"), and `/v1/idempotency/route/{name}/{scope}/{key}` for the
-//! records of a route (webhook deliveries). The key is percent-encoded like KV keys; the scope is `anonymous`
-//! or the 32 hex digits the layer derives from a credential (see `idem_core::Scope`), for a route from the
-//! request path and the credential.
+//! records of a route (webhook deliveries), or `/v1/idempotency/route/{name}/{key}?path=/request/path` with
+//! the scope computed from the path for deliveries without credential headers. The key is percent-encoded like
+//! KV keys; the scope is `anonymous` or the 32 hex digits the layer derives from a credential (see
+//! `idem_core::Scope`), for a route from the request path and the credential (`idem_tower::route_scope`).
 
 use idem_core::ProblemType;
 use std::sync::Arc;
@@ -44,8 +45,8 @@ fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
     let usage = || {
         Problem::bad_request(
             ProblemType::InvalidRecordPath,
-            "use /v1/idempotency/{scope}/{percent-encoded key} or /v1/idempotency/route/{name}/{scope}/{key}; scope \
-             is 'anonymous' or 32 hex digits",
+            "use /v1/idempotency/{scope}/{percent-encoded key}, /v1/idempotency/route/{name}/{scope}/{key} or \
+             /v1/idempotency/route/{name}/{key}?path=/request/path; scope is 'anonymous' or 32 hex digits",
         )
     };
     // A route's records live under `{prefix}route/{name}/` (idem_tower::IdempotencyLayer::route). `route` is
@@ -58,15 +59,44 @@ fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
             if !valid {
                 return Err(usage());
             }
-            (std::borrow::Cow::Owned(format!("{prefix}route/{name}/")), rest)
+            let prefix = format!("{prefix}route/{name}/");
+            // The short form `route/{name}/{key}?path=/p`: the scope computed from the request path, as the
+            // layer does for a delivery without credential headers (no sha256sum by hand).
+            if let Some(path) = query_path(uri)? {
+                if rest.contains('/') {
+                    return Err(usage());
+                }
+                let scope = idem_tower::route_scope(&path, b"");
+                return Ok(RecordKey::new(&prefix, &scope, &record_id(rest)?));
+            }
+            (std::borrow::Cow::Owned(prefix), rest)
         }
         None => (std::borrow::Cow::Borrowed(prefix), rest),
     };
     let (scope, key) = rest.split_once('/').ok_or_else(usage)?;
     let scope = Scope::parse(scope).map_err(|_| usage())?;
-    let key = IdempotencyKey::new(decode_key(key)?)
-        .map_err(|e| Problem::bad_request(ProblemType::IdempotencyKeyInvalid, e.to_string()))?;
-    Ok(RecordKey::new(&prefix, &scope, &key))
+    Ok(RecordKey::new(&prefix, &scope, &record_id(key)?))
+}
+
+fn record_id(key: &str) -> Result<IdempotencyKey, Problem> {
+    IdempotencyKey::new(decode_key(key)?)
+        .map_err(|e| Problem::bad_request(ProblemType::IdempotencyKeyInvalid, e.to_string()))
+}
+
+/// The `path` query parameter, percent-decoded; it must start with `/`.
+fn query_path(uri: &Uri) -> Result<Option<String>, Problem> {
+    let Some(query) = uri.query() else { return Ok(None) };
+    let Some(raw) = query.split('&').find_map(|pair| pair.strip_prefix("path=")) else { return Ok(None) };
+    let path = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidPercentEncoding, "path is not percent-encoded UTF-8"))?;
+    if !path.starts_with('/') {
+        return Err(Problem::bad_request(
+            ProblemType::InvalidRecordPath,
+            "path must be the request path the deliveries were sent to, starting with /",
+        ));
+    }
+    Ok(Some(path.into_owned()))
 }
 
 async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Response, Problem> {

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use http::request::Parts;
-use idem_tower::{Ignore, KeySource, Refusal, RefusalReason, RouteError, Verify};
+use idem_tower::{Ignore, KeySource, MissingKey, Refusal, RefusalReason, RouteError, Verify};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -50,6 +50,12 @@ pub enum Scheme {
     /// Stripe: `Stripe-Signature: t=<unix s>,v1=<hex HMAC(t.body)>[,v1=…]`; the `whsec_…` secret as written,
     /// not decoded. Only a timestamp older than the tolerance is stale (Stripe's libraries check no more).
     Stripe,
+    /// Slack Events API: `X-Slack-Signature: v0=<hex HMAC("v0:" ts ":" body)>` with the timestamp in
+    /// `X-Slack-Request-Timestamp`; the signing secret as written. Timestamps more than the tolerance off,
+    /// either way, are stale (as `slack_sdk`'s `SignatureVerifier`).
+    Slack,
+    /// Shopify: `X-Shopify-Hmac-Sha256: <base64 HMAC(body)>`; the app's client secret as written. No timestamp.
+    Shopify,
 }
 
 impl Scheme {
@@ -59,11 +65,14 @@ impl Scheme {
             Self::StandardWebhooks => "standard-webhooks",
             Self::Github => "github",
             Self::Stripe => "stripe",
+            Self::Slack => "slack",
+            Self::Shopify => "shopify",
         }
     }
 
     /// Whether a signature of this scheme covers the key source part `part` (`header:NAME`, `json:/p`,
-    /// `query:NAME`): every scheme signs the body; Standard Webhooks also the `webhook-id` / `svix-id` header;
+    /// `query:NAME`): every scheme signs the body; Standard Webhooks also the `webhook-id` / `svix-id` header
+    /// (whichever is keyed is the one verified: a request carrying both with different values is refused);
     /// none signs a query or another header. An uncovered id can be made up and sent with a captured body.
     pub fn covers(self, part: &str) -> bool {
         part.starts_with("json:")
@@ -72,7 +81,7 @@ impl Scheme {
 
     /// Whether the scheme signs a timestamp (and so takes a tolerance).
     pub fn has_timestamp(self) -> bool {
-        !matches!(self, Self::Github)
+        !matches!(self, Self::Github | Self::Shopify)
     }
 }
 
@@ -84,6 +93,8 @@ impl FromStr for Scheme {
             "standard-webhooks" => Ok(Self::StandardWebhooks),
             "github" => Ok(Self::Github),
             "stripe" => Ok(Self::Stripe),
+            "slack" => Ok(Self::Slack),
+            "shopify" => Ok(Self::Shopify),
             _ => Err(RouteError::Unknown { what: "signature scheme", value: s.to_owned() }),
         }
     }
@@ -125,7 +136,7 @@ impl Secrets {
                         ))
                     })?
                 }
-                Scheme::Github | Scheme::Stripe => line.as_bytes().to_vec(),
+                Scheme::Github | Scheme::Stripe | Scheme::Slack | Scheme::Shopify => line.as_bytes().to_vec(),
             };
             let key = HmacSha256::new_from_slice(&bytes)
                 .map_err(|_| RouteError::InvalidSecret(format!("secret {} cannot key HMAC-SHA256", i + 1)))?;
@@ -232,6 +243,14 @@ impl Verify for Verifier {
         let (signed, signatures): (Vec<&[u8]>, Vec<Vec<u8>>) = match self.scheme {
             Scheme::StandardWebhooks => {
                 let id = required(headers, &["webhook-id", "svix-id"])?;
+                // The signature covers the id it was checked with; a route may key on either header, so both
+                // must say the same (break-it review: a genuine delivery resent with a made-up svix-id beside
+                // its webhook-id executed once per made-up id on a route keyed on svix-id).
+                if let (Some(a), Some(b)) = (header(headers, &["webhook-id"])?, header(headers, &["svix-id"])?)
+                    && a != b
+                {
+                    return Err(refuse(RefusalReason::Malformed, "webhook-id and svix-id differ"));
+                }
                 let ts = required(headers, &["webhook-timestamp", "svix-timestamp"])?;
                 let list = required(headers, &["webhook-signature", "svix-signature"])?;
                 let off = offset(ts, now)?;
@@ -287,6 +306,26 @@ impl Verify for Verifier {
                 }
                 (vec![ts.as_bytes(), b".", body], signatures)
             }
+            Scheme::Slack => {
+                let ts = required(headers, &["x-slack-request-timestamp"])?;
+                let value = required(headers, &["x-slack-signature"])?;
+                let off = offset(ts, now)?;
+                if off.saturating_abs() > tolerance {
+                    return Err(stale(off, self.tolerance));
+                }
+                let signature = value
+                    .strip_prefix("v0=")
+                    .and_then(decode_hex)
+                    .ok_or_else(|| refuse(RefusalReason::Malformed, "expected v0=<64 hex digits>"))?;
+                (vec![b"v0:", ts.as_bytes(), b":", body], vec![signature])
+            }
+            Scheme::Shopify => {
+                let value = required(headers, &["x-shopify-hmac-sha256"])?;
+                let signature = STANDARD
+                    .decode(value)
+                    .map_err(|_| refuse(RefusalReason::Malformed, "expected the base64 of 32 bytes"))?;
+                (vec![body], vec![signature])
+            }
         };
         let secrets = Arc::clone(&self.secrets.read().unwrap_or_else(PoisonError::into_inner));
         if secrets.any_matches(&signed, &signatures) {
@@ -297,7 +336,7 @@ impl Verify for Verifier {
     }
 }
 
-/// What a preset fills in: the key sources, the ignores and the scheme.
+/// What a preset fills in: the key sources, the ignores, the scheme and what a request without a key does.
 #[derive(Clone, Debug)]
 pub struct Preset {
     /// The key sources, first present wins.
@@ -306,15 +345,21 @@ pub struct Preset {
     pub ignore: Vec<Ignore>,
     /// The signature scheme.
     pub scheme: Scheme,
+    /// A signed request with none of the key sources: refused (400), or forwarded unprotected for senders that
+    /// also send requests that are not deliveries (Slack's `url_verification` challenge has no `event_id`).
+    pub missing_key: MissingKey,
 }
 
 /// The preset called `name`: `standard-webhooks` (key `webhook-id`, else `svix-id`), `github` (hook id and
-/// delivery GUID joined: one delivery at two hooks is two keys) or `stripe` (body `/id`, ignoring
-/// `/pending_webhooks`, which changes between attempts).
+/// delivery GUID joined: one delivery at two hooks is two keys), `stripe` (body `/id`, ignoring
+/// `/pending_webhooks`, which changes between attempts), `slack` (body `/event_id`; a signed request without
+/// one, such as the `url_verification` challenge, passes through) or `shopify` (`X-Shopify-Webhook-Id`, the
+/// same on every attempt of one delivery).
 ///
 /// # Errors
 /// [`RouteError::Unknown`] for another name.
 pub fn preset(name: &str) -> Result<Preset, RouteError> {
+    let mut missing_key = MissingKey::Refuse;
     let (key, ignore, scheme): (&[&str], &[&str], Scheme) = match name {
         "standard-webhooks" => (
             &["header:webhook-id", "header:svix-id"],
@@ -323,12 +368,27 @@ pub fn preset(name: &str) -> Result<Preset, RouteError> {
         ),
         "github" => (&["header:x-github-hook-id+header:x-github-delivery"], &[], Scheme::Github),
         "stripe" => (&["json:/id"], &["json:/pending_webhooks"], Scheme::Stripe),
+        "slack" => {
+            missing_key = MissingKey::Pass;
+            (
+                &["json:/event_id"],
+                &[
+                    "header:x-slack-retry-num",
+                    "header:x-slack-retry-reason",
+                    "header:x-slack-request-timestamp",
+                    "header:x-slack-signature",
+                ],
+                Scheme::Slack,
+            )
+        }
+        "shopify" => (&["header:x-shopify-webhook-id"], &["header:x-shopify-hmac-sha256"], Scheme::Shopify),
         _ => return Err(RouteError::Unknown { what: "preset", value: name.to_owned() }),
     };
     Ok(Preset {
         key: key.iter().map(|s| s.parse()).collect::<Result<_, _>>()?,
         ignore: ignore.iter().map(|s| s.parse()).collect::<Result<_, _>>()?,
         scheme,
+        missing_key,
     })
 }
 
@@ -491,6 +551,73 @@ mod tests {
         assert_eq!(preset("stripe").unwrap().scheme, Scheme::Stripe);
         assert_eq!(preset("github").unwrap().key.len(), 1);
         assert_eq!(preset("standard-webhooks").unwrap().key.len(), 2);
-        assert!(preset("slack").is_err(), "not built yet");
+        let slack = preset("slack").unwrap();
+        assert_eq!((slack.scheme, slack.missing_key), (Scheme::Slack, MissingKey::Pass));
+        assert_eq!(slack.key[0].to_string(), "json:/event_id");
+        let shopify = preset("shopify").unwrap();
+        assert_eq!((shopify.scheme, shopify.missing_key), (Scheme::Shopify, MissingKey::Refuse));
+        assert_eq!(shopify.key[0].to_string(), "header:x-shopify-webhook-id");
+        assert!(preset("mux").is_err());
+    }
+
+    #[test]
+    fn a_standard_webhooks_request_with_two_different_ids_is_refused() {
+        // Break-it review: the key may come from either header, the signature covers the one checked.
+        let v = standard(SW_SECRET);
+        let ts = SW_TS.to_string();
+        let both = |svix: &str| {
+            let parts = request(&[
+                ("webhook-id", SW_ID),
+                ("svix-id", svix),
+                ("webhook-timestamp", &ts),
+                ("webhook-signature", SW_SIG),
+            ]);
+            v.verify(&parts, &Bytes::from_static(SW_BODY), at(SW_TS)).map_err(|r| r.reason)
+        };
+        assert_eq!(both(SW_ID), Ok(()));
+        assert_eq!(both("made_up_1"), Err(RefusalReason::Malformed));
+    }
+
+    // Slack's documented example ("Verifying requests from Slack"): signing secret, timestamp, form body and
+    // the signature Slack sent.
+    const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+    const SLACK_TS: u64 = 1_531_420_618;
+    const SLACK_BODY: &[u8] = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+    const SLACK_SIG: &str = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
+
+    #[test]
+    fn slack_documented_example_verifies_within_five_minutes_both_ways() {
+        let v = Verifier::new(Scheme::Slack, Secrets::parse(Scheme::Slack, SLACK_SECRET).unwrap(), DEFAULT_TOLERANCE);
+        let check = |signature: &str, now: u64| {
+            let ts = SLACK_TS.to_string();
+            let parts = request(&[("x-slack-request-timestamp", &ts), ("x-slack-signature", signature)]);
+            v.verify(&parts, &Bytes::from_static(SLACK_BODY), at(now)).map_err(|r| r.reason)
+        };
+        assert_eq!(check(SLACK_SIG, SLACK_TS), Ok(()));
+        assert_eq!(check(SLACK_SIG, SLACK_TS + 300), Ok(()));
+        assert_eq!(check(SLACK_SIG, SLACK_TS + 301), Err(RefusalReason::Stale));
+        assert_eq!(check(SLACK_SIG, SLACK_TS - 301), Err(RefusalReason::Stale));
+        assert_eq!(check(&SLACK_SIG.replace("503", "504"), SLACK_TS), Err(RefusalReason::Mismatch));
+        assert_eq!(check(&SLACK_SIG.replace("v0=", "v1="), SLACK_TS), Err(RefusalReason::Malformed));
+        let parts = request(&[("x-slack-signature", SLACK_SIG)]);
+        let refused = v.verify(&parts, &Bytes::from_static(SLACK_BODY), at(SLACK_TS)).unwrap_err();
+        assert_eq!(refused.reason, RefusalReason::Missing);
+    }
+
+    #[test]
+    fn shopify_signatures_are_base64_over_the_body() {
+        let secret = "hush";
+        let body = Bytes::from_static(br#"{"id":820982911946154508,"email":"jon@example.com"}"#);
+        let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(&body);
+        let good = STANDARD.encode(mac.finalize().into_bytes());
+        let v = Verifier::new(Scheme::Shopify, Secrets::parse(Scheme::Shopify, secret).unwrap(), DEFAULT_TOLERANCE);
+        let check = |signature: &str| {
+            v.verify(&request(&[("x-shopify-hmac-sha256", signature)]), &body, at(0)).map_err(|r| r.reason)
+        };
+        assert_eq!(check(&good), Ok(()));
+        assert_eq!(check(&good.replace(&good[..4], "AAAA")), Err(RefusalReason::Mismatch));
+        assert_eq!(check("not base64!"), Err(RefusalReason::Malformed));
+        assert!(!Scheme::Shopify.has_timestamp());
     }
 }

@@ -76,8 +76,11 @@ where
         Err(refusal) => return Prepared::Answer(refusal),
     };
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    // Upper-cased: a covered method is matched ignoring case (`post` reaches a POST handler in several
+    // frameworks), so both spellings are one request.
+    let method = parts.method.as_str().to_ascii_uppercase();
     let fingerprint = Fingerprint::of_request(&RequestParts::new(
-        parts.method.as_str(),
+        &method,
         parts.uri.path(),
         parts.uri.query(),
         content_type,
@@ -150,21 +153,16 @@ where
     // The path is part of the scope: the same delivery id at another path below the route is another delivery.
     // Normalised, as routes are matched: the same path spelled another way (`/Stripe`, `/x/../stripe`, `%73`) is
     // the same delivery, not another execution.
-    let path = crate::route::normalise_path(parts.uri.path());
-    let mut credential = b"idem route scope\0".to_vec();
-    credential.extend_from_slice(path.as_bytes());
-    credential.push(0);
-    credential.extend_from_slice(&credential_bytes(&parts.headers, &config.credential_headers));
-    let scope = Scope::from_credential(Some(&credential));
+    let path = crate::route::delivery_path(parts.uri.path());
+    let credential = credential_bytes(&parts.headers, &config.credential_headers);
+    let scope = crate::route::route_scope(parts.uri.path(), &credential);
     let (query, compared) = without_ignored(&route.ignore, parts.uri.query(), &body, &mut json);
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
-    let fingerprint = Fingerprint::of_request(&RequestParts::new(
-        parts.method.as_str(),
-        &path,
-        query.as_deref(),
-        content_type,
-        &compared,
-    ));
+    // Upper-cased: a covered method is matched ignoring case (`post` reaches a POST handler in several
+    // frameworks), so both spellings are one request.
+    let method = parts.method.as_str().to_ascii_uppercase();
+    let fingerprint =
+        Fingerprint::of_request(&RequestParts::new(&method, &path, query.as_deref(), content_type, &compared));
     let record_key = RecordKey::new(&config.record_prefix, &scope, &key);
     parts.headers.remove(header::EXPECT);
     Prepared::Keyed(Keyed { parts, body, fingerprint, record_key })

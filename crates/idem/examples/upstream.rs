@@ -16,8 +16,8 @@
 //! `POST /fail-first/{n}` (500 for the first n executions of a delivery, then 201),
 //! `GET /executions` (the counts, with how often each delivery executed).
 //! Every POST/PATCH counts as one execution when it starts, under its delivery: the forwarded
-//! `Idempotency-Key`, else a webhook's `webhook-id` / `svix-id`, else `X-GitHub-Hook-ID` + `X-GitHub-Delivery`,
-//! else the JSON body's `id`.
+//! `Idempotency-Key`, else a webhook's `webhook-id` / `svix-id` / `X-Shopify-Webhook-Id`, else
+//! `X-GitHub-Hook-ID` + `X-GitHub-Delivery`, else the JSON body's `id` (Stripe) or `event_id` (Slack).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -75,10 +75,15 @@ impl Counts {
 /// The delivery a request belongs to, as its sender names it.
 fn delivery(headers: &HeaderMap, body: &str) -> Option<String> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    text("idempotency-key").or_else(|| text("webhook-id")).or_else(|| text("svix-id")).or_else(|| {
-        match (text("x-github-hook-id"), text("x-github-delivery")) {
-            (Some(hook), Some(guid)) => Some(format!("{hook}+{guid}")),
-            _ => serde_json::from_str::<serde_json::Value>(body).ok()?.get("id")?.as_str().map(str::to_owned),
+    let named = text("idempotency-key")
+        .or_else(|| text("webhook-id"))
+        .or_else(|| text("svix-id"))
+        .or_else(|| text("x-shopify-webhook-id"));
+    named.or_else(|| match (text("x-github-hook-id"), text("x-github-delivery")) {
+        (Some(hook), Some(guid)) => Some(format!("{hook}+{guid}")),
+        _ => {
+            let json = serde_json::from_str::<serde_json::Value>(body).ok()?;
+            json.get("id").or_else(|| json.get("event_id"))?.as_str().map(str::to_owned)
         }
     })
 }
@@ -126,8 +131,13 @@ async fn delete_order(State(counts): State<Arc<Counts>>, Path(n): Path<u64>) -> 
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn status(State(counts): State<Arc<Counts>>, Path(code): Path<u16>, headers: HeaderMap) -> Response {
-    let n = counts.count(&headers);
+async fn status(
+    State(counts): State<Arc<Counts>>,
+    Path(code): Path<u16>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let (n, _) = counts.count_delivery(&headers, &body);
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     (status, format!("execution {n} answered {code}\n")).into_response()
 }
@@ -137,8 +147,9 @@ async fn status_rest(
     State(counts): State<Arc<Counts>>,
     Path((code, _rest)): Path<(u16, String)>,
     headers: HeaderMap,
+    body: String,
 ) -> Response {
-    status(State(counts), Path(code), headers).await
+    status(State(counts), Path(code), headers, body).await
 }
 
 async fn fail_first(

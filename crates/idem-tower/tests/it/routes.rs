@@ -118,6 +118,27 @@ async fn a_refused_signature_reads_no_key_and_touches_neither_store_nor_service(
 }
 
 #[tokio::test]
+async fn a_lowercase_method_is_covered_like_its_uppercase_form() {
+    // Method names are case-sensitive, but frameworks such as Werkzeug upper-case them: an unsigned `post`
+    // passed through would reach the POST handler (break-it review).
+    let store = Arc::new(FaultyStore::new(MemoryStore::new(), |_| None));
+    let executions = Arc::new(AtomicUsize::new(0));
+    let route = RoutePolicy::new("signed", "/hooks", key()).unwrap().verifier(Arc::new(HeaderCheck));
+    let app = IdempotencyLayer::from_shared(Arc::clone(&store)).route(route).layer(inner(Arc::clone(&executions)));
+    let lower = |signature: Option<&str>| {
+        let mut request = delivery("/hooks", Some("d1"), signature, "{}");
+        *request.method_mut() = http::Method::from_bytes(b"post").unwrap();
+        request
+    };
+    assert_eq!(app.clone().oneshot(lower(None)).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(executions.load(Ordering::SeqCst), 0);
+    assert_eq!(app.clone().oneshot(lower(Some("good"))).await.unwrap().status(), StatusCode::CREATED);
+    let upper = app.clone().oneshot(delivery("/hooks", Some("d1"), Some("good"), "{}")).await.unwrap();
+    assert_eq!(upper.status(), StatusCode::CREATED);
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "one delivery, whatever the method's case");
+}
+
+#[tokio::test]
 async fn one_id_on_three_routes_and_two_paths_of_one_is_four_deliveries() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new(), |_| None));
     let executions = Arc::new(AtomicUsize::new(0));
@@ -145,7 +166,7 @@ async fn one_id_on_three_routes_and_two_paths_of_one_is_four_deliveries() {
     assert_eq!(executions.load(Ordering::SeqCst), 6);
     // The same delivery under other spellings of its path is replayed, not executed again (break-it review: a
     // genuine delivery resent to `/a/Other`, `/a/x/../other` or `/a/%6fther` executed once per spelling).
-    for path in ["/a/Other", "/a/x/../other", "/a/%6fther", "/a//other"] {
+    for path in ["/a/Other", "/a/x/../other", "/a/%6fther", "/a//other", "/a/other/"] {
         let answer = app.clone().oneshot(delivery(path, Some("evt_1"), None, "{}")).await.unwrap();
         assert_eq!(answer.status(), StatusCode::CREATED, "{path}");
         assert!(answer.headers().contains_key("idempotent-replayed"), "{path}: not a replay");

@@ -92,12 +92,16 @@ pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<Routes, Error> {
             let scheme = verifier.scheme_of();
             for source in route.key_sources() {
                 let source = source.to_string();
-                if let Some(part) = source.split('+').find(|part| !scheme.covers(part)) {
+                // Every part named (break-it review: GitHub's joined source named only the hook id).
+                let uncovered: Vec<&str> = source.split('+').filter(|part| !scheme.covers(part)).collect();
+                if !uncovered.is_empty() {
                     warnings.push(format!(
-                        "route {:?}: its {} signature does not cover key source part {part}: a captured genuine \
+                        "route {:?}: its {} signature does not cover key source part{} {}: a captured genuine \
                          body resent under a made-up id executes once more",
                         route.name(),
-                        scheme.name()
+                        scheme.name(),
+                        if uncovered.len() > 1 { "s" } else { "" },
+                        uncovered.join(" and ")
                     ));
                 }
             }
@@ -181,7 +185,8 @@ fn resolve(file: RouteFile) -> Result<Resolved, String> {
         (None, None) => {}
     }
     route = route.missing_key(match file.missing_key.as_deref() {
-        None | Some("refuse") => MissingKey::Refuse,
+        None => preset.as_ref().map_or(MissingKey::Refuse, |p| p.missing_key),
+        Some("refuse") => MissingKey::Refuse,
         Some("pass") => MissingKey::Pass,
         Some(other) => return Err(format!("missing_key {other:?}: expected refuse or pass")),
     });

@@ -26,6 +26,8 @@ const OTHER_SECRET: &str = "whsec_c2VjcmV0LW9uZS10d28tdGhyZWU=";
 const BODY: &str = r#"{"type":"invoice.paid","data":{"amount":1200}}"#;
 const GITHUB_SECRET: &str = "It's a Secret to Everybody";
 const STRIPE_SECRET: &str = "whsec_stripe_route_test";
+const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+const SHOPIFY_SECRET: &str = "shpss_route_test";
 
 /// Where records live: the embedded store in a temporary directory, or a throw-away PostgreSQL schema.
 enum Backend {
@@ -61,7 +63,7 @@ struct Hooks {
 impl Hooks {
     /// Routes: `/orders` and `/slow` (Standard Webhooks preset, each its own route), `/fail-first` (the preset),
     /// `/status` (signed, keyed by `webhook-id`, ignoring `/attempts`), `/headers` (GitHub preset), `/big`
-    /// (Stripe preset).
+    /// (Stripe preset), `/status/200/slack` and `/status/200/shopify` (those presets).
     async fn start(backend: &Backend) -> Hooks {
         let (up, counts) = start_upstream().await;
         let dir = tempfile::tempdir().unwrap();
@@ -77,7 +79,12 @@ impl Hooks {
             "[[route]]\npath = \"/status\"\nname = \"ignoring\"\nsignature = \"standard-webhooks\"\nsecret_file = \
              {secret:?}\nkey = [\"header:webhook-id\"]\nignore = [\"json:/attempts\"]\n"
         ));
-        for (path, preset, secret) in [("/headers", "github", GITHUB_SECRET), ("/big", "stripe", STRIPE_SECRET)] {
+        for (path, preset, secret) in [
+            ("/headers", "github", GITHUB_SECRET),
+            ("/big", "stripe", STRIPE_SECRET),
+            ("/status/200/slack", "slack", SLACK_SECRET),
+            ("/status/200/shopify", "shopify", SHOPIFY_SECRET),
+        ] {
             let file = dir.path().join(preset);
             std::fs::write(&file, format!("{secret}\n")).unwrap();
             config.push_str(&format!("[[route]]\npath = {path:?}\npreset = {preset:?}\nsecret_file = {file:?}\n"));
@@ -205,6 +212,29 @@ fn stripe(timestamp: i64, body: &str) -> Vec<(String, String)> {
     vec![("stripe-signature".into(), format!("t={t},v1={}", hmac_hex(STRIPE_SECRET, &[&t, ".", body])))]
 }
 
+/// A Shopify delivery's headers: `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 of the body under the secret.
+fn shopify(id: &str, secret: &str, body: &str) -> Vec<(String, String)> {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    vec![
+        ("x-shopify-webhook-id".into(), id.into()),
+        ("x-shopify-topic".into(), "orders/create".into()),
+        ("x-shopify-hmac-sha256".into(), base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())),
+    ]
+}
+
+/// Slack's `X-Slack-Request-Timestamp` and `X-Slack-Signature`, made by `slack_sdk`'s `SignatureVerifier`.
+fn signed_by_slack(python: &PathBuf, secret: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/slack_sign.py");
+    let mut child = Command::new(python).arg(script).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let request = serde_json::json!({ "secret": secret, "timestamp": timestamp, "body": body });
+    child.stdin.take().unwrap().write_all(request.to_string().as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the Python signer failed");
+    let headers: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    headers.into_iter().map(|(k, v)| (k, v.as_str().unwrap().to_owned())).collect()
+}
+
 /// The Python interpreter of the installed peers, or `None` (skipped with a reason; a failure in CI).
 fn python_peer() -> Option<PathBuf> {
     let python = std::env::var("IDEM_TEST_WEBHOOK_PEERS").ok().map(|dir| PathBuf::from(dir).join("venv/bin/python"));
@@ -298,6 +328,14 @@ async fn forged_stale_and_missing_signatures_claim_nothing_then_the_genuine_deli
         // The operator's view of the route's record, and its removal: the next delivery executes again.
         let view: serde_json::Value = client().get(&record).send().await.unwrap().json().await.unwrap();
         assert_eq!((view["state"].as_str(), view["status"].as_u64()), (Some("completed"), Some(201)), "{view}");
+        // The short form computes the scope from the request path (here spelled another way).
+        let short = format!("{}/v1/idempotency/route/orders/{id}?path=/Orders/", hooks.server.admin);
+        let same: serde_json::Value = client().get(&short).send().await.unwrap().json().await.unwrap();
+        assert_eq!(same, view);
+        let elsewhere = format!("{}/v1/idempotency/route/orders/{id}?path=/orders/x", hooks.server.admin);
+        assert_eq!(client().get(&elsewhere).send().await.unwrap().status(), StatusCode::NOT_FOUND);
+        let relative = format!("{}/v1/idempotency/route/orders/{id}?path=orders", hooks.server.admin);
+        assert_eq!(client().get(&relative).send().await.unwrap().status(), StatusCode::BAD_REQUEST);
         assert_eq!(client().delete(&record).send().await.unwrap().status(), StatusCode::NO_CONTENT);
         assert_eq!(client().get(&record).send().await.unwrap().status(), StatusCode::NOT_FOUND);
         let after_delete = hooks.send("/orders", &signed(SECRET, &id, now(), BODY), BODY).await;
@@ -473,7 +511,7 @@ async fn one_github_delivery_at_two_hooks_executes_once_at_each() {
     for backend in Backend::all() {
         let hooks = Hooks::start(&backend).await;
         // GitHub signs the body only: start-up says the delivery id headers can be made up.
-        let needle = "route \"github\": its github signature does not cover key source part header:x-github-hook-id";
+        let needle = "route \"github\": its github signature does not cover key source parts header:x-github-hook-id and header:x-github-delivery";
         let log = hooks.server.wait_for_log(needle, 1, std::time::Duration::from_secs(10));
         assert!(!log.contains("route \"orders\": its"), "Standard Webhooks signs webhook-id:\n{log}");
         assert!(!log.contains("route \"stripe\": its"), "Stripe signs the body's id:\n{log}");
@@ -558,7 +596,7 @@ fn route_mistakes_are_start_up_errors() {
     std::fs::write(&empty, "\n\n").unwrap();
     let cases = [
         ("path = \"/a\"".to_owned(), "no key"),
-        ("path = \"/a\"\npreset = \"slack\"".into(), "unknown preset"),
+        ("path = \"/a\"\npreset = \"mux\"".into(), "unknown preset"),
         ("path = \"/a\"\nkey = [\"json:id\"]".into(), "RFC 6901"),
         ("path = \"/a/../b\"\nkey = [\"json:/id\"]".into(), "route path"),
         ("path = \"/a\"\nkey = [\"json:/id\"]\nsignature = \"github\"".into(), "need secret_file"),
@@ -601,4 +639,61 @@ fn route_mistakes_are_start_up_errors() {
     let (code, _, stderr) = idem(&["serve", "--config", config.to_str().unwrap()], &[]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("[[route]] applies to the proxy only"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slack_retries_and_shopify_redeliveries_execute_once_and_unsigned_ones_never() {
+    let Some(python) = python_peer() else { return };
+    for backend in Backend::all() {
+        let hooks = Hooks::start(&backend).await;
+        let event = format!("Ev{:010X}", rand::random::<u32>());
+        let body = format!(r#"{{"type":"event_callback","event_id":"{event}","event":{{"type":"app_mention"}}}}"#);
+        // Slack retries a delivery with X-Slack-Retry-Num and a new timestamp and signature each time.
+        for retry in 0..3 {
+            let mut headers = signed_by_slack(&python, SLACK_SECRET, now() - retry, &body);
+            if retry > 0 {
+                headers.push(("x-slack-retry-num".into(), retry.to_string()));
+                headers.push(("x-slack-retry-reason".into(), "http_timeout".into()));
+            }
+            let answer = hooks.send("/status/200/slack", &headers, &body).await;
+            assert_eq!(answer.status(), StatusCode::OK, "retry {retry}");
+            assert_eq!(answer.headers().contains_key("idempotent-replayed"), retry > 0, "retry {retry}");
+        }
+        assert_eq!(hooks.counts.executions_of(&event), 1);
+        // The url_verification challenge is signed and carries no event_id: the preset passes it through.
+        let before = hooks.counts.executions();
+        let challenge =
+            r#"{"type":"url_verification","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}"#;
+        for _ in 0..2 {
+            let headers = signed_by_slack(&python, SLACK_SECRET, now(), challenge);
+            let answer = hooks.send("/status/200/slack", &headers, challenge).await;
+            assert_eq!(answer.status(), StatusCode::OK);
+            assert!(!answer.headers().contains_key("idempotent-replayed"));
+        }
+        assert_eq!(hooks.counts.executions(), before + 2, "each challenge reaches the app");
+        // Unsigned, signed with another secret, or 301 s old: 401, nothing executed or recorded.
+        let records = hooks.route_records().await;
+        let other = format!(r#"{{"type":"event_callback","event_id":"{event}x"}}"#);
+        let forged = signed_by_slack(&python, "another-signing-secret", now(), &other);
+        let stale = signed_by_slack(&python, SLACK_SECRET, now() - 301, &other);
+        for headers in [vec![], forged, stale] {
+            let answer = hooks.send("/status/200/slack", &headers, &other).await;
+            assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        }
+        assert_eq!(hooks.counts.executions(), before + 2);
+        assert_eq!(hooks.route_records().await, records);
+
+        // Shopify keeps X-Shopify-Webhook-Id across the attempts of one delivery.
+        let id = format!("b54557e4-bdd9-4b37-8a5f-{:012x}", rand::random::<u64>() >> 16);
+        let order = r#"{"id":820982911946154508,"email":"jon@example.com","total_price":"9.00"}"#;
+        for _ in 0..3 {
+            let answer = hooks.send("/status/200/shopify", &shopify(&id, SHOPIFY_SECRET, order), order).await;
+            assert_eq!(answer.status(), StatusCode::OK);
+        }
+        assert_eq!(hooks.counts.executions_of(&id), 1);
+        let forged = hooks.send("/status/200/shopify", &shopify(&id, "not-the-secret", order), order).await;
+        assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(hooks.counts.executions_of(&id), 1);
+        hooks.finish().await;
+    }
 }
