@@ -12,7 +12,7 @@
 # added-latency run, default 16), WORKERS (nginx's worker_processes and idem's tokio worker threads,
 # TOKIO_WORKER_THREADS, default 1: the same configuration on both sides), CALLGRIND (1: instruction counts,
 # default 1), REDIS_URL (default redis://127.0.0.1:6379; the Redis case is skipped with a line when it does not
-# answer), CASES (a subset of "nginx nokey first replay redis"; nginx, the yardstick of every ratio, is
+# answer), CASES (a subset of "nginx nokey first replay redis webhook"; nginx, the yardstick of every ratio, is
 # measured even when left out; an unknown case or WORKERS below 1 is refused with exit status 2),
 # IDEM_BIN (a prebuilt idem to measure instead of building one), CARGO_TARGET_DIR.
 #
@@ -29,7 +29,7 @@ WORKERS=${WORKERS:-1}
 CALLGRIND=${CALLGRIND:-1}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 readonly THREADS=2 REPLAY_KEYS=1000 CG_WARMUP=200 CG_REQUESTS=1000
-readonly KNOWN_CASES="nginx nokey first replay redis"
+readonly KNOWN_CASES="nginx nokey first replay redis webhook"
 if ! [[ $WORKERS =~ ^[1-9][0-9]*$ ]]; then
   echo "bench-proxy: WORKERS must be a whole number of at least 1, not ${WORKERS@Q}" >&2
   exit 2
@@ -132,6 +132,13 @@ start_proxy() { # case port workers [wrapper...]
         --admin-listen "127.0.0.1:$(free_port)" --upstream "http://127.0.0.1:$up_port" --store "$REDIS_URL" \
         --namespace "bench$RANDOM$RANDOM" >"$dir/log" 2>&1 &
       ;;
+    webhook)
+      # /orders as a Standard Webhooks route: the signature checked, the key read from webhook-id.
+      printf '[[route]]\npath = "/orders"\npreset = "standard-webhooks"\nsecret_file = "%s"\n' "$secret" >"$dir/idem.toml"
+      TOKIO_WORKER_THREADS=$workers IDEM_LOG=warn "$@" "$idem" serve --listen "127.0.0.1:$port" \
+        --admin-listen "127.0.0.1:$(free_port)" --upstream "http://127.0.0.1:$up_port" \
+        --store "sqlite:$dir/idem.db" --config "$dir/idem.toml" >"$dir/log" 2>&1 &
+      ;;
     *)
       TOKIO_WORKER_THREADS=$workers IDEM_LOG=warn "$@" "$idem" serve --listen "127.0.0.1:$port" \
         --admin-listen "127.0.0.1:$(free_port)" --upstream "http://127.0.0.1:$up_port" \
@@ -142,7 +149,32 @@ start_proxy() { # case port workers [wrapper...]
   echo $!
 }
 
-mode_of() { case $1 in nginx | nokey) echo nokey ;; first | redis) echo unique ;; replay) echo replay ;; esac; }
+mode_of() { case $1 in nginx | nokey) echo nokey ;; first | redis) echo unique ;; replay) echo replay ;; webhook) echo webhook ;; esac; }
+
+# The Standard Webhooks secret of the webhook case, and its deliveries presigned with Python's hmac (wrk's Lua
+# has no HMAC): `presign TAG N` writes N lines "id timestamp v1,signature" to $work/TAG.deliveries.
+secret="$work/webhook-secret"
+echo "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" >"$secret"
+chmod 600 "$secret"
+presign() { # tag count
+  python3 - "$secret" "$1" "$2" >"$work/$1.deliveries" <<'PY'
+import base64, hashlib, hmac, sys, time
+secret, tag, n = open(sys.argv[1]).read().strip(), sys.argv[2], int(sys.argv[3])
+key = base64.b64decode(secret.removeprefix("whsec_"))
+ts = str(int(time.time()))
+out = []
+for i in range(n):
+    id = f"msg_{tag}_{i}"
+    body = '{"sku":"%s","qty":1}' % id
+    sig = base64.b64encode(hmac.new(key, f"{id}.{ts}.{body}".encode(), hashlib.sha256).digest()).decode()
+    out.append(f"{id} {ts} v1,{sig}")
+print("\n".join(out))
+PY
+  echo "$work/$1.deliveries"
+}
+# Deliveries for one wrk run of `seconds`: more than the fastest case answers on this machine (about 6,000
+# requests/s per core for replays).
+deliveries_for() { echo $((($1 + 1) * 8000 * $(nproc))); }
 
 # One wrk run against case $1: prints "rps p50 p99 cpu_us_per_request".
 measure() { # case connections
@@ -153,16 +185,26 @@ measure() { # case connections
   wait_port "$port"
   mode=$(mode_of "$case")
   tag="c$RANDOM"
+  local file=- warm_file=- presigned=0
+  if [[ $mode == webhook ]]; then
+    presigned=$(deliveries_for "$DURATION")
+    warm_file=$(presign "w$tag" "$(deliveries_for 2)")
+    file=$(presign "$tag" "$presigned")
+  fi
   if [[ $mode == replay ]]; then
     wrk -t$THREADS -c"$conns" -d3s -s "$lua" "http://127.0.0.1:$port" -- replay $REPLAY_KEYS "$tag" >/dev/null
   else # warm the connection pools and the store the same way
-    wrk -t$THREADS -c"$conns" -d2s -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "w$tag" >/dev/null
+    wrk -t$THREADS -c"$conns" -d2s -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "w$tag" "$warm_file" $THREADS >/dev/null
   fi
   before=$(cpu_of "$pid")
-  out=$(wrk -t$THREADS -c"$conns" -d"${DURATION}s" --timeout 10s --latency -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "$tag")
+  out=$(wrk -t$THREADS -c"$conns" -d"${DURATION}s" --timeout 10s --latency -s "$lua" "http://127.0.0.1:$port" -- "$mode" $REPLAY_KEYS "$tag" "$file" $THREADS)
   after=$(cpu_of "$pid")
   line=$(grep '^WRK_RESULT' <<<"$out")
   requests=$(field "$line" requests)
+  if [[ $mode == webhook ]] && ((requests > presigned)); then
+    log "$case: $requests requests outnumbered the $presigned presigned deliveries (some were replays): raise deliveries_for"
+    exit 1
+  fi
   if [[ $(field "$line" non2xx) != 0 || $(field "$line" errors) != 0 ]]; then log "$case: $line $(grep WRK_SAMPLE <<<"$out" || true)"; fi
   kill "$pid"
   while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
@@ -181,15 +223,21 @@ instructions() { # case
   pid=$(start_proxy "$case" "$port" 1 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" -q)
   pids+=("$pid")
   wait_port "$port"
-  python3 - "$port" "$(mode_of "$case")" "cg$RANDOM" "$pid" $CG_WARMUP $CG_REQUESTS <<'PY'
-import http.client, json, subprocess, sys
+  python3 - "$port" "$(mode_of "$case")" "cg$RANDOM" "$pid" $CG_WARMUP $CG_REQUESTS "$secret" <<'PY'
+import base64, hashlib, hmac, http.client, json, subprocess, sys, time
 port, mode, tag, pid, warmup, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+KEY = base64.b64decode(open(sys.argv[7]).read().strip().removeprefix("whsec_"))
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
 def send(i):
     headers = {"Content-Type": "application/json"}
     if mode == "replay": i = i % 50   # 50 keys: executed once each during the warm-up, then replayed
-    if mode != "nokey": headers["Idempotency-Key"] = f"{tag}-{i}"
-    conn.request("POST", "/orders", body=json.dumps({"sku": f"{tag}-{i}", "qty": 1}), headers=headers)
+    body = json.dumps({"sku": f"{tag}-{i}", "qty": 1})
+    if mode == "webhook":
+        id, ts = f"msg_{tag}_{i}", str(int(time.time()))
+        sig = base64.b64encode(hmac.new(KEY, f"{id}.{ts}.{body}".encode(), hashlib.sha256).digest()).decode()
+        headers.update({"webhook-id": id, "webhook-timestamp": ts, "webhook-signature": f"v1,{sig}"})
+    elif mode != "nokey": headers["Idempotency-Key"] = f"{tag}-{i}"
+    conn.request("POST", "/orders", body=body, headers=headers)
     r = conn.getresponse(); r.read()
     assert 200 <= r.status < 300, r.status
 for i in range(warmup): send(i)
@@ -223,7 +271,7 @@ first16=$(measure first "$LATENCY_CONNECTIONS")
 
 nginx_cpu=$(cut -d' ' -f4 <<<"${result[nginx]}")
 nginx_ir=${cg[nginx]:-}
-label() { case $1 in nginx) echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///'), upstream keepalive" ;; nokey) echo "idem, no key (plain forwarding)" ;; first) echo "idem, first executions, embedded store" ;; replay) echo "idem, replays ($REPLAY_KEYS keys), embedded store" ;; redis) echo "idem, first executions, --store redis://" ;; esac; }
+label() { case $1 in nginx) echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///'), upstream keepalive" ;; nokey) echo "idem, no key (plain forwarding)" ;; first) echo "idem, first executions, embedded store" ;; replay) echo "idem, replays ($REPLAY_KEYS keys), embedded store" ;; redis) echo "idem, first executions, --store redis://" ;; webhook) echo "idem, verified webhook, first deliveries, embedded store" ;; esac; }
 cat <<REPORT
 
 == bench-proxy: $CONNECTIONS connections, $THREADS wrk threads, ${DURATION}s per run, $WORKERS worker(s) each (nginx worker_processes, idem TOKIO_WORKER_THREADS), $(nproc) cores, $(if [[ -n ${IDEM_BIN:-} ]]; then echo "idem $IDEM_BIN"; else echo "rev $(git -C "$repo" rev-parse --short HEAD)"; fi)
@@ -240,3 +288,12 @@ done
 read -r _ _ p99_first _ <<<"$first16"
 echo
 echo "p99 at $LATENCY_CONNECTIONS connections: direct $(field "$direct16" p99_ms) ms, first executions through idem $p99_first ms, added $(awk -v a="$p99_first" -v b="$(field "$direct16" p99_ms)" 'BEGIN { printf "%.2f", a - b }') ms"
+if [[ -n ${result[webhook]:-} && -n ${result[first]:-} ]]; then
+  # Issue 28's target: a verified first delivery costs at most 1.2x a plain keyed first execution.
+  ratio_cpu=$(awk -v a="$(cut -d' ' -f4 <<<"${result[webhook]}")" -v b="$(cut -d' ' -f4 <<<"${result[first]}")" 'BEGIN { printf "%.2f", a / b }')
+  ratio_ir=-
+  if [[ -n ${cg[webhook]:-} && -n ${cg[first]:-} ]]; then
+    ratio_ir=$(awk -v a="${cg[webhook]}" -v b="${cg[first]}" 'BEGIN { printf "%.2f", a / b }')
+  fi
+  echo "verified webhook first delivery vs keyed first execution: CPU per request x$ratio_cpu, instructions x$ratio_ir (target <= 1.2)"
+fi

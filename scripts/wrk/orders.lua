@@ -7,7 +7,12 @@
 --        nokey   ->  no Idempotency-Key at all: plain forwarding through the proxy, the cost of the extra hop
 --        replay  ->  keys cycle over KEYS keys (TAG-k<0..KEYS-1>) with the same body per key: after a warm-up
 --                    that executed each once, every request through the proxy is a replay
+--        webhook ->  Standard Webhooks deliveries presigned in FILE (lines "id timestamp signature", the body
+--                    {"sku":"<id>","qty":1}; thread t sends lines t, t+THREADS, ...), each once: first
+--                    deliveries through a signed route; a thread that runs out starts over (replays: the
+--                    script checks that the requests answered did not outnumber the deliveries)
 -- KEYS   number of distinct keys in replay mode (default 1000)
+-- FILE   webhook mode: the presigned deliveries (scripts/bench-proxy.sh writes them with Python's hmac)
 --
 -- done() prints one machine-readable line:
 --   WRK_RESULT mode=.. requests=.. ok=.. non2xx=.. errors=.. ok_rps=.. p50_ms=.. p99_ms=.. max_ms=..
@@ -29,12 +34,27 @@ function init(args)
   ok = 0
   non2xx = 0
   sample = ""
+  if mode == "webhook" then
+    deliveries = {}
+    local i, nthreads = 0, tonumber(args[5] or "2")
+    for line in io.lines(args[4]) do
+      if i % nthreads == tid then table.insert(deliveries, line) end
+      i = i + 1
+    end
+  end
 end
 
 function request()
   counter = counter + 1
   local key, body
-  if mode == "nokey" then
+  if mode == "webhook" then
+    local line = deliveries[(counter - 1) % #deliveries + 1]
+    local id, ts, sig = line:match("^(%S+) (%S+) (%S+)$")
+    body = '{"sku":"' .. id .. '","qty":1}'
+    return wrk.format("POST", "/orders", {
+      ["Content-Type"] = "application/json", ["webhook-id"] = id, ["webhook-timestamp"] = ts,
+      ["webhook-signature"] = sig }, body)
+  elseif mode == "nokey" then
     body = '{"sku":"' .. tag .. '-' .. tid .. '-' .. counter .. '","qty":1}'
     return wrk.format("POST", "/orders", { ["Content-Type"] = "application/json" }, body)
   elseif mode == "unique" then

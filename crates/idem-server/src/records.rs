@@ -61,12 +61,12 @@ fn record_key(prefix: &str, uri: &Uri) -> Result<RecordKey, Problem> {
             }
             let prefix = format!("{prefix}route/{name}/");
             // The short form `route/{name}/{key}?path=/p`: the scope computed from the request path, as the
-            // layer does for a delivery without credential headers (no sha256sum by hand).
+            // layer does on a signed route or for a delivery without credential headers (no sha256sum by hand).
             if let Some(path) = query_path(uri)? {
                 if rest.contains('/') {
                     return Err(usage());
                 }
-                let scope = idem_tower::route_scope(&path, b"");
+                let scope = idem_tower::route_scope(&idem_tower::delivery_path(&path), b"");
                 return Ok(RecordKey::new(&prefix, &scope, &record_id(rest)?));
             }
             (std::borrow::Cow::Owned(prefix), rest)
@@ -83,20 +83,19 @@ fn record_id(key: &str) -> Result<IdempotencyKey, Problem> {
         .map_err(|e| Problem::bad_request(ProblemType::IdempotencyKeyInvalid, e.to_string()))
 }
 
-/// The `path` query parameter, percent-decoded; it must start with `/`.
+/// The `path` query parameter as written: not percent-decoded here, because the path is normalised (every
+/// escape decoded) as the layer normalises a request path; decoding it first would decode `%25` twice (break-it
+/// review). It must start with `/`.
 fn query_path(uri: &Uri) -> Result<Option<String>, Problem> {
     let Some(query) = uri.query() else { return Ok(None) };
-    let Some(raw) = query.split('&').find_map(|pair| pair.strip_prefix("path=")) else { return Ok(None) };
-    let path = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| Problem::bad_request(ProblemType::InvalidPercentEncoding, "path is not percent-encoded UTF-8"))?;
+    let Some(path) = query.split('&').find_map(|pair| pair.strip_prefix("path=")) else { return Ok(None) };
     if !path.starts_with('/') {
         return Err(Problem::bad_request(
             ProblemType::InvalidRecordPath,
             "path must be the request path the deliveries were sent to, starting with /",
         ));
     }
-    Ok(Some(path.into_owned()))
+    Ok(Some(path.to_owned()))
 }
 
 async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Response, Problem> {

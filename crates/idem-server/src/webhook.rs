@@ -95,7 +95,10 @@ impl FromStr for Scheme {
             "stripe" => Ok(Self::Stripe),
             "slack" => Ok(Self::Slack),
             "shopify" => Ok(Self::Shopify),
-            _ => Err(RouteError::Unknown { what: "signature scheme", value: s.to_owned() }),
+            _ => Err(RouteError::Unknown {
+                what: "signature scheme",
+                expected: "standard-webhooks, github, stripe, slack, shopify or none",
+            }),
         }
     }
 }
@@ -382,7 +385,12 @@ pub fn preset(name: &str) -> Result<Preset, RouteError> {
             )
         }
         "shopify" => (&["header:x-shopify-webhook-id"], &["header:x-shopify-hmac-sha256"], Scheme::Shopify),
-        _ => return Err(RouteError::Unknown { what: "preset", value: name.to_owned() }),
+        _ => {
+            return Err(RouteError::Unknown {
+                what: "preset",
+                expected: "standard-webhooks, github, stripe, slack or shopify",
+            });
+        }
     };
     Ok(Preset {
         key: key.iter().map(|s| s.parse()).collect::<Result<_, _>>()?,

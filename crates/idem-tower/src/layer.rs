@@ -249,6 +249,12 @@ impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
                 if let Some(in_flight) = policy.in_flight {
                     config.in_flight = in_flight;
                 }
+                if let Some(retention) = policy.retention {
+                    config.retention = retention;
+                }
+                if let Some(unknown) = policy.unknown_outcome {
+                    config.unknown_outcome = unknown;
+                }
                 config.route = Some(Arc::clone(&policy));
                 config.route_counters = Some(Arc::new(RouteCounters::new(&policy.name)));
                 (policy, Arc::new(config))

@@ -53,6 +53,6 @@ pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer}
 pub use prepare::BufferedBody;
 pub use route::{
     Ignore, KeySource, MissingKey, OnFailure, Refusal, RefusalReason, RouteError, RoutePolicy, Verify,
-    WEBHOOK_IN_FLIGHT_WAIT, normalise_path, route_scope,
+    WEBHOOK_IN_FLIGHT_WAIT, delivery_path, normalise_path, route_scope,
 };
 pub use service::Idempotency;

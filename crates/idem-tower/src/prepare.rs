@@ -124,6 +124,11 @@ where
         }
         return Prepared::Answer(answer);
     }
+    // A signed route checks every method (see `Idempotency::call`) but keys only the covered ones.
+    if !crate::service::covers_method(&config.methods, &parts.method) {
+        parts.headers.remove(header::EXPECT);
+        return Prepared::PassThrough(Request::from_parts(parts, Body::from(body)));
+    }
     let mut json = JsonBody::default();
     let Some(value) = route.key.iter().find_map(|source| source.extract(&parts, &body, &mut json)) else {
         return match route.missing_key {
@@ -153,9 +158,16 @@ where
     // The path is part of the scope: the same delivery id at another path below the route is another delivery.
     // Normalised, as routes are matched: the same path spelled another way (`/Stripe`, `/x/../stripe`, `%73`) is
     // the same delivery, not another execution.
-    let path = crate::route::delivery_path(parts.uri.path());
-    let credential = credential_bytes(&parts.headers, &config.credential_headers);
-    let scope = crate::route::route_scope(parts.uri.path(), &credential);
+    let path = route.delivery_path(parts.uri.path());
+    // A signed route's scope leaves the credential headers out: no scheme signs them, so a captured delivery
+    // resent with a made-up `Authorization` or `X-Api-Key` would otherwise be another delivery (break-it review:
+    // one Standard Webhooks delivery sent 6 times executed 5 times). The signature authenticates the sender.
+    let credential = if route.verifier.is_some() {
+        Vec::new()
+    } else {
+        credential_bytes(&parts.headers, &config.credential_headers)
+    };
+    let scope = crate::route::route_scope(&path, &credential);
     let (query, compared) = without_ignored(&route.ignore, parts.uri.query(), &body, &mut json);
     let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     // Upper-cased: a covered method is matched ignoring case (`post` reaches a POST handler in several

@@ -33,19 +33,20 @@ pub enum RouteError {
     /// The route's name is not `[a-z0-9_-]{1,32}`.
     #[error("route name {0:?} must match [a-z0-9_-]{{1,32}}")]
     InvalidName(String),
-    /// The route's path is not absolute, or holds `..`, `%`, `?` or `#`.
-    #[error("route path {0:?} must start with / and hold no '..', '%', '?' or '#'")]
+    /// The route's path is not absolute, or holds `..`, `%`, `?`, `#`, `;` or `\`.
+    #[error("route path {0:?} must start with / and hold no '..', '%', '?', '#', ';' or '\\'")]
     InvalidPath(String),
     /// A keyed route needs at least one key source.
     #[error("route {0:?} has no key source")]
     NoKeySource(String),
-    /// A name the route settings do not know (a preset, a signature scheme, a policy value).
-    #[error("unknown {what} {value:?}")]
+    /// A name the route settings do not know (a preset, a signature scheme, a policy value). The message does
+    /// not repeat the name given: a secret pasted into the wrong field would be printed.
+    #[error("unknown {what}: expected {expected}")]
     Unknown {
         /// What was named: `preset`, `signature scheme`, ...
         what: &'static str,
-        /// The name given.
-        value: String,
+        /// The names accepted, for the message.
+        expected: &'static str,
     },
     /// A signature secret is unusable; the message never contains the secret.
     #[error("webhook secret: {0}")]
@@ -273,9 +274,10 @@ pub(crate) fn record_key_of(value: String) -> idem_core::IdempotencyKey {
     }
 }
 
-/// The path a delivery is scoped and compared by: [`normalise_path`] without a trailing `/` (frameworks such as
-/// Express route `/hooks/stripe/` to the `/hooks/stripe` handler; break-it review: it executed once more).
-pub(crate) fn delivery_path(path: &str) -> String {
+/// A path as deliveries are scoped and compared by: [`normalise_path`] without a trailing `/` (frameworks such as
+/// Express route `/hooks/stripe/` to the `/hooks/stripe` handler; break-it review: it executed once more). A
+/// route also drops what follows its own path within that segment ([`RoutePolicy::delivery_path`]).
+pub fn delivery_path(path: &str) -> String {
     let mut normal = normalise_path(path);
     while normal.len() > 1 && normal.ends_with('/') {
         normal.pop();
@@ -283,14 +285,14 @@ pub(crate) fn delivery_path(path: &str) -> String {
     normal
 }
 
-/// The scope of a route's records for requests to `path` (as sent: it is normalised as the layer does, and a
-/// trailing `/` dropped) whose credential headers give `credential` (each header's name, NUL, value, NUL, in
-/// the layer's order; empty without credential headers): 32 hex digits of SHA-256 over
+/// The scope of a route's records for deliveries to `path` (as [`delivery_path`] gives it) whose credential
+/// headers give `credential` (each header's name, NUL, value, NUL, in the layer's order; empty without
+/// credential headers, and always on a route with a signature): 32 hex digits of SHA-256 over
 /// `idem scope\0idem route scope\0{path}\0` and the credential bytes. The admin record look-up computes it for
 /// `?path=`.
 pub fn route_scope(path: &str, credential: &[u8]) -> idem_core::Scope {
     let mut bytes = b"idem route scope\0".to_vec();
-    bytes.extend_from_slice(delivery_path(path).as_bytes());
+    bytes.extend_from_slice(path.as_bytes());
     bytes.push(0);
     bytes.extend_from_slice(credential);
     idem_core::Scope::from_credential(Some(&bytes))
@@ -380,6 +382,8 @@ pub struct RoutePolicy {
     pub(crate) verifier: Option<Arc<dyn Verify>>,
     pub(crate) on_failure: OnFailure,
     pub(crate) in_flight: Option<InFlight>,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) unknown_outcome: Option<crate::config::UnknownOutcome>,
 }
 
 impl std::fmt::Debug for RoutePolicy {
@@ -393,6 +397,8 @@ impl std::fmt::Debug for RoutePolicy {
             .field("verifier", &self.verifier.as_ref().map(|v| v.scheme().to_owned()))
             .field("on_failure", &self.on_failure)
             .field("in_flight", &self.in_flight)
+            .field("retention", &self.retention)
+            .field("unknown_outcome", &self.unknown_outcome)
             .finish()
     }
 }
@@ -411,7 +417,7 @@ impl RoutePolicy {
         if !valid_name {
             return Err(RouteError::InvalidName(name.to_owned()));
         }
-        if !path.starts_with('/') || path.contains("..") || path.contains(['%', '?', '#']) {
+        if !path.starts_with('/') || path.contains("..") || path.contains(['%', '?', '#', ';', '\\']) {
             return Err(RouteError::InvalidPath(path.to_owned()));
         }
         if key.is_empty() {
@@ -430,6 +436,8 @@ impl RoutePolicy {
             verifier: None,
             on_failure: OnFailure::Store,
             in_flight: None,
+            retention: None,
+            unknown_outcome: None,
         })
     }
 
@@ -478,24 +486,63 @@ impl RoutePolicy {
         self
     }
 
-    /// Whether this route covers the normalised `path`.
+    /// How long this route's records are kept (the layer's retention unless given), clamped like the
+    /// layer's. A webhook sender redelivers for days (Stripe up to 3, Svix about 28 h): a record that expires
+    /// first lets a late redelivery execute again.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention.clamp(idem_store::MIN_TTL, idem_store::MAX_TTL));
+        self
+    }
+
+    /// What an unknown outcome does to this route's key (the layer's policy unless given). A webhook route
+    /// usually wants [`UnknownOutcome::Release`](crate::UnknownOutcome::Release): kept, every redelivery for
+    /// days gets 502 and the event is never processed; released, the redelivery executes (once more, if the
+    /// first did run).
+    pub fn unknown_outcome(mut self, policy: crate::config::UnknownOutcome) -> Self {
+        self.unknown_outcome = Some(policy);
+        self
+    }
+
+    /// Whether this route covers the normalised `path`: the route's path itself, anything below it, or the
+    /// route's path followed by a character that cannot continue a segment name (`/hooks/stripe.json`: Rails'
+    /// optional format; `/hooks/stripe;x` is already stripped by [`normalise_path`]; a trailing space or NUL).
+    /// `/hooks/stripe2` and `/hooks/stripe-v2` are other paths.
     pub(crate) fn covers(&self, path: &str) -> bool {
         self.path == "/"
-            || path.strip_prefix(self.path.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            || path.strip_prefix(self.path.as_str()).is_some_and(|rest| rest.is_empty() || ends_segment(rest))
     }
+
+    /// The path a delivery to `path` (as sent) is scoped and compared by: [`delivery_path`], with what follows
+    /// the route's path within its last segment (`.json`) dropped, so every spelling the route covers is one
+    /// delivery.
+    pub(crate) fn delivery_path(&self, path: &str) -> String {
+        let normal = delivery_path(path);
+        match normal.strip_prefix(self.path.as_str()) {
+            Some(rest) if self.path != "/" && !rest.is_empty() && !rest.starts_with('/') => self.path.clone(),
+            _ => normal,
+        }
+    }
+}
+
+/// Whether `rest`, what follows a route's path, starts a new segment or cannot continue the last one's name.
+fn ends_segment(rest: &str) -> bool {
+    rest.chars().next().is_some_and(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '~')))
 }
 
 /// The path routes are matched on: percent-escapes decoded (every one, as most servers do before routing: a
 /// Python WSGI app, Go's `net/http` and Java servlets all take `/hooks/%73tripe` for `/hooks/stripe`; RFC 3986
-/// §6.2.2.2 for the unreserved ones), dot segments removed (RFC 3986 §5.2.4), empty segments (`//`) collapsed,
-/// ASCII letters lowercased. So `/hooks/x/../stripe`, `/HOOKS//stripe` and `/hooks/%73tripe` meet the
+/// §6.2.2.2 for the unreserved ones), `\` taken as `/`, `;parameters` dropped from each segment, dot segments
+/// removed (RFC 3986 §5.2.4), empty segments (`//`) collapsed, ASCII letters lowercased. So `/hooks/x/../stripe`, `/HOOKS//stripe` and `/hooks/%73tripe` meet the
 /// `/hooks/stripe` route's signature check. Decoding more than an upstream does only makes more requests meet a
 /// check. The request itself is forwarded as it was sent; the record's scope and fingerprint use this form, so
 /// one delivery under two spellings of its path is one delivery.
 pub fn normalise_path(path: &str) -> String {
-    let lowered = percent_decoded(path).to_ascii_lowercase();
+    // `\` is a separator to WHATWG URL parsers (Node, Deno, Bun) and IIS; `;params` are dropped from each
+    // segment by servlet containers and Spring (break-it review: both reached a signed route's handler unsigned).
+    let lowered = percent_decoded(path).replace('\\', "/").to_ascii_lowercase();
     let mut out: Vec<&str> = Vec::new();
     for segment in lowered.split('/') {
+        let segment = segment.split_once(';').map_or(segment, |(name, _)| name);
         match segment {
             "" | "." => {}
             ".." => {
@@ -721,13 +768,30 @@ mod tests {
             "/hooks/%73tripe",
             "/hooks/stri%70e",
             "/hooks/%2e%2e/hooks/stripe",
+            // Break-it review: a WHATWG URL parser takes `\` for `/`, servlets drop `;params`, Rails routes
+            // `.json` to the same action; each reached the upstream unsigned.
+            "/hooks\\stripe",
+            "/hooks/stripe;jsessionid=x",
+            "/hooks;a/stripe",
+            "/hooks/stripe.json",
+            "/hooks/stripe%20",
+            "/hooks/stripe%00",
         ] {
             assert!(route.covers(&normalise_path(covered)), "{covered}");
+            if !covered.ends_with("stripe/x") {
+                assert_eq!(
+                    route.delivery_path(covered),
+                    "/hooks/stripe",
+                    "{covered}: one delivery whatever the spelling"
+                );
+            }
         }
-        for other in ["/hooks/stripe2", "/hooks", "/hooks/stripe/../x", "/"] {
+        assert_eq!(route.delivery_path("/hooks/stripe/X/"), "/hooks/stripe/x");
+        for other in ["/hooks/stripe2", "/hooks/stripe-v2", "/hooks/stripe_x", "/hooks", "/hooks/stripe/../x", "/"] {
             assert!(!route.covers(&normalise_path(other)), "{other}");
         }
         assert!(RoutePolicy::new("x", "/a/../b", vec!["json:/id".parse().unwrap()]).is_err());
+        assert!(RoutePolicy::new("x", "/a;b", vec!["json:/id".parse().unwrap()]).is_err());
         assert!(RoutePolicy::new("Bad", "/a", vec!["json:/id".parse().unwrap()]).is_err());
         assert!(RoutePolicy::new("x", "/a", vec![]).is_err());
     }

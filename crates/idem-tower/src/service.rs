@@ -88,7 +88,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = Arc::clone(self.config_for(request.uri().path()));
-        if !covers_method(&config.methods, request.method()) {
+        // A signed route checks every method: its upstream handler may answer any (a Django view, Express's
+        // `app.all`), and an unsigned PUT must not reach it (review finding). Only deliveries are keyed.
+        let signed = config.route.as_ref().is_some_and(|r| r.verifier.is_some());
+        if !signed && !covers_method(&config.methods, request.method()) {
             let call = inner.call(request.map(Body::new));
             return ResponseFuture::new(async move { call.await.map(|r| r.map(Body::new)) });
         }
@@ -150,6 +153,6 @@ where
 /// Whether `method` is one of `methods`, ignoring ASCII case. Method names are case-sensitive (RFC 9110 §9.1),
 /// but common upstream frameworks (Werkzeug, some routers) upper-case them: a `post` passed through uncovered
 /// would reach a POST handler with no key, no signature check and no record (break-it review).
-fn covers_method(methods: &[http::Method], method: &http::Method) -> bool {
+pub(crate) fn covers_method(methods: &[http::Method], method: &http::Method) -> bool {
     methods.contains(method) || methods.iter().any(|m| m.as_str().eq_ignore_ascii_case(method.as_str()))
 }

@@ -139,6 +139,37 @@ async fn a_lowercase_method_is_covered_like_its_uppercase_form() {
 }
 
 #[tokio::test]
+async fn a_signed_route_checks_every_method_and_scopes_without_credential_headers() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new(), |_| None));
+    let executions = Arc::new(AtomicUsize::new(0));
+    let route = RoutePolicy::new("signed", "/hooks", key()).unwrap().verifier(Arc::new(HeaderCheck));
+    let app = IdempotencyLayer::from_shared(Arc::clone(&store)).route(route).layer(inner(Arc::clone(&executions)));
+    // An unsigned PUT or DELETE is refused like an unsigned POST (review finding: it reached the handler).
+    for method in [http::Method::PUT, http::Method::DELETE, http::Method::GET] {
+        let mut request = delivery("/hooks", Some("d1"), None, "{}");
+        *request.method_mut() = method.clone();
+        assert_eq!(app.clone().oneshot(request).await.unwrap().status(), StatusCode::UNAUTHORIZED, "{method}");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 0);
+    // A signed PUT passes, unkeyed: only deliveries (the covered methods) are recorded.
+    let mut put = delivery("/hooks", Some("d1"), Some("good"), "{}");
+    *put.method_mut() = http::Method::PUT;
+    assert_eq!(app.clone().oneshot(put).await.unwrap().status(), StatusCode::CREATED);
+    assert!(keys(&store, "idempotency/").await.is_empty());
+    // No scheme signs credential headers: a delivery resent with made-up ones is the same delivery (break-it
+    // review: one delivery sent 6 times with new `X-Api-Key`s executed 5 times).
+    for credential in [None, Some(("x-api-key", "made-up-1")), Some(("authorization", "Bearer made-up-2"))] {
+        let mut request = delivery("/hooks", Some("d2"), Some("good"), "{}");
+        if let Some((name, value)) = credential {
+            request.headers_mut().insert(name, http::HeaderValue::from_static(value));
+        }
+        assert_eq!(app.clone().oneshot(request).await.unwrap().status(), StatusCode::CREATED);
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 2, "the PUT and one execution of d2");
+    assert_eq!(keys(&store, "idempotency/route/signed/").await.len(), 1);
+}
+
+#[tokio::test]
 async fn one_id_on_three_routes_and_two_paths_of_one_is_four_deliveries() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new(), |_| None));
     let executions = Arc::new(AtomicUsize::new(0));

@@ -344,7 +344,8 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
                 .map_err(|_| Error::Config(format!("--credential-header: {h:?} is not a header name")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let Routes { routes, secret_files, warnings: route_warnings } = resolve_routes(std::mem::take(&mut file.route))?;
+    let Routes { routes, secret_files, warnings: route_warnings } =
+        resolve_routes(std::mem::take(&mut file.route), retention)?;
     let require_key = args.require_key || file.require_key.unwrap_or(false);
     let release_unknown = args.release_unknown || file.release_unknown.unwrap_or(false);
     Ok(Some(ProxyConfig {

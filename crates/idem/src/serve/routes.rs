@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_server::webhook::{self, DEFAULT_TOLERANCE, Scheme, Secrets, Verifier};
-use idem_tower::{Ignore, InFlight, KeySource, MissingKey, OnFailure, RoutePolicy, WEBHOOK_IN_FLIGHT_WAIT};
+use idem_tower::{
+    Ignore, InFlight, KeySource, MissingKey, OnFailure, RoutePolicy, UnknownOutcome, WEBHOOK_IN_FLIGHT_WAIT,
+};
 use serde::Deserialize;
 
 use crate::error::Error;
@@ -25,8 +27,14 @@ pub(super) struct RouteFile {
     secret_file: Option<PathBuf>,
     tolerance: Option<String>,
     on_failure: Option<String>,
+    on_unknown: Option<String>,
     in_flight_wait: Option<String>,
+    retention: Option<String>,
 }
+
+/// A webhook route's records are kept at least this long unless the route says otherwise: Stripe redelivers
+/// for up to 3 days, GitHub lets a delivery be redelivered for 3 days, Svix for about 28 h.
+const WEBHOOK_RETENTION: Duration = Duration::from_secs(3 * 24 * 3600);
 
 /// A route's secret file, re-read on SIGHUP into its verifier.
 #[derive(Debug)]
@@ -74,13 +82,14 @@ pub(super) struct Routes {
 }
 
 /// Checks every route table; a path or a name given twice is refused.
-pub(super) fn resolve_routes(files: Vec<RouteFile>) -> Result<Routes, Error> {
+pub(super) fn resolve_routes(files: Vec<RouteFile>, retention: Duration) -> Result<Routes, Error> {
     let mut routes: Vec<RoutePolicy> = Vec::with_capacity(files.len());
     let mut secret_files = Vec::new();
     let mut warnings = Vec::new();
     for file in files {
         let path = file.path.clone();
-        let (route, secret) = resolve(file).map_err(|e| Error::Config(format!("[[route]] path = {path:?}: {e}")))?;
+        let (route, secret) =
+            resolve(file, retention).map_err(|e| Error::Config(format!("[[route]] path = {path:?}: {e}")))?;
         if let Some(twin) = routes.iter().find(|r| r.path() == route.path() || r.name() == route.name()) {
             return Err(Error::Config(format!(
                 "[[route]] path = {path:?}: route {:?} at {:?} has the same path or name",
@@ -127,7 +136,7 @@ fn world_readable(path: &std::path::Path) -> bool {
 /// A checked route, and its secret file with the verifier that file feeds.
 type Resolved = (RoutePolicy, Option<(PathBuf, Arc<Verifier>)>);
 
-fn resolve(file: RouteFile) -> Result<Resolved, String> {
+fn resolve(file: RouteFile, retention: Duration) -> Result<Resolved, String> {
     let preset = file.preset.as_deref().map(webhook::preset).transpose().map_err(|e| e.to_string())?;
     let name = match (&file.name, &file.preset) {
         (Some(name), _) => name.clone(),
@@ -163,7 +172,8 @@ fn resolve(file: RouteFile) -> Result<Resolved, String> {
                 Some(_) if !scheme.has_timestamp() => {
                     return Err(format!("tolerance: {} signatures carry no timestamp", scheme.name()));
                 }
-                Some(t) => humantime::parse_duration(&t).map_err(|e| format!("tolerance {t:?}: {e}"))?,
+                // Values are not echoed in route errors: a secret pasted into the wrong field would be printed.
+                Some(t) => humantime::parse_duration(&t).map_err(|e| format!("tolerance: {e}"))?,
                 None => DEFAULT_TOLERANCE,
             };
             if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&tolerance) {
@@ -188,16 +198,37 @@ fn resolve(file: RouteFile) -> Result<Resolved, String> {
         None => preset.as_ref().map_or(MissingKey::Refuse, |p| p.missing_key),
         Some("refuse") => MissingKey::Refuse,
         Some("pass") => MissingKey::Pass,
-        Some(other) => return Err(format!("missing_key {other:?}: expected refuse or pass")),
+        Some(_) => return Err("missing_key: expected refuse or pass".into()),
     });
     route = route.on_failure(match file.on_failure.as_deref() {
         None if webhook => OnFailure::Release,
         None | Some("store") => OnFailure::Store,
         Some("release") => OnFailure::Release,
-        Some(other) => return Err(format!("on_failure {other:?}: expected release or store")),
+        Some(_) => return Err("on_failure: expected release or store".into()),
     });
+    // A webhook sender redelivers for days: an outcome kept unknown would answer every redelivery 502 until the
+    // record expires, and the event would never be processed; released, the redelivery executes (once more,
+    // if the first did run). Other routes keep the proxy's --release-unknown policy.
+    match file.on_unknown.as_deref() {
+        None if webhook => route = route.unknown_outcome(UnknownOutcome::Release),
+        None => {}
+        Some("release") => route = route.unknown_outcome(UnknownOutcome::Release),
+        Some("keep") => route = route.unknown_outcome(UnknownOutcome::Keep),
+        Some(_) => return Err("on_unknown: expected release or keep".into()),
+    }
+    match file.retention {
+        Some(r) => {
+            let r = humantime::parse_duration(&r).map_err(|e| format!("retention: {e}"))?;
+            if !(idem_store::MIN_TTL..=idem_store::MAX_TTL).contains(&r) {
+                return Err("retention must be within 1s..=365d".into());
+            }
+            route = route.retention(r);
+        }
+        None if webhook => route = route.retention(retention.max(WEBHOOK_RETENTION)),
+        None => {}
+    }
     let wait = match file.in_flight_wait {
-        Some(w) => Some(humantime::parse_duration(&w).map_err(|e| format!("in_flight_wait {w:?}: {e}"))?),
+        Some(w) => Some(humantime::parse_duration(&w).map_err(|e| format!("in_flight_wait: {e}"))?),
         None if webhook => Some(WEBHOOK_IN_FLIGHT_WAIT),
         None => None,
     };

@@ -328,6 +328,11 @@ async fn forged_stale_and_missing_signatures_claim_nothing_then_the_genuine_deli
         // The operator's view of the route's record, and its removal: the next delivery executes again.
         let view: serde_json::Value = client().get(&record).send().await.unwrap().json().await.unwrap();
         assert_eq!((view["state"].as_str(), view["status"].as_u64()), (Some("completed"), Some(201)), "{view}");
+        // A webhook route keeps its records for at least Stripe's 3 days of redeliveries (the proxy's 24 h
+        // would let a day-2 redelivery execute again).
+        let expires: SystemTime = humantime::parse_rfc3339(view["expires_at"].as_str().unwrap()).unwrap();
+        let kept = expires.duration_since(SystemTime::now()).unwrap();
+        assert!(kept > std::time::Duration::from_secs(71 * 3600), "kept {kept:?}");
         // The short form computes the scope from the request path (here spelled another way).
         let short = format!("{}/v1/idempotency/route/orders/{id}?path=/Orders/", hooks.server.admin);
         let same: serde_json::Value = client().get(&short).send().await.unwrap().json().await.unwrap();
@@ -696,4 +701,51 @@ async fn slack_retries_and_shopify_redeliveries_execute_once_and_unsigned_ones_n
         assert_eq!(hooks.counts.executions_of(&id), 1);
         hooks.finish().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_outcome_on_a_webhook_route_is_released_unless_the_route_keeps_it() {
+    // The upstream answers after 1.5 s, past a 1 s upstream timeout: the outcome is unknown. On a webhook route
+    // the redelivery executes (the sender would otherwise get 502 for days and the event never be processed);
+    // a route with on_unknown = "keep" answers 502 instead, as the proxy does by default.
+    let (up, counts) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let mut config = String::from("upstream_timeout = \"1s\"\n");
+    for (path, name, unknown) in [("/slow/1500", "released", ""), ("/slow/1501", "kept", "on_unknown = \"keep\"\n")] {
+        config.push_str(&format!(
+            "[[route]]\npath = {path:?}\nname = {name:?}\npreset = \"standard-webhooks\"\nsecret_file = {secret:?}\n{unknown}"
+        ));
+    }
+    let config_file = dir.path().join("idem.toml");
+    std::fs::write(&config_file, config).unwrap();
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let args = ["--upstream", &up, "--admin-listen", "127.0.0.1:0", "--store", &store, "--config"];
+    let mut args: Vec<&str> = args.to_vec();
+    let config_path = config_file.display().to_string();
+    args.push(&config_path);
+    let server = Server::start(&args, &[]);
+    let send = |path: &'static str, id: String| {
+        let url = format!("{}{path}", server.url);
+        async move {
+            let mut request = client().post(url).header("content-type", "application/json");
+            for (name, value) in signed(SECRET, &id, now(), BODY) {
+                request = request.header(name, value);
+            }
+            request.body(BODY).send().await.unwrap().status()
+        }
+    };
+    // Released: the redelivery executes (and times out again); kept: 502 outcome-unknown, not executed.
+    for (path, retry_status, executions) in
+        [("/slow/1500", StatusCode::GATEWAY_TIMEOUT, 2), ("/slow/1501", StatusCode::BAD_GATEWAY, 1)]
+    {
+        let id = delivery_id();
+        assert_eq!(send(path, id.clone()).await, StatusCode::GATEWAY_TIMEOUT, "{path}");
+        // The first execution ends upstream before the redelivery comes.
+        tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+        assert_eq!(send(path, id.clone()).await, retry_status, "{path}");
+        assert_eq!(counts.executions_of(&id), executions, "{path}");
+    }
+    drop(server);
 }
