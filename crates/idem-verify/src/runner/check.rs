@@ -14,7 +14,11 @@
 //! - on a shared SQLite ledger, in all: executions at most items + executions cut short by a kill or pause of
 //!   their own runner ([`sqlite_bound`]): a pause costs the paused runner's items in flight (a real takeover),
 //!   never the others' (their renewals wait for the paused runner's turn, they are not given up), and a
-//!   locked ledger costs none.
+//!   locked ledger costs none;
+//! - a failover (highly available backends) excuses nothing either: an item executed beyond its bound across it
+//!   is an anomaly, counted besides as a loss (`executions repeated`: a claim or a done mark the old primary
+//!   acknowledged and the promoted one lacks), as is an item the dry run lists again afterwards
+//!   (`acknowledged writes missing`).
 
 use std::collections::BTreeMap;
 
@@ -36,6 +40,13 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
     // Shown even when nothing exited: the figure must be 0.
     notes.insert("runner exits".into(), 0);
     notes.insert("items failed".into(), 0);
+    let failover = faults.iter().any(|f| f.kind == "failover");
+    let mut losses: BTreeMap<String, u64> = BTreeMap::new();
+    if opts.backend.is_ha() {
+        // Shown even when nothing was lost: the figure must be 0 with the durable setting.
+        losses.insert("executions repeated".into(), 0);
+        losses.insert("acknowledged writes missing".into(), 0);
+    }
     for b in batches {
         let runs: Vec<ItemRun> = std::fs::read_to_string(&b.log)
             .unwrap_or_default()
@@ -85,11 +96,16 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             anomaly(
                 "not finished",
                 format!("batch {}", b.n),
-                format!("the runners had not finished within {:?}", super::BATCH_LIMIT),
+                format!("the runners had not finished within {:?}", super::batch_limit(b.items.len())),
                 None,
             );
         }
         if b.dry_run.1 != Some(0) || !b.dry_run.0.trim().is_empty() {
+            if failover {
+                // Items finished (every runner exited 0 or was killed) that the ledger no longer says done.
+                let listed = b.dry_run.0.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+                *losses.entry("acknowledged writes missing".into()).or_default() += listed;
+            }
             anomaly(
                 "not done",
                 format!("batch {}", b.n),
@@ -104,6 +120,11 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             let mine: Vec<&ItemRun> = runs.iter().filter(|r| &r.id == id).collect();
             let cut_short = mine.iter().filter(|r| cut(r)).count();
             *notes.entry("executions cut short by a fault".into()).or_default() += cut_short as u64;
+            *notes.entry(format!("items executed {}x", mine.len())).or_default() += 1;
+            if mine.len() > 1 + cut_short && failover {
+                let extra = (mine.len() - 1 - cut_short) as u64;
+                *losses.entry("executions repeated".into()).or_default() += extra;
+            }
             if mine.len() > 1 + cut_short {
                 anomaly(
                     "executed too often",
@@ -191,6 +212,8 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         histories: items,
         anomalies,
         notes,
+        setting: None,
+        losses,
         seconds: 0.0,
         history: path,
         failure_page,
