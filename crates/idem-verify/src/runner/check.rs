@@ -337,6 +337,61 @@ mod tests {
         assert!(excuses(&other, &r, 0, true));
     }
 
+    /// A planted loss: item 2000 of a batch on a Sentinel setup executed by two runners, 2 s and 12 s in, a
+    /// failover between them (its claim lost with the old master), and item 2001 listed by the dry run
+    /// afterwards (its done mark lost). Both are anomalies and counted losses.
+    #[test]
+    fn executions_repeated_and_done_marks_lost_across_a_failover_are_anomalies_and_counted_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let wall0 = 1_000_000;
+        let runs = [
+            ItemRun { id: "2000".into(), token: 1, attempt: 1, runner: 7, start_ms: wall0 + 2000 },
+            ItemRun { id: "2000".into(), token: 2, attempt: 1, runner: 8, start_ms: wall0 + 12_000 },
+            ItemRun { id: "2001".into(), token: 1, attempt: 1, runner: 7, start_ms: wall0 + 2000 },
+        ];
+        let log = dir.path().join("executions.jsonl");
+        let lines: Vec<String> = runs.iter().map(|r| serde_json::to_string(r).unwrap()).collect();
+        std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+        for (id, token, runner) in [("2000", 2, 8), ("2001", 1, 7)] {
+            let o = Output { id: id.into(), token, runner };
+            std::fs::write(out.join(format!("{id}.json")), serde_json::to_vec(&o).unwrap()).unwrap();
+        }
+        let batch = Batch {
+            n: 0,
+            items: vec!["2000".into(), "2001".into()],
+            out,
+            log,
+            exits: Vec::new(),
+            seen: Vec::new(),
+            dry_run: ("2001\n".into(), Some(0)),
+            timed_out: false,
+        };
+        let clock = Clock::new();
+        clock.fault(fault("failover", "store primary", 6_000_000, 9_000_000));
+        let opts = Options {
+            backend: crate::Backend::RedisSentinel,
+            workload: crate::Workload::Runner,
+            seed: 1,
+            duration: std::time::Duration::from_secs(1),
+            faults: true,
+            idem: "idem".into(),
+            harness: "idem-verify".into(),
+            out: dir.path().to_owned(),
+            planted_bug: None,
+            clients: 2,
+            durable: false,
+            failover_at: None,
+        };
+        let s = summarize(&opts, &clock, wall0, &[batch]);
+        let kinds: Vec<&str> = s.anomalies.iter().map(|a| a.kind.as_str()).collect();
+        assert_eq!(kinds, ["not done", "executed too often"], "{:#?}", s.anomalies);
+        assert_eq!(s.losses.get("executions repeated"), Some(&1));
+        assert_eq!(s.losses.get("acknowledged writes missing"), Some(&1));
+        assert_eq!((s.notes.get("items executed 1x"), s.notes.get("items executed 2x")), (Some(&1), Some(&1)));
+    }
+
     #[test]
     fn the_sqlite_bound_counts_executions_cut_by_their_own_runner() {
         assert_eq!(sqlite_bound(24, 5), 29);
