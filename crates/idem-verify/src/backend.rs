@@ -74,7 +74,9 @@ impl StoreEnv {
     /// when the mount is refused the data stays on the ordinary disk and the disk-full fault is left out).
     ///
     /// # Errors
-    /// [`Error::Setup`] when the PostgreSQL or Redis programs are missing, or a port cannot be bound.
+    /// [`Error::Setup`] when the PostgreSQL or Redis programs are missing, a port cannot be bound, or a highly
+    /// available setup does not come up (with the test kit's message: a standby that does not stream, Sentinels
+    /// that do not see each other, a Cluster that does not reach `cluster_state:ok` within a minute).
     ///
     /// The highly available backends take `durable` (see [`setting`]); the others ignore it.
     pub async fn start(backend: Backend, want_tmpfs: bool, durable: bool) -> Result<Self, Error> {
