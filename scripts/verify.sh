@@ -3,17 +3,21 @@
 # it: random concurrent clients against real idem processes under injected faults, their histories checked for
 # linearizability (KV) and exactly-once (proxy, runner). See RELIABILITY.md.
 #
-#   scripts/verify.sh [--long] [--backend sqlite|postgres|redis|all] [--workload kv|proxy|runner|all] [--seed N]
-#                     [-- other idem-verify flags, e.g. --planted-bug kv-precondition]
+#   scripts/verify.sh [--long] [--backend sqlite|postgres|redis|all|postgres-ha|redis-sentinel|redis-cluster|ha]
+#                     [--workload kv|proxy|runner|all] [--seed N]
+#                     [-- other idem-verify flags, e.g. --planted-bug kv-precondition, --no-durable]
 #
 # Default: every backend and workload for 20 s each (about 4 minutes); --long: 30 minutes in all, shared out.
+# The highly available backends (ha: all three) run the failover fault instead of the others: their primary
+# killed with SIGKILL mid-run, the standby or replica promoted. Durable setting by default (synchronous
+# replication, wait_replicas=1: 0 anomalies expected); -- --no-durable counts what the failover loses.
 # Exit status: 0 nothing found, 1 an anomaly was found (the failure page's path is printed), 2 bad usage or a
 # run that could not be set up (or checked nothing). The harness's own flags: scripts/verify.sh -- --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 backend=all workload=all seed="" long=0 extra=()
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 # Bad usage is exit 2 (1 means an anomaly was found), so `${2:?}` (exit 1) is not used.
 value() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "verify.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -32,8 +36,9 @@ args=()
 count_b=3 count_w=3
 case "$backend" in
   all) ;;
-  sqlite|postgres|redis) args+=(--backend "$backend"); count_b=1 ;;
-  *) echo "verify.sh: --backend is sqlite, postgres, redis or all, not $backend" >&2; exit 2 ;;
+  sqlite|postgres|redis|postgres-ha|redis-sentinel|redis-cluster) args+=(--backend "$backend"); count_b=1 ;;
+  ha) args+=(--backend postgres-ha --backend redis-sentinel --backend redis-cluster) ;;
+  *) echo "verify.sh: --backend is sqlite, postgres, redis, all, postgres-ha, redis-sentinel, redis-cluster or ha, not $backend" >&2; exit 2 ;;
 esac
 case "$workload" in
   all) ;;

@@ -41,6 +41,10 @@ pub enum Kind {
     UpstreamNetDelay,
     /// The SQLite tmpfs filled to the last byte for a while.
     DiskFull,
+    /// A highly available backend's primary killed (SIGKILL) and its standby or replica promoted in its place
+    /// ([`StoreEnv::failover`]); once per run ([`failover_once`]). It excuses nothing: a key or item executed
+    /// again across it is an anomaly, and counted as a loss of the replication setting.
+    Failover,
 }
 
 impl Kind {
@@ -54,6 +58,7 @@ impl Kind {
             Kind::StoreNetDrop | Kind::UpstreamNetDrop => "net-drop",
             Kind::StoreNetDelay | Kind::UpstreamNetDelay => "net-delay",
             Kind::DiskFull => "disk-full",
+            Kind::Failover => "failover",
         }
     }
 }
@@ -64,6 +69,8 @@ impl Kind {
 pub struct RunnerSet {
     /// Label and process id of each runner alive.
     pub alive: Vec<(String, u32)>,
+    /// The batch the runners work on (its namespace `b{batch}` is the hash tag of its keys on a Cluster).
+    pub batch: usize,
     /// The batch's execution log (`exec-item` lines).
     pub log: Option<std::path::PathBuf>,
 }
@@ -120,6 +127,51 @@ pub async fn nemesis(
         let start = clock.now();
         let Some((target, detail)) = inject(kind, &targets, &mut rng).await else { continue };
         clock.fault(Fault { kind: kind.name().into(), target, start_us: start, end_us: clock.now(), detail });
+    }
+}
+
+/// The one failover of a run on a highly available backend: at `at`, or at an instant drawn from `seed`
+/// between a quarter and half of `duration`, unless `stop` is set first; returns once it has healed (the
+/// promoted primary serves, and on Redis the old one is back as its replica).
+pub async fn failover_once(
+    seed: u64,
+    at: Option<Duration>,
+    duration: Duration,
+    targets: Targets,
+    clock: Clock,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6661_696c_6f76_6572);
+    let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    let wait = at.unwrap_or_else(|| between(&mut rng, ms / 4, ms / 2));
+    let mut stop = stop;
+    tokio::select! {
+        () = tokio::time::sleep(wait) => {}
+        _ = stop.wait_for(|s| *s) => return,
+    }
+    let start = clock.now();
+    if let Some((target, detail)) = inject(Kind::Failover, &targets, &mut rng).await {
+        clock.fault(Fault { kind: Kind::Failover.name().into(), target, start_us: start, end_us: clock.now(), detail });
+    }
+}
+
+/// The nemesis of a run: on a highly available backend its one failover ([`failover_once`]), elsewhere
+/// [`nemesis`] with `kinds`; nothing without `opts.faults`.
+pub fn spawn(
+    opts: &crate::Options,
+    kinds: Vec<Kind>,
+    targets: Targets,
+    clock: Clock,
+    gap: (Duration, Duration),
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    if !opts.faults {
+        return tokio::spawn(async {});
+    }
+    if opts.backend.is_ha() {
+        tokio::spawn(failover_once(opts.seed, opts.failover_at, opts.duration, targets, clock, stop))
+    } else {
+        tokio::spawn(nemesis(opts.seed, kinds, targets, clock, gap, stop))
     }
 }
 
@@ -207,6 +259,22 @@ async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, St
                 tokio::time::sleep(span).await;
                 link.set(Mode::Pass);
                 Some((target.into(), format!("{} ms per chunk for {} ms", delay.as_millis(), span.as_millis())))
+            }
+        }
+        Kind::Failover => {
+            // On a Cluster the master to kill is the one serving the workload's keys: their hash tag is the
+            // namespace (the runner's batch `b{n}`, idem serve's default `idem`).
+            let tag = match &t.runners {
+                Some(r) => format!("{{b{}:}}", r.lock().unwrap_or_else(|e| e.into_inner()).batch),
+                None => "{idem:}".to_owned(),
+            };
+            let mut store = t.store.lock().await;
+            match store.failover(&tag).await? {
+                Ok(detail) => Some(("store primary".into(), detail)),
+                Err(why) => {
+                    eprintln!("idem-verify: the failover failed: {why}");
+                    Some(("store primary".into(), format!("failed: {why}")))
+                }
             }
         }
         Kind::DiskFull => {

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 /// The backend under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Backend {
     /// The embedded SQLite store (a file, on a small tmpfs where the machine allows).
     Sqlite,
@@ -31,6 +31,32 @@ pub enum Backend {
     Postgres,
     /// A throw-away Redis server the harness starts (append-only file, fsync always).
     Redis,
+    /// A throw-away PostgreSQL primary with a streaming standby (a multi-host URL); its fault is a failover.
+    PostgresHa,
+    /// A throw-away Redis primary and replica watched by three Sentinels (`redis+sentinel://`); its fault is a
+    /// failover.
+    RedisSentinel,
+    /// A throw-away six-node Redis Cluster (`redis+cluster://`); its fault is a failover of a master.
+    RedisCluster,
+}
+
+impl Backend {
+    /// The name on the command line and in the report (`postgres-ha`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::Redis => "redis",
+            Backend::PostgresHa => "postgres-ha",
+            Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisCluster => "redis-cluster",
+        }
+    }
+
+    /// Whether it is a highly available setup, whose one fault is a failover (see [`faults::Kind::Failover`]).
+    pub fn is_ha(self) -> bool {
+        matches!(self, Backend::PostgresHa | Backend::RedisSentinel | Backend::RedisCluster)
+    }
 }
 
 /// The workload.
@@ -69,6 +95,13 @@ pub struct Options {
     pub planted_bug: Option<String>,
     /// Concurrent clients (KV, proxy) or items (runner).
     pub clients: usize,
+    /// On the highly available backends, the durable setting: synchronous replication (PostgreSQL) or
+    /// `wait_replicas=1` (Redis). Without it a write the old primary acknowledged may be lost in the failover;
+    /// the report counts such losses (as anomalies, and on a line of their own). Ignored on the others.
+    pub durable: bool,
+    /// On the highly available backends, when the failover starts (from the start of the run); `None`: drawn
+    /// from the seed between a quarter and half of `duration`.
+    pub failover_at: Option<Duration>,
 }
 
 /// Something the checker found that the contract forbids.
@@ -109,6 +142,12 @@ pub struct Summary {
     pub anomalies: Vec<Anomaly>,
     /// Other figures of the workload (executions, takeovers...).
     pub notes: BTreeMap<String, u64>,
+    /// On a highly available backend, its replication setting (`synchronous replication`, `wait_replicas=1`,
+    /// or the asynchronous ones) as the report names it.
+    pub setting: Option<String>,
+    /// On a highly available backend, what the failover lost, by kind (`executions repeated`, ...): each also
+    /// an anomaly, counted here so a run without the durable setting measures the trade-off.
+    pub losses: BTreeMap<String, u64>,
     /// Seconds the run took, checking included.
     pub seconds: f64,
     /// The history file.
@@ -121,10 +160,18 @@ impl Summary {
     /// One line: what ran, the figures, and what was found.
     pub fn line(&self) -> String {
         let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let ha = match &self.setting {
+            Some(setting) => {
+                let losses: Vec<String> = self.losses.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                let total: u64 = self.losses.values().sum();
+                format!(" [{setting}]; losses {total} [{}]", losses.join(", "))
+            }
+            None => String::new(),
+        };
         format!(
-            "{:?}/{:?} seed {}: {} operations ({} unknown), faults [{}], {} histories checked, {} anomalies, {:.1} s",
+            "{:?}/{}{ha} seed {}: {} operations ({} unknown), faults [{}], {} histories checked, {} anomalies, {:.1} s",
             self.workload,
-            self.backend,
+            self.backend.name(),
             self.seed,
             self.operations,
             self.unknown,
@@ -187,6 +234,9 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
         Workload::Runner => runner::run(opts).await?,
     };
     summary.seconds = started.elapsed().as_secs_f64();
+    if opts.backend.is_ha() {
+        summary.setting = Some(backend::setting(opts.backend, opts.durable).to_owned());
+    }
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
     let _ = std::fs::write(opts.out.join("summary.json"), json);
     Ok(summary)

@@ -13,7 +13,8 @@ use idem_verify::{Backend, Options, Workload};
 #[derive(Parser, Debug)]
 #[command(name = "idem-verify")]
 struct Cli {
-    /// Backends to run on (repeatable; default all three).
+    /// Backends to run on (repeatable; default sqlite, postgres and redis). The highly available ones
+    /// (postgres-ha, redis-sentinel, redis-cluster) run with one fault: a failover of their primary.
     #[arg(long, value_enum)]
     backend: Vec<Backend>,
     /// Workloads to run (repeatable; default all three).
@@ -28,6 +29,15 @@ struct Cli {
     /// Run without faults.
     #[arg(long)]
     no_faults: bool,
+    /// On the highly available backends: without the durable setting (asynchronous replication on
+    /// postgres-ha, no wait_replicas on Redis). What the failover loses is then counted as losses (and
+    /// anomalies).
+    #[arg(long)]
+    no_durable: bool,
+    /// On the highly available backends: when the failover starts, e.g. `20s` (default: drawn from the seed
+    /// between a quarter and half of --duration).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    failover_at: Option<Duration>,
     /// Concurrent clients (KV, proxy) or items (runner); default 8, 6 and 24.
     #[arg(long)]
     clients: Option<usize>,
@@ -143,9 +153,11 @@ async fn verify(cli: Cli) -> ExitCode {
                 faults: !cli.no_faults,
                 idem: idem.clone(),
                 harness: harness.clone(),
-                out: out.join(format!("{workload:?}-{backend:?}").to_lowercase()),
+                out: out.join(format!("{}-{}", format!("{workload:?}").to_lowercase(), backend.name())),
                 planted_bug: cli.planted_bug.clone(),
                 clients: cli.clients.unwrap_or(default_clients),
+                durable: !cli.no_durable,
+                failover_at: cli.failover_at,
             };
             match idem_verify::run(&opts).await {
                 Ok(summary) if summary.histories == 0 => {
@@ -155,6 +167,10 @@ async fn verify(cli: Cli) -> ExitCode {
                 }
                 Ok(summary) => {
                     println!("{}", summary.line());
+                    if !summary.losses.is_empty() {
+                        let losses: Vec<String> = summary.losses.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                        println!("  LOSSES ({}): {}", summary.setting.as_deref().unwrap_or(""), losses.join(", "));
+                    }
                     for a in summary.anomalies.iter().take(10) {
                         println!("  ANOMALY {}: {}: {}", a.kind, a.subject, a.detail);
                     }

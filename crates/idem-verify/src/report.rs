@@ -135,12 +135,31 @@ fn page(opts: &Options, anomaly: &Anomaly, mut rows: Vec<Row>, faults: &[Fault])
         workload = opts.workload,
         backend = opts.backend,
         wl = format!("{:?}", opts.workload).to_lowercase(),
-        be = format!("{:?}", opts.backend).to_lowercase(),
+        be = opts.backend.name(),
         seed = opts.seed,
         // A planted bug is part of what reproduces the run.
-        planted = opts.planted_bug.as_deref().map(|b| format!(" -- --planted-bug {}", escape(b))).unwrap_or_default(),
+        planted = rerun_flags(opts),
         history = escape(&opts.out.join("history.jsonl").display().to_string()),
     )
+}
+
+/// The idem-verify flags after `--` that reproduce the run besides backend, workload and seed: a planted bug,
+/// and on a highly available backend the replication setting, the items and the failover's instant.
+fn rerun_flags(opts: &Options) -> String {
+    let mut flags = Vec::new();
+    if let Some(b) = &opts.planted_bug {
+        flags.push(format!("--planted-bug {}", escape(b)));
+    }
+    if opts.backend.is_ha() {
+        if !opts.durable {
+            flags.push("--no-durable".into());
+        }
+        flags.push(format!("--duration {}s --clients {}", opts.duration.as_secs(), opts.clients));
+        if let Some(at) = opts.failover_at {
+            flags.push(format!("--failover-at {}ms", at.as_millis()));
+        }
+    }
+    if flags.is_empty() { String::new() } else { format!(" -- {}", flags.join(" ")) }
 }
 
 fn span(r: &Row) -> String {

@@ -67,7 +67,7 @@ struct Shared {
 /// When the store or `idem serve` cannot be started.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let clock = Clock::new();
-    let store = StoreEnv::start(opts.backend, opts.faults).await?;
+    let store = StoreEnv::start(opts.backend, opts.faults, opts.durable).await?;
     let args = vec!["--store".to_owned(), store.url("kv")];
     let serve = Serve::start(&opts.idem, &args, &crate::idem_env(opts), &opts.out.join("idem-serve.log")).await?;
     let shared = Arc::new(Shared {
@@ -89,7 +89,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(500), Duration::from_millis(2500));
-    let nemesis = tokio::spawn(faults::nemesis(opts.seed, kinds, targets, clock.clone(), gap, stopped));
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped);
     let begin = Instant::now();
     let deadline = begin + opts.duration;
     let clients: Vec<_> = (0..opts.clients)
@@ -115,6 +115,8 @@ fn fault_kinds(backend: Backend, tmpfs: bool) -> Vec<Kind> {
         Backend::Postgres | Backend::Redis => {
             kinds.extend([Kind::StoreRestart, Kind::StoreNetDrop, Kind::StoreNetDelay])
         }
+        // Their one fault is the failover (`faults::spawn`).
+        Backend::PostgresHa | Backend::RedisSentinel | Backend::RedisCluster => {}
     }
     kinds
 }
@@ -152,12 +154,27 @@ fn summarize(opts: &Options, clock: &Clock, mut ops: Vec<KvOp>) -> Summary {
         answers,
         faults: clock.fault_counts(),
         histories,
+        losses: kv_losses(opts, &faults, &anomalies),
         anomalies,
         notes: BTreeMap::new(),
+        setting: None,
         seconds: 0.0,
         history,
         failure_page,
     }
+}
+
+/// On a highly available backend: the keys whose history no order explains after a failover (a write the old
+/// primary acknowledged and the promoted one lacks makes a later read fit no order), counted as
+/// `acknowledged writes missing`; each is an anomaly as well.
+fn kv_losses(opts: &Options, faults: &[crate::history::Fault], anomalies: &[crate::Anomaly]) -> BTreeMap<String, u64> {
+    let mut losses = BTreeMap::new();
+    if opts.backend.is_ha() {
+        let failover = faults.iter().any(|f| f.kind == "failover");
+        let n = if failover { anomalies.iter().filter(|a| a.kind == "not linearizable").count() } else { 0 };
+        losses.insert("acknowledged writes missing".to_owned(), n as u64);
+    }
+    losses
 }
 
 /// Sets, for each operation of unknown outcome, the instant by which it has taken effect or never will, so the

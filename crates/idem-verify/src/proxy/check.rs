@@ -11,6 +11,11 @@
 //!   a holder that lost its lease must not overwrite its successor's record.
 //!
 //! Answers of unknown outcome (502/504 `outcome-unknown`) are counted; idem never executes their key again.
+//!
+//! A failover (highly available backends) costs no lease: their runs use a lease longer than the switch, so a
+//! key executed again across it (its claim or its outcome lost with the old primary) is an anomaly, counted
+//! besides as a loss (`executions repeated`); a replay that changed is counted as `acknowledged writes
+//! missing`.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,9 +25,15 @@ use crate::history::{Clock, Fault, Micros};
 use crate::report::Row;
 use crate::{Anomaly, Options, Summary};
 
-/// Whether `f` can make a proxy lose a lease: anything but a fault on the upstream link.
+/// Whether `f` can make a proxy lose a lease: anything but a fault on the upstream link or a failover (whose
+/// runs hold keys under a lease longer than the switch, [`super::HA_LEASE`]).
 fn costs_a_lease(f: &Fault) -> bool {
-    f.target != "upstream link"
+    f.target != "upstream link" && f.kind != "failover"
+}
+
+/// The failover that came between two executions of a key starting at `prev` and `next`, if any.
+fn failover_between(faults: &[Fault], prev: Micros, next: Micros) -> Option<&Fault> {
+    faults.iter().find(|f| f.kind == "failover" && f.start_us <= next && prev <= f.end_us)
 }
 
 /// Whether a fault that can cost a lease came while `e` ran or was being completed (its upstream time, then 3 s).
@@ -56,9 +67,19 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
     }
     let mut anomalies = Vec::new();
     let mut notes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut losses: BTreeMap<String, u64> = BTreeMap::new();
+    if opts.backend.is_ha() {
+        // Shown even when nothing was lost: the figure must be 0 with the durable setting.
+        losses.insert("executions repeated".into(), 0);
+        losses.insert("acknowledged writes missing".into(), 0);
+    }
     let mut note = |k: &str, n: u64| *notes.entry(k.to_owned()).or_default() += n;
     note("executions", executions.len() as u64);
     note("keys executed", execs_of.len() as u64);
+    for execs in execs_of.values() {
+        note(&format!("keys executed {}x", execs.len()), 1);
+    }
+    note("503 answers", attempts.iter().filter(|a| a.status == Some(503)).count() as u64);
     let mut keys: BTreeMap<&str, Vec<&Attempt>> = BTreeMap::new();
     for a in &attempts {
         keys.entry(a.key.as_str()).or_default().push(a);
@@ -132,6 +153,9 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
         if let Some(first) = replays.first()
             && let Some(other) = replays.iter().find(|a| a.exec != first.exec)
         {
+            if failover_between(&faults, first.invoke_us, other.invoke_us).is_some() {
+                *losses.entry("acknowledged writes missing".into()).or_default() += 1;
+            }
             anomaly(
                 "replays changed",
                 format!(
@@ -145,9 +169,22 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
             let (prev, next) = (pair[0], pair[1]);
             let cause =
                 faults.iter().find(|f| costs_a_lease(f) && f.start_us <= next.start_us && f.end_us >= prev.start_us);
-            match cause {
-                Some(f) => note(&format!("re-executions after {}", f.kind), 1),
-                None => anomaly(
+            let failover = failover_between(&faults, prev.start_us, next.start_us);
+            match (cause, failover) {
+                (Some(f), _) => note(&format!("re-executions after {}", f.kind), 1),
+                (None, Some(f)) => {
+                    *losses.entry("executions repeated".into()).or_default() += 1;
+                    anomaly(
+                        "executed twice",
+                        format!(
+                            "executions {} and {} of one key across the failover ({}): the old primary's claim or \
+                             outcome did not reach the promoted one",
+                            prev.exec, next.exec, f.detail
+                        ),
+                        None,
+                    );
+                }
+                (None, None) => anomaly(
                     "executed twice",
                     format!(
                         "executions {} and {} of one key, with no fault between them that could cost a lease",
@@ -192,6 +229,8 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
         histories: keys.len(),
         anomalies,
         notes,
+        setting: None,
+        losses,
         seconds: 0.0,
         history,
         failure_page,
@@ -231,4 +270,103 @@ fn page(
         culprit: false,
     }));
     crate::report::write_page(opts, a, rows, faults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Backend, Workload};
+
+    fn opts(backend: Backend, out: &std::path::Path) -> Options {
+        Options {
+            backend,
+            workload: Workload::Proxy,
+            seed: 1,
+            duration: std::time::Duration::from_secs(1),
+            faults: true,
+            idem: "idem".into(),
+            harness: "idem-verify".into(),
+            out: out.to_owned(),
+            planted_bug: None,
+            clients: 1,
+            durable: false,
+            failover_at: None,
+        }
+    }
+
+    fn answered(id: u64, key: &str, at: Micros, exec: u64, replayed: bool) -> Attempt {
+        Attempt {
+            id,
+            client: 0,
+            key: key.into(),
+            proxy: 0,
+            invoke_us: at,
+            complete_us: Some(at + 10),
+            status: Some(201),
+            replayed,
+            exec: Some(exec),
+            problem: None,
+            reused: false,
+        }
+    }
+
+    /// A planted loss: key `k` answered from execution 1, the failover, then executed again (its record lost
+    /// with the old primary). An anomaly, and a counted loss; the same history without the failover between
+    /// the executions is an anomaly too, but no loss of the failover.
+    #[test]
+    fn an_execution_repeated_across_a_failover_is_an_anomaly_and_a_counted_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Clock::new();
+        clock.fault(Fault {
+            kind: "failover".into(),
+            target: "store primary".into(),
+            start_us: 5_000_000,
+            end_us: 8_000_000,
+            detail: "planted".into(),
+        });
+        let attempts = vec![answered(1, "k", 1_000_000, 1, false), answered(2, "k", 9_000_000, 2, false)];
+        let executions = vec![
+            Execution { exec: 1, key: "k".into(), start_us: 1_000_100, reused: false },
+            Execution { exec: 2, key: "k".into(), start_us: 9_000_100, reused: false },
+        ];
+        let s = summarize(&opts(Backend::RedisSentinel, dir.path()), &clock, attempts.clone(), &executions);
+        assert_eq!(s.anomalies.len(), 1, "{:#?}", s.anomalies);
+        assert_eq!(s.anomalies[0].kind, "executed twice");
+        assert_eq!(s.losses.get("executions repeated"), Some(&1));
+        assert_eq!(s.losses.get("acknowledged writes missing"), Some(&0));
+        assert_eq!(s.notes.get("keys executed 2x"), Some(&1));
+
+        // The executions both after the failover: no loss of it, still an anomaly.
+        let clock = Clock::new();
+        clock.fault(Fault {
+            kind: "failover".into(),
+            target: "store primary".into(),
+            start_us: 100,
+            end_us: 200,
+            detail: "planted".into(),
+        });
+        let s = summarize(&opts(Backend::RedisSentinel, dir.path()), &clock, attempts, &executions);
+        assert_eq!(s.anomalies.len(), 1, "{:#?}", s.anomalies);
+        assert_eq!(s.losses.get("executions repeated"), Some(&0));
+    }
+
+    /// The durable case: one execution replayed after the failover is no anomaly and no loss.
+    #[test]
+    fn a_replay_across_a_failover_is_no_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Clock::new();
+        clock.fault(Fault {
+            kind: "failover".into(),
+            target: "store primary".into(),
+            start_us: 5_000_000,
+            end_us: 8_000_000,
+            detail: "planted".into(),
+        });
+        let attempts = vec![answered(1, "k", 1_000_000, 1, false), answered(2, "k", 9_000_000, 1, true)];
+        let executions = vec![Execution { exec: 1, key: "k".into(), start_us: 1_000_100, reused: false }];
+        let s = summarize(&opts(Backend::PostgresHa, dir.path()), &clock, attempts, &executions);
+        assert!(s.anomalies.is_empty(), "{:#?}", s.anomalies);
+        assert_eq!(s.losses.values().sum::<u64>(), 0);
+        assert_eq!(s.notes.get("keys executed 1x"), Some(&1));
+    }
 }

@@ -14,7 +14,11 @@
 //! - on a shared SQLite ledger, in all: executions at most items + executions cut short by a kill or pause of
 //!   their own runner ([`sqlite_bound`]): a pause costs the paused runner's items in flight (a real takeover),
 //!   never the others' (their renewals wait for the paused runner's turn, they are not given up), and a
-//!   locked ledger costs none.
+//!   locked ledger costs none;
+//! - a failover (highly available backends) excuses nothing either: an item executed beyond its bound across it
+//!   is an anomaly, counted besides as a loss (`executions repeated`: a claim or a done mark the old primary
+//!   acknowledged and the promoted one lacks), as is an item the dry run lists again afterwards
+//!   (`acknowledged writes missing`).
 
 use std::collections::BTreeMap;
 
@@ -36,6 +40,13 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
     // Shown even when nothing exited: the figure must be 0.
     notes.insert("runner exits".into(), 0);
     notes.insert("items failed".into(), 0);
+    let failover = faults.iter().any(|f| f.kind == "failover");
+    let mut losses: BTreeMap<String, u64> = BTreeMap::new();
+    if opts.backend.is_ha() {
+        // Shown even when nothing was lost: the figure must be 0 with the durable setting.
+        losses.insert("executions repeated".into(), 0);
+        losses.insert("acknowledged writes missing".into(), 0);
+    }
     for b in batches {
         let runs: Vec<ItemRun> = std::fs::read_to_string(&b.log)
             .unwrap_or_default()
@@ -85,11 +96,16 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             anomaly(
                 "not finished",
                 format!("batch {}", b.n),
-                format!("the runners had not finished within {:?}", super::BATCH_LIMIT),
+                format!("the runners had not finished within {:?}", super::batch_limit(b.items.len())),
                 None,
             );
         }
         if b.dry_run.1 != Some(0) || !b.dry_run.0.trim().is_empty() {
+            if failover {
+                // Items finished (every runner exited 0 or was killed) that the ledger no longer says done.
+                let listed = b.dry_run.0.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+                *losses.entry("acknowledged writes missing".into()).or_default() += listed;
+            }
             anomaly(
                 "not done",
                 format!("batch {}", b.n),
@@ -104,6 +120,11 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
             let mine: Vec<&ItemRun> = runs.iter().filter(|r| &r.id == id).collect();
             let cut_short = mine.iter().filter(|r| cut(r)).count();
             *notes.entry("executions cut short by a fault".into()).or_default() += cut_short as u64;
+            *notes.entry(format!("items executed {}x", mine.len())).or_default() += 1;
+            if mine.len() > 1 + cut_short && failover {
+                let extra = (mine.len() - 1 - cut_short) as u64;
+                *losses.entry("executions repeated".into()).or_default() += extra;
+            }
             if mine.len() > 1 + cut_short {
                 anomaly(
                     "executed too often",
@@ -191,6 +212,8 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         histories: items,
         anomalies,
         notes,
+        setting: None,
+        losses,
         seconds: 0.0,
         history: path,
         failure_page,
@@ -312,6 +335,61 @@ mod tests {
         let other = fault("pause", "idem run #2 (pid 8)", 1_000_000, 3_000_000);
         assert!(!excuses(&other, &r, 0, false));
         assert!(excuses(&other, &r, 0, true));
+    }
+
+    /// A planted loss: item 2000 of a batch on a Sentinel setup executed by two runners, 2 s and 12 s in, a
+    /// failover between them (its claim lost with the old master), and item 2001 listed by the dry run
+    /// afterwards (its done mark lost). Both are anomalies and counted losses.
+    #[test]
+    fn executions_repeated_and_done_marks_lost_across_a_failover_are_anomalies_and_counted_losses() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let wall0 = 1_000_000;
+        let runs = [
+            ItemRun { id: "2000".into(), token: 1, attempt: 1, runner: 7, start_ms: wall0 + 2000 },
+            ItemRun { id: "2000".into(), token: 2, attempt: 1, runner: 8, start_ms: wall0 + 12_000 },
+            ItemRun { id: "2001".into(), token: 1, attempt: 1, runner: 7, start_ms: wall0 + 2000 },
+        ];
+        let log = dir.path().join("executions.jsonl");
+        let lines: Vec<String> = runs.iter().map(|r| serde_json::to_string(r).unwrap()).collect();
+        std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+        for (id, token, runner) in [("2000", 2, 8), ("2001", 1, 7)] {
+            let o = Output { id: id.into(), token, runner };
+            std::fs::write(out.join(format!("{id}.json")), serde_json::to_vec(&o).unwrap()).unwrap();
+        }
+        let batch = Batch {
+            n: 0,
+            items: vec!["2000".into(), "2001".into()],
+            out,
+            log,
+            exits: Vec::new(),
+            seen: Vec::new(),
+            dry_run: ("2001\n".into(), Some(0)),
+            timed_out: false,
+        };
+        let clock = Clock::new();
+        clock.fault(fault("failover", "store primary", 6_000_000, 9_000_000));
+        let opts = Options {
+            backend: crate::Backend::RedisSentinel,
+            workload: crate::Workload::Runner,
+            seed: 1,
+            duration: std::time::Duration::from_secs(1),
+            faults: true,
+            idem: "idem".into(),
+            harness: "idem-verify".into(),
+            out: dir.path().to_owned(),
+            planted_bug: None,
+            clients: 2,
+            durable: false,
+            failover_at: None,
+        };
+        let s = summarize(&opts, &clock, wall0, &[batch]);
+        let kinds: Vec<&str> = s.anomalies.iter().map(|a| a.kind.as_str()).collect();
+        assert_eq!(kinds, ["not done", "executed too often"], "{:#?}", s.anomalies);
+        assert_eq!(s.losses.get("executions repeated"), Some(&1));
+        assert_eq!(s.losses.get("acknowledged writes missing"), Some(&1));
+        assert_eq!((s.notes.get("items executed 1x"), s.notes.get("items executed 2x")), (Some(&1), Some(&1)));
     }
 
     #[test]

@@ -47,8 +47,19 @@ pub struct Batch {
 }
 
 /// How long a batch may take: its commands take 2 to 3.5 s each, a few at a time; anything near this is a
-/// runner that does not finish.
+/// runner that does not finish. A batch of many items gets [`batch_limit`].
 pub const BATCH_LIMIT: Duration = Duration::from_secs(90);
+
+/// How long a batch of `items` may take: [`BATCH_LIMIT`], or twice what its commands take back to back on the
+/// runners' 12 slots (3 runners, 4 jobs each), 3.5 s each at most, when that is longer (500 items: 292 s).
+pub fn batch_limit(items: usize) -> Duration {
+    let slots = u64::try_from(RUNNERS * JOBS).unwrap_or(12);
+    let ms = u64::try_from(items).unwrap_or(u64::MAX).saturating_mul(3500 * 2) / slots;
+    BATCH_LIMIT.max(Duration::from_millis(ms))
+}
+
+/// Jobs (`--jobs`) of each runner.
+const JOBS: usize = 4;
 
 /// How one `idem run` process ended.
 #[derive(Clone, Debug)]
@@ -70,7 +81,7 @@ pub struct Exit {
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let clock = Clock::new();
     let wall0 = wall_ms();
-    let store = StoreEnv::start(opts.backend, false).await?;
+    let store = StoreEnv::start(opts.backend, false, opts.durable).await?;
     let ledger = store.url("ledger");
     let store = Arc::new(tokio::sync::Mutex::new(store));
     let runners: Runners = Arc::default();
@@ -84,7 +95,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(700), Duration::from_millis(2000));
-    let nemesis = tokio::spawn(faults::nemesis(opts.seed, kinds, targets, clock.clone(), gap, stopped));
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped);
     let me = opts.harness.clone();
     let deadline = Instant::now() + opts.duration;
     let mut batches = Vec::new();
@@ -113,6 +124,7 @@ fn fault_kinds(backend: Backend) -> Vec<Kind> {
         Kind::Kill9Runner,
         Kind::StoreOutage,
     ];
+    // (The highly available backends' one fault is the failover: `faults::spawn`.)
     if backend != Backend::Sqlite {
         kinds.extend([Kind::StoreRestart, Kind::StoreNetDrop, Kind::StoreNetDelay]);
     }
@@ -140,7 +152,7 @@ fn run_args(me: &Path, ledger: &str, dir: &Path, n: usize) -> Vec<String> {
         "--lease".into(),
         format!("{}s", LEASE.as_secs()),
         "--jobs".into(),
-        "4".into(),
+        JOBS.to_string(),
         "--retries".into(),
         "1000".into(),
         "--".into(),
@@ -179,7 +191,11 @@ async fn run_batch(
     unique.dedup();
     std::fs::write(dir.join("items.txt"), unique.join("\n") + "\n").map_err(|e| Error::io("writing items", e))?;
     let args = run_args(me, ledger, &dir, n);
-    runners.lock().unwrap_or_else(|e| e.into_inner()).log = Some(dir.join("executions.jsonl"));
+    {
+        let mut set = runners.lock().unwrap_or_else(|e| e.into_inner());
+        set.log = Some(dir.join("executions.jsonl"));
+        set.batch = n;
+    }
     let watching = Arc::new(Mutex::new(Vec::new()));
     let (stop_watch, watch_rx) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(watch(dir.join("out"), clock.clone(), Arc::clone(&watching), watch_rx));
@@ -202,7 +218,7 @@ async fn run_batch(
             let _ = s.await;
         }
     };
-    let timed_out = tokio::time::timeout(BATCH_LIMIT, all).await.is_err();
+    let timed_out = tokio::time::timeout(batch_limit(unique.len()), all).await.is_err();
     if timed_out {
         // Runners that never finish are a finding, not a reason to hang: stop them and every slot.
         done.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -9,6 +9,7 @@
 //! target directory of its own: nothing in the workspace's own build turns that feature on.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
+mod failover;
 mod planted;
 mod workloads;
 
@@ -30,6 +31,18 @@ fn run(
     seed: u64,
     planted: Option<&str>,
 ) -> Option<(Summary, tempfile::TempDir)> {
+    run_durable(backend, workload, seconds, seed, planted, true)
+}
+
+/// [`run`], with or without the durable setting of a highly available backend (`Options::durable`).
+fn run_durable(
+    backend: Backend,
+    workload: Workload,
+    seconds: u64,
+    seed: u64,
+    planted: Option<&str>,
+    durable: bool,
+) -> Option<(Summary, tempfile::TempDir)> {
     let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let idem = match planted {
         Some(_) => planted::idem_with_planted_bugs(),
@@ -45,13 +58,15 @@ fn run(
         faults: true,
         idem,
         harness: env!("CARGO_BIN_EXE_idem-verify").into(),
-        out: out.join(format!("{workload:?}-{backend:?}").to_lowercase()),
+        out: out.join(format!("{}-{}", format!("{workload:?}").to_lowercase(), backend.name())),
         planted_bug: planted.map(str::to_owned),
         clients: match workload {
             Workload::Kv => 8,
             Workload::Proxy => 6,
             Workload::Runner => 24,
         },
+        durable,
+        failover_at: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     match rt.block_on(idem_verify::run(&opts)) {
