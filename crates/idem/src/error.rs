@@ -23,6 +23,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The store is down or unreachable for now (connection refused or reset, no answer in time, a server
+    /// starting up or shutting down), as opposed to a bad URL or a refused login: a later try may succeed.
+    /// Exit status 75 (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable).
+    #[error("{0}")]
+    Unavailable(String),
     /// The server answered 404. Exit status 3.
     #[error("not found: {0}")]
     NotFound(String),
@@ -44,6 +49,9 @@ pub enum Error {
     Send(idem_client::Error),
 }
 
+/// Exit status of a temporary failure (sysexits.h EX_TEMPFAIL): the store was unavailable; try again later.
+pub const EX_TEMPFAIL: i32 = 75;
+
 impl From<idem_stores::Error> for Error {
     fn from(e: idem_stores::Error) -> Self {
         match e {
@@ -59,6 +67,7 @@ impl Error {
         match self {
             Error::Config(_) | Error::OpenStore { .. } | Error::Bind { .. } => 2,
             Error::NotFound(_) => 3,
+            Error::Unavailable(_) => EX_TEMPFAIL,
             Error::PreconditionFailed(_) => 4,
             Error::Send(idem_client::Error::KeyReused { .. } | idem_client::Error::Conflict { .. }) => 5,
             Error::Send(idem_client::Error::AttemptsExhausted { .. }) => 6,

@@ -820,3 +820,37 @@ fn a_named_sqlite_store_in_a_missing_directory_is_refused() {
     assert!(!missing.exists(), "the directory was created");
     assert!(!ran.exists(), "the command ran");
 }
+
+/// A store that is down or unreachable (nothing listens on its port: connection refused) is a temporary
+/// failure, exit 75 at once with nothing run, for an invocation and for `status`, on PostgreSQL and Redis; a
+/// URL that names no store and a refused login stay exit 2 (bad usage), so a cron monitor tells an outage from
+/// a typo (both were exit 2).
+#[test]
+fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let invoke = |url: &str| {
+        let out = Command::new(BIN)
+            .args(["once", "--store", url, "--name", "j", "--every", "1h", "--", "touch", ran.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1"] {
+        let (code, stderr) = invoke(url);
+        assert_eq!(code, Some(75), "{url}: {stderr}");
+        assert!(stderr.contains("the store is unavailable") && stderr.contains("nothing ran"), "{url}: {stderr}");
+        let out = Command::new(BIN).args(["once", "status", "--store", url, "--name", "j"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(75), "status {url}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (code, stderr) = invoke("postgress://127.0.0.1:5432/test");
+    assert_eq!(code, Some(2), "{stderr}");
+    if let Ok(pg) = std::env::var("IDEM_TEST_POSTGRES_URL") {
+        // The role does not exist: the server answers, and refuses the login.
+        let refused = pg.replacen("postgres@", "idem_no_such_role@", 1);
+        assert_ne!(refused, pg, "IDEM_TEST_POSTGRES_URL names no user postgres: {pg}");
+        let (code, stderr) = invoke(&refused);
+        assert_eq!(code, Some(2), "{stderr}");
+    }
+    assert!(!ran.exists(), "the command ran");
+}
