@@ -95,11 +95,32 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 /// failure of the command: `Ok`, nothing more written. Any other write error (a full disk, `> /dev/full`) is
 /// [`Error::Io`], exit status 1, where `print!` would panic.
 pub fn out(text: &str) -> Result<(), Error> {
+    out_bytes(text.as_bytes())
+}
+
+/// [`out`] for bytes (a response body as received).
+pub fn out_bytes(bytes: &[u8]) -> Result<(), Error> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(Error::Failed(format!("cannot write to standard output: {e}"))),
     }
 }
+
+/// Writes `text` to standard error in one write, ignoring any failure: a reader that went away
+/// (`idem run … 2>&1 | head -1`, EPIPE) ends what is shown, never the command (`eprintln!` would panic, exit
+/// 101), and a failing standard error has nowhere to be reported. A run goes on doing its work.
+pub fn say(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `eprintln!` through [`say`]: one line to standard error that never panics.
+macro_rules! sayln {
+    ($($arg:tt)*) => {
+        $crate::error::say(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use sayln;

@@ -73,7 +73,7 @@ impl Ledger {
             match AnyStore::open(&parsed, namespace, Limits::default()).await {
                 Ok(store) => {
                     if said {
-                        eprintln!("idem run: the ledger store is back");
+                        crate::error::sayln!("idem run: the ledger store is back");
                     }
                     return Ok(Some(Ledger::Other(store)));
                 }
@@ -82,7 +82,7 @@ impl Ledger {
                         return Ok(None);
                     }
                     if !said {
-                        eprintln!(
+                        crate::error::sayln!(
                             "idem run: the ledger store is unavailable ({}); trying again for up to {} \
                              (--store-outage-limit)",
                             crate::error::chain(&e),

@@ -269,7 +269,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // earlier rides it out.
     let url = ledger_url(args.store.as_deref(), &output);
     let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
-        eprintln!(
+        crate::error::sayln!(
             "idem run: the ledger store was unavailable for longer than --store-outage-limit ({}): nothing ran; \
              run again once it is back",
             humantime::format_duration(checked.config().store_outage_limit)
@@ -286,7 +286,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     })
     .await;
     match noted {
-        Ok(Ok(changes)) => changes.iter().for_each(|change| eprintln!("idem run: {change}")),
+        Ok(Ok(changes)) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
         Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
@@ -300,9 +300,9 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     ledger.close().await;
     let summary = result.map_err(runner_error)?;
     if let Some(why) = &summary.refused {
-        eprintln!("idem: {why}");
+        crate::error::sayln!("idem: {why}");
     }
-    eprint!("{}", summary.render());
+    crate::error::say(&summary.render());
     Ok(summary.status().exit_code())
 }
 
@@ -316,9 +316,9 @@ async fn watch_signals(stop: Stop) {
         tokio::select! {
             _ = int.recv() => {
                 if stop.request() == 1 {
-                    eprintln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
+                    crate::error::sayln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
                 } else {
-                    eprintln!("idem run: killing running commands and releasing their leases");
+                    crate::error::sayln!("idem run: killing running commands and releasing their leases");
                 }
             }
             _ = term.recv() => {

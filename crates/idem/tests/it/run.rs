@@ -1155,3 +1155,45 @@ fn runs_status_and_forget_of_a_job_that_never_ran_say_so_and_create_nothing() {
     }
     assert!(!dir.path().join("typo").exists(), "a ledger was created for a job that never ran");
 }
+
+/// The write end of a pipe whose reader is gone, as `idem run … 2>&1 | head -1` leaves it once head exited:
+/// every write to it gets EPIPE.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer
+}
+
+/// Standard output and standard error into a closed pipe end what is shown, never the command and never with
+/// a panic (exit 101 before: `eprintln!` of the summary): a dry run lists nothing and exits 0; a real run does
+/// every item (20 executions, 20 outputs, 0 duplicates) and exits 0; `runs status` and `--help` exit 0; the
+/// next run, shown as usual, finds all 20 done and runs nothing.
+#[test]
+fn a_closed_pipe_on_stdout_and_stderr_ends_the_output_not_the_command() {
+    let ids = ids(20);
+    let job = Job::new(&ids, WRITE_JSON);
+    let into_closed_pipe = |mut cmd: Command| {
+        let pipe = closed_pipe();
+        let out = cmd.stdout(pipe.try_clone().unwrap()).stderr(pipe).status().unwrap();
+        out.code()
+    };
+    // Not --quiet: the progress lines go to the closed pipe too.
+    let mut dry = job.command(&["--dry-run"]);
+    dry.env("IDEM_LOG", "debug");
+    assert_eq!(into_closed_pipe(dry), Some(0), "dry run");
+    assert_eq!(job.log().len(), 0, "the dry run ran something");
+    assert_eq!(into_closed_pipe(job.command(&["--jobs", "4"])), Some(0), "run");
+    assert_eq!(job.log().len(), 20, "20 executions");
+    assert!(job.executions_per_item().values().all(|&n| n == 1), "0 duplicates");
+    assert_outputs_valid(&job, &ids);
+    let mut status = Command::new(BIN);
+    status.args(["runs", "status", "--output", &job.output()]);
+    assert_eq!(into_closed_pipe(status), Some(0), "runs status");
+    let mut help = Command::new(BIN);
+    help.args(["run", "--help"]);
+    assert_eq!(into_closed_pipe(help), Some(0), "run --help");
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to do: all 20 items already done"), "{err}");
+    assert_eq!(job.log().len(), 20, "the rerun executed something");
+}
