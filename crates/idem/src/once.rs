@@ -31,7 +31,8 @@ Exit status:
   75   nothing ran: the store is down or unreachable (connection refused or reset, no answer in time, a server
        starting or shutting down), at the start or before the claim; not waited for: the next invocation tries
        again (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable)
-  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: interrupted)";
+  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: failed, ending
+       interrupted). Under `timeout`, give --preserve-status to see 130: plain `timeout` exits 124";
 
 /// Arguments of `idem once`.
 #[derive(Debug, clap::Args)]
@@ -153,7 +154,7 @@ impl StoreArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum OnceCommand {
-    /// The job's recent slots: state (done, failed, running, crashed, interrupted, given_back, missed),
+    /// The job's recent slots: state (done, failed, running, crashed, given_back, missed),
     /// machine, attempts, start, duration, exit status, the last lines of output, and how many slots ran more than once (must
     /// be 0). Exit 3 when the store has no such job.
     Status {

@@ -237,6 +237,9 @@ impl Report {
             Outcome::EarlierRunning { slot } => {
                 format!("not started: the slot {slot} still runs (--no-overlap); a later invocation starts it")
             }
+            Outcome::FailedForGood { attempts, exit } if exit == idem_core::INTERRUPTED_EXIT => {
+                format!("failed for good: {attempts} attempt(s), the last interrupted by a signal; not run")
+            }
             Outcome::FailedForGood { attempts, exit } => {
                 format!("failed for good: {attempts} attempt(s), the last ended with {exit}; not run")
             }

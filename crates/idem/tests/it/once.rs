@@ -413,7 +413,8 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
 /// SIGTERM to the invocation after its command started kills the command, and the attempt counts toward
 /// --retries (exit 130; `status` counts it interrupted): with --retries 1, six invocations each stopped
 /// mid-command (as `timeout 1 idem once …` stops them) start the command twice, attempts 1 and 2; the slot is
-/// then failed for good, and the other four exit 3 without starting it.
+/// then failed for good (`status`: state failed, 2 of 2 attempts interrupted), and the other four exit 3
+/// without starting it.
 async fn a_signal_counts_the_attempt(b: Backend) {
     let args = ["--every", ONE_SLOT, "--retries", "1"];
     let script = "echo \"$IDEM_ATTEMPT\" >> runs; sleep 5";
@@ -432,13 +433,20 @@ async fn a_signal_counts_the_attempt(b: Backend) {
     for _ in 3..=6 {
         let (code, stderr) = b.run("signalled", &args, script);
         assert_eq!(code, 3, "{stderr}");
-        assert!(stderr.contains("failed for good: 2 attempt(s), the last ended with interrupted"), "{stderr}");
+        assert!(stderr.contains("failed for good: 2 attempt(s), the last interrupted by a signal"), "{stderr}");
     }
     assert_eq!(b.lines("runs"), ["1", "2"], "6 invocations, 2 starts");
     let status = b.status("signalled");
     assert_eq!((status["interrupted"].as_u64(), status["taken_over"].as_u64()), (Some(2), Some(0)), "{status}");
+    // Failed for good, not `interrupted` (as if pending): both attempts interrupted, counted per slot too.
     let slot = &slots(&status)[0];
-    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("interrupted"), Some(2)), "{slot}");
+    assert_eq!(
+        (slot["state"].as_str(), slot["attempts"].as_u64(), slot["interrupted"].as_u64(), slot["ending"].as_str()),
+        (Some("failed"), Some(2), Some(2), Some("interrupted")),
+        "{slot}"
+    );
+    let text = String::from_utf8_lossy(&b.status_as("signalled", &[]).stdout).into_owned();
+    assert!(text.contains("failed") && text.contains("interrupted (2 of 2 attempt(s) interrupted)"), "{text}");
 }
 
 /// --retries is the job's, as its schedule is: an invocation giving another than the one the job was first
