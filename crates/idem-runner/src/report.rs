@@ -13,8 +13,9 @@ use crate::{Error, Summary};
 pub(crate) struct ItemReport<'a> {
     pub id: &'a str,
     pub line: u64,
-    /// `done`, `skipped`, `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`, `store_unavailable`,
-    /// `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
+    /// `done`, `skipped`, `checked` (`--check` found its effect there before the command: no command ran,
+    /// attempts 0), `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`,
+    /// `store_unavailable`, `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
     /// not done; a rerun retries it).
     pub status: &'a str,
     pub attempts: u32,

@@ -44,8 +44,10 @@ Exit status:
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
   2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path, a
        queue that cannot be consumed); or, reading a pipe, such an item came: the items before it ran
-  3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
-       with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
+  3    a poison item (the same error on two attempts --retry-delay apart, unless it looks transient: exit 75,
+       or a last stderr line such as 'Connection refused', 'timed out', '503'; those only spend retries): one
+       that turned poison in this run halted it (or was skipped, with --on-poison skip), or one found poison
+       by an earlier run was skipped while the rest ran
   75   the ledger store was unavailable for longer than --store-outage-limit: the items not finished are not
        done (none failed for it); run again once the store is back (EX_TEMPFAIL)
   130  interrupted before every item was done";
@@ -87,9 +89,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
     /// Pause before an item's first retry (e.g. 500ms, 1s, 1m; 0: at once), doubled for each later one up to 5
-    /// minutes (or this, when longer), each drawn between half and all of it, as Airflow's retry_delay with
-    /// retry_exponential_backoff: a transient failure (a sink restarting, a 503) is not met again within
-    /// milliseconds, where the same error twice would make the item poison. The item keeps its slot meanwhile.
+    /// minutes (or this, when longer), each drawn between all of it and half again (never shorter), as
+    /// Airflow's retry_delay with retry_exponential_backoff: a failure (a sink restarting, a 503) is not met
+    /// again within milliseconds, and two attempts that make an item poison are at least this far apart (a
+    /// rerun right after a failure waits out the rest). The item keeps its slot meanwhile.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "1s")]
     retry_delay: Duration,
     /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new

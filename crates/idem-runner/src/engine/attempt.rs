@@ -181,7 +181,7 @@ async fn without_output<S: Store>(
                 // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
                 ctx.executions.fetch_sub(1, Ordering::Relaxed);
                 *permit = None;
-                return Attempt::Ok(output::Digest256::nothing());
+                return Attempt::AlreadyThere;
             }
             Ok(false) => {}
             // The check itself failed: whether the effect is there is unknown, so the command must not run.

@@ -22,6 +22,8 @@ pub(super) enum Final {
     Skipped {
         digest: Digest256,
     },
+    /// `--check` said the item's effect is there before its command ran: recorded done, no command ran.
+    Checked,
     Adopted {
         digest: Digest256,
     },
@@ -89,6 +91,11 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             summary.skipped += 1;
             c.skipped.fetch_add(1, Ordering::Relaxed);
             ("skipped", 0, None, Some(digest), None)
+        }
+        Final::Checked => {
+            summary.skipped += 1;
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            ("checked", 0, None, None, None)
         }
         Final::Adopted { digest } => {
             summary.adopted += 1;

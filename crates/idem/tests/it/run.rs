@@ -406,12 +406,13 @@ fn exit_0_with_output_missing_an_expected_field_is_a_failure() {
     assert!(status.contains("0 done, 0 running or abandoned, 1 failed"), "{status}");
 }
 
-/// The first item fails with a message whose numbers change each time; the `good` others succeed.
+/// The first item fails with a message whose numbers change each time (not a transient one: that would never
+/// turn poison); the `good` others succeed.
 fn poison_job(good: usize) -> (Job, Vec<String>) {
     let mut all = vec!["bad".to_owned()];
     all.extend(ids(good));
     let script = format!(
-        r#"if [ "$1" = bad ]; then echo "connecting to db-$$ at $(date +%s%N): connection refused" >&2; exit 2; fi
+        r#"if [ "$1" = bad ]; then echo "reading db-$$ at $(date +%s%N): record checksum mismatch" >&2; exit 2; fi
 {WRITE_JSON}"#
     );
     (Job::new(&all, &script), all)
@@ -433,7 +434,7 @@ fn poison_item_halts_the_run_and_the_report_names_it() {
     let good_ran = first_bad;
     assert!(good_ran < 300, "the run did not stop: {log:?}");
     assert_eq!(job.executions_per_item().len(), good_ran + 1, "a good item ran twice: {log:?}");
-    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-"), "{err}");
     let r = job.report("r.json");
     assert_eq!(r["summary"]["poison"][0]["id"], "bad");
     let bad = r["items"].as_array().unwrap().iter().find(|i| i["id"] == "bad").unwrap();
@@ -501,7 +502,7 @@ fn a_rerun_skips_known_poison_items_and_does_the_rest() {
     let mut all = vec!["bad".to_owned()];
     all.extend(ids(49));
     let script = format!(
-        r#"if [ "$1" = bad ]; then echo "connecting to db-$$: connection refused" >&2; exit 2; fi
+        r#"if [ "$1" = bad ]; then echo "reading db-$$: record checksum mismatch" >&2; exit 2; fi
 sleep 0.4; {WRITE_JSON}"#
     );
     // The runtime starts the 50 claimed items in no fixed order; on a loaded machine the bad item now and then
@@ -529,7 +530,7 @@ sleep 0.4; {WRITE_JSON}"#
         49 - good_ran,
         good_ran + 2
     )));
-    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-"), "{err}");
     assert!(err.contains(&forget), "{err}");
     assert!(
         err.contains(&format!(
@@ -549,7 +550,7 @@ sleep 0.4; {WRITE_JSON}"#
         49 - good_ran,
         49 - good_ran
     )));
-    assert!(err.contains("poison item bad: exit 2: connecting to db-") && err.contains(&forget), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-") && err.contains(&forget), "{err}");
     assert!(!err.contains("halted"), "{err}");
     let r = job.report("r.json");
     assert_eq!(r["summary"]["poison"][0]["id"], "bad");
