@@ -176,7 +176,14 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job named by --name (or writing --output). Exit status 3 when the store has
     /// no such job (nothing is created).
-    Status(LedgerArgs),
+    Status {
+        #[command(flatten)]
+        ledger: LedgerArgs,
+        /// `text` (lines for people) or `json` (one object: job, done, done_by_host, running, interrupted,
+        /// failed, poison, problems as [{id, error}]).
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
+    },
     /// Forget items so the next run executes them again: their ledger entries, and their outputs under --output
     /// (only then: without it no file is deleted). Exit status 3 when the store has no such job, or an id is not
     /// in the job's ledger (the others are forgotten).
@@ -187,6 +194,12 @@ enum RunsCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -338,7 +351,7 @@ async fn watch_signals(stop: Stop) {
 /// The store cannot be opened or read.
 pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
     let ledger_args = match &args.command {
-        RunsCommand::Status(l) | RunsCommand::Forget { ledger: l, .. } => l,
+        RunsCommand::Status { ledger: l, .. } | RunsCommand::Forget { ledger: l, .. } => l,
     };
     if let Some(name) = &ledger_args.name {
         idem_runner::check_job_name(name).map_err(runner_error)?;
@@ -388,7 +401,7 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         }
     }
     let result = match &args.command {
-        RunsCommand::Status(_) => status(&ledger, &job).await,
+        RunsCommand::Status { format, .. } => status(&ledger, &job, *format).await,
         RunsCommand::Forget { ids, .. } => {
             forget(&ledger, &job, ledger_args.name.is_some(), ledger_args.output.as_deref(), ids).await
         }
@@ -401,11 +414,27 @@ async fn on<S: Store + Clone>(store: &S, job: &str) -> Result<idem_runner::Ledge
     idem_runner::status(store, job).await.map_err(runner_error)
 }
 
-async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
+async fn status(ledger: &Ledger, job: &str, format: StatusFormat) -> Result<i32, Error> {
     let st = match ledger {
         Ledger::Sqlite(s) => on(s, job).await?,
         Ledger::Other(s) => on(s, job).await?,
     };
+    if let StatusFormat::Json = format {
+        let problems: Vec<_> =
+            st.problems.iter().map(|(id, error)| serde_json::json!({ "id": id, "error": error })).collect();
+        let json = serde_json::json!({
+            "job": job,
+            "done": st.done,
+            "done_by_host": st.done_by_host,
+            "running": st.running,
+            "interrupted": st.interrupted,
+            "failed": st.failed,
+            "poison": st.poison,
+            "problems": problems,
+        });
+        crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&json).unwrap_or_default()))?;
+        return Ok(0);
+    }
     let mut text = format!(
         "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted\n",
         st.done, st.running, st.failed, st.poison, st.interrupted
@@ -437,18 +466,28 @@ async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, i
     let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let forgotten = given - unknown.len();
     if forgotten > 0 {
-        let what = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
-            (Some(_), _) => "entries and outputs".to_owned(),
-            (None, Some(t)) if !t.is_empty() => format!(
-                "ledger entries only; no output deleted: without --output {t:?} here, where the job runs, the next \
-                 run adopts an output it finds instead of running its command"
+        // What the next run does depends on what was deleted: with outputs kept, it adopts each one it finds
+        // (and runs only the items whose output is gone), so "executes them again" is said only when true.
+        let again = "the next run executes them again".to_owned();
+        let (what, next) = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
+            (Some(_), _) => ("entries and outputs".to_owned(), again),
+            (None, Some(t)) if !t.is_empty() => (
+                "ledger entries only; no output deleted".to_owned(),
+                format!(
+                    "the next run adopts each output it finds in place and executes only the items whose output is \
+                     gone (give --output {t:?} here, where the job runs, to delete the outputs and execute them all \
+                     again)"
+                ),
             ),
-            (None, Some(_)) => "ledger entries; the job writes no outputs".to_owned(),
-            (None, None) => "ledger entries only; no output deleted (give --output to delete them too)".to_owned(),
+            (None, Some(_)) => ("ledger entries; the job writes no outputs".to_owned(), again),
+            (None, None) => (
+                "ledger entries only; no output deleted".to_owned(),
+                "the next run adopts each output it finds in place and executes the others again (give --output to \
+                 delete the outputs too)"
+                    .to_owned(),
+            ),
         };
-        crate::error::out(&format!(
-            "forgot {forgotten} of {given} items ({what}); the next run executes them again\n"
-        ))?;
+        crate::error::out(&format!("forgot {forgotten} of {given} items ({what}); {next}\n"))?;
     }
     if !unknown.is_empty() {
         // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.

@@ -862,3 +862,17 @@ fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
     }
     assert!(!ran.exists(), "the command ran");
 }
+
+/// A schedule other than the recorded one is refused naming both as given (`every 1h`), not as the record
+/// keeps them (`every 3600s`).
+#[test]
+fn another_schedule_is_refused_in_the_words_it_was_given() {
+    let b = Backend::sqlite().unwrap();
+    let (code, stderr) = b.run("hourly", &["--every", "1h"], "true");
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stderr) = b.run("hourly", &["--every", "90m"], "echo ran >> runs");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("job hourly is scheduled every 1h in this store, not every 1h30m"), "{stderr}");
+    assert!(!stderr.contains("3600s"), "{stderr}");
+    assert_eq!(b.lines("runs").len(), 0, "the refused invocation ran nothing");
+}

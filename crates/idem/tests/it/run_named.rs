@@ -530,6 +530,9 @@ fn forget_by_name_without_output_deletes_no_file() {
     assert!(job_dir.join("out/2.txt").exists(), "forget without --output deleted the job's output");
     assert!(out.contains("forgot 1 of 1 items (ledger entries only; no output deleted"), "{out}");
     assert!(out.contains("--output \"out/{id}.txt\""), "{out}");
+    // Not "the next run executes them again" beside "adopts": with its output kept, it is adopted, not run.
+    assert!(out.contains("the next run adopts each output it finds in place"), "{out}");
+    assert!(!out.contains("executes them again"), "contradictory: {out}");
     // A job without outputs says just that.
     let (code, _, err) = idem_in(
         &job_dir,
@@ -925,4 +928,61 @@ fn a_rerun_waits_out_the_retry_delay_of_a_failure_before_retrying() {
     let at = stamps(&log);
     assert_eq!(at.len(), 2, "{at:?}");
     assert!(at[1] - at[0] >= 3000, "retried {} ms after the first failure, under --retry-delay 3s", at[1] - at[0]);
+}
+
+/// The report and the summary of a job without outputs on a shared ledger: the report names the job, the host
+/// and the output template; an item whose effect --check found is `checked` with 0 attempts and no sha256 (not
+/// "done, attempt 1, the SHA-256 of nothing"), and no item of a no-output job shows a sha256. Items done on
+/// another host: the first summary line counts them ("2 done elsewhere", so its counts add up to 3), and the
+/// line about them does not suggest --require-local-output (refused without --output). `runs status --format
+/// json` gives the same counts as the text.
+#[test]
+fn reports_and_summaries_of_a_job_without_outputs_add_up() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 3);
+    let store = format!("sqlite:{}", dir.path().join("ledger.db").display());
+    std::fs::create_dir(dir.path().join("done")).unwrap();
+    std::fs::write(dir.path().join("done").join("3"), "").unwrap();
+    let log = dir.path().join("log");
+    let script = format!("echo \"$1\" >> {}; touch \"done/$1\"", log.display());
+    let run = |host: &str, ids: &str, report: &str| {
+        std::fs::write(dir.path().join("items.txt"), ids).unwrap();
+        let args = [
+            "run", "--name", "mail", "--items", "items.txt", "--store", &store, "--check", "test -e done/{id}",
+            "--report", report, "--quiet", "--", "sh", "-c", &script, "sh", "{id}",
+        ];
+        let (code, _, err) = idem_in(dir.path(), &args, &[("IDEM_HOST", host)]);
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join(report)).unwrap()).unwrap();
+        (code, err, json)
+    };
+    // host-a: items 1 and 2 run, 3 is found done by the check.
+    let (code, err, json) = run("host-a", "1\n2\n3\n", "a.json");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sorted(lines(&log)), ["1", "2"]);
+    assert_eq!((json["job"].as_str(), json["host"].as_str(), json["output"].as_str()), (Some("mail"), Some("host-a"), Some("")));
+    let by_id = |id: &str| json["items"].as_array().unwrap().iter().find(|i| i["id"] == id).unwrap().clone();
+    let three = by_id("3");
+    assert_eq!((three["status"].as_str(), three["attempts"].as_u64()), (Some("checked"), Some(0)), "{three}");
+    assert!(three["sha256"].is_null(), "{three}");
+    let one = by_id("1");
+    assert_eq!((one["status"].as_str(), one["attempts"].as_u64()), (Some("done"), Some(1)), "{one}");
+    assert!(one["sha256"].is_null(), "no output, no digest: {one}");
+    // host-b: 1 and 2 were done on host-a; 4 is new.
+    let (code, err, json) = run("host-b", "1\n2\n4\n", "b.json");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json["host"].as_str(), Some("host-b"));
+    assert!(err.contains("3 items in") && err.contains("1 done now, 0 already done, 0 adopted, 2 done elsewhere, 0 failed"), "{err}");
+    assert!(err.contains("2 done elsewhere (host-a: 2): recorded done by another host; not run here"), "{err}");
+    assert!(!err.contains("--require-local-output"), "suggests a flag refused for this job: {err}");
+    assert_eq!(sorted(lines(&log)), ["1", "2", "4"]);
+    let (code, text, err) = idem_in(dir.path(), &["runs", "status", "--name", "mail", "--store", &store], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.starts_with("job mail: 4 done, 0 running or abandoned, 0 failed, 0 poison, 0 interrupted"), "{text}");
+    let (code, out, err) =
+        idem_in(dir.path(), &["runs", "status", "--name", "mail", "--store", &store, "--format", "json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((status["job"].as_str(), status["done"].as_u64(), status["failed"].as_u64()), (Some("mail"), Some(4), Some(0)), "{status}");
+    assert_eq!(status["done_by_host"]["host-a"].as_u64(), Some(3), "{status}");
+    assert_eq!(status["done_by_host"]["host-b"].as_u64(), Some(1), "{status}");
 }
