@@ -12,7 +12,9 @@ use crate::ledger::{Ledger, on_ledger};
 const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
 verified; needs --output), {key} the item's idempotency key, {item} the item as read; in --check: {id}, {key}. \
-Any other {word} (letters, digits, '_'; none too, as {}) is refused (exit 2); ${VAR} is left to the shell. The \
+Any other {word} (letters, digits, '_'; none too, as {}) is refused (exit 2); ${VAR} is left to the shell, and so is \
+anything else in braces ('{print $1}', '{a: .b}'). For a literal {word} or {}, double its braces: {{}} passes {}, \
+{{id}} passes {id}, awk '{{print}}' runs awk '{print}'. The \
 item is also on standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
 IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY \
 (PREFIX:ID:HASH: PREFIX is --key-prefix, else the job's --name, so it equals IDEM_KEY, else `run`), IDEM_ATTEMPT.

@@ -986,3 +986,38 @@ fn reports_and_summaries_of_a_job_without_outputs_add_up() {
     assert_eq!(status["done_by_host"]["host-a"].as_u64(), Some(3), "{status}");
     assert_eq!(status["done_by_host"]["host-b"].as_u64(), Some(1), "{status}");
 }
+
+/// A literal `{}` or `{id}` is passed by doubling its braces (`{{}}`, `{{id}}`; before, `{{}}` was refused and
+/// `{{id}}` became `{1}`), in the command and in --check; an awk program `{print}` is refused with a message
+/// that names the escape, and `{{print}}` runs it; `{print $1}` needs none. 2 items, 2 executions each way.
+#[test]
+fn doubled_braces_pass_a_literal_placeholder() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 2);
+    let log = dir.path().join("log");
+    let run = |name: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--name", name, "--items", "items.txt", "--quiet"];
+        args.extend_from_slice(extra);
+        idem_in(dir.path(), &args, &[])
+    };
+    let script = format!("echo \"$1|$2\" >> {}", log.display());
+    let (code, _, err) = run("lit", &["--", "sh", "-c", &script, "sh", "{{}} {{id}} {{item}}", "{id}"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sorted(lines(&log)), ["{} {id} {item}|1", "{} {id} {item}|2"]);
+    // --check gets the escape too: `test {id} != {{id}}` is true for every item, so both count as done.
+    let (code, _, err) = run("chk", &["--check", "test {id} != '{{id}}'", "--", "sh", "-c", "exit 9"]);
+    assert_eq!(code, 0, "{err}");
+    // awk: `{print}` looks like a placeholder; the refusal says how to write it.
+    std::fs::remove_file(&log).unwrap();
+    let awk = |program: &str| format!("echo \"$1 x\" | awk '{program}' >> {}", log.display());
+    let (code, _, err) = run("awk1", &["--", "sh", "-c", &awk("{print}"), "sh", "{id}"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown placeholder {print} in the command"), "{err}");
+    assert!(err.contains("double its braces: {{print}}"), "{err}");
+    assert!(lines(&log).is_empty(), "a refused run executed something");
+    let (code, _, err) = run("awk2", &["--", "sh", "-c", &awk("{{print}}"), "sh", "{id}"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run("awk3", &["--", "sh", "-c", &awk("{print $1}"), "sh", "{id}"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sorted(lines(&log)), ["1", "1 x", "2", "2 x"]);
+}
