@@ -286,6 +286,25 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // runner started during an outage (or together with its store) must not fail where one started a moment
     // earlier rides it out.
     let url = ledger_url(args.store.as_deref(), &output);
+    // A named job on the default ledger whose --output was added (or moved): that ledger is next to the
+    // outputs, so a new one is started and every item runs again. Said when the directory's own default ledger
+    // (runs without --output) is there, which is where such a job's entries would be.
+    if args.store.is_none()
+        && let Some(name) = &checked.config().name
+        && !output.is_empty()
+    {
+        let (chosen, plain) = (idem_runner::default_ledger_path(&output), idem_runner::default_ledger_path(""));
+        if !chosen.exists() && plain.exists() && chosen != plain {
+            crate::error::sayln!(
+                "idem run: job {name}: a new ledger at {} (the default, next to --output); the ledger at {} (this \
+                 directory's, for runs without --output) is not read, so items done there run again; give --store \
+                 sqlite:{} to go on with it",
+                chosen.display(),
+                plain.display(),
+                plain.display()
+            );
+        }
+    }
     let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
         crate::error::sayln!(
             "idem run: the ledger store was unavailable for longer than --store-outage-limit ({}): nothing ran; \
@@ -295,16 +314,36 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
     };
     let (cfg, job) = (checked.config(), checked.config().job());
-    let record =
-        idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone(), ..Default::default() };
-    // Only for the warnings below: a store that does not answer at once (down at the start, which the run rides
-    // out) must neither stop nor delay the run, so the record is skipped then.
+    let output_path = absolute_template(&cfg.output);
+    let record = idem_runner::JobRecord {
+        output: cfg.output.clone(),
+        command: cfg.command.clone(),
+        output_path: output_path.clone(),
+        ..Default::default()
+    };
+    // Only for the refusal and the warnings below: a store that does not answer at once (down at the start,
+    // which the run rides out) must neither stop nor delay the run, so they are skipped then.
     let noted = tokio::time::timeout(Duration::from_secs(2), async {
-        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await)
+        // Only a named job can meet another over one set of files: an unnamed job is named by its template.
+        if cfg.name.is_some()
+            && let Some(other) =
+                on_ledger!(&ledger, s => idem_runner::claim_outputs(s, &job, &output_path, cfg.dry_run).await)?
+        {
+            return Ok(Err(other));
+        }
+        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await).map(Ok)
     })
     .await;
     match noted {
-        Ok(Ok(changes)) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
+        Ok(Ok(Err(other))) => {
+            ledger.close().await;
+            return Err(Error::Config(format!(
+                "job {job} writes the outputs of job {other} on this host ({output_path}): it would adopt job \
+                 {other}'s files as its own and overwrite them (and job {other} would then run them all again); \
+                 nothing ran. Give job {job} another --output, or run it as --name {other}"
+            )));
+        }
+        Ok(Ok(Ok(changes))) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
         Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
@@ -322,6 +361,18 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     }
     crate::error::say(&summary.render());
     Ok(summary.status().exit_code())
+}
+
+/// The output template made absolute in the current directory (`./` components dropped, as [`idem_runner::job_id`]
+/// normalises them), which with the host names the files a job writes; empty without `--output`.
+fn absolute_template(output: &str) -> String {
+    if output.is_empty() {
+        return String::new();
+    }
+    let path = std::env::current_dir().unwrap_or_default().join(output);
+    let normal: PathBuf =
+        path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
+    normal.display().to_string()
 }
 
 /// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.

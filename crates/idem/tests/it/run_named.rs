@@ -1021,3 +1021,85 @@ fn doubled_braces_pass_a_literal_placeholder() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(sorted(lines(&log)), ["1", "1 x", "2", "2 x"]);
 }
+
+/// Two named jobs writing one set of files (one directory, one template, one host, one ledger): the second is
+/// refused (exit 2, naming the first; 0 executions, 0 adopted, the first's outputs untouched) instead of
+/// adopting the first's 5 outputs as its own (before: "5 adopted, 0 ran"); with another --output it runs its 5;
+/// the first's rerun runs nothing. (In another directory the same template is other files:
+/// two_jobs_with_one_output_template_on_one_ledger_keep_apart_by_name.)
+#[test]
+fn a_named_job_writing_another_named_jobs_outputs_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 5);
+    let store = format!("sqlite:{}", dir.path().join("ledger.db").display());
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let (code, _, err) = run_writing(dir.path(), &store, &["--name", "job-a"], &writing(&log_a, "A"));
+    assert_eq!(code, 0, "{err}");
+    for output in ["out/{id}.txt", "./out/{id}.txt"] {
+        let args = [
+            "run", "--name", "job-b", "--items", "items.txt", "--output", output, "--store", &store, "--quiet", "--",
+            "sh", "-c", &writing(&log_b, "B"), "sh", "{id}", "{out}",
+        ];
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 2, "{output}: {err}");
+        assert!(err.contains("job job-b writes the outputs of job job-a on this host"), "{err}");
+        assert!(err.contains("nothing ran"), "{err}");
+    }
+    assert!(lines(&log_b).is_empty(), "job-b ran");
+    assert_eq!(std::fs::read_to_string(dir.path().join("out/1.txt")).unwrap(), "A\n");
+    let (code, _, err) = idem_in(dir.path(), &["runs", "status", "--name", "job-b", "--store", &store], &[]);
+    assert_eq!(code, 3, "the refused job left a record: {err}");
+    let args = [
+        "run", "--name", "job-b", "--items", "items.txt", "--output", "out-b/{id}.txt", "--store", &store, "--quiet",
+        "--", "sh", "-c", &writing(&log_b, "B"), "sh", "{id}", "{out}",
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log_b).len(), 5);
+    let (code, _, err) = run_writing(dir.path(), &store, &["--name", "job-a"], &writing(&log_a, "A"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(lines(&log_a).len(), 5, "job-a ran again");
+}
+
+/// A named job's --output added with the default ledger: that ledger is next to the outputs, so a new one is
+/// started and the 3 items run again, which the run now says (naming the directory's ledger and the --store
+/// that goes on with it; before, nothing was said). On a fixed --store, an output template and a command both
+/// changed no longer say "items done then stay done" (they run again where their output is not at the new
+/// paths).
+#[test]
+fn a_moved_ledger_or_output_is_said_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    items(dir.path(), 3);
+    let log = dir.path().join("log");
+    let plain = ["run", "--name", "mail", "--items", "items.txt", "--quiet", "--", "sh", "-c"];
+    let script = format!("echo \"$1\" >> {}", log.display());
+    let mut args = plain.to_vec();
+    args.extend_from_slice(&[&script, "sh", "{id}"]);
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let with_output = format!("echo \"$1\" >> {}; echo x > \"$2\"", log.display());
+    let args = [
+        "run", "--name", "mail", "--items", "items.txt", "--output", "out/{id}", "--quiet", "--", "sh", "-c",
+        &with_output, "sh", "{id}", "{out}",
+    ];
+    let (code, _, err) = idem_in(dir.path(), &args, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("job mail: a new ledger at out/.idem/ledger.db"), "{err}");
+    assert!(err.contains("give --store sqlite:./.idem/ledger.db to go on with it"), "{err}");
+    assert_eq!(lines(&log).len(), 6, "3 items, run again in the new ledger");
+    // A fixed store: output and command changed together.
+    let store = format!("sqlite:{}", dir.path().join("l.db").display());
+    for (output, text) in [("o1/{id}", "A"), ("o2/{id}", "B")] {
+        let args = [
+            "run", "--name", "pair", "--items", "items.txt", "--output", output, "--store", &store, "--quiet", "--",
+            "sh", "-c", &writing(&log, text), "sh", "{id}", "{out}",
+        ];
+        let (code, _, err) = idem_in(dir.path(), &args, &[]);
+        assert_eq!(code, 0, "{err}");
+        if text == "B" {
+            assert!(err.contains("the output template changed since its last run"), "{err}");
+            assert!(err.contains("items done then stay done only where their output is at the new paths"), "{err}");
+            assert!(!err.contains("items done then stay done (`idem runs forget`"), "{err}");
+        }
+    }
+}
