@@ -45,7 +45,7 @@ impl Report {
         // The head's fields, then the items as they end: `{"job":…,"host":…,"output":…,"items":[`.
         let head = head.to_string();
         let fields = head.strip_suffix('}').unwrap_or(&head);
-        write!(out, "{fields},\"items\":[\n").map_err(err)?;
+        writeln!(out, "{fields},\"items\":[").map_err(err)?;
         Ok(Self { path: path.to_owned(), out, first: true })
     }
 

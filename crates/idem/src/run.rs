@@ -370,8 +370,7 @@ fn absolute_template(output: &str) -> String {
         return String::new();
     }
     let path = std::env::current_dir().unwrap_or_default().join(output);
-    let normal: PathBuf =
-        path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
+    let normal: PathBuf = path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
     normal.display().to_string()
 }
 

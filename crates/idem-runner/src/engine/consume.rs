@@ -91,9 +91,7 @@ pub(super) fn disposition(result: &Result<Final, ItemError>) -> Disposition {
             | Final::Checked
             | Final::Adopted { .. }
             | Final::DoneElsewhere { .. },
-        ) => {
-            Disposition::Ack
-        }
+        ) => Disposition::Ack,
         Ok(Final::Poison { .. } | Final::Failed { .. } | Final::Malformed { .. }) => Disposition::DeadLetter,
         Ok(Final::NotDone { .. } | Final::Unretried { .. } | Final::WouldRun | Final::Error { .. }) | Err(_) => {
             Disposition::Requeue

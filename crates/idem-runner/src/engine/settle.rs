@@ -220,10 +220,8 @@ async fn record_done<S: Store>(
     // back the lease is still right: it was ours until now. In a store outage both wait for the store:
     // the output is in place, and the done write is fenced on the claim's entry generation, not the
     // lease, so it lands once the store is back unless someone took the item over.
-    let (done, _) = tokio::join!(
-        ledger::apply(ctx, Waiting::Started, write),
-        ledger::apply(ctx, Waiting::Started, held.release())
-    );
+    let (done, _) =
+        tokio::join!(ledger::apply(ctx, Waiting::Started, write), ledger::apply(ctx, Waiting::Started, held.release()));
     match done {
         Ok(_) if !ran => Ok(Step::End(Final::Checked)),
         Ok(_) => Ok(Step::End(Final::Done { attempts: held.attempt(), digest, duration })),
@@ -238,8 +236,7 @@ async fn record_done<S: Store>(
                 let output = ctx.cfg.output_path(&item.id);
                 let note = output::unrecorded_path(&output, &ctx.owner, held.attempt());
                 let noted = digest.clone();
-                let written =
-                    tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
+                let written = tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
                 if !matches!(written, Ok(Ok(()))) {
                     tracing::warn!(item = %item.id, "cannot note the unrecorded output: it runs again");
                 }

@@ -194,10 +194,9 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     // A reader gone (`| head`) does not change what the probes found: the exit status still says it.
     match args.format {
         Format::Table => crate::error::out(&report.table())?,
-        Format::Json => crate::error::out(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?
-        ))?,
+        Format::Json => {
+            crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?))?
+        }
     }
     Ok(report.exit_status)
 }

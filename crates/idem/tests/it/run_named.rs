@@ -857,7 +857,10 @@ fn retries_wait_retry_delay_doubling_and_a_brief_outage_is_not_poison() {
 #[test]
 fn a_transient_error_met_again_is_not_poison() {
     for (name, fail) in [
-        ("refused", "echo 'curl: (7) Failed to connect to 127.0.0.1 port 9 after 0 ms: Connection refused' >&2; exit 7"),
+        (
+            "refused",
+            "echo 'curl: (7) Failed to connect to 127.0.0.1 port 9 after 0 ms: Connection refused' >&2; exit 7",
+        ),
         ("tempfail", "echo 'sink says: later' >&2; exit 75"),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -870,8 +873,24 @@ fn a_transient_error_met_again_is_not_poison() {
         );
         let run = |retries: &str, report: &str| {
             let args = [
-                "run", "--name", name, "--items", "items.txt", "--retries", retries, "--retry-delay", "100ms",
-                "--report", report, "--quiet", "--", "sh", "-c", &script, "sh", "{id}",
+                "run",
+                "--name",
+                name,
+                "--items",
+                "items.txt",
+                "--retries",
+                retries,
+                "--retry-delay",
+                "100ms",
+                "--report",
+                report,
+                "--quiet",
+                "--",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+                "{id}",
             ];
             let (code, _, err) = idem_in(dir.path(), &args, &[]);
             let json: serde_json::Value =
@@ -882,13 +901,19 @@ fn a_transient_error_met_again_is_not_poison() {
             let (code, err, json) = run("3", "r.json");
             assert_eq!(code, 0, "{name}: {err}");
             assert_eq!(lines(&log).len(), 15, "{name}: 5 items, 3 executions each");
-            assert_eq!((json["summary"]["done"].as_u64(), json["summary"]["poison"].as_array().map(Vec::len)), (Some(5), Some(0)));
+            assert_eq!(
+                (json["summary"]["done"].as_u64(), json["summary"]["poison"].as_array().map(Vec::len)),
+                (Some(5), Some(0))
+            );
             assert!(json["items"].as_array().unwrap().iter().all(|i| i["attempts"] == 3), "{json}");
         } else {
             let (code, err, json) = run("1", "r1.json");
             assert_eq!(code, 1, "{name}: out of attempts, not poison: {err}");
             assert_eq!(lines(&log).len(), 10, "{name}: 5 items, 2 executions each");
-            assert_eq!((json["summary"]["failed"].as_u64(), json["summary"]["poison"].as_array().map(Vec::len)), (Some(5), Some(0)));
+            assert_eq!(
+                (json["summary"]["failed"].as_u64(), json["summary"]["poison"].as_array().map(Vec::len)),
+                (Some(5), Some(0))
+            );
             let (code, err, json) = run("3", "r2.json");
             assert_eq!(code, 0, "{name}: {err}");
             assert_eq!(lines(&log).len(), 15, "{name}: one more execution each");
@@ -908,11 +933,26 @@ fn a_rerun_waits_out_the_retry_delay_of_a_failure_before_retrying() {
     let log = dir.path().join("attempts");
     let script = format!("date +%s%3N >> {log}; echo 'boom' >&2; exit 1", log = log.display());
     let args = [
-        "run", "--name", "spaced", "--items", "items.txt", "--retry-delay", "3s", "--quiet", "--", "sh", "-c",
+        "run",
+        "--name",
+        "spaced",
+        "--items",
+        "items.txt",
+        "--retry-delay",
+        "3s",
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
         &script,
     ];
-    let first = Command::new(BIN).args(args).current_dir(dir.path()).stdin(Stdio::null()).stderr(Stdio::piped())
-        .spawn().unwrap();
+    let first = Command::new(BIN)
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while lines(&log).is_empty() {
         assert!(std::time::Instant::now() < deadline, "the first attempt did not start");
@@ -948,8 +988,24 @@ fn reports_and_summaries_of_a_job_without_outputs_add_up() {
     let run = |host: &str, ids: &str, report: &str| {
         std::fs::write(dir.path().join("items.txt"), ids).unwrap();
         let args = [
-            "run", "--name", "mail", "--items", "items.txt", "--store", &store, "--check", "test -e done/{id}",
-            "--report", report, "--quiet", "--", "sh", "-c", &script, "sh", "{id}",
+            "run",
+            "--name",
+            "mail",
+            "--items",
+            "items.txt",
+            "--store",
+            &store,
+            "--check",
+            "test -e done/{id}",
+            "--report",
+            report,
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+            "{id}",
         ];
         let (code, _, err) = idem_in(dir.path(), &args, &[("IDEM_HOST", host)]);
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join(report)).unwrap()).unwrap();
@@ -959,7 +1015,10 @@ fn reports_and_summaries_of_a_job_without_outputs_add_up() {
     let (code, err, json) = run("host-a", "1\n2\n3\n", "a.json");
     assert_eq!(code, 0, "{err}");
     assert_eq!(sorted(lines(&log)), ["1", "2"]);
-    assert_eq!((json["job"].as_str(), json["host"].as_str(), json["output"].as_str()), (Some("mail"), Some("host-a"), Some("")));
+    assert_eq!(
+        (json["job"].as_str(), json["host"].as_str(), json["output"].as_str()),
+        (Some("mail"), Some("host-a"), Some(""))
+    );
     let by_id = |id: &str| json["items"].as_array().unwrap().iter().find(|i| i["id"] == id).unwrap().clone();
     let three = by_id("3");
     assert_eq!((three["status"].as_str(), three["attempts"].as_u64()), (Some("checked"), Some(0)), "{three}");
@@ -971,7 +1030,10 @@ fn reports_and_summaries_of_a_job_without_outputs_add_up() {
     let (code, err, json) = run("host-b", "1\n2\n4\n", "b.json");
     assert_eq!(code, 0, "{err}");
     assert_eq!(json["host"].as_str(), Some("host-b"));
-    assert!(err.contains("3 items in") && err.contains("1 done now, 0 already done, 0 adopted, 2 done elsewhere, 0 failed"), "{err}");
+    assert!(
+        err.contains("3 items in") && err.contains("1 done now, 0 already done, 0 adopted, 2 done elsewhere, 0 failed"),
+        "{err}"
+    );
     assert!(err.contains("2 done elsewhere (host-a: 2): recorded done by another host; not run here"), "{err}");
     assert!(!err.contains("--require-local-output"), "suggests a flag refused for this job: {err}");
     assert_eq!(sorted(lines(&log)), ["1", "2", "4"]);
@@ -982,7 +1044,11 @@ fn reports_and_summaries_of_a_job_without_outputs_add_up() {
         idem_in(dir.path(), &["runs", "status", "--name", "mail", "--store", &store, "--format", "json"], &[]);
     assert_eq!(code, 0, "{err}");
     let status: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((status["job"].as_str(), status["done"].as_u64(), status["failed"].as_u64()), (Some("mail"), Some(4), Some(0)), "{status}");
+    assert_eq!(
+        (status["job"].as_str(), status["done"].as_u64(), status["failed"].as_u64()),
+        (Some("mail"), Some(4), Some(0)),
+        "{status}"
+    );
     assert_eq!(status["done_by_host"]["host-a"].as_u64(), Some(3), "{status}");
     assert_eq!(status["done_by_host"]["host-b"].as_u64(), Some(1), "{status}");
 }
@@ -1037,8 +1103,23 @@ fn a_named_job_writing_another_named_jobs_outputs_is_refused() {
     assert_eq!(code, 0, "{err}");
     for output in ["out/{id}.txt", "./out/{id}.txt"] {
         let args = [
-            "run", "--name", "job-b", "--items", "items.txt", "--output", output, "--store", &store, "--quiet", "--",
-            "sh", "-c", &writing(&log_b, "B"), "sh", "{id}", "{out}",
+            "run",
+            "--name",
+            "job-b",
+            "--items",
+            "items.txt",
+            "--output",
+            output,
+            "--store",
+            &store,
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            &writing(&log_b, "B"),
+            "sh",
+            "{id}",
+            "{out}",
         ];
         let (code, _, err) = idem_in(dir.path(), &args, &[]);
         assert_eq!(code, 2, "{output}: {err}");
@@ -1050,8 +1131,23 @@ fn a_named_job_writing_another_named_jobs_outputs_is_refused() {
     let (code, _, err) = idem_in(dir.path(), &["runs", "status", "--name", "job-b", "--store", &store], &[]);
     assert_eq!(code, 3, "the refused job left a record: {err}");
     let args = [
-        "run", "--name", "job-b", "--items", "items.txt", "--output", "out-b/{id}.txt", "--store", &store, "--quiet",
-        "--", "sh", "-c", &writing(&log_b, "B"), "sh", "{id}", "{out}",
+        "run",
+        "--name",
+        "job-b",
+        "--items",
+        "items.txt",
+        "--output",
+        "out-b/{id}.txt",
+        "--store",
+        &store,
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &writing(&log_b, "B"),
+        "sh",
+        "{id}",
+        "{out}",
     ];
     let (code, _, err) = idem_in(dir.path(), &args, &[]);
     assert_eq!(code, 0, "{err}");
@@ -1079,8 +1175,21 @@ fn a_moved_ledger_or_output_is_said_as_it_is() {
     assert_eq!(code, 0, "{err}");
     let with_output = format!("echo \"$1\" >> {}; echo x > \"$2\"", log.display());
     let args = [
-        "run", "--name", "mail", "--items", "items.txt", "--output", "out/{id}", "--quiet", "--", "sh", "-c",
-        &with_output, "sh", "{id}", "{out}",
+        "run",
+        "--name",
+        "mail",
+        "--items",
+        "items.txt",
+        "--output",
+        "out/{id}",
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        &with_output,
+        "sh",
+        "{id}",
+        "{out}",
     ];
     let (code, _, err) = idem_in(dir.path(), &args, &[]);
     assert_eq!(code, 0, "{err}");
@@ -1091,8 +1200,23 @@ fn a_moved_ledger_or_output_is_said_as_it_is() {
     let store = format!("sqlite:{}", dir.path().join("l.db").display());
     for (output, text) in [("o1/{id}", "A"), ("o2/{id}", "B")] {
         let args = [
-            "run", "--name", "pair", "--items", "items.txt", "--output", output, "--store", &store, "--quiet", "--",
-            "sh", "-c", &writing(&log, text), "sh", "{id}", "{out}",
+            "run",
+            "--name",
+            "pair",
+            "--items",
+            "items.txt",
+            "--output",
+            output,
+            "--store",
+            &store,
+            "--quiet",
+            "--",
+            "sh",
+            "-c",
+            &writing(&log, text),
+            "sh",
+            "{id}",
+            "{out}",
         ];
         let (code, _, err) = idem_in(dir.path(), &args, &[]);
         assert_eq!(code, 0, "{err}");
