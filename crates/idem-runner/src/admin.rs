@@ -38,6 +38,55 @@ pub struct JobRecord {
     /// The host that ran it ([`note_job`] sets it; empty in records written before hosts were kept).
     #[serde(default)]
     pub host: String,
+    /// The output template made absolute on that host (empty without `--output`, and in records written
+    /// before it was kept): with the host, which files the job writes ([`claim_outputs`]).
+    #[serde(default)]
+    pub output_path: String,
+}
+
+/// The key naming the job that writes the outputs of `output_path` (an absolute template) on `host`.
+fn outputs_key(host: &str, output_path: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{host}\0{output_path}").as_bytes());
+    format!("run-outputs/{}", hex::encode(&digest[..8]))
+}
+
+/// Claims the files of `record` (its `output_path` on this host) for named job `job`: `Some(other)` when
+/// another job whose last run wrote the same files on this host still has them (its record names the same
+/// absolute template and host), so this job would adopt that job's outputs as its own and overwrite them (and
+/// the other would then run them all again); `None` when they are free, or were another job's that has since
+/// moved to other files (the claim is then this job's). Unless `dry_run`, the claim is written. Jobs on other
+/// hosts, or in other directories with the same relative template, write other files and never meet here.
+///
+/// # Errors
+/// [`Error::Store`].
+pub async fn claim_outputs<S: Store>(
+    store: &S,
+    job: &str,
+    output_path: &str,
+    dry_run: bool,
+) -> Result<Option<String>, Error> {
+    if output_path.is_empty() {
+        return Ok(None);
+    }
+    let host = crate::engine::host_name();
+    let key = outputs_key(&host, output_path);
+    if let Some(v) = store.get(&key).await? {
+        let owner = String::from_utf8_lossy(v.value()).into_owned();
+        if owner == job {
+            return Ok(None);
+        }
+        if let Ok(Some(theirs)) = job_record(store, &owner).await
+            && theirs.host == host
+            && theirs.output_path == output_path
+        {
+            return Ok(Some(owner));
+        }
+    }
+    if !dry_run {
+        store.put(&key, bytes::Bytes::from(job.to_owned()), Precondition::Any, Ttl::Clear).await?;
+    }
+    Ok(None)
 }
 
 fn job_key(job: &str) -> String {
@@ -100,9 +149,15 @@ pub async fn note_job<S: Store>(store: &S, job: &str, record: &JobRecord, dry_ru
             ));
         }
         if last.command != record.command {
+            // "Stay done" only holds when the outputs they are judged by did not move.
+            let then = if last.output == record.output {
+                "items done then stay done (`idem runs forget` to redo them)"
+            } else {
+                "items done then stay done only where their output is at the new paths; the others run again, \
+                 with the new command"
+            };
             changes.push(format!(
-                "job {job}: the command changed since its last run ({:?} then, {:?} now); items done then stay \
-                 done (`idem runs forget` to redo them)",
+                "job {job}: the command changed since its last run ({:?} then, {:?} now); {then}",
                 last.command.join(" "),
                 record.command.join(" ")
             ));

@@ -314,21 +314,77 @@ impl CheckedConfig {
     }
 }
 
+/// The length of the placeholder-like word at the start of `rest` (ASCII letters, digits and `_`; 0 for none).
+fn word_len(rest: &[u8]) -> usize {
+    rest.iter().take_while(|b| b.is_ascii_alphanumeric() || **b == b'_').count()
+}
+
+/// The length of an escape at the start of `rest`: `{{WORD}}` (WORD placeholder-like, or empty), which stands
+/// for the literal `{WORD}`; `None` when `rest` does not start with one.
+fn escape_len(rest: &[u8]) -> Option<usize> {
+    let inner = rest.strip_prefix(b"{{")?;
+    let n = word_len(inner);
+    inner[n..].starts_with(b"}}").then_some(n + 4)
+}
+
+/// `text` with each placeholder `{WORD}` that `lookup` knows replaced by its value and each escape
+/// `{{WORD}}` by the literal `{WORD}` (`{{}}` is `{}`, `{{id}}` is `{id}`); everything else as it is (`{print
+/// $1}`, `${HOME}`, `{"a": 1}`, a lone `}}`). One pass: a value is never expanded again.
+pub(crate) fn expand(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    if !text.contains('{') {
+        return text.to_owned();
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(n) = escape_len(&bytes[i..]) {
+            out.push_str(&text[i + 1..i + n - 1]);
+            i += n;
+            continue;
+        }
+        if bytes[i] == b'{' {
+            let n = word_len(&bytes[i + 1..]);
+            if bytes.get(i + 1 + n) == Some(&b'}')
+                && let Some(value) = lookup(&text[i + 1..i + 1 + n])
+            {
+                out.push_str(&value);
+                i += n + 2;
+                continue;
+            }
+        }
+        // Copy up to the next brace: `i` is on a char boundary (a brace, which is ASCII, or where a copy ended).
+        let start = if bytes[i] == b'{' { i + 1 } else { i };
+        let next = text[start..].find('{').map_or(text.len(), |j| start + j);
+        out.push_str(&text[i..next]);
+        i = next;
+    }
+    out
+}
+
 /// Refuses a placeholder-like word in `text` that is not one of `valid` (`{ky}`, `{}`, `{item}` in `--check`):
 /// it would otherwise reach the command literally, and a typo in `{key}` would send every item with one key.
 /// A placeholder-like word is `{` then only ASCII letters, digits and `_` (none too), then `}`, not right after
-/// `$`: `${HOME}` is the shell's, and `{print $1}`, `{"a": 1}` and `{a,b}` are not placeholders.
+/// `$`: `${HOME}` is the shell's, and `{print $1}`, `{"a": 1}` and `{a,b}` are not placeholders. An escape
+/// `{{WORD}}` is the literal `{WORD}` ([`expand`]), never refused: the way to pass `{}` or an awk program
+/// `{print}`, which the refusal names.
 ///
 /// # Errors
-/// [`Error::Config`] naming the word, where it was (`what`) and the valid ones.
+/// [`Error::Config`] naming the word, where it was (`what`), the valid ones and the escape.
 fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result<(), Error> {
     let bytes = text.as_bytes();
-    for (open, _) in text.match_indices('{') {
+    let mut i = 0;
+    while let Some(j) = text[i..].find('{') {
+        let open = i + j;
+        if let Some(n) = escape_len(&bytes[open..]) {
+            i = open + n;
+            continue;
+        }
+        i = open + 1;
         if open > 0 && bytes[open - 1] == b'$' {
             continue;
         }
-        let word_len = bytes[open + 1..].iter().take_while(|b| b.is_ascii_alphanumeric() || **b == b'_').count();
-        let close = open + 1 + word_len;
+        let close = open + 1 + word_len(&bytes[open + 1..]);
         if bytes.get(close) != Some(&b'}') {
             continue;
         }
@@ -337,7 +393,8 @@ fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result
             let listed: Vec<String> = valid.iter().map(|v| format!("{{{v}}}")).collect();
             let hint = if word.is_empty() { " (GNU parallel's {} is {item} or {id} here)" } else { "" };
             return Err(Error::Config(format!(
-                "unknown placeholder {{{word}}} in {what}{hint}; {what} takes {}",
+                "unknown placeholder {{{word}}} in {what}{hint}; {what} takes {}; for a literal {{{word}}} (an awk \
+                 or jq program, say) double its braces: {{{{{word}}}}}",
                 listed.join(", ")
             )));
         }
@@ -399,6 +456,37 @@ mod tests {
             let err = refuse_unknown_placeholders(bad, "--check", &valid).expect_err(bad).to_string();
             assert!(err.contains(&format!("unknown placeholder {word} in --check")), "{err}");
             assert!(err.contains("--check takes {id}, {key}"), "{err}");
+            let escaped = format!("{{{word}}}");
+            assert!(err.contains(&format!("double its braces: {escaped}")), "{err}");
+        }
+        // Escapes are never refused, whatever their word.
+        for ok in ["{{}}", "{{item}}", "awk '{{print}}'", "{{id}} {id}"] {
+            assert!(refuse_unknown_placeholders(ok, "--check", &valid).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn expand_replaces_known_words_and_unescapes_doubled_braces() {
+        let lookup = |w: &str| match w {
+            "id" => Some("7".to_owned()),
+            "item" => Some("{id}".to_owned()),
+            _ => None,
+        };
+        for (text, want) in [
+            ("{id}", "7"),
+            ("{{}}", "{}"),
+            ("{{id}}", "{id}"),
+            ("x{{id}}y{id}", "x{id}y7"),
+            ("{item}", "{id}"),
+            ("awk '{print $1}'", "awk '{print $1}'"),
+            ("awk '{{print}}'", "awk '{print}'"),
+            ("{if(x){print}}", "{if(x){print}}"),
+            ("${HOME}/{id}", "${HOME}/7"),
+            ("{{", "{{"),
+            ("é{id}é", "é7é"),
+            ("{nope}", "{nope}"),
+        ] {
+            assert_eq!(expand(text, lookup), want, "{text}");
         }
     }
 

@@ -32,7 +32,7 @@ mod queue;
 mod report;
 mod watchdog;
 
-pub use admin::{JobRecord, LedgerStatus, forget, job_exists, job_record, note_job, status};
+pub use admin::{JobRecord, LedgerStatus, claim_outputs, forget, job_exists, job_record, note_job, status};
 pub use config::{
     CheckedConfig, OnPoison, ProgressMode, RunConfig, check_job_name, default_ledger_path, job_id, output_root,
 };

@@ -91,11 +91,14 @@ impl Progress {
                     None => {
                         let secs = started.elapsed().as_secs_f64().max(0.001);
                         let of = total.map(|t| format!("/{t}")).unwrap_or_default();
-                        eprintln!(
-                            "idem run: {finished}{of} finished ({}), {:.1} items/s",
+                        // Not eprintln!, which panics on a closed standard error (`2>&1 | head -1`): the
+                        // line is dropped and the run goes on.
+                        let line = format!(
+                            "idem run: {finished}{of} finished ({}), {:.1} items/s\n",
                             counters.line(),
                             finished as f64 / secs
                         );
+                        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
                     }
                 }
             }

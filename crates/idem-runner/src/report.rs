@@ -13,8 +13,9 @@ use crate::{Error, Summary};
 pub(crate) struct ItemReport<'a> {
     pub id: &'a str,
     pub line: u64,
-    /// `done`, `skipped`, `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`, `store_unavailable`,
-    /// `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
+    /// `done`, `skipped`, `checked` (`--check` found its effect there before the command: no command ran,
+    /// attempts 0), `adopted`, `done_elsewhere`, `failed`, `poison`, `not_started`, `interrupted`,
+    /// `store_unavailable`, `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
     /// not done; a rerun retries it).
     pub status: &'a str,
     pub attempts: u32,
@@ -34,10 +35,17 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    pub(crate) fn create(path: &Path) -> Result<Self, Error> {
+    /// Starts the report at `path` with what it is of: the job's name (`--name`, else the hash of
+    /// `--output`), the host that ran it (`IDEM_HOST`, else the machine's name, as the ledger records it) and
+    /// the output template (empty without `--output`).
+    pub(crate) fn create(path: &Path, job: &str, host: &str, output: &str) -> Result<Self, Error> {
         let err = |source| Error::Report { path: path.to_owned(), source };
         let mut out = BufWriter::new(File::create(path).map_err(err)?);
-        out.write_all(b"{\"items\":[\n").map_err(err)?;
+        let head = serde_json::json!({ "job": job, "host": host, "output": output });
+        // The head's fields, then the items as they end: `{"job":…,"host":…,"output":…,"items":[`.
+        let head = head.to_string();
+        let fields = head.strip_suffix('}').unwrap_or(&head);
+        writeln!(out, "{fields},\"items\":[").map_err(err)?;
         Ok(Self { path: path.to_owned(), out, first: true })
     }
 

@@ -120,13 +120,12 @@ async fn store_case(
 /// [`Error::Io`] for the benchmark directory; store errors.
 pub async fn run(args: BenchArgs) -> Result<(), Error> {
     let secs = Duration::from_secs_f64(args.seconds);
-    println!("| case | writers | updates/s | x baseline | lost races |");
-    println!("|---|---:|---:|---:|---:|");
+    crate::error::out("| case | writers | updates/s | x baseline | lost races |\n|---|---:|---:|---:|---:|\n")?;
     let ceiling = match &args.store {
         None => {
             std::fs::create_dir_all(&args.dir)?;
             let c = fsync_ceiling(&args.dir, args.value_bytes, secs)?;
-            println!("| write+fsync loop (baseline) | 1 | {c:.0} | 1.00 | - |");
+            crate::error::out(&format!("| write+fsync loop (baseline) | 1 | {c:.0} | 1.00 | - |\n"))?;
             Some(c)
         }
         Some(_) => None,
@@ -155,15 +154,14 @@ pub async fn run(args: BenchArgs) -> Result<(), Error> {
                 Keys::Hot => "update(), one hot key",
             };
             let ratio = ceiling.map_or_else(|| "-".to_owned(), |c| format!("{:.2}", rate / c));
-            println!("| {name} | {w} | {rate:.0} | {ratio} | {conflicts} |");
+            crate::error::out(&format!("| {name} | {w} | {rate:.0} | {ratio} | {conflicts} |\n"))?;
         }
     }
     let store = args.store.as_deref().map_or_else(|| format!("sqlite in {}", args.dir.display()), redact);
-    println!();
-    println!(
-        "durable conditional updates/s through {store} ({} B values, {:.1} s per case)",
+    crate::error::out(&format!(
+        "\ndurable conditional updates/s through {store} ({} B values, {:.1} s per case)\n",
         args.value_bytes, args.seconds
-    );
+    ))?;
     if args.store.is_none() {
         let _ = std::fs::remove_dir(&args.dir);
     }

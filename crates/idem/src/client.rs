@@ -266,7 +266,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
             let resp =
                 check(send(c.request(Method::GET, &format!("/v1/kv/{}", encode_key(&key)))).await?, &key).await?;
             if let Some(g) = generation_of(&resp) {
-                eprintln!("generation: {g}");
+                crate::error::sayln!("generation: {g}");
             }
             let body = resp.bytes().await.map_err(failed)?;
             out.write_all(&body)?;
@@ -323,7 +323,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
             let (generation, attempts) = update_set(&c, &key, &set_add, max_attempts).await?;
             writeln!(out, "{generation}")?;
             if attempts > 1 {
-                eprintln!("done after {attempts} attempts");
+                crate::error::sayln!("done after {attempts} attempts");
             }
         }
     }

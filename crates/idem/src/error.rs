@@ -23,6 +23,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The store is down or unreachable for now (connection refused or reset, no answer in time, a server
+    /// starting up or shutting down), as opposed to a bad URL or a refused login: a later try may succeed.
+    /// Exit status 75 (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable).
+    #[error("{0}")]
+    Unavailable(String),
     /// The server answered 404. Exit status 3.
     #[error("not found: {0}")]
     NotFound(String),
@@ -44,6 +49,9 @@ pub enum Error {
     Send(idem_client::Error),
 }
 
+/// Exit status of a temporary failure (sysexits.h EX_TEMPFAIL): the store was unavailable; try again later.
+pub const EX_TEMPFAIL: i32 = 75;
+
 impl From<idem_stores::Error> for Error {
     fn from(e: idem_stores::Error) -> Self {
         match e {
@@ -59,6 +67,7 @@ impl Error {
         match self {
             Error::Config(_) | Error::OpenStore { .. } | Error::Bind { .. } => 2,
             Error::NotFound(_) => 3,
+            Error::Unavailable(_) => EX_TEMPFAIL,
             Error::PreconditionFailed(_) => 4,
             Error::Send(idem_client::Error::KeyReused { .. } | idem_client::Error::Conflict { .. }) => 5,
             Error::Send(idem_client::Error::AttemptsExhausted { .. }) => 6,
@@ -86,11 +95,32 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 /// failure of the command: `Ok`, nothing more written. Any other write error (a full disk, `> /dev/full`) is
 /// [`Error::Io`], exit status 1, where `print!` would panic.
 pub fn out(text: &str) -> Result<(), Error> {
+    out_bytes(text.as_bytes())
+}
+
+/// [`out`] for bytes (a response body as received).
+pub fn out_bytes(bytes: &[u8]) -> Result<(), Error> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(Error::Failed(format!("cannot write to standard output: {e}"))),
     }
 }
+
+/// Writes `text` to standard error in one write, ignoring any failure: a reader that went away
+/// (`idem run … 2>&1 | head -1`, EPIPE) ends what is shown, never the command (`eprintln!` would panic, exit
+/// 101), and a failing standard error has nowhere to be reported. A run goes on doing its work.
+pub fn say(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// `eprintln!` through [`say`]: one line to standard error that never panics.
+macro_rules! sayln {
+    ($($arg:tt)*) => {
+        $crate::error::say(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use sayln;

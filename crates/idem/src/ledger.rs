@@ -29,12 +29,30 @@ impl Ledger {
         }
     }
 
+    /// As [`Ledger::open`], but a store that is down or unreachable for now
+    /// ([`idem_stores::Error::is_unavailable`]) is [`Error::Unavailable`] (exit status 75), not
+    /// [`Error::OpenStore`] (2): for `idem once`, whose next invocation tries again, a monitor must tell an
+    /// outage from a bad URL or a refused login.
+    pub(crate) async fn open_or_unavailable(url: &str, namespace: &str) -> Result<Self, Error> {
+        match StoreUrl::parse(url)? {
+            StoreUrl::Sqlite(_) => Self::open(url, namespace).await,
+            other => match AnyStore::open(&other, namespace, Limits::default()).await {
+                Ok(store) => Ok(Ledger::Other(store)),
+                Err(e) => Err(unavailable_or(e)),
+            },
+        }
+    }
+
     /// As [`Ledger::open`], but `None` when `url` is PostgreSQL and the `namespace` schema does not exist
-    /// (nothing is created); SQLite and Redis open as by `open`.
+    /// (nothing is created); SQLite and Redis open as by `open`. A store down or unreachable for now is
+    /// [`Error::Unavailable`] (exit status 75), as for [`Ledger::open_or_unavailable`].
     pub(crate) async fn open_existing(url: &str, namespace: &str) -> Result<Option<Self>, Error> {
         match StoreUrl::parse(url)? {
             StoreUrl::Sqlite(_) => Self::open(url, namespace).await.map(Some),
-            other => Ok(AnyStore::open_existing(&other, namespace, Limits::default()).await?.map(Ledger::Other)),
+            other => match AnyStore::open_existing(&other, namespace, Limits::default()).await {
+                Ok(store) => Ok(store.map(Ledger::Other)),
+                Err(e) => Err(unavailable_or(e)),
+            },
         }
     }
 
@@ -55,7 +73,7 @@ impl Ledger {
             match AnyStore::open(&parsed, namespace, Limits::default()).await {
                 Ok(store) => {
                     if said {
-                        eprintln!("idem run: the ledger store is back");
+                        crate::error::sayln!("idem run: the ledger store is back");
                     }
                     return Ok(Some(Ledger::Other(store)));
                 }
@@ -64,7 +82,7 @@ impl Ledger {
                         return Ok(None);
                     }
                     if !said {
-                        eprintln!(
+                        crate::error::sayln!(
                             "idem run: the ledger store is unavailable ({}); trying again for up to {} \
                              (--store-outage-limit)",
                             crate::error::chain(&e),
@@ -88,6 +106,12 @@ impl Ledger {
             Ledger::Other(s) => s.close().await,
         }
     }
+}
+
+/// [`Error::Unavailable`] for a store down or unreachable for now, else the error as [`Error::OpenStore`] or
+/// [`Error::Config`].
+fn unavailable_or(e: idem_stores::Error) -> Error {
+    if e.is_unavailable() { Error::Unavailable(crate::error::chain(&e)) } else { e.into() }
 }
 
 /// Runs `$body` with `$s` bound to the ledger's concrete store (the engines are generic over `Store`).

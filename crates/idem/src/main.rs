@@ -75,12 +75,15 @@ fn main() {
                 .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},rustls_platform_verifier=off,lapin=off"))),
         )
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (standard error closed: `idem run … 2>&1 | head -1`) is dropped:
+        // tracing-subscriber would otherwise report it with `eprintln!`, which panics on that same closed pipe.
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("idem: cannot start the async runtime: {e}");
+            error::sayln!("idem: cannot start the async runtime: {e}");
             std::process::exit(1);
         }
     };
@@ -101,6 +104,13 @@ fn main() {
         }
     });
     if let Err(e) = result {
+        // A reader that went away (`idem kv list | head -1`: EPIPE on standard output) ended the output, not
+        // the command, as for GNU tools: quietly, exit 0.
+        if let error::Error::Io(io) = &e
+            && io.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            std::process::exit(0);
+        }
         // One write for the whole line: `eprintln!` writes the message and its newline separately, and a server
         // logging to the same terminal could land between them (seen in the README test).
         let line = format!("idem: {}\n", error::chain(&e));

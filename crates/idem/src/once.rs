@@ -20,7 +20,7 @@ Exit status:
        by another invocation, or an earlier slot running with --no-overlap (without --fail-if-held)
   1    the command ran here and failed; the next invocation in this slot retries it (attempts remain)
   2    nothing ran: bad usage, a schedule other than the one the job is recorded with, a store that cannot be
-       opened or failed before the claim
+       opened (a bad URL, a refused login or TLS handshake) or failed before the claim
   3    the slot failed for good: every attempt allowed (--retries + 1) failed; nothing more runs in it
   4    the slot is missed: not started within --starting-deadline (recorded now or before), or behind: older
        than the newest slot the job has seen (this clock is behind the one that saw it); nothing ran
@@ -28,7 +28,11 @@ Exit status:
   6    the lease was lost while the command ran (this invocation was paused past it and the slot taken over, or
        the store did not answer for a whole lease), or before it started (it was not started), or the store
        failed on every try of the outcome write for 60s (or --lease if longer): its outcome is not recorded
-  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: interrupted)";
+  75   nothing ran: the store is down or unreachable (connection refused or reset, no answer in time, a server
+       starting or shutting down), at the start or before the claim; not waited for: the next invocation tries
+       again (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable)
+  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: failed, ending
+       interrupted). Under `timeout`, give --preserve-status to see 130: plain `timeout` exits 124";
 
 /// Arguments of `idem once`.
 #[derive(Debug, clap::Args)]
@@ -150,7 +154,7 @@ impl StoreArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum OnceCommand {
-    /// The job's recent slots: state (done, failed, running, crashed, interrupted, given_back, missed),
+    /// The job's recent slots: state (done, failed, running, crashed, given_back, missed),
     /// machine, attempts, start, duration, exit status, the last lines of output, and how many slots ran more than once (must
     /// be 0). Exit 3 when the store has no such job.
     Status {
@@ -186,8 +190,24 @@ enum Format {
 fn runner_error(e: idem_runner::Error) -> Error {
     match e {
         idem_runner::Error::Config(_) => Error::Config(crate::error::chain(&e)),
+        // The store went away after it was opened, before anything was claimed (a claim is judged, then the
+        // command runs under its lease: failures from there on are outcomes, not errors).
+        idem_runner::Error::Store(ref s) if s.is_unavailable() => {
+            unavailable_message(Error::Unavailable(crate::error::chain(&e)))
+        }
         // The store failed before anything was claimed: nothing ran, as for a store that cannot be opened.
         other => Error::Config(format!("{}; nothing ran", crate::error::chain(&other))),
+    }
+}
+
+/// An [`Error::Unavailable`] said as what it means for the slot (exit 75); other errors as they are.
+fn unavailable_message(e: Error) -> Error {
+    match e {
+        Error::Unavailable(why) => Error::Unavailable(format!(
+            "the store is unavailable ({why}): nothing ran; the next invocation in the slot runs it once the store \
+             is back (exit 75: a temporary failure, unlike 2 for bad usage, a bad URL or a refused login)"
+        )),
+        other => other,
     }
 }
 
@@ -244,7 +264,9 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
             dir.display()
         )));
     }
-    let ledger = Ledger::open(&url, &args.store.namespace).await?;
+    // An unreachable store is exit 75 at once, not waited for: the next invocation (cron's next firing) tries
+    // again, and a wait could run into it.
+    let ledger = Ledger::open_or_unavailable(&url, &args.store.namespace).await.map_err(unavailable_message)?;
     let result = on_ledger!(&ledger, s => once::once(s, &cfg, signalled()).await);
     ledger.close().await;
     let report = result.map_err(runner_error)?;

@@ -12,7 +12,9 @@ use crate::ledger::{Ledger, on_ledger};
 const RUN_AFTER_HELP: &str = "\
 Placeholders in COMMAND: {id} the item's id, {out} the temporary file to write (renamed into place once \
 verified; needs --output), {key} the item's idempotency key, {item} the item as read; in --check: {id}, {key}. \
-Any other {word} (letters, digits, '_'; none too, as {}) is refused (exit 2); ${VAR} is left to the shell. The \
+Any other {word} (letters, digits, '_'; none too, as {}) is refused (exit 2); ${VAR} is left to the shell, and so is \
+anything else in braces ('{print $1}', '{a: .b}'). For a literal {word} or {}, double its braces: {{}} passes {}, \
+{{id}} passes {id}, awk '{{print}}' runs awk '{print}'. The \
 item is also on standard input, and in the environment: IDEM_ITEM_ID, IDEM_OUTPUT (= {out}; empty without --output), \
 IDEM_KEY (= {key}), IDEM_FENCING_TOKEN (grows with every new holder), IDEM_IDEMPOTENCY_KEY \
 (PREFIX:ID:HASH: PREFIX is --key-prefix, else the job's --name, so it equals IDEM_KEY, else `run`), IDEM_ATTEMPT.
@@ -44,8 +46,10 @@ Exit status:
   1    some items are not done: they failed every attempt (see --report), or the ledger failed
   2    bad usage: nothing ran, no ledger made (bad flags, malformed items, two items with one output path, a
        queue that cannot be consumed); or, reading a pipe, such an item came: the items before it ran
-  3    a poison item (the same error twice): one that turned poison in this run halted it (or was skipped,
-       with --on-poison skip), or one found poison by an earlier run was skipped while the rest ran
+  3    a poison item (the same error on two attempts --retry-delay apart, unless it looks transient: exit 75,
+       or a last stderr line such as 'Connection refused', 'timed out', '503'; those only spend retries): one
+       that turned poison in this run halted it (or was skipped, with --on-poison skip), or one found poison
+       by an earlier run was skipped while the rest ran
   75   the ledger store was unavailable for longer than --store-outage-limit: the items not finished are not
        done (none failed for it); run again once the store is back (EX_TEMPFAIL)
   130  interrupted before every item was done";
@@ -87,9 +91,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 3)]
     retries: u32,
     /// Pause before an item's first retry (e.g. 500ms, 1s, 1m; 0: at once), doubled for each later one up to 5
-    /// minutes (or this, when longer), each drawn between half and all of it, as Airflow's retry_delay with
-    /// retry_exponential_backoff: a transient failure (a sink restarting, a 503) is not met again within
-    /// milliseconds, where the same error twice would make the item poison. The item keeps its slot meanwhile.
+    /// minutes (or this, when longer), each drawn between all of it and half again (never shorter), as
+    /// Airflow's retry_delay with retry_exponential_backoff: a failure (a sink restarting, a 503) is not met
+    /// again within milliseconds, and two attempts that make an item poison are at least this far apart (a
+    /// rerun right after a failure waits out the rest). The item keeps its slot meanwhile.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, default_value = "1s")]
     retry_delay: Duration,
     /// What an item that turns poison in this run (same error fingerprint twice) does: halt the run (nothing new
@@ -173,7 +178,14 @@ pub struct RunsArgs {
 enum RunsCommand {
     /// Summarise the ledger of the job named by --name (or writing --output). Exit status 3 when the store has
     /// no such job (nothing is created).
-    Status(LedgerArgs),
+    Status {
+        #[command(flatten)]
+        ledger: LedgerArgs,
+        /// `text` (lines for people) or `json` (one object: job, done, done_by_host, running, interrupted,
+        /// failed, poison, problems as [{id, error}]).
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
+    },
     /// Forget items so the next run executes them again: their ledger entries, and their outputs under --output
     /// (only then: without it no file is deleted). Exit status 3 when the store has no such job, or an id is not
     /// in the job's ledger (the others are forgotten).
@@ -184,6 +196,12 @@ enum RunsCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -268,8 +286,27 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // runner started during an outage (or together with its store) must not fail where one started a moment
     // earlier rides it out.
     let url = ledger_url(args.store.as_deref(), &output);
+    // A named job on the default ledger whose --output was added (or moved): that ledger is next to the
+    // outputs, so a new one is started and every item runs again. Said when the directory's own default ledger
+    // (runs without --output) is there, which is where such a job's entries would be.
+    if args.store.is_none()
+        && let Some(name) = &checked.config().name
+        && !output.is_empty()
+    {
+        let (chosen, plain) = (idem_runner::default_ledger_path(&output), idem_runner::default_ledger_path(""));
+        if !chosen.exists() && plain.exists() && chosen != plain {
+            crate::error::sayln!(
+                "idem run: job {name}: a new ledger at {} (the default, next to --output); the ledger at {} (this \
+                 directory's, for runs without --output) is not read, so items done there run again; give --store \
+                 sqlite:{} to go on with it",
+                chosen.display(),
+                plain.display(),
+                plain.display()
+            );
+        }
+    }
     let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
-        eprintln!(
+        crate::error::sayln!(
             "idem run: the ledger store was unavailable for longer than --store-outage-limit ({}): nothing ran; \
              run again once it is back",
             humantime::format_duration(checked.config().store_outage_limit)
@@ -277,16 +314,36 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
     };
     let (cfg, job) = (checked.config(), checked.config().job());
-    let record =
-        idem_runner::JobRecord { output: cfg.output.clone(), command: cfg.command.clone(), ..Default::default() };
-    // Only for the warnings below: a store that does not answer at once (down at the start, which the run rides
-    // out) must neither stop nor delay the run, so the record is skipped then.
+    let output_path = absolute_template(&cfg.output);
+    let record = idem_runner::JobRecord {
+        output: cfg.output.clone(),
+        command: cfg.command.clone(),
+        output_path: output_path.clone(),
+        ..Default::default()
+    };
+    // Only for the refusal and the warnings below: a store that does not answer at once (down at the start,
+    // which the run rides out) must neither stop nor delay the run, so they are skipped then.
     let noted = tokio::time::timeout(Duration::from_secs(2), async {
-        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await)
+        // Only a named job can meet another over one set of files: an unnamed job is named by its template.
+        if cfg.name.is_some()
+            && let Some(other) =
+                on_ledger!(&ledger, s => idem_runner::claim_outputs(s, &job, &output_path, cfg.dry_run).await)?
+        {
+            return Ok(Err(other));
+        }
+        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await).map(Ok)
     })
     .await;
     match noted {
-        Ok(Ok(changes)) => changes.iter().for_each(|change| eprintln!("idem run: {change}")),
+        Ok(Ok(Err(other))) => {
+            ledger.close().await;
+            return Err(Error::Config(format!(
+                "job {job} writes the outputs of job {other} on this host ({output_path}): it would adopt job \
+                 {other}'s files as its own and overwrite them (and job {other} would then run them all again); \
+                 nothing ran. Give job {job} another --output, or run it as --name {other}"
+            )));
+        }
+        Ok(Ok(Ok(changes))) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
         Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
@@ -300,10 +357,21 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     ledger.close().await;
     let summary = result.map_err(runner_error)?;
     if let Some(why) = &summary.refused {
-        eprintln!("idem: {why}");
+        crate::error::sayln!("idem: {why}");
     }
-    eprint!("{}", summary.render());
+    crate::error::say(&summary.render());
     Ok(summary.status().exit_code())
+}
+
+/// The output template made absolute in the current directory (`./` components dropped, as [`idem_runner::job_id`]
+/// normalises them), which with the host names the files a job writes; empty without `--output`.
+fn absolute_template(output: &str) -> String {
+    if output.is_empty() {
+        return String::new();
+    }
+    let path = std::env::current_dir().unwrap_or_default().join(output);
+    let normal: PathBuf = path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
+    normal.display().to_string()
 }
 
 /// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.
@@ -316,9 +384,9 @@ async fn watch_signals(stop: Stop) {
         tokio::select! {
             _ = int.recv() => {
                 if stop.request() == 1 {
-                    eprintln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
+                    crate::error::sayln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
                 } else {
-                    eprintln!("idem run: killing running commands and releasing their leases");
+                    crate::error::sayln!("idem run: killing running commands and releasing their leases");
                 }
             }
             _ = term.recv() => {
@@ -335,7 +403,7 @@ async fn watch_signals(stop: Stop) {
 /// The store cannot be opened or read.
 pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
     let ledger_args = match &args.command {
-        RunsCommand::Status(l) | RunsCommand::Forget { ledger: l, .. } => l,
+        RunsCommand::Status { ledger: l, .. } | RunsCommand::Forget { ledger: l, .. } => l,
     };
     if let Some(name) = &ledger_args.name {
         idem_runner::check_job_name(name).map_err(runner_error)?;
@@ -385,7 +453,7 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         }
     }
     let result = match &args.command {
-        RunsCommand::Status(_) => status(&ledger, &job).await,
+        RunsCommand::Status { format, .. } => status(&ledger, &job, *format).await,
         RunsCommand::Forget { ids, .. } => {
             forget(&ledger, &job, ledger_args.name.is_some(), ledger_args.output.as_deref(), ids).await
         }
@@ -398,11 +466,27 @@ async fn on<S: Store + Clone>(store: &S, job: &str) -> Result<idem_runner::Ledge
     idem_runner::status(store, job).await.map_err(runner_error)
 }
 
-async fn status(ledger: &Ledger, job: &str) -> Result<i32, Error> {
+async fn status(ledger: &Ledger, job: &str, format: StatusFormat) -> Result<i32, Error> {
     let st = match ledger {
         Ledger::Sqlite(s) => on(s, job).await?,
         Ledger::Other(s) => on(s, job).await?,
     };
+    if let StatusFormat::Json = format {
+        let problems: Vec<_> =
+            st.problems.iter().map(|(id, error)| serde_json::json!({ "id": id, "error": error })).collect();
+        let json = serde_json::json!({
+            "job": job,
+            "done": st.done,
+            "done_by_host": st.done_by_host,
+            "running": st.running,
+            "interrupted": st.interrupted,
+            "failed": st.failed,
+            "poison": st.poison,
+            "problems": problems,
+        });
+        crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&json).unwrap_or_default()))?;
+        return Ok(0);
+    }
     let mut text = format!(
         "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted\n",
         st.done, st.running, st.failed, st.poison, st.interrupted
@@ -434,18 +518,28 @@ async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, i
     let given = ids.iter().collect::<std::collections::HashSet<_>>().len();
     let forgotten = given - unknown.len();
     if forgotten > 0 {
-        let what = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
-            (Some(_), _) => "entries and outputs".to_owned(),
-            (None, Some(t)) if !t.is_empty() => format!(
-                "ledger entries only; no output deleted: without --output {t:?} here, where the job runs, the next \
-                 run adopts an output it finds instead of running its command"
+        // What the next run does depends on what was deleted: with outputs kept, it adopts each one it finds
+        // (and runs only the items whose output is gone), so "executes them again" is said only when true.
+        let again = "the next run executes them again".to_owned();
+        let (what, next) = match (output.filter(|o| !o.is_empty()), recorded.as_ref().map(|r| r.output.as_str())) {
+            (Some(_), _) => ("entries and outputs".to_owned(), again),
+            (None, Some(t)) if !t.is_empty() => (
+                "ledger entries only; no output deleted".to_owned(),
+                format!(
+                    "the next run adopts each output it finds in place and executes only the items whose output is \
+                     gone (give --output {t:?} here, where the job runs, to delete the outputs and execute them all \
+                     again)"
+                ),
             ),
-            (None, Some(_)) => "ledger entries; the job writes no outputs".to_owned(),
-            (None, None) => "ledger entries only; no output deleted (give --output to delete them too)".to_owned(),
+            (None, Some(_)) => ("ledger entries; the job writes no outputs".to_owned(), again),
+            (None, None) => (
+                "ledger entries only; no output deleted".to_owned(),
+                "the next run adopts each output it finds in place and executes the others again (give --output to \
+                 delete the outputs too)"
+                    .to_owned(),
+            ),
         };
-        crate::error::out(&format!(
-            "forgot {forgotten} of {given} items ({what}); the next run executes them again\n"
-        ))?;
+        crate::error::out(&format!("forgot {forgotten} of {given} items ({what}); {next}\n"))?;
     }
     if !unknown.is_empty() {
         // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.

@@ -1,7 +1,5 @@
 //! `idem send`: one logical write with a derived Idempotency-Key, retried safely (curl-like, for scripts).
 
-use std::io::Write;
-
 use idem_client::{Client, RetryPolicy, WriteRequest};
 use reqwest::Method;
 use reqwest::header::{HeaderName, HeaderValue};
@@ -80,7 +78,7 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
     }
     .map_err(|e| Error::Config(format!("idempotency key: {e}")))?;
     if args.print_key {
-        println!("{key}");
+        crate::error::out(&format!("{key}\n"))?;
         return Ok(());
     }
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
@@ -123,14 +121,13 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
         .retry_policy(policy)
         .read_back(args.read_back);
     let response = client.send(&request).await.map_err(Error::Send)?;
-    eprintln!(
+    crate::error::sayln!(
         "idem send: {} after {} attempt(s){} (key {})",
         response.status(),
         response.attempts(),
         if response.replayed() { ", replayed" } else { "" },
         request.key()
     );
-    let mut out = std::io::stdout().lock();
-    out.write_all(response.body())?;
+    crate::error::out_bytes(response.body())?;
     Ok(())
 }

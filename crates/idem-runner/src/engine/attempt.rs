@@ -102,11 +102,16 @@ async fn read_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<std::sync:
 /// the pipe for ever, and the runner must not wait on it outside its timeout and heartbeat.
 const STDERR_GRACE: Duration = Duration::from_millis(500);
 
+/// `arg` with its placeholders replaced, and each escape `{{WORD}}` made the literal `{WORD}`
+/// ([`crate::config::expand`]).
 fn substitute(arg: &str, id: &str, out: &Path, item: &str, key: &str) -> String {
-    if !arg.contains('{') {
-        return arg.to_owned();
-    }
-    arg.replace("{id}", id).replace("{out}", &out.display().to_string()).replace("{key}", key).replace("{item}", item)
+    crate::config::expand(arg, |word| match word {
+        "id" => Some(id.to_owned()),
+        "out" => Some(out.display().to_string()),
+        "key" => Some(key.to_owned()),
+        "item" => Some(item.to_owned()),
+        _ => None,
+    })
 }
 
 /// The item's idempotency key for its sink (`{key}`, `IDEM_KEY`): `JOB:ID:HASH`, the job's name
@@ -181,7 +186,7 @@ async fn without_output<S: Store>(
                 // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
                 ctx.executions.fetch_sub(1, Ordering::Relaxed);
                 *permit = None;
-                return Attempt::Ok(output::Digest256::nothing());
+                return Attempt::AlreadyThere;
             }
             Ok(false) => {}
             // The check itself failed: whether the effect is there is unknown, so the command must not run.

@@ -85,9 +85,13 @@ enum Fed {
 /// How a message is settled once its item ended.
 pub(super) fn disposition(result: &Result<Final, ItemError>) -> Disposition {
     match result {
-        Ok(Final::Done { .. } | Final::Skipped { .. } | Final::Adopted { .. } | Final::DoneElsewhere { .. }) => {
-            Disposition::Ack
-        }
+        Ok(
+            Final::Done { .. }
+            | Final::Skipped { .. }
+            | Final::Checked
+            | Final::Adopted { .. }
+            | Final::DoneElsewhere { .. },
+        ) => Disposition::Ack,
         Ok(Final::Poison { .. } | Final::Failed { .. } | Final::Malformed { .. }) => Disposition::DeadLetter,
         Ok(Final::NotDone { .. } | Final::Unretried { .. } | Final::WouldRun | Final::Error { .. }) | Err(_) => {
             Disposition::Requeue

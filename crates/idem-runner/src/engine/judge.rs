@@ -345,6 +345,18 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             return Ok(Step::WaitForHolder);
         }
         _ => {
+            // A retry is at least --retry-delay after the failure it follows, also when that failure was
+            // another run's (a run stopped during the pause, then run again at once), so two attempts that make
+            // the item poison are always that far apart. Not the doubled pause: a rerun after a fix must not
+            // wait minutes for an item that failed often. The claim that follows is fenced on the entry read
+            // before the wait: one changed meanwhile is judged again.
+            if let Some(Entry::Failed { finished_at_ms, .. }) = &entry {
+                let floor = ctx.cfg.retry_delay;
+                let since = Duration::from_millis(now_ms().saturating_sub(*finished_at_ms));
+                if since < floor {
+                    super::settle::pause_until(ctx, tokio::time::Instant::now() + (floor - since)).await;
+                }
+            }
             let prev = match (generation, entry) {
                 (Some(g), Some(e)) => Some((g, e)),
                 _ => None,

@@ -225,7 +225,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     let CheckedConfig { cfg, total, program, source } = checked;
     let started = Instant::now();
     let report = match &cfg.report {
-        Some(path) => Some(Report::create(path)?),
+        Some(path) => Some(Report::create(path, &cfg.job(), &host_name(), &cfg.output)?),
         None => None,
     };
     let counters = Arc::new(Counters::default());

@@ -22,6 +22,8 @@ pub(super) enum Final {
     Skipped {
         digest: Digest256,
     },
+    /// `--check` said the item's effect is there before its command ran: recorded done, no command ran.
+    Checked,
     Adopted {
         digest: Digest256,
     },
@@ -90,6 +92,11 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             c.skipped.fetch_add(1, Ordering::Relaxed);
             ("skipped", 0, None, Some(digest), None)
         }
+        Final::Checked => {
+            summary.skipped += 1;
+            c.skipped.fetch_add(1, Ordering::Relaxed);
+            ("checked", 0, None, None, None)
+        }
         Final::Adopted { digest } => {
             summary.adopted += 1;
             c.skipped.fetch_add(1, Ordering::Relaxed);
@@ -149,7 +156,8 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             status,
             attempts,
             last_error: error.as_deref(),
-            sha256: digest.map(|d| d.sha256.as_str()),
+            // A job without output files has no digest to show (the ledger keeps that of nothing).
+            sha256: digest.filter(|_| ctx.cfg.has_output()).map(|d| d.sha256.as_str()),
             duration_ms: duration.map(|d| d.as_millis() as u64),
             output: &output.display().to_string(),
             host,
@@ -237,7 +245,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("report.json");
         let mut ctx = test_ctx(RunConfig::new("items", "out/{id}.txt", vec!["true".into()]));
-        ctx.report = Some(Mutex::new(Report::create(&path).expect("report")));
+        ctx.report = Some(Mutex::new(Report::create(&path, "job", "host", "").expect("report")));
         let mut summary = Summary::default();
         record(&ctx, &mut summary, Ok((item(1, "a"), Err(ItemError::NoGeneration)))).expect("recorded");
         assert_eq!(summary.failed, 1);

@@ -137,43 +137,18 @@ pub(super) async fn record_attempt<S: Store>(
 ) -> Result<Step, ItemError> {
     let end = |fin| Ok(Step::End(fin));
     match outcome {
-        Attempt::Ok(digest) => {
-            let duration = started.elapsed();
-            let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
-            // Both fenced and independent, so they share one commit. If the done write is refused, giving
-            // back the lease is still right: it was ours until now. In a store outage both wait for the store:
-            // the output is in place, and the done write is fenced on the claim's entry generation, not the
-            // lease, so it lands once the store is back unless someone took the item over.
-            let (done, _) = tokio::join!(
-                ledger::apply(ctx, Waiting::Started, write),
-                ledger::apply(ctx, Waiting::Started, held.release())
-            );
-            match done {
-                Ok(_) => end(Final::Done { attempts: held.attempt(), digest, duration }),
-                Err(e) if e.is_precondition_failed() => {
-                    tracing::warn!(item = %item.id, "taken over before recording done; judging again");
-                    Ok(Step::Judge)
-                }
-                Err(e) => {
-                    if e.is_unavailable() && ctx.cfg.has_output() {
-                        // The run gave up waiting for the store: leave the digest beside the output, for the
-                        // next holder to record it done instead of running the item again.
-                        let output = ctx.cfg.output_path(&item.id);
-                        let note = output::unrecorded_path(&output, &ctx.owner, held.attempt());
-                        let noted = digest.clone();
-                        let written =
-                            tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
-                        if !matches!(written, Ok(Ok(()))) {
-                            tracing::warn!(item = %item.id, "cannot note the unrecorded output: it runs again");
-                        }
-                    }
-                    Err(ItemError::LedgerWrite(e))
-                }
-            }
-        }
+        Attempt::Ok(digest) => record_done(ctx, item, held, digest, started, true).await,
+        // The check found the effect before any command ran: recorded done as a success is.
+        Attempt::AlreadyThere => record_done(ctx, item, held, output::Digest256::nothing(), started, false).await,
         Attempt::Failed { ending, stderr, message } => {
             ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
-            let fingerprint = idem_core::error_fingerprint(&ending, &stderr);
+            let mut fingerprint = idem_core::error_fingerprint(&ending, &stderr);
+            if looks_transient(&ending, &stderr) {
+                // Never the same twice, so never poison: a transient error met again is an outage that lasts,
+                // not the item's fault. It spends the item's retries, and an item out of them is failed (a
+                // rerun with a higher --retries gives it more), not poison (kept until forgotten).
+                fingerprint.push_str(&format!(" [transient, attempt {}]", held.attempt()));
+            }
             let (write, verdict) = held.failed(&fingerprint, &message, now_ms(), ctx.limit);
             match ledger::apply(ctx, Waiting::Started, write).await {
                 Ok(_) => {}
@@ -229,15 +204,92 @@ pub(super) async fn record_attempt<S: Store>(
     }
 }
 
+/// Records an attempt that succeeded (`ran`: its command ran; else `--check` found the effect first) done,
+/// and gives back the lease.
+async fn record_done<S: Store>(
+    ctx: &Ctx<S>,
+    item: &Item,
+    held: &Held,
+    digest: output::Digest256,
+    started: Instant,
+    ran: bool,
+) -> Result<Step, ItemError> {
+    let duration = started.elapsed();
+    let write = held.done(&digest.sha256, digest.size, now_ms(), duration.as_millis() as u64);
+    // Both fenced and independent, so they share one commit. If the done write is refused, giving
+    // back the lease is still right: it was ours until now. In a store outage both wait for the store:
+    // the output is in place, and the done write is fenced on the claim's entry generation, not the
+    // lease, so it lands once the store is back unless someone took the item over.
+    let (done, _) =
+        tokio::join!(ledger::apply(ctx, Waiting::Started, write), ledger::apply(ctx, Waiting::Started, held.release()));
+    match done {
+        Ok(_) if !ran => Ok(Step::End(Final::Checked)),
+        Ok(_) => Ok(Step::End(Final::Done { attempts: held.attempt(), digest, duration })),
+        Err(e) if e.is_precondition_failed() => {
+            tracing::warn!(item = %item.id, "taken over before recording done; judging again");
+            Ok(Step::Judge)
+        }
+        Err(e) => {
+            if e.is_unavailable() && ctx.cfg.has_output() {
+                // The run gave up waiting for the store: leave the digest beside the output, for the
+                // next holder to record it done instead of running the item again.
+                let output = ctx.cfg.output_path(&item.id);
+                let note = output::unrecorded_path(&output, &ctx.owner, held.attempt());
+                let noted = digest.clone();
+                let written = tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!(item = %item.id, "cannot note the unrecorded output: it runs again");
+                }
+            }
+            Err(ItemError::LedgerWrite(e))
+        }
+    }
+}
+
 /// The longest pause before a retry, however many attempts failed (unless `--retry-delay` is longer).
 const RETRY_DELAY_CAP: Duration = Duration::from_secs(300);
 
-/// The pause before retrying an item whose attempt number `failed` failed: `--retry-delay` doubled for each
-/// earlier failure, capped at [`RETRY_DELAY_CAP`] (or `--retry-delay` when that is longer), then drawn between
-/// half and all of it, so items that failed together (a sink down for a moment) do not all come back at once.
-pub(crate) fn retry_pause(retry_delay: Duration, failed: u32, jitter: f64) -> Duration {
+/// The shortest pause before retrying an item whose attempt number `failed` failed: `--retry-delay` doubled
+/// for each earlier failure, capped at [`RETRY_DELAY_CAP`] (or `--retry-delay` when that is longer).
+fn retry_floor(retry_delay: Duration, failed: u32) -> Duration {
     let doubled = retry_delay.saturating_mul(1u32 << failed.saturating_sub(1).min(20));
-    doubled.min(RETRY_DELAY_CAP.max(retry_delay)).mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+    doubled.min(RETRY_DELAY_CAP.max(retry_delay))
+}
+
+/// The pause before retrying an item whose attempt number `failed` failed: [`retry_floor`] drawn up to half
+/// again as long, so items that failed together (a sink down for a moment) do not all come back at once. Never
+/// shorter than the floor: two attempts that meet the same error, and so make the item poison, are always at
+/// least the delay apart (an outage shorter than `--retry-delay` cannot make an item poison).
+pub(crate) fn retry_pause(retry_delay: Duration, failed: u32, jitter: f64) -> Duration {
+    retry_floor(retry_delay, failed).mul_f64(1.0 + jitter.clamp(0.0, 1.0) / 2.0)
+}
+
+/// Whether a failure looks transient, so that meeting it again never makes the item poison: the command exited
+/// 75 (EX_TEMPFAIL, sysexits.h's "try again later"), or the last line of its standard error says the peer was
+/// unreachable or overloaded for now: connection refused or reset, could not connect, timed out, temporarily
+/// unavailable, temporary failure (of name resolution), service unavailable, too many requests, try again,
+/// or an HTTP status 429, 502, 503 or 504 on its own (curl's `returned error: 503`).
+pub(crate) fn looks_transient(ending: &str, stderr: &[u8]) -> bool {
+    if ending == "exit 75" {
+        return true;
+    }
+    let text = String::from_utf8_lossy(stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("").to_ascii_lowercase();
+    const WORDS: &[&str] = &[
+        "connection refused",
+        "connection reset",
+        "couldn't connect",
+        "could not connect",
+        "failed to connect",
+        "timed out",
+        "temporarily unavailable",
+        "temporary failure",
+        "service unavailable",
+        "too many requests",
+        "try again",
+    ];
+    WORDS.iter().any(|w| last.contains(w))
+        || last.split(|c: char| !c.is_ascii_alphanumeric()).any(|t| matches!(t, "429" | "502" | "503" | "504"))
 }
 
 /// Waits [`retry_pause`] before an item's next attempt, as Airflow's `retry_delay` with
@@ -246,7 +298,13 @@ pub(crate) fn retry_pause(retry_delay: Duration, failed: u32, jitter: f64) -> Du
 /// already; the item keeps its slot (a failing item is retried before others start). A stop (Ctrl-C, a poison
 /// item halting the run, a store outage past its limit) ends the wait: the retry then does not start.
 async fn pause_before_retry<S>(ctx: &Ctx<S>, failed: u32) {
-    let until = tokio::time::Instant::now() + retry_pause(ctx.cfg.retry_delay, failed, rand::random::<f64>());
+    pause_until(ctx, tokio::time::Instant::now() + retry_pause(ctx.cfg.retry_delay, failed, rand::random::<f64>()))
+        .await;
+}
+
+/// Waits until `until`, or less when the run stops (Ctrl-C, a poison item halting it, a store outage past its
+/// limit).
+pub(super) async fn pause_until<S>(ctx: &Ctx<S>, until: tokio::time::Instant) {
     let mut stop = ctx.stop.subscribe();
     // A halt is a flag, not a signal: looked at every 100 ms.
     while !ctx.stopping() && tokio::time::Instant::now() < until {
@@ -328,15 +386,40 @@ mod tests {
     #[test]
     fn the_retry_pause_doubles_with_jitter_and_is_capped() {
         let base = Duration::from_secs(1);
-        assert_eq!(retry_pause(base, 1, 1.0), base);
-        assert_eq!(retry_pause(base, 1, 0.0), base / 2);
-        assert_eq!(retry_pause(base, 3, 1.0), base * 4);
-        assert_eq!(retry_pause(base, 30, 1.0), RETRY_DELAY_CAP);
+        assert_eq!(retry_pause(base, 1, 1.0), base * 3 / 2);
+        assert_eq!(retry_pause(base, 1, 0.0), base, "never shorter than the delay");
+        assert_eq!(retry_pause(base, 3, 0.0), base * 4);
+        assert_eq!(retry_pause(base, 30, 0.0), RETRY_DELAY_CAP);
         assert_eq!(
-            retry_pause(Duration::from_secs(600), 4, 1.0),
+            retry_pause(Duration::from_secs(600), 4, 0.0),
             Duration::from_secs(600),
             "a longer base is its own cap"
         );
         assert_eq!(retry_pause(Duration::ZERO, 5, 1.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn transient_failures_are_told_by_exit_75_or_their_last_line() {
+        for (ending, stderr) in [
+            ("exit 75", ""),
+            ("exit 7", "curl: (7) Failed to connect to 127.0.0.1 port 9: Connection refused"),
+            ("exit 22", "curl: (22) The requested URL returned error: 503"),
+            ("exit 1", "psql: error: connection to server failed: Connection refused\n"),
+            ("exit 1", "first line\nread: Connection reset by peer"),
+            ("exit 1", "Temporary failure in name resolution"),
+            ("exit 1", "HTTP 429 Too Many Requests"),
+        ] {
+            assert!(looks_transient(ending, stderr.as_bytes()), "{ending}: {stderr}");
+        }
+        // Only the last line counts, and a status only as a number of its own.
+        for (ending, stderr) in [
+            ("exit 2", "No such file or directory"),
+            ("timeout", ""),
+            ("signal 9", ""),
+            ("exit 1", "connection refused\nbut then: syntax error"),
+            ("exit 1", "bad id 15030"),
+        ] {
+            assert!(!looks_transient(ending, stderr.as_bytes()), "{ending}: {stderr}");
+        }
     }
 }

@@ -56,6 +56,8 @@ pub(super) struct ItemRun<'a> {
 /// How one attempt ended.
 pub(super) enum Attempt {
     Ok(Digest256),
+    /// `--check` found the item's effect there before the command: no command ran; recorded done.
+    AlreadyThere,
     Failed {
         ending: String,
         stderr: Vec<u8>,

@@ -201,15 +201,26 @@ impl Summary {
         if self.queue && self.total == 0 {
             s.push_str("nothing to do: the queue was empty\n");
         } else if self.executions == 0 && self.finished() == self.total {
+            let elsewhere = if self.done_elsewhere > 0 {
+                format!(", {} done elsewhere", self.done_elsewhere)
+            } else {
+                String::new()
+            };
             s.push_str(&format!(
-                "nothing to do: all {} items already done ({} adopted), ran 0 commands\n",
+                "nothing to do: all {} items already done ({} adopted{elsewhere}), ran 0 commands\n",
                 self.total, self.adopted
             ));
         } else {
-            // Said once: after "nothing to do" the counts would only repeat it.
+            // Said once: after "nothing to do" the counts would only repeat it. Every item is in one count, so
+            // they add up to the total (done elsewhere only when there are some, as the line below it says).
+            let elsewhere = if self.done_elsewhere > 0 {
+                format!("{} done elsewhere, ", self.done_elsewhere)
+            } else {
+                String::new()
+            };
             s.push_str(&format!(
-                "{} items in {:.1}s: {} done now, {} already done, {} adopted, {} failed, {} poison, {} not done; \
-             {} commands ran\n",
+                "{} items in {:.1}s: {} done now, {} already done, {} adopted, {elsewhere}{} failed, {} poison, {} not \
+                 done; {} commands ran\n",
                 self.total,
                 secs,
                 self.done,
@@ -228,7 +239,14 @@ impl Summary {
                 self.stopped
             ));
         }
-        if self.done_elsewhere > 0 {
+        if self.done_elsewhere > 0 && self.output.is_empty() {
+            // No output file: nothing to check anywhere, and --require-local-output is refused for such jobs.
+            s.push_str(&format!(
+                "{} done elsewhere ({}): recorded done by another host; not run here\n",
+                self.done_elsewhere,
+                self.elsewhere_hosts()
+            ));
+        } else if self.done_elsewhere > 0 {
             s.push_str(&format!(
                 "{} done elsewhere ({}): recorded done by another host, whose outputs are there (not checked \
                  here; --require-local-output runs them here too)\n",

@@ -17,7 +17,11 @@ fn quote(text: &str) -> String {
 /// exit 2, a signal) or when `sh` cannot start. Without `--check`, `Ok(true)`.
 pub(super) async fn check_cmd<S>(ctx: &Ctx<S>, id: &str, key: &str) -> Result<bool, (String, Vec<u8>)> {
     let Some(script) = &ctx.cfg.check else { return Ok(true) };
-    let script = script.replace("{id}", &quote(id)).replace("{key}", &quote(key));
+    let script = crate::config::expand(script, |word| match word {
+        "id" => Some(quote(id)),
+        "key" => Some(quote(key)),
+        _ => None,
+    });
     let out = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(&script)

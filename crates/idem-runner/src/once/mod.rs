@@ -35,8 +35,11 @@ pub const EXIT_DONE: i32 = 0;
 /// Exit status: the command ran here and failed; attempts remain (the next invocation in the slot retries).
 pub const EXIT_FAILED: i32 = 1;
 /// Exit status: nothing ran: bad usage, a schedule other than the job's recorded one, a store that cannot be
-/// opened or failed before the claim.
+/// opened (a bad URL, a refused login) or failed before the claim.
 pub const EXIT_USAGE: i32 = 2;
+/// Exit status: nothing ran: the store was down or unreachable (`is_unavailable`) at the start or before the
+/// claim; the next invocation tries again (sysexits.h EX_TEMPFAIL, as `idem run`'s store outage).
+pub const EXIT_STORE_UNAVAILABLE: i32 = 75;
 /// Exit status: the slot failed for good (its last attempt failed now, or every attempt had failed already).
 pub const EXIT_FAILED_FOR_GOOD: i32 = 3;
 /// Exit status: the slot is missed (past `--starting-deadline`, recorded now or before), or it is older than
@@ -233,6 +236,9 @@ impl Report {
             },
             Outcome::EarlierRunning { slot } => {
                 format!("not started: the slot {slot} still runs (--no-overlap); a later invocation starts it")
+            }
+            Outcome::FailedForGood { attempts, exit } if exit == idem_core::INTERRUPTED_EXIT => {
+                format!("failed for good: {attempts} attempt(s), the last interrupted by a signal; not run")
             }
             Outcome::FailedForGood { attempts, exit } => {
                 format!("failed for good: {attempts} attempt(s), the last ended with {exit}; not run")

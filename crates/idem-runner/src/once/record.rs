@@ -47,11 +47,16 @@ pub(super) async fn advance<S: Store + Sync>(
                 },
             ),
             Some((_, j)) if j.schedule != schedule => {
+                // Both said as people give them (`every 1h`, not the record's `every 3600s`).
+                let recorded =
+                    super::schedule::parse_canonical(&j.schedule).map_or_else(|_| j.schedule.clone(), |s| s.describe());
                 return Err(Error::Config(format!(
-                    "job {} is scheduled {} in this store, not {schedule}: every invocation of a job must give the \
+                    "job {} is scheduled {recorded} in this store, not {}: every invocation of a job must give the \
                      same schedule (else one run would have two keys); to change it, `idem once forget --name {}` \
                      (its history goes) or use another --name",
-                    cfg.name, j.schedule, cfg.name
+                    cfg.name,
+                    cfg.schedule.describe(),
+                    cfg.name
                 )));
             }
             Some((_, j)) if j.retries.is_some_and(|r| r != cfg.retries) => {

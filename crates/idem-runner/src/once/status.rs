@@ -1,8 +1,8 @@
 //! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
 
 use idem_core::{
-    HISTORY, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, behind_key, interrupted_key, job_key, lease_prefix,
-    repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    HISTORY, Job, MissedReason, SlotEntry, behind_key, interrupted_key, job_key, lease_prefix, repeats_key,
+    slot_of_key, slot_prefix, takeovers_key,
 };
 use idem_store::{Precondition, Store};
 use serde::Serialize;
@@ -49,14 +49,17 @@ pub struct History {
 pub struct SlotView {
     /// The slot's scheduled time (RFC 3339, in the schedule's time zone).
     pub slot: String,
-    /// `done`, `failed`, `running`, `crashed` (running, but its holder's lease lapsed), `interrupted` (its
-    /// last attempt was stopped by a signal to its invocation: counted, as a failure), `given_back` (its last
-    /// claim never started the command: not counted) or `missed`.
+    /// `done`, `failed` (its last attempt failed, or was stopped by a signal to its invocation: `ending` is
+    /// then `interrupted`), `running`, `crashed` (running, but its holder's lease lapsed), `given_back` (its
+    /// last claim never started the command: not counted) or `missed`.
     pub state: &'static str,
     /// Where its latest attempt ran (host name).
     pub machine: Option<String>,
     /// Attempts counted.
     pub attempts: u32,
+    /// Of them, the attempts a signal to their invocation stopped after the command started (each counted
+    /// toward `--retries`, as a failure).
+    pub interrupted: u32,
     /// When its latest attempt started (RFC 3339, UTC, by the store's clock).
     pub started: Option<String>,
     /// How long the attempt that ended last ran, in milliseconds.
@@ -90,6 +93,18 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     let values = store.get_many(&keys).await?;
     let live: std::collections::HashSet<u64> =
         list_all(store, &lease_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
+    let interrupted_set = match store.get(&interrupted_key(name)).await? {
+        Some(v) => idem_store::decode_set(v.value()).unwrap_or_default(),
+        None => Default::default(),
+    };
+    let interrupted = interrupted_set.len() as u64;
+    // Members are `SLOT_MS-ATTEMPT` (idem_core's SlotKeys::interrupted): counted per slot for its row.
+    let mut interrupted_in = std::collections::HashMap::<u64, u32>::new();
+    for member in &interrupted_set {
+        if let Some(slot_ms) = member.split_once('-').and_then(|(slot, _)| slot.parse().ok()) {
+            *interrupted_in.entry(slot_ms).or_default() += 1;
+        }
+    }
     let mut slots = Vec::new();
     let mut missed = job.missed_unlisted;
     let mut crashed = 0u64;
@@ -104,7 +119,9 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
             crashed += 1;
         }
         if slots.len() < limit.min(HISTORY) {
-            slots.push(view(format(slot_ms), &entry, live.contains(&slot_ms)));
+            let mut v = view(format(slot_ms), &entry, live.contains(&slot_ms));
+            v.interrupted = interrupted_in.get(&slot_ms).copied().unwrap_or(0);
+            slots.push(v);
         }
     }
     let count = async |key: String| -> Result<u64, Error> {
@@ -115,7 +132,6 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     };
     let repeats = count(repeats_key(name)).await?;
     let taken_over = count(takeovers_key(name)).await?;
-    let interrupted = count(interrupted_key(name)).await?;
     let behind = count(behind_key(name)).await?;
     Ok(Some(History {
         name: name.to_owned(),
@@ -140,6 +156,7 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
         state: "missed",
         machine: None,
         attempts: entry.attempts(),
+        interrupted: 0,
         started: None,
         duration_ms: ending.map(|e| e.duration_ms),
         exit: ending.and_then(|e| e.code),
@@ -153,8 +170,10 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
             v.state = if lease_live { "running" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Failed { host, started_at_ms, ending, .. } => {
-            v.state = if ending.exit == INTERRUPTED_EXIT { "interrupted" } else { "failed" };
+        SlotEntry::Failed { host, started_at_ms, .. } => {
+            // Failed, however its last attempt ended: one stopped by a signal counts as a failure (its ending
+            // says `interrupted`), and a slot whose every attempt was used is failed for good, not pending.
+            v.state = "failed";
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         SlotEntry::Done { host, started_at_ms, .. } => {
@@ -202,11 +221,14 @@ impl History {
         ));
         for s in &self.slots {
             let duration = s.duration_ms.map_or_else(String::new, human_millis);
-            let exit = match (&s.ending, s.missed) {
+            let mut exit = match (&s.ending, s.missed) {
                 (_, Some(why)) => why.to_owned(),
                 (Some(e), None) => e.clone(),
                 (None, None) => String::new(),
             };
+            if s.interrupted > 0 {
+                exit.push_str(&format!(" ({} of {} attempt(s) interrupted)", s.interrupted, s.attempts));
+            }
             out.push_str(&format!(
                 "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
                 s.slot,

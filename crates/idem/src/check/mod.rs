@@ -156,7 +156,7 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
             "standard input is not a terminal: give --yes to send these {total} requests, or --dry-run to list them"
         )));
     }
-    eprint!("{}", plan_summary(&target, &plans, total));
+    crate::error::say(&plan_summary(&target, &plans, total));
     if !args.yes {
         confirm(total)?;
     }
@@ -191,10 +191,12 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
         });
     }
     let report = Report::new(&target, sender.counts(), reports);
-    let mut out = std::io::stdout().lock();
+    // A reader gone (`| head`) does not change what the probes found: the exit status still says it.
     match args.format {
-        Format::Table => out.write_all(report.table().as_bytes())?,
-        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?)?,
+        Format::Table => crate::error::out(&report.table())?,
+        Format::Json => {
+            crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?))?
+        }
     }
     Ok(report.exit_status)
 }
@@ -338,7 +340,7 @@ fn plan_summary(target: &Target, plans: &[(Probe, Result<Vec<Planned>, String>)]
 /// # Errors
 /// [`Error::Config`] when the answer is not yes: nothing has been sent.
 fn confirm(total: usize) -> Result<(), Error> {
-    eprint!("Send these {total} requests? [y/N] ");
+    crate::error::say(&format!("Send these {total} requests? [y/N] "));
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;

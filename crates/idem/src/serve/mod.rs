@@ -92,17 +92,22 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 layer = layer.route(route);
             }
             // Tests and scripts read the bound addresses from these lines (useful with port 0).
-            println!(
-                "idem listening on {scheme}://{local} (proxy to {}, store {})",
+            // A standard output gone (`| head -1`) or failing must not stop the server: these lines are all
+            // it prints there, and the log says the same.
+            let _ = crate::error::out(&format!(
+                "idem listening on {scheme}://{local} (proxy to {}, store {})\nidem admin listening on \
+                 {scheme}://{admin_local}\n",
                 p.upstream,
                 config.store_url.redacted()
-            );
-            println!("idem admin listening on {scheme}://{admin_local}");
+            ));
             tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
             Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
         }
         _ => {
-            println!("idem listening on {scheme}://{local} (store {})", config.store_url.redacted());
+            let _ = crate::error::out(&format!(
+                "idem listening on {scheme}://{local} (store {})\n",
+                config.store_url.redacted()
+            ));
             tracing::info!(%local, store = %config.store_url.redacted(), "listening");
             Server::kv(listener, store.clone(), kv_config)
         }

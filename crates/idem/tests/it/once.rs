@@ -413,7 +413,8 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
 /// SIGTERM to the invocation after its command started kills the command, and the attempt counts toward
 /// --retries (exit 130; `status` counts it interrupted): with --retries 1, six invocations each stopped
 /// mid-command (as `timeout 1 idem once …` stops them) start the command twice, attempts 1 and 2; the slot is
-/// then failed for good, and the other four exit 3 without starting it.
+/// then failed for good (`status`: state failed, 2 of 2 attempts interrupted), and the other four exit 3
+/// without starting it.
 async fn a_signal_counts_the_attempt(b: Backend) {
     let args = ["--every", ONE_SLOT, "--retries", "1"];
     let script = "echo \"$IDEM_ATTEMPT\" >> runs; sleep 5";
@@ -432,13 +433,20 @@ async fn a_signal_counts_the_attempt(b: Backend) {
     for _ in 3..=6 {
         let (code, stderr) = b.run("signalled", &args, script);
         assert_eq!(code, 3, "{stderr}");
-        assert!(stderr.contains("failed for good: 2 attempt(s), the last ended with interrupted"), "{stderr}");
+        assert!(stderr.contains("failed for good: 2 attempt(s), the last interrupted by a signal"), "{stderr}");
     }
     assert_eq!(b.lines("runs"), ["1", "2"], "6 invocations, 2 starts");
     let status = b.status("signalled");
     assert_eq!((status["interrupted"].as_u64(), status["taken_over"].as_u64()), (Some(2), Some(0)), "{status}");
+    // Failed for good, not `interrupted` (as if pending): both attempts interrupted, counted per slot too.
     let slot = &slots(&status)[0];
-    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("interrupted"), Some(2)), "{slot}");
+    assert_eq!(
+        (slot["state"].as_str(), slot["attempts"].as_u64(), slot["interrupted"].as_u64(), slot["ending"].as_str()),
+        (Some("failed"), Some(2), Some(2), Some("interrupted")),
+        "{slot}"
+    );
+    let text = String::from_utf8_lossy(&b.status_as("signalled", &[]).stdout).into_owned();
+    assert!(text.contains("failed") && text.contains("interrupted (2 of 2 attempt(s) interrupted)"), "{text}");
 }
 
 /// --retries is the job's, as its schedule is: an invocation giving another than the one the job was first
@@ -819,4 +827,52 @@ fn a_named_sqlite_store_in_a_missing_directory_is_refused() {
     assert!(stderr.contains(&format!("directory {} does not exist", missing.display())), "{stderr}");
     assert!(!missing.exists(), "the directory was created");
     assert!(!ran.exists(), "the command ran");
+}
+
+/// A store that is down or unreachable (nothing listens on its port: connection refused) is a temporary
+/// failure, exit 75 at once with nothing run, for an invocation and for `status`, on PostgreSQL and Redis; a
+/// URL that names no store and a refused login stay exit 2 (bad usage), so a cron monitor tells an outage from
+/// a typo (both were exit 2).
+#[test]
+fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let invoke = |url: &str| {
+        let out = Command::new(BIN)
+            .args(["once", "--store", url, "--name", "j", "--every", "1h", "--", "touch", ran.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1"] {
+        let (code, stderr) = invoke(url);
+        assert_eq!(code, Some(75), "{url}: {stderr}");
+        assert!(stderr.contains("the store is unavailable") && stderr.contains("nothing ran"), "{url}: {stderr}");
+        let out = Command::new(BIN).args(["once", "status", "--store", url, "--name", "j"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(75), "status {url}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let (code, stderr) = invoke("postgress://127.0.0.1:5432/test");
+    assert_eq!(code, Some(2), "{stderr}");
+    if let Ok(pg) = std::env::var("IDEM_TEST_POSTGRES_URL") {
+        // The role does not exist: the server answers, and refuses the login.
+        let refused = pg.replacen("postgres@", "idem_no_such_role@", 1);
+        assert_ne!(refused, pg, "IDEM_TEST_POSTGRES_URL names no user postgres: {pg}");
+        let (code, stderr) = invoke(&refused);
+        assert_eq!(code, Some(2), "{stderr}");
+    }
+    assert!(!ran.exists(), "the command ran");
+}
+
+/// A schedule other than the recorded one is refused naming both as given (`every 1h`), not as the record
+/// keeps them (`every 3600s`).
+#[test]
+fn another_schedule_is_refused_in_the_words_it_was_given() {
+    let b = Backend::sqlite().unwrap();
+    let (code, stderr) = b.run("hourly", &["--every", "1h"], "true");
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stderr) = b.run("hourly", &["--every", "90m"], "echo ran >> runs");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("job hourly is scheduled every 1h in this store, not every 1h30m"), "{stderr}");
+    assert!(!stderr.contains("3600s"), "{stderr}");
+    assert_eq!(b.lines("runs").len(), 0, "the refused invocation ran nothing");
 }

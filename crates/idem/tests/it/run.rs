@@ -406,12 +406,13 @@ fn exit_0_with_output_missing_an_expected_field_is_a_failure() {
     assert!(status.contains("0 done, 0 running or abandoned, 1 failed"), "{status}");
 }
 
-/// The first item fails with a message whose numbers change each time; the `good` others succeed.
+/// The first item fails with a message whose numbers change each time (not a transient one: that would never
+/// turn poison); the `good` others succeed.
 fn poison_job(good: usize) -> (Job, Vec<String>) {
     let mut all = vec!["bad".to_owned()];
     all.extend(ids(good));
     let script = format!(
-        r#"if [ "$1" = bad ]; then echo "connecting to db-$$ at $(date +%s%N): connection refused" >&2; exit 2; fi
+        r#"if [ "$1" = bad ]; then echo "reading db-$$ at $(date +%s%N): record checksum mismatch" >&2; exit 2; fi
 {WRITE_JSON}"#
     );
     (Job::new(&all, &script), all)
@@ -433,7 +434,7 @@ fn poison_item_halts_the_run_and_the_report_names_it() {
     let good_ran = first_bad;
     assert!(good_ran < 300, "the run did not stop: {log:?}");
     assert_eq!(job.executions_per_item().len(), good_ran + 1, "a good item ran twice: {log:?}");
-    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-"), "{err}");
     let r = job.report("r.json");
     assert_eq!(r["summary"]["poison"][0]["id"], "bad");
     let bad = r["items"].as_array().unwrap().iter().find(|i| i["id"] == "bad").unwrap();
@@ -501,7 +502,7 @@ fn a_rerun_skips_known_poison_items_and_does_the_rest() {
     let mut all = vec!["bad".to_owned()];
     all.extend(ids(49));
     let script = format!(
-        r#"if [ "$1" = bad ]; then echo "connecting to db-$$: connection refused" >&2; exit 2; fi
+        r#"if [ "$1" = bad ]; then echo "reading db-$$: record checksum mismatch" >&2; exit 2; fi
 sleep 0.4; {WRITE_JSON}"#
     );
     // The runtime starts the 50 claimed items in no fixed order; on a loaded machine the bad item now and then
@@ -529,7 +530,7 @@ sleep 0.4; {WRITE_JSON}"#
         49 - good_ran,
         good_ran + 2
     )));
-    assert!(err.contains("poison item bad: exit 2: connecting to db-"), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-"), "{err}");
     assert!(err.contains(&forget), "{err}");
     assert!(
         err.contains(&format!(
@@ -549,7 +550,7 @@ sleep 0.4; {WRITE_JSON}"#
         49 - good_ran,
         49 - good_ran
     )));
-    assert!(err.contains("poison item bad: exit 2: connecting to db-") && err.contains(&forget), "{err}");
+    assert!(err.contains("poison item bad: exit 2: reading db-") && err.contains(&forget), "{err}");
     assert!(!err.contains("halted"), "{err}");
     let r = job.report("r.json");
     assert_eq!(r["summary"]["poison"][0]["id"], "bad");
@@ -1154,4 +1155,46 @@ fn runs_status_and_forget_of_a_job_that_never_ran_say_so_and_create_nothing() {
         assert!(err.contains("no ledger at") && err.contains("nothing has run"), "{err}");
     }
     assert!(!dir.path().join("typo").exists(), "a ledger was created for a job that never ran");
+}
+
+/// The write end of a pipe whose reader is gone, as `idem run … 2>&1 | head -1` leaves it once head exited:
+/// every write to it gets EPIPE.
+fn closed_pipe() -> std::io::PipeWriter {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    writer
+}
+
+/// Standard output and standard error into a closed pipe end what is shown, never the command and never with
+/// a panic (exit 101 before: `eprintln!` of the summary): a dry run lists nothing and exits 0; a real run does
+/// every item (20 executions, 20 outputs, 0 duplicates) and exits 0; `runs status` and `--help` exit 0; the
+/// next run, shown as usual, finds all 20 done and runs nothing.
+#[test]
+fn a_closed_pipe_on_stdout_and_stderr_ends_the_output_not_the_command() {
+    let ids = ids(20);
+    let job = Job::new(&ids, WRITE_JSON);
+    let into_closed_pipe = |mut cmd: Command| {
+        let pipe = closed_pipe();
+        let out = cmd.stdout(pipe.try_clone().unwrap()).stderr(pipe).status().unwrap();
+        out.code()
+    };
+    // Not --quiet: the progress lines go to the closed pipe too.
+    let mut dry = job.command(&["--dry-run"]);
+    dry.env("IDEM_LOG", "debug");
+    assert_eq!(into_closed_pipe(dry), Some(0), "dry run");
+    assert_eq!(job.log().len(), 0, "the dry run ran something");
+    assert_eq!(into_closed_pipe(job.command(&["--jobs", "4"])), Some(0), "run");
+    assert_eq!(job.log().len(), 20, "20 executions");
+    assert!(job.executions_per_item().values().all(|&n| n == 1), "0 duplicates");
+    assert_outputs_valid(&job, &ids);
+    let mut status = Command::new(BIN);
+    status.args(["runs", "status", "--output", &job.output()]);
+    assert_eq!(into_closed_pipe(status), Some(0), "runs status");
+    let mut help = Command::new(BIN);
+    help.args(["run", "--help"]);
+    assert_eq!(into_closed_pipe(help), Some(0), "run --help");
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to do: all 20 items already done"), "{err}");
+    assert_eq!(job.log().len(), 20, "the rerun executed something");
 }
