@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod connect;
 mod error;
 mod schema;
 mod store;

@@ -257,8 +257,25 @@ impl PostgresStore {
         let per_host = config.get_connect_timeout().copied().unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
         let connector = tls.connector()?;
-        let manager =
-            Manager::from_config(config, connector, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager_config = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match crate::connect::per_host_urls(&tls.url) {
+            // Several hosts: each tried with its own whole-attempt timeout (`connect.rs`).
+            Some(urls) => {
+                let hosts = urls
+                    .iter()
+                    .map(|url| {
+                        let mut one: tokio_postgres::Config = url.parse().map_err(Error::InvalidUrl)?;
+                        one.ssl_mode(tls.tokio_mode());
+                        one.target_session_attrs(TargetSessionAttrs::ReadWrite);
+                        one.connect_timeout(per_host);
+                        Ok(one)
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?;
+                let per_host_connect = crate::connect::PerHost { hosts, tls: connector, per_host };
+                Manager::from_connect(config, per_host_connect, manager_config)
+            }
+            None => Manager::from_config(config, connector, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)

@@ -65,6 +65,13 @@ impl Proc {
     fn alive(&self) -> bool {
         self.child.is_some()
     }
+
+    /// `sig` (`-STOP`, `-CONT`) to the process group.
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill").args([sig, "--", &format!("-{}", child.id())]).status();
+        }
+    }
 }
 
 impl Drop for Proc {
@@ -248,6 +255,18 @@ impl PostgresHa {
             "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write{q}",
             self.primary_port, self.standby_port
         )
+    }
+
+    /// Freezes the primary (SIGSTOP to the postmaster and its backends), as a hung machine or a network that
+    /// drops packets looks to a client: connections are accepted by the kernel but never answered.
+    /// [`PostgresHa::thaw_primary`] continues it; drop kills it frozen or not.
+    pub fn freeze_primary(&mut self) {
+        self.primary.signal("-STOP");
+    }
+
+    /// Continues a primary frozen by [`PostgresHa::freeze_primary`].
+    pub fn thaw_primary(&mut self) {
+        self.primary.signal("-CONT");
     }
 
     /// Whether the primary still runs (it does until [`PostgresHa::kill_primary`]).

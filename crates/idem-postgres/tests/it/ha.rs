@@ -48,6 +48,21 @@ async fn the_standby_listed_first_is_passed_over_for_the_primary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_listed_first_is_passed_over_for_the_promoted_standby() {
+    // Review finding: a first host that accepts connections and never answers (a frozen machine) held every
+    // new connection until the pool gave up; the promoted standby listed second was never tried.
+    let Some(mut ha) = PostgresHa::start(Replication::Asynchronous) else { return };
+    ha.freeze_primary();
+    ha.promote();
+    // Without the per-host timeout this is a connect timeout: the frozen host held the whole attempt.
+    let store = PostgresStore::connect(&ha.url("connect_timeout=2"), &schema(), Limits::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect past the frozen primary: {}", chain(&e)));
+    store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.expect("a write lands on the promoted standby");
+    ha.thaw_primary();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() {
     let Some(ha) = PostgresHa::start(Replication::Synchronous) else { return };
     let store = PostgresStore::connect(&ha.url("connect_timeout=2"), &schema(), Limits::default())
