@@ -48,6 +48,6 @@ pub use record::{Claim, Lease, Observations, Outcome, Record, RecordKey, StoredR
 pub use redact::redact_url;
 pub use slot::{
     Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotClaim, SlotEntry,
-    SlotFailure, SlotKeys, SlotPlan, behind_key, interrupted_key, job_key, lease_prefix, missed, plan as plan_slot,
-    prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    SlotFailure, SlotKeys, SlotPlan, behind_key, interrupted_key, is_kept_ahead, job_key, lease_prefix, missed,
+    plan as plan_slot, prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
 };

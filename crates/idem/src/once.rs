@@ -166,7 +166,8 @@ enum OnceCommand {
         /// `text` (a table) or `json`.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
-        /// How many of the newest slots to show (at most 100 are kept).
+        /// How many of the newest slots to show (the newest 100 are kept, and up to 100 older ones that ran when
+        /// missed slots are among those).
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },

@@ -436,18 +436,39 @@ pub fn missed(keys: &SlotKeys, reason: MissedReason, now_ms: u64) -> Write {
 /// The deletes that keep a job's history to the newest `keep` slots: `listed` are its entries (key,
 /// generation, entry) in ascending key order; each older one that is finished (done, failed, missed,
 /// interrupted) goes, conditional on its generation so an entry that changed meanwhile stays. A `Running`
-/// entry stays: its holder's outcome write is fenced on it.
+/// entry stays: its holder's outcome write is fenced on it. An entry other than a missed one also stays
+/// while fewer than `keep` such entries are newer than it: missed entries ahead of a slot can be deleted
+/// again (a clock that ran ahead recorded them, and the job is taken back), so only entries that are never
+/// deleted but by this prune may stand for a pruned slot ([`is_kept_ahead`]; a claim below `keep` of them
+/// knows its slot's entry was never pruned).
 pub fn prune(listed: &[(String, Generation, SlotEntry)], keep: usize) -> Vec<Write> {
     let old = listed.len().saturating_sub(keep);
+    let mut kept_newer = 0usize;
+    let mut prunable = vec![false; listed.len()];
+    for (i, (_, _, e)) in listed.iter().enumerate().rev() {
+        prunable[i] = i < old && (!is_kept_ahead(e) || kept_newer >= keep);
+        if is_kept_ahead(e) {
+            kept_newer += 1;
+        }
+    }
     listed[..old]
         .iter()
-        .filter(|(_, _, e)| !matches!(e, SlotEntry::Running { .. }))
+        .zip(prunable)
+        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, SlotEntry::Running { .. }))
+        .map(|(l, _)| l)
         .map(|(key, generation, _)| Write {
             key: key.clone(),
             op: WriteOp::Delete,
             precondition: Precondition::Generation(*generation),
         })
         .collect()
+}
+
+/// Whether `entry` counts toward the entries newer than a slot that show its entry may have been pruned
+/// ([`prune`]): every entry but a missed one. Missed entries are deleted also when a job is taken back from a
+/// clock that ran ahead, so counting them, a slot that ran and was pruned could look never pruned.
+pub fn is_kept_ahead(entry: &SlotEntry) -> bool {
+    !matches!(entry, SlotEntry::Missed { .. })
 }
 
 /// A claim about to be made on a slot: first [`SlotClaim::lease_write`], then, once the store accepted it,

@@ -145,6 +145,27 @@ fn missed_is_create_only_and_pruning_keeps_the_newest_and_the_running() {
     assert!(prune(&listed, 5).is_empty());
 }
 
+/// A slot that ran stays while fewer than `keep` entries other than missed ones are newer: missed entries ahead
+/// of it are pruned first (they can be deleted again when a clock that ran ahead recorded them), so a claim of
+/// a pruned slot always finds `keep` such entries newer. Fails with the prune of the oldest entries whatever
+/// they are.
+#[test]
+fn a_slot_that_ran_outlives_the_missed_entries_ahead_of_it() {
+    let ending = Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: 1, output: vec![] };
+    let done = SlotEntry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
+    let missed = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
+    let listed: Vec<(String, Generation, SlotEntry)> = (0..6u64)
+        .map(|i| {
+            let e = if i == 0 || i == 5 { done.clone() } else { missed.clone() };
+            (SlotKeys::new("j", i).entry().to_owned(), Generation::new(i + 1), e)
+        })
+        .collect();
+    let keys = |d: Vec<Write>| d.into_iter().map(|w| w.key).collect::<Vec<_>>();
+    let entry = |i: u64| SlotKeys::new("j", i).entry().to_owned();
+    assert_eq!(keys(prune(&listed, 2)), [entry(1), entry(2), entry(3)], "the done slot 0 stays");
+    assert_eq!(keys(prune(&listed, 1)), [entry(0), entry(1), entry(2), entry(3), entry(4)], "one done is newer");
+}
+
 #[test]
 fn the_job_record_only_moves_forward() {
     let job = Job { schedule: "every 60s".into(), last_slot_ms: 120_000, missed_unlisted: 0, ..Job::default() };

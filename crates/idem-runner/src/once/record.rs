@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_core::{
     Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, SlotFailure,
-    SlotKeys, job_key, lease_prefix, missed, prune, slot_of_key, slot_prefix,
+    SlotKeys, is_kept_ahead, job_key, lease_prefix, missed, prune, slot_of_key, slot_prefix,
 };
 use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
 
@@ -171,18 +171,37 @@ async fn record_missed<S: Store + Sync>(
 }
 
 /// After a claim that created the slot's entry: the newest slot of the job's entries when [`HISTORY`] or more
-/// entries are newer than this slot's, `None` otherwise. An entry is only pruned (deleted) once [`HISTORY`]
-/// newer entries exist, and newer entries are pruned only from the oldest, so their count after the slot never
-/// falls back below [`HISTORY`] once it reached it. Below it, the entry the claim's read found missing was never
-/// pruned: that "no entry" was true. At or above it, the read may be stale (the invocation paused between its
-/// read and its claim while the slot ran elsewhere, a hundred slots more ran, and the prune deleted the slot's
-/// `done` entry, so the claim's create-only write succeeded): the slot must not run.
+/// entries other than missed ones ([`is_kept_ahead`]) are newer than this slot's, `None` otherwise. An entry is
+/// only pruned (deleted) once [`HISTORY`] such newer entries exist ([`idem_core::prune`]), and those are deleted
+/// only by the prune, from the oldest, so their count after the slot never falls back below [`HISTORY`] once it
+/// reached it (missed entries are not counted: taking the job back from a clock that ran ahead deletes the
+/// missed ones ahead of it). Below it, the entry the claim's read found missing was never pruned: that "no
+/// entry" was true. At or above it, the read may be stale (the invocation paused between its read and its claim
+/// while the slot ran elsewhere, a hundred slots more ran, and the prune deleted the slot's `done` entry, so the
+/// claim's create-only write succeeded): the slot must not run.
 pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &SlotKeys) -> Result<Option<u64>, Error> {
     let page = store.list(&slot_prefix(keys.name()), Some(keys.entry()), HISTORY).await?;
     if page.items.len() < HISTORY {
+        // Fewer entries of any kind: fewer of those counted (the usual case, one read).
         return Ok(None);
     }
-    Ok(page.items.last().and_then(|i| slot_of_key(&i.key)))
+    let newer: Vec<String> = list_all(store, &slot_prefix(keys.name()))
+        .await?
+        .into_iter()
+        .filter(|k| slot_of_key(k).is_some_and(|s| s > keys.slot_ms()))
+        .collect();
+    // The newest HISTORY counted entries are never deleted (the prune leaves them), so reading them after the
+    // listing finds them all.
+    let counted = store
+        .get_many(&newer)
+        .await?
+        .into_iter()
+        .filter(|v| v.as_ref().and_then(|v| SlotEntry::decode(v.value()).ok()).is_some_and(|e| is_kept_ahead(&e)))
+        .count();
+    if counted < HISTORY {
+        return Ok(None);
+    }
+    Ok(newer.last().and_then(|k| slot_of_key(k)))
 }
 
 /// The earliest slot of job `name` before `slot` whose lease is live (it runs now), if any.
@@ -356,7 +375,8 @@ pub(super) async fn took_over<S: Store>(store: &S, held: &HeldSlot) {
     }
 }
 
-/// Deletes the job's finished slot entries older than its newest [`HISTORY`]; the missed ones deleted are
+/// Deletes the job's finished slot entries older than its newest [`HISTORY`] (an entry other than a missed
+/// one only once [`HISTORY`] such entries are newer: [`idem_core::prune`]); the missed ones deleted are
 /// added to the job record's `missed_unlisted`, so `status`'s missed total stays the job's whole (best
 /// effort: an invocation killed between the delete and the record's move loses them from the count).
 pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(), Error> {
@@ -364,9 +384,10 @@ pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(),
     if keys.len() <= HISTORY {
         return Ok(());
     }
-    let old = &keys[..keys.len() - HISTORY];
-    let values = store.get_many(old).await?;
-    let listed: Vec<(String, Generation, SlotEntry)> = old
+    // All of them: an old entry other than a missed one stays while fewer than HISTORY such are newer
+    // (idem_core::prune).
+    let values = store.get_many(&keys).await?;
+    let listed: Vec<(String, Generation, SlotEntry)> = keys
         .iter()
         .zip(values)
         .filter_map(|(k, v)| {
@@ -375,7 +396,7 @@ pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(),
         })
         .collect();
     let mut missed_gone = 0u64;
-    for write in prune(&listed, 0) {
+    for write in prune(&listed, HISTORY) {
         let was_missed = listed.iter().any(|(k, _, e)| *k == write.key && matches!(e, SlotEntry::Missed { .. }));
         if store.apply(write).await.is_ok() && was_missed {
             missed_gone += 1;

@@ -876,3 +876,41 @@ fn another_schedule_is_refused_in_the_words_it_was_given() {
     assert!(!stderr.contains("3600s"), "{stderr}");
     assert_eq!(b.lines("runs").len(), 0, "the refused invocation ran nothing");
 }
+
+/// A clock that jumped more than a history ahead (`--every 10s`, +30 min: 180 slots, on SQLite, where each
+/// invocation's clock is the store's) records 101 slots missed ahead and runs its slot, whose prune must not
+/// delete the entry of the slot that ran before the jump: the correct clock then takes the job back (deleting
+/// the missed entries ahead) and finds that slot done. 2 runs for 2 slots, the third invocation exits 0 "done
+/// already", 0 ran more than once. Before the prune kept it, the third invocation ran the slot again (3 runs).
+/// Skipped when `faketime` (libfaketime) is not installed.
+#[test]
+fn a_slot_that_ran_stays_done_after_a_clock_ran_more_than_a_history_ahead() {
+    if !Command::new("faketime").args(["-f", "+0s", "true"]).status().is_ok_and(|s| s.success()) {
+        eprintln!("skipped: faketime is not installed");
+        return;
+    }
+    let b = Backend::sqlite().unwrap();
+    let args = ["--every", "10s"];
+    let script = "echo \"$IDEM_SLOT\" >> runs";
+    wait_until_into_slot(10_000, 0);
+    let (code, stderr) = b.run("jump", &args, script);
+    assert_eq!(code, 0, "{stderr}");
+    let out = Command::new("faketime")
+        .args(["-f", "+1800s", BIN, "once", "--store", &b.url, "--name", "jump", "--every", "10s"])
+        .args(["--", "sh", "-c", script])
+        .current_dir(b.dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("recorded 100 earlier slot(s) missed"), "{stderr}");
+    let (code, stderr) = b.run("jump", &args, script);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("done already"), "{stderr}");
+    assert!(stderr.contains("is taken back to this clock's slot"), "{stderr}");
+    let runs = b.lines("runs");
+    assert_eq!(runs.len(), 2, "2 runs, one per slot: {runs:?}");
+    assert_eq!(secs(&runs[1]) - secs(&runs[0]), 1800, "{runs:?}");
+    assert_eq!(b.status("jump")["ran_more_than_once"], 0);
+}
