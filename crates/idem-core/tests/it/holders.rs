@@ -7,9 +7,6 @@
 //! - at most one holder believes it holds the lease at any instant (its last answered write was sent less than
 //!   a lease ago and its keeper has not lost it);
 //! - record: once the key has a finished record, it never changes, and every replay is of exactly it;
-//! - ledger: an attempt is counted (`Held::count`, just before its command starts: `Step::Count`; the claim
-//!   made ahead of a free slot is the lease alone) only by the holder of the live lease, and its count is
-//!   refused if anyone counted or recorded the item since it was judged;
 //! - ledger: the item is done only with the digest of the output in place ("done implies the digest"). (That a
 //!   done item with its output in place is not run again is the runner's judgement, tested in idem-runner.)
 //! - ledger: a runner whose lease lapsed while it was paused (time jumps past it) and that resumes does not
@@ -44,9 +41,6 @@ enum Step {
     Start(usize),
     /// Holder `0` renews its lease if a third of it has passed (the fence before a step that needs it).
     Fence(usize),
-    /// Ledger: holder `0`'s slot is free: the fence, then its attempt is counted and its command starts
-    /// (`Held::count`, fenced on the entry as judged). The record counts at its claim; there this is a fence.
-    Count(usize),
     /// Holder `0` finishes its execution: the fenced final write (record), or fence + rename + done (ledger).
     Finish(usize),
     /// Holder `0` gives the key back without having executed (the request never reached the upstream).
@@ -63,7 +57,6 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => holder.clone().prop_map(Step::Start),
         3 => holder.clone().prop_map(Step::Fence),
-        3 => holder.clone().prop_map(Step::Count),
         3 => holder.clone().prop_map(Step::Finish),
         1 => holder.prop_map(Step::Release),
         3 => prop_oneof![
@@ -153,7 +146,7 @@ async fn record_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                     other => return Err(TestCaseError::fail(format!("unexpected verdict {other:?}"))),
                 }
             }
-            Step::Fence(i) | Step::Count(i) => {
+            Step::Fence(i) => {
                 if let Requester::Executing { lease, keeper, .. } = &mut holders[i] {
                     keeper.fence(lease).await;
                 }
@@ -211,13 +204,7 @@ async fn record_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
 #[allow(clippy::large_enum_variant)]
 enum Runner<'a> {
     Idle,
-    /// Holds the lease; `run` numbers its execution once the attempt is counted and the command started
-    /// (`None`: a claim made ahead of a free slot).
-    Running {
-        held: idem_core::Held,
-        keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>>,
-        run: Option<u32>,
-    },
+    Running { held: idem_core::Held, keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>>, run: u32 },
 }
 
 fn digest(content: &str) -> String {
@@ -269,47 +256,19 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                     Plan::New | Plan::Retry { .. } | Plan::CheckDone { .. } => {}
                     other => return Err(TestCaseError::fail(format!("unexpected plan {other:?}"))),
                 }
-                // The claim is the lease alone (idem-runner `claim.rs`); the attempt is counted at `Step::Count`.
                 let claim = ItemClaim::new(keys.clone(), format!("runner-{i}"), now_ms(), LEASE, prev);
                 let sent = Instant::now();
                 let Ok(Some(lease_generation)) = store.apply(claim.lease_write()).await else { continue };
-                // The runner reads the entry back after its lease: a judgement made on a stale view (another
-                // runner counted or recorded meanwhile) gives the lease back at once.
-                match store.get(keys.entry()).await {
-                    Ok(now) if now.as_ref().map(|v| v.generation()) == claim.judged_generation() => {
+                match store.apply(claim.entry_write()).await {
+                    Ok(Some(entry_generation)) => {
+                        // The command starts only after the fence (the claim is fresh: no write needed).
+                        executions += 1;
                         let keeper = LeaseKeeper::new(&store, LEASE, sent).keeping_late_answers();
-                        holders[i] = Runner::Running { held: claim.leased(lease_generation), keeper, run: None };
+                        let held = claim.acquired(lease_generation, entry_generation);
+                        holders[i] = Runner::Running { held, keeper, run: executions };
                     }
                     _ => {
                         let _ = store.apply(claim.lease_release(lease_generation)).await;
-                    }
-                }
-            }
-            Step::Count(i) => {
-                if let Runner::Running { held, keeper, run: run @ None } = &mut holders[i] {
-                    // The runner's `wait_for_slot` fence, then `count` (idem-runner `claim.rs`).
-                    if !fence(&store, held, keeper).await {
-                        let _ = store.apply(held.release()).await;
-                        holders[i] = Runner::Idle;
-                        continue;
-                    }
-                    match store.apply(held.count()).await {
-                        Ok(Some(entry_generation)) => {
-                            held.counted(entry_generation);
-                            executions += 1;
-                            *run = Some(executions);
-                            // The fence just held the lease: a command never starts without it.
-                            let lease = store.inner().get(keys.lease()).await.unwrap();
-                            let mine = lease.is_some_and(|v| v.value().as_ref() == format!("runner-{i}").as_bytes());
-                            prop_assert!(mine, "runner {i} counted an attempt without holding the lease");
-                        }
-                        Err(e) if e.is_precondition_failed() => {
-                            let _ = store.apply(held.release()).await;
-                            holders[i] = Runner::Idle;
-                        }
-                        // Not answered: the runner waits for the store and sends the count again (a count that
-                        // landed with its answer lost is then refused as a change: the item is judged again).
-                        _ => {}
                     }
                 }
             }
@@ -326,7 +285,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                 }
             }
             Step::Finish(i) => {
-                if let Runner::Running { held, keeper, run: Some(run) } = &mut holders[i] {
+                if let Runner::Running { held, keeper, run } = &mut holders[i] {
                     protected_until[i] = None;
                     // The runner's settle: fence (a lost lease taken again if nobody took the item over), rename
                     // into place, then the done write fenced on the token.
@@ -349,14 +308,10 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                 }
             }
             Step::Release(i) => {
-                if let Runner::Running { held, keeper, run } = &mut holders[i] {
+                if let Runner::Running { held, keeper, .. } = &mut holders[i] {
                     protected_until[i] = None;
                     keeper.settle(held).await;
-                    if run.is_some() {
-                        let _ = store.apply(held.interrupted(now_ms())).await;
-                    } else if let Some(undo) = held.unclaim() {
-                        let _ = store.apply(undo).await;
-                    }
+                    let _ = store.apply(held.interrupted(now_ms())).await;
                     let _ = store.apply(held.release()).await;
                     holders[i] = Runner::Idle;
                 }
@@ -369,10 +324,8 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                 for w in &mut watches {
                     w.clear();
                 }
-                // Only a counted attempt is protected: a claim made ahead whose command has not started is
-                // watched by nobody (its entry is not `running`) and costs nothing when another runner takes it.
                 for (h, until) in holders.iter().zip(&mut protected_until) {
-                    if let Runner::Running { keeper, run: Some(_), .. } = h
+                    if let Runner::Running { keeper, .. } = h
                         && keeper.lost().is_none()
                         && keeper.sent() + LEASE > began
                     {
@@ -427,12 +380,8 @@ async fn fence(
         None => match store.apply(held.retake()).await {
             Ok(Some(g)) => {
                 held.renewed(g);
-                // Before the count the retaken lease is all there is to hold: the count itself is fenced on the
-                // entry as judged, so it is refused if anyone claimed the item over meanwhile.
-                let Some(reassert) = held.reassert() else {
-                    keeper.restart(sent);
-                    return true;
-                };
+                // Counted at the claim here (`acquired`): the entry is moved on too.
+                let reassert = held.reassert().expect("the model counts at the claim");
                 match store.apply(reassert).await {
                     Ok(Some(entry)) => {
                         held.reasserted(entry);
@@ -474,6 +423,6 @@ proptest! {
 /// lapsed lease first and the holder loses an attempt nobody needed to take over.
 #[test]
 fn a_holder_back_from_an_outage_keeps_its_item() {
-    let steps = vec![Step::Start(0), Step::Count(0), Step::Outage(LEASE * 2), Step::Start(1), Step::Fence(0)];
+    let steps = vec![Step::Start(0), Step::Outage(LEASE * 2), Step::Start(1), Step::Fence(0)];
     runtime().block_on(ledger_schedule(steps, Vec::new())).unwrap();
 }
