@@ -31,7 +31,7 @@ Exit status:
   75   nothing ran: the store is down or unreachable (connection refused or reset, no answer in time, a server
        starting or shutting down), at the start or before the claim; not waited for: the next invocation tries
        again (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable)
-  130  SIGINT or SIGTERM: the command was killed; its attempt counts toward --retries (status: failed, ending
+  130  SIGINT, SIGTERM or SIGHUP: the command was killed; its attempt counts toward --retries (status: failed, ending
        interrupted). Under `timeout`, give --preserve-status to see 130: plain `timeout` exits 124";
 
 /// Arguments of `idem once`.
@@ -265,10 +265,20 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
             dir.display()
         )));
     }
+    // The handlers are installed before the store is opened: a signal while connecting (a store that does not
+    // answer) stops the invocation as one before the claim (130, nothing ran), not with the default action.
+    let mut interrupt = std::pin::pin!(signalled());
     // An unreachable store is exit 75 at once, not waited for: the next invocation (cron's next firing) tries
     // again, and a wait could run into it.
-    let ledger = Ledger::open_or_unavailable(&url, &args.store.namespace).await.map_err(unavailable_message)?;
-    let result = on_ledger!(&ledger, s => once::once(s, &cfg, signalled()).await);
+    let ledger = tokio::select! {
+        ledger = Ledger::open_or_unavailable(&url, &args.store.namespace) => ledger.map_err(unavailable_message)?,
+        () = interrupt.as_mut() => {
+            let line = format!("idem once: {}: interrupted while connecting to the store: nothing ran\n", cfg.name);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            return Ok(130);
+        }
+    };
+    let result = on_ledger!(&ledger, s => once::once(s, &cfg, interrupt.as_mut()).await);
     ledger.close().await;
     let report = result.map_err(runner_error)?;
     let code = report.exit_code(args.fail_if_held);
@@ -301,19 +311,22 @@ fn parse_every(value: &str) -> Result<Duration, Error> {
     })
 }
 
-/// Resolves on SIGINT or SIGTERM (never, if they cannot be watched). The handlers are installed now, not when
+/// Resolves on SIGINT, SIGTERM or SIGHUP (never, if they cannot be watched): a closed terminal stops the
+/// invocation as Ctrl-C does (the command killed, its attempt recorded interrupted), not by the default action
+/// that would leave the slot to look crashed. The handlers are installed now, not when
 /// the future is first polled: a signal while the invocation claims its slot must not kill it with the claim
 /// made (the attempt would count as a crash); `once` sees it before the start and gives the claim back.
 fn signalled() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let handlers = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    let handlers = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()));
     async move {
-        let (Ok(mut int), Ok(mut term)) = handlers else {
+        let (Ok(mut int), Ok(mut term), Ok(mut hup)) = handlers else {
             return std::future::pending().await;
         };
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
+            _ = hup.recv() => {}
         }
     }
 }

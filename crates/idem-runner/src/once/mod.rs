@@ -322,7 +322,7 @@ pub async fn once<S: Store + Sync>(
     let now_ms = system_time_to_millis(store.now().await?);
     let local_ms = millis(SystemTime::now());
     let skew = skew_warning(now_ms, local_ms);
-    let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
+    let (now_ms, stopped) = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms, interrupt.as_mut()).await?;
     let slot = cfg.schedule.slot_at(now_ms)?;
     let keys = SlotKeys::new(&cfg.name, slot);
     let job_key = job_key(&cfg.name);
@@ -343,6 +343,11 @@ pub async fn once<S: Store + Sync>(
         missed_capped: false,
         warnings: skew.into_iter().collect(),
     };
+    if stopped {
+        // A signal during the wait at the boundary: nothing was claimed nor recorded, nothing runs.
+        report.outcome = Outcome::Stopped { attempt: None };
+        return Ok(report);
+    }
     let newest = record::advance(store, cfg, job, slot, now_ms, &mut report).await?;
     let behind = newest > slot;
     let mut entry = decode_entry(entry, &keys)?;
@@ -457,21 +462,27 @@ async fn wait_for_boundary<S: Store + Sync>(
     schedule: &Schedule,
     mut now_ms: u64,
     local_ms: u64,
-) -> Result<u64, Error> {
+    mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<(u64, bool), Error> {
     let next = schedule.next_after(now_ms)?;
     let tolerance = u64::try_from(SKEW_TOLERANCE.as_millis()).unwrap_or(u64::MAX);
     if local_ms < next || next - now_ms > tolerance {
-        return Ok(now_ms);
+        return Ok((now_ms, false));
     }
     // A few tries: the store's clock runs at the rate of ours, so one wait normally reaches the boundary.
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(next.saturating_sub(now_ms) + 20)).await;
+        let wait = tokio::time::sleep(Duration::from_millis(next.saturating_sub(now_ms) + 20));
+        tokio::select! {
+            () = wait => {}
+            // A signal while waiting: the invocation stops now, before any claim (`true`: stopped).
+            () = interrupt.as_mut() => return Ok((now_ms, true)),
+        }
         now_ms = system_time_to_millis(store.now().await?);
         if now_ms >= next {
             break;
         }
     }
-    Ok(now_ms)
+    Ok((now_ms, false))
 }
 
 /// Claims the slot: the lease, then the entry. `None` when another invocation got there first (the lease

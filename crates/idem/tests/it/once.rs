@@ -410,9 +410,10 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
     assert_eq!(b.lines("runs").len(), 2);
 }
 
-/// SIGTERM to the invocation after its command started kills the command, and the attempt counts toward
-/// --retries (exit 130; `status` counts it interrupted): with --retries 1, six invocations each stopped
-/// mid-command (as `timeout 1 idem once …` stops them) start the command twice, attempts 1 and 2; the slot is
+/// SIGTERM (and SIGHUP, a closed terminal) to the invocation after its command started kills the command, and
+/// the attempt counts toward --retries (exit 130; `status` counts it interrupted): with --retries 1, six
+/// invocations each stopped mid-command (as `timeout 1 idem once …` stops them; the second by SIGHUP, which
+/// killed idem with 129 and left the slot to look crashed before) start the command twice, attempts 1 and 2; the slot is
 /// then failed for good (`status`: state failed, 2 of 2 attempts interrupted), and the other four exit 3
 /// without starting it.
 async fn a_signal_counts_the_attempt(b: Backend) {
@@ -421,7 +422,7 @@ async fn a_signal_counts_the_attempt(b: Backend) {
     for round in 1..=2 {
         let child = b.once("signalled", &args, script).spawn().unwrap();
         wait_for("the command's start", Duration::from_secs(20), || b.lines("runs").len() == round);
-        signal("-TERM", &child.id().to_string());
+        signal(if round == 1 { "-TERM" } else { "-HUP" }, &child.id().to_string());
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(130), "{stderr}");
@@ -863,6 +864,29 @@ fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
     assert!(!ran.exists(), "the command ran");
 }
 
+/// SIGINT while the store does not answer the connect (a listener that never accepts past its backlog) stops
+/// the invocation as one before the claim: exit 130 with a line saying nothing ran, not the default action
+/// (killed by the signal, no line).
+#[test]
+fn a_signal_while_connecting_to_a_silent_store_is_exit_130_and_nothing_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let child = Command::new(BIN)
+        .args(["once", "--store", &url, "--name", "j", "--every", "1h", "--", "touch", "ran"])
+        .current_dir(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    signal("-INT", &child.id().to_string());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("idem once: j: interrupted while connecting to the store: nothing ran"), "{stderr}");
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+}
+
 /// A schedule other than the recorded one is refused naming both as given (`every 1h`), not as the record
 /// keeps them (`every 3600s`).
 #[test]
@@ -885,8 +909,7 @@ fn another_schedule_is_refused_in_the_words_it_was_given() {
 /// Skipped when `faketime` (libfaketime) is not installed.
 #[test]
 fn a_slot_that_ran_stays_done_after_a_clock_ran_more_than_a_history_ahead() {
-    if !Command::new("faketime").args(["-f", "+0s", "true"]).status().is_ok_and(|s| s.success()) {
-        eprintln!("skipped: faketime is not installed");
+    if !faketime_installed() {
         return;
     }
     let b = Backend::sqlite().unwrap();
@@ -913,4 +936,64 @@ fn a_slot_that_ran_stays_done_after_a_clock_ran_more_than_a_history_ahead() {
     assert_eq!(runs.len(), 2, "2 runs, one per slot: {runs:?}");
     assert_eq!(secs(&runs[1]) - secs(&runs[0]), 1800, "{runs:?}");
     assert_eq!(b.status("jump")["ran_more_than_once"], 0);
+}
+
+/// SIGINT to an invocation waiting at a slot boundary for the store's clock (its machine 4.5 s ahead of
+/// Redis's, fired 0.2 s after the boundary by its clock, so 4.3 s of wait) stops it there, at once: exit 130,
+/// 0 runs, nothing claimed. Before, the wait went on to its end (3.3 s after the signal) and only then stopped.
+/// Skipped without `faketime` or Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_the_wait_at_a_boundary_stops_before_the_claim() {
+    if !faketime_installed() {
+        return;
+    }
+    let Some(b) = Backend::redis() else { return };
+    // 5.7 s into a 10 s slot by the store's clock: 0.2 s after the next boundary by a clock 4.5 s ahead.
+    wait_until_into_slot(10_000, 5_700);
+    // libfaketime preloaded into idem itself, not the `faketime` wrapper (a parent that would take the signal).
+    let Some(lib) = libfaketime() else { return };
+    let child = Command::new(BIN)
+        .args(["once", "--store", &b.url, "--namespace", &b.namespace, "--name", "wait"])
+        .args(["--every", "10s", "--", "sh", "-c", "echo ran >> runs"])
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME", "+4.5s")
+        .current_dir(b.dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    signal("-INT", &child.id().to_string());
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted before the claim: nothing ran"), "{stderr}");
+    // Not a speed claim: the wait had 3.3 s left, and a stop that waits it out takes all of them.
+    assert!(signalled.elapsed() < Duration::from_millis(2500), "stopped {:?} after the signal", signalled.elapsed());
+    assert!(b.lines("runs").is_empty(), "0 runs: {stderr}");
+    b.cleanup().await;
+}
+
+/// Whether `faketime` (libfaketime) runs here. Without it the clock tests skip with a printed reason, unless
+/// `IDEM_TEST_REQUIRE_BACKENDS` is set (CI installs it): then a missing `faketime` fails them.
+fn faketime_installed() -> bool {
+    if Command::new("faketime").args(["-f", "+0s", "true"]).status().is_ok_and(|s| s.success()) {
+        return true;
+    }
+    assert!(std::env::var_os("IDEM_TEST_REQUIRE_BACKENDS").is_none(), "faketime is not installed");
+    eprintln!("skipped: faketime is not installed");
+    false
+}
+
+/// The libfaketime library the `faketime` wrapper preloads, for a test that must signal the process whose clock
+/// it moves. Found where Debian and a local build put it; missing: as [`faketime_installed`].
+fn libfaketime() -> Option<PathBuf> {
+    let candidates = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib", "/usr/lib"];
+    let found = candidates.iter().map(|d| PathBuf::from(d).join("faketime/libfaketime.so.1")).find(|p| p.exists());
+    if found.is_none() {
+        assert!(std::env::var_os("IDEM_TEST_REQUIRE_BACKENDS").is_none(), "libfaketime.so.1 is not installed");
+        eprintln!("skipped: libfaketime.so.1 is not installed");
+    }
+    found
 }
