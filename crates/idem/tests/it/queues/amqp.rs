@@ -257,13 +257,21 @@ async fn consumers_whose_connections_the_broker_closes_reconnect_and_finish() {
     let rabbit = Rabbit::new(&url).await;
     let ids = ids(300);
     rabbit.publish(&ids).await;
-    let job = QueueJob::new(rabbit.items(), WRITE_JSON);
+    // Executions after the 40th wait for a gate the test opens once it closed the connections: both consumers
+    // are mid-run when their connections close, however slow `rabbitmqctl` is on a loaded machine (without the
+    // gate the 300 items could all be done before the close).
+    let gated = format!(
+        "if [ \"$(wc -l < \"$(dirname \"$0\")/log\")\" -gt 40 ]; then\n  \
+         while [ ! -e \"$(dirname \"$0\")/gate\" ]; do sleep 0.05; done\nfi\n{WRITE_JSON}"
+    );
+    let job = QueueJob::new(rabbit.items(), &gated);
     let args = ["--until-empty", "--jobs", "4"];
     let slow = [("SLEEP", "0.05")];
     let mut consumers: Vec<_> = (0..2).map(|i| job.spawn(&args, &slow, &format!("c{i}"))).collect();
     tokio::task::block_in_place(|| wait_for("40 executions", Duration::from_secs(60), || job.log().len() >= 40));
     let closed = tokio::task::block_in_place(|| close_connections_named(&format!("idem run {}", rabbit.queue)));
-    assert_eq!(closed, 2, "one connection per consumer");
+    std::fs::write(job.path("gate"), "").unwrap();
+    assert_eq!(closed, 2, "one connection per consumer: {}\n{}", job.stderr_of("c0"), job.stderr_of("c1"));
     for (i, c) in consumers.iter_mut().enumerate() {
         let name = format!("c{i}");
         let code = tokio::task::block_in_place(|| exit_within(c, Duration::from_secs(120), &name, &job));
@@ -273,7 +281,12 @@ async fn consumers_whose_connections_the_broker_closes_reconnect_and_finish() {
     }
     let runs = job.executions_per_item();
     assert_eq!(runs.len(), 300);
-    assert!(runs.values().all(|&n| n == 1), "a dropped connection made an item run twice: {runs:?}");
+    assert!(
+        runs.values().all(|&n| n == 1),
+        "a dropped connection made an item run twice: {runs:?}\n{}\n{}",
+        job.stderr_of("c0"),
+        job.stderr_of("c1")
+    );
     job.assert_outputs_valid(&ids);
     assert_eq!((rabbit.ready(&rabbit.queue).await, rabbit.ready(&rabbit.dead).await), (0, 0));
     rabbit.delete().await;
