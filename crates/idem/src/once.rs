@@ -283,7 +283,15 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     let report = result.map_err(runner_error)?;
     let code = report.exit_code(args.fail_if_held);
     if !args.quiet || report.changed_state() {
-        let line = format!("{}\n", report.render());
+        let mut text = report.render();
+        // --quiet prints a change of state only: the missed slots recorded, not a routine "done" beside them.
+        if args.quiet
+            && !report.outcome_changed_state()
+            && let Some((_, missed)) = text.split_once('\n')
+        {
+            text = missed.to_owned();
+        }
+        let line = format!("{text}\n");
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     }
     Ok(code)

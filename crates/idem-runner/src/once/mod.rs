@@ -197,9 +197,13 @@ impl Report {
     /// are; a success, and a slot found done, held, failed for good or missed by an earlier invocation are
     /// not (the invocation that made it so said it).
     pub fn changed_state(&self) -> bool {
-        if !self.missed.is_empty() || self.missed_unlisted > 0 {
-            return true;
-        }
+        !self.missed.is_empty() || self.missed_unlisted > 0 || self.outcome_changed_state()
+    }
+
+    /// Whether the invocation's own slot changed state or met trouble (as [`Report::changed_state`], without
+    /// the earlier slots recorded missed): under `--quiet` a routine outcome is left out of the message even
+    /// when the same invocation recorded missed slots.
+    pub fn outcome_changed_state(&self) -> bool {
         match &self.outcome {
             Outcome::Succeeded { .. }
             | Outcome::AlreadyDone { .. }

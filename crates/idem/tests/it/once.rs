@@ -545,6 +545,21 @@ fn quiet_reports_a_change_of_state_once() {
     assert_eq!(b.lines("runs").len(), 1);
 }
 
+/// --quiet with earlier slots recorded missed by a run that succeeded: the missed slots are said, the routine
+/// "done" beside them is not (it was printed too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_says_the_missed_slots_recorded_but_not_a_routine_done() {
+    let b = Backend::sqlite().unwrap();
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+    seed_job(&b, "q-gap", now - now % 60_000 - 3 * 60_000, 0).await;
+    let (code, stderr) = b.run("q-gap", &["--every", "60s", "--quiet"], "echo ran >> runs");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("earlier slot(s) missed"), "{stderr}");
+    assert!(!stderr.contains("done (attempt 1)"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(b.lines("runs").len(), 1);
+}
+
 /// Usage refused before anything runs (exit 2, one line, no store created): `--store memory:` (it keeps
 /// nothing, so every invocation would run), `--tz` with `--every`, an `--every` that is not a duration.
 #[test]
