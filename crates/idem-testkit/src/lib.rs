@@ -419,6 +419,17 @@ impl Redis {
         self.child = spawn_redis(&self.program, &self.pki, self.port, self.dir.path(), self.durable);
     }
 
+    /// Stops the server with SIGSTOP (a frozen machine, a long GC-like stall): connections stay open, and what
+    /// clients send waits in the socket buffers until [`Redis::thaw`], then lands.
+    pub fn freeze(&self) {
+        signal_pid(self.child.id(), "-STOP");
+    }
+
+    /// Resumes a server stopped by [`Redis::freeze`] (SIGCONT).
+    pub fn thaw(&self) {
+        signal_pid(self.child.id(), "-CONT");
+    }
+
     /// `rediss://HOST:PORT` with `query` (without the `?`; empty for none).
     pub fn url(&self, host: &str, query: &str) -> String {
         let q = if query.is_empty() { String::new() } else { format!("?{query}") };
@@ -431,6 +442,12 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid`.
+fn signal_pid(pid: u32, sig: &str) {
+    let sent = Command::new("kill").args([sig, &pid.to_string()]).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill {sig} {pid} failed");
 }
 
 /// Starts `redis-server` with TLS only on `port`, its files in `dir`, and waits until it accepts connections.

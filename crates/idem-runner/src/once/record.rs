@@ -290,6 +290,7 @@ pub(super) async fn outcome<S: Store + Sync>(
     loop {
         match store.apply(write.clone()).await {
             Ok(_) => break,
+            Err(e) if e.is_precondition_failed() && landed(store, &write).await => break,
             Err(e) if e.is_precondition_failed() => {
                 if succeeded {
                     ran_again(store, held).await;
@@ -317,6 +318,15 @@ pub(super) async fn outcome<S: Store + Sync>(
     }
     let _ = store.apply(held.release()).await;
     result
+}
+
+/// Whether `write` (a put refused for its precondition) is in the store already: an earlier try whose answer
+/// never came (a store that stalled past the client's timeout) landed after all and moved the generation on,
+/// so the retry's fence refuses it. The entry then holds exactly this write's value (attempt, host, times), which
+/// no other invocation writes; anything else is a takeover.
+async fn landed<S: Store + Sync>(store: &S, write: &idem_store::Write) -> bool {
+    let idem_store::WriteOp::Put { value, .. } = &write.op else { return false };
+    matches!(store.get(&write.key).await, Ok(Some(current)) if current.value().as_ref() == value.as_ref())
 }
 
 /// The fence before the command refused (the lease was taken over, lapsed, or could not be renewed): the

@@ -990,6 +990,30 @@ async fn a_signal_during_the_wait_at_a_boundary_stops_before_the_claim() {
     b.cleanup().await;
 }
 
+/// An outcome write whose answer never came (Redis frozen 12 s from just before the command ends, longer than
+/// the client's timeout) but that landed when the server resumed is this invocation's, not a takeover's: the
+/// retry, refused by its fence, finds its own value in the entry. Exit 0, `done`, and 0 slots ran more than once
+/// (before: exit 6 "taken over by another invocation" and `ran_more_than_once` 1, with no other invocation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_write_that_landed_after_its_timeout_is_not_taken_for_a_takeover() {
+    let Some(redis) = idem_testkit::Redis::start() else { return };
+    let url = format!("rediss://localhost:{}?cacert={}", redis.port, redis.pki.ca.display());
+    let b = Backend { url, namespace: "idem".into(), dir: tempfile::tempdir().unwrap() };
+    let child = b.once("landed", &["--every", ONE_SLOT], "echo ran >> runs; sleep 2").spawn().unwrap();
+    wait_for("the command's start", Duration::from_secs(20), || b.lines("runs").len() == 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    redis.freeze();
+    std::thread::sleep(Duration::from_secs(12));
+    redis.thaw();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let status = b.status("landed");
+    assert_eq!(status["ran_more_than_once"], 0, "{status}");
+    assert_eq!(slots(&status)[0]["state"], "done", "{status}");
+    assert_eq!(b.lines("runs").len(), 1);
+}
+
 /// Whether `faketime` (libfaketime) runs here. Without it the clock tests skip with a printed reason, unless
 /// `IDEM_TEST_REQUIRE_BACKENDS` is set (CI installs it): then a missing `faketime` fails them.
 fn faketime_installed() -> bool {
