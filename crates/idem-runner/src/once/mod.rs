@@ -323,14 +323,36 @@ pub async fn once<S: Store + Sync>(
     interrupt: impl Future<Output = ()>,
 ) -> Result<Report, Error> {
     let mut interrupt = std::pin::pin!(interrupt);
-    let now_ms = system_time_to_millis(store.now().await?);
-    let local_ms = millis(SystemTime::now());
-    let skew = skew_warning(now_ms, local_ms);
-    let (now_ms, stopped) = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms, interrupt.as_mut()).await?;
-    let slot = cfg.schedule.slot_at(now_ms)?;
-    let keys = SlotKeys::new(&cfg.name, slot);
+    // Everything before the first write is reads and waits: a signal stops it at once (a store that stalls
+    // would otherwise hold the invocation for the client's whole timeout), nothing claimed nor recorded.
+    let fired_for = millis(SystemTime::now());
+    let reads = async {
+        let now_ms = system_time_to_millis(store.now().await?);
+        let local_ms = millis(SystemTime::now());
+        let skew = skew_warning(now_ms, local_ms);
+        let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
+        let slot = cfg.schedule.slot_at(now_ms)?;
+        let keys = SlotKeys::new(&cfg.name, slot);
+        let read = store.get_many(&[job_key(&cfg.name), keys.entry().to_owned()]).await?;
+        Ok::<_, Error>((now_ms, skew, slot, keys, read))
+    };
+    let (now_ms, skew, slot, keys, read) = tokio::select! {
+        reads = reads => reads?,
+        () = interrupt.as_mut() => {
+            // Named by the slot this machine's clock was in when it was invoked: the one its cron fired for.
+            let slot = cfg.schedule.slot_at(fired_for)?;
+            return Ok(Report {
+                name: cfg.name.clone(),
+                slot: cfg.schedule.format(slot),
+                outcome: Outcome::Stopped { attempt: None },
+                missed: Vec::new(),
+                missed_unlisted: 0,
+                missed_capped: false,
+                warnings: Vec::new(),
+            });
+        }
+    };
     let job_key = job_key(&cfg.name);
-    let read = store.get_many(&[job_key.clone(), keys.entry().to_owned()]).await?;
     let [job, entry]: [_; 2] = read
         .try_into()
         .map_err(|_| Error::Config("the store answered a read of two keys with another count".into()))?;
@@ -347,11 +369,6 @@ pub async fn once<S: Store + Sync>(
         missed_capped: false,
         warnings: skew.into_iter().collect(),
     };
-    if stopped {
-        // A signal during the wait at the boundary: nothing was claimed nor recorded, nothing runs.
-        report.outcome = Outcome::Stopped { attempt: None };
-        return Ok(report);
-    }
     let newest = record::advance(store, cfg, job, slot, now_ms, &mut report).await?;
     let behind = newest > slot;
     let mut entry = decode_entry(entry, &keys)?;
@@ -466,27 +483,21 @@ async fn wait_for_boundary<S: Store + Sync>(
     schedule: &Schedule,
     mut now_ms: u64,
     local_ms: u64,
-    mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
-) -> Result<(u64, bool), Error> {
+) -> Result<u64, Error> {
     let next = schedule.next_after(now_ms)?;
     let tolerance = u64::try_from(SKEW_TOLERANCE.as_millis()).unwrap_or(u64::MAX);
     if local_ms < next || next - now_ms > tolerance {
-        return Ok((now_ms, false));
+        return Ok(now_ms);
     }
     // A few tries: the store's clock runs at the rate of ours, so one wait normally reaches the boundary.
     for _ in 0..3 {
-        let wait = tokio::time::sleep(Duration::from_millis(next.saturating_sub(now_ms) + 20));
-        tokio::select! {
-            () = wait => {}
-            // A signal while waiting: the invocation stops now, before any claim (`true`: stopped).
-            () = interrupt.as_mut() => return Ok((now_ms, true)),
-        }
+        tokio::time::sleep(Duration::from_millis(next.saturating_sub(now_ms) + 20)).await;
         now_ms = system_time_to_millis(store.now().await?);
         if now_ms >= next {
             break;
         }
     }
-    Ok((now_ms, false))
+    Ok(now_ms)
 }
 
 /// Claims the slot: the lease, then the entry. `None` when another invocation got there first (the lease

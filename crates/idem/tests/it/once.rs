@@ -1014,6 +1014,44 @@ async fn an_outcome_write_that_landed_after_its_timeout_is_not_taken_for_a_takeo
     assert_eq!(b.lines("runs").len(), 1);
 }
 
+/// SIGINT while a read before the claim waits for a store that stopped answering (Redis frozen during the wait
+/// at a slot boundary, so the read of the store's clock after it hangs) stops the invocation at once: exit 130,
+/// nothing ran, named by the slot its clock was invoked in. Before, it waited out the client's timeout and
+/// exited 75 about 10 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_a_read_waits_for_a_frozen_store_is_exit_130_at_once() {
+    if !faketime_installed() {
+        return;
+    }
+    let Some(lib) = libfaketime() else { return };
+    let Some(redis) = idem_testkit::Redis::start() else { return };
+    let url = format!("rediss://localhost:{}?cacert={}", redis.port, redis.pki.ca.display());
+    let b = Backend { url, namespace: "idem".into(), dir: tempfile::tempdir().unwrap() };
+    // 5.7 s into a 10 s slot: a clock 4.5 s ahead waits 4.3 s for the store's clock to reach the boundary.
+    wait_until_into_slot(10_000, 5_700);
+    let child = b
+        .once("frozen", &["--every", "10s"], "echo ran >> runs")
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME", "+4.5s")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    redis.freeze();
+    // Past the end of the wait: the read of the store's clock after it is unanswered.
+    std::thread::sleep(Duration::from_millis(3500));
+    signal("-INT", &child.id().to_string());
+    let signalled = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let waited = signalled.elapsed();
+    redis.thaw();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted before the claim: nothing ran"), "{stderr}");
+    // Not a speed claim: the client's timeout had seconds left, and a stop that waits it out takes them all.
+    assert!(waited < Duration::from_millis(2500), "stopped {waited:?} after the signal: {stderr}");
+    assert!(b.lines("runs").is_empty(), "{stderr}");
+}
+
 /// Whether `faketime` (libfaketime) runs here. Without it the clock tests skip with a printed reason, unless
 /// `IDEM_TEST_REQUIRE_BACKENDS` is set (CI installs it): then a missing `faketime` fails them.
 fn faketime_installed() -> bool {
