@@ -1,8 +1,11 @@
-//! The README's shell examples, run as a reader runs them (issue 19): every ```` ```sh ```` block in README
-//! order, in one `bash`, with `idem` and the example `upstream` of this build on the PATH. (trycmd runs one
-//! command at a time without background processes, and these examples start servers, so bash runs them.)
+//! The shell examples of README.md and of every chapter of the user guide (docs/guide/, in the order of its
+//! SUMMARY.md), run as a reader runs them (issue 19, issue 31): every ```` ```sh ```` block of a file in order,
+//! in one `bash` per file, with `idem` and the example programs `upstream` and `queue` of this build on the
+//! PATH. (trycmd runs one command at a time without background processes, and these examples start servers,
+//! so bash runs them.) One test per file; a block of another shell (```` ```bash ````, ```` ```console ````, …)
+//! is refused, so that nothing shell-like escapes the run: write ```` ```sh ```` or ```` ```text ````.
 //!
-//! Conventions in README.md, kept visible to its readers:
+//! Conventions in the files, kept visible to their readers:
 //! - an HTML comment on the line before a block's fence: `<!-- not tested: REASON -->` (the block is skipped),
 //!   `<!-- tested when VAR is set -->` (run only when the environment variable `VAR` is set, and the block must
 //!   name its value; like the backend tests, it skips with a printed reason unless
@@ -14,9 +17,10 @@
 //!
 //! What is checked besides: each block exits 0 under `set -euo pipefail` (so an unexpected failure anywhere
 //! counts), stops every background process it started within 10 s of its end, finishes within
-//! [`BLOCK_LIMIT`], uses loopback ports no other block uses, and writes nothing into the directory it starts in
-//! (a stand-in for the reader's checkout). The ports are fixed, so two runs on one machine take turns through
-//! a lock file.
+//! [`BLOCK_LIMIT`], uses loopback ports no other block of its file uses, and writes nothing into the directory
+//! it starts in (a stand-in for the reader's checkout). The ports are fixed, so the files, and two runs on one
+//! machine, take turns through a lock file. `guide_summary_lists_every_chapter` keeps the list of tested
+//! chapters below equal to SUMMARY.md's, so a new chapter cannot go untested.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::collections::BTreeMap;
@@ -28,7 +32,10 @@ use std::time::{Duration, Instant};
 
 use crate::common::BIN;
 
-const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+/// The checkout's root, which the files' names in messages are relative to.
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+/// The guide's directory, relative to [`ROOT`].
+const GUIDE: &str = "docs/guide";
 /// Longest one block may run; the slowest (the `idem run` walk-through) takes about 6 s.
 const BLOCK_LIMIT: Duration = Duration::from_secs(60);
 /// Printed by the script before each block (with its number) and after the last one.
@@ -38,18 +45,77 @@ const LEFT_RUNNING: &str = "@@idem-readme-left-running";
 
 #[test]
 fn readme_shell_blocks_run_as_written() {
-    let readme = std::fs::read_to_string(README).unwrap();
-    let all = blocks(&readme);
+    run_file("README.md");
+}
+
+/// One test per chapter of the guide, in SUMMARY.md's order; [`CHAPTERS`] lists the files.
+macro_rules! chapters {
+    ($($test:ident => $file:literal,)*) => {
+        /// The guide's chapters, as SUMMARY.md lists them.
+        const CHAPTERS: &[&str] = &[$($file),*];
+        $(
+            #[test]
+            fn $test() {
+                run_file(&format!("{GUIDE}/{}", $file));
+            }
+        )*
+    };
+}
+
+chapters! {
+    guide_introduction => "introduction.md",
+    guide_kv_store => "kv-store.md",
+    guide_proxy => "proxy.md",
+    guide_check => "check.md",
+    guide_retry => "retry.md",
+    guide_run => "run.md",
+    guide_queues => "queues.md",
+    guide_once => "once.md",
+    guide_webhooks => "webhooks.md",
+    guide_several_machines => "several-machines.md",
+    guide_tls => "tls.md",
+    guide_library => "library.md",
+    guide_configuration => "configuration.md",
+    guide_operations => "operations.md",
+    guide_verification => "verification.md",
+    guide_development => "development.md",
+}
+
+/// SUMMARY.md links exactly the chapters tested above, in the same order, and every Markdown file of the guide
+/// is one of them: a chapter added to the book is run by this test, or this test fails.
+#[test]
+fn guide_summary_lists_every_chapter() {
+    let summary = std::fs::read_to_string(format!("{ROOT}/{GUIDE}/SUMMARY.md")).unwrap();
+    let linked: Vec<&str> = summary
+        .lines()
+        .filter_map(|l| l.split_once("](").and_then(|(_, rest)| rest.split_once(')')).map(|(target, _)| target))
+        .collect();
+    assert_eq!(linked, CHAPTERS, "SUMMARY.md's chapters, in order, and the tests in readme/mod.rs differ");
+    let mut files: Vec<String> = std::fs::read_dir(format!("{ROOT}/{GUIDE}"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".md") && n != "SUMMARY.md")
+        .collect();
+    files.sort();
+    let mut chapters: Vec<String> = CHAPTERS.iter().map(|c| (*c).to_owned()).collect();
+    chapters.sort();
+    assert_eq!(files, chapters, "a Markdown file in {GUIDE} is not a chapter of SUMMARY.md (or one is missing)");
+}
+
+/// Runs the ```` ```sh ```` blocks of `name` (relative to the checkout's root) as the module doc says.
+fn run_file(name: &str) {
+    let doc = std::fs::read_to_string(format!("{ROOT}/{name}")).unwrap();
+    let all = blocks(name, &doc);
     let mut run = Vec::new();
     for block in &all {
         match &block.when {
             When::Always => run.push(block),
-            When::Never(reason) => eprintln!("README line {}: not tested: {reason}", block.line),
+            When::Never(reason) => eprintln!("{name} line {}: not tested: {reason}", block.line),
             When::VarSet(var) => match std::env::var(var) {
                 Ok(value) => {
                     assert!(
                         block.text.contains(&value),
-                        "README line {}: {var} is {value:?}, but the block does not use it; the block runs only \
+                        "{name} line {}: {var} is {value:?}, but the block does not use it; the block runs only \
                          against the server it names",
                         block.line
                     );
@@ -60,24 +126,29 @@ fn readme_shell_blocks_run_as_written() {
                         std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(),
                         "{var} is unset but IDEM_TEST_REQUIRE_BACKENDS is set"
                     );
-                    eprintln!("README line {}: skipped: {var} is unset", block.line);
+                    eprintln!("{name} line {}: skipped: {var} is unset", block.line);
                 }
             },
         }
     }
-    assert!(!run.is_empty(), "no ```sh block of {README} would run");
+    if run.is_empty() {
+        // A chapter of prose and reference tables; the README always has blocks to run.
+        assert!(name != "README.md", "no ```sh block of README.md would run");
+        eprintln!("{name}: no block to run");
+        return;
+    }
 
     // Fixed ports: take turns with another run of this test on the machine, then make sure they are free.
     let lock = std::fs::File::create(std::env::temp_dir().join("idem-readme-test.lock")).unwrap();
     lock.lock().unwrap();
-    check_ports(&run);
+    check_ports(name, &run);
 
     let dir = tempfile::tempdir().unwrap();
     let checkout = dir.path().join("checkout");
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&checkout).unwrap();
     std::fs::create_dir(&tmp).unwrap();
-    let script = dir.path().join("readme.sh");
+    let script = dir.path().join("blocks.sh");
     std::fs::write(&script, script_of(&run, &checkout)).unwrap();
 
     let bin_dir = Path::new(BIN).parent().unwrap();
@@ -144,14 +215,14 @@ fn readme_shell_blocks_run_as_written() {
     let segments = segments(&output);
     for (n, segment) in segments.iter().enumerate() {
         if let (Some(start), Some(end)) = (segment.first(), segments.get(n + 1).and_then(|s| s.first())) {
-            eprintln!("README line {}: {:.1} s", run[n].line, (end.0 - start.0).as_secs_f64());
+            eprintln!("{name} line {}: {:.1} s", run[n].line, (end.0 - start.0).as_secs_f64());
         }
     }
     let finished = output.iter().any(|(_, l)| *l == format!("{MARK} end"));
     if !finished || !status.success() {
         let all = output.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n");
         let Some(n) = segments.len().checked_sub(1).map(|n| n.min(run.len() - 1)) else {
-            panic!("the README script failed before its first block ({status}):\n{all}");
+            panic!("the script of {name} failed before its first block ({status}):\n{all}");
         };
         let why = if timed_out {
             format!("did not finish within {BLOCK_LIMIT:?}")
@@ -160,7 +231,7 @@ fn readme_shell_blocks_run_as_written() {
         } else {
             format!("failed ({status}; the script runs under `set -euo pipefail`)")
         };
-        panic!("the README block at line {} {why}; its output:\n{}", run[n].line, text(&segments[n]));
+        panic!("the block of {name} at line {} {why}; its output:\n{}", run[n].line, text(&segments[n]));
     }
     let mut failures = Vec::new();
     for (block, segment) in run.iter().zip(&segments) {
@@ -169,7 +240,7 @@ fn readme_shell_blocks_run_as_written() {
             match segment[from..].iter().position(|(_, l)| line_matches(l, expected)) {
                 Some(at) => from += at + 1,
                 None => failures.push(format!(
-                    "README line {line}: no line `{expected}` in the output of the block at line {} (after \
+                    "{name} line {line}: no line `{expected}` in the output of the block at line {} (after \
                      the line matched before it); the output:\n{}",
                     block.line,
                     text(segment)
@@ -181,12 +252,12 @@ fn readme_shell_blocks_run_as_written() {
     let left: Vec<_> = std::fs::read_dir(&checkout).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(
         left.is_empty(),
-        "the README's blocks wrote {left:?} into the directory they started in (a reader's checkout): start \
+        "the blocks of {name} wrote {left:?} into the directory they started in (a reader's checkout): start \
          a walk-through with `cd \"$(mktemp -d)\"`"
     );
 }
 
-/// One ```` ```sh ```` block of the README.
+/// One ```` ```sh ```` block of a file.
 struct Block {
     /// Line number (1-based) of its opening fence.
     line: usize,
@@ -194,7 +265,7 @@ struct Block {
     when: When,
     /// Runs in the directory the block above ended in, instead of the reader's checkout.
     continues: bool,
-    /// (README line number, expected output line), in order.
+    /// (line number in the file, expected output line), in order.
     expected: Vec<(usize, String)>,
 }
 
@@ -204,9 +275,12 @@ enum When {
     VarSet(String),
 }
 
-/// The README's ```` ```sh ```` blocks, with the marker on the line before each and its expected lines.
-fn blocks(readme: &str) -> Vec<Block> {
-    let lines: Vec<&str> = readme.lines().collect();
+/// Info strings of shell blocks the run would skip: refused, so that every shell example is run or says why not.
+const OTHER_SHELLS: &[&str] = &["bash", "shell", "console", "zsh", "shell-session", "sh-session"];
+
+/// The ```` ```sh ```` blocks of the file `name`, with the marker on the line before each and its expected lines.
+fn blocks(name: &str, doc: &str) -> Vec<Block> {
+    let lines: Vec<&str> = doc.lines().collect();
     let mut blocks = Vec::new();
     let mut i = 0;
     while i < lines.len() {
@@ -217,9 +291,15 @@ fn blocks(readme: &str) -> Vec<Block> {
         let open = i;
         let close = (open + 1..lines.len())
             .find(|&j| lines[j].starts_with("```"))
-            .unwrap_or_else(|| panic!("README line {}: the code block never closes", open + 1));
+            .unwrap_or_else(|| panic!("{name} line {}: the code block never closes", open + 1));
         i = close + 1;
-        if info.trim() != "sh" {
+        let info = info.trim();
+        assert!(
+            !OTHER_SHELLS.contains(&info),
+            "{name} line {}: a ```{info} block is not run by the docs test: write ```sh (run) or ```text",
+            open + 1
+        );
+        if info != "sh" {
             continue;
         }
         let mut block = Block {
@@ -233,14 +313,14 @@ fn blocks(readme: &str) -> Vec<Block> {
         if let Some(comment) = marker.and_then(|l| l.strip_prefix("<!--")).and_then(|l| l.strip_suffix("-->")) {
             let comment = comment.trim();
             if let Some(reason) = comment.strip_prefix("not tested:") {
-                assert!(!reason.trim().is_empty(), "README line {open}: say why the block is not tested");
+                assert!(!reason.trim().is_empty(), "{name} line {open}: say why the block is not tested");
                 block.when = When::Never(reason.trim().to_owned());
             } else if let Some(var) = comment.strip_prefix("tested when ").and_then(|c| c.strip_suffix(" is set")) {
                 block.when = When::VarSet(var.to_owned());
             } else if comment == "continues the block above" {
                 block.continues = true;
             } else {
-                panic!("README line {open}: unknown marker `{comment}` before a ```sh block");
+                panic!("{name} line {open}: unknown marker `{comment}` before a ```sh block");
             }
         }
         for (j, line) in lines[open + 1..close].iter().enumerate() {
@@ -319,8 +399,8 @@ fn text(segment: &[(Instant, String)]) -> String {
     segment.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
 }
 
-/// Each loopback port a block serves on appears in that block only, and is free before the run.
-fn check_ports(blocks: &[&Block]) {
+/// Each loopback port a block serves on appears in that block only (of its file), and is free before the run.
+fn check_ports(name: &str, blocks: &[&Block]) {
     let mut ports: BTreeMap<u16, usize> = BTreeMap::new();
     for block in blocks {
         for (at, _) in block.text.match_indices("127.0.0.1:") {
@@ -334,7 +414,7 @@ fn check_ports(blocks: &[&Block]) {
                 && other != block.line
             {
                 panic!(
-                    "port {port} appears in the README blocks at lines {other} and {}: each example needs ports \
+                    "port {port} appears in the blocks of {name} at lines {other} and {}: each example needs ports \
                      of its own, so that it runs after the others and on its own",
                     block.line
                 );
@@ -343,7 +423,9 @@ fn check_ports(blocks: &[&Block]) {
     }
     for (port, line) in ports {
         if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            panic!("port {port}, used by the README block at line {line}, is taken ({e}); the examples need it free");
+            panic!(
+                "port {port}, used by the block of {name} at line {line}, is taken ({e}); the examples need it free"
+            );
         }
     }
 }
