@@ -31,7 +31,6 @@ mod tls;
 mod upstream_conn;
 pub mod webhook;
 
-pub(crate) use app::error_chain;
 pub use app::{ServerConfig, app, serve};
 pub use connections::{
     ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_CLIENT_SEND_TIMEOUT, HttpService, MAX_HEADER_FIELDS,

@@ -43,7 +43,7 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{Error, KeyProblem};
+pub use error::{Error, KeyProblem, error_chain};
 pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
 pub use memory::MemoryStore;

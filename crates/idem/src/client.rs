@@ -149,7 +149,7 @@ fn failed(e: reqwest::Error) -> Error {
     if let Some(reason) = idem_client::tls_failure(&e) {
         return Error::Failed(format!("request failed: {reason}"));
     }
-    let mut msg = format!("request failed: {}", crate::error::chain(&e));
+    let mut msg = format!("request failed: {}", idem_store::error_chain(&e));
     if e.is_connect() {
         msg.push_str(" (is `idem serve` running there? set --url or IDEM_URL)");
     }
@@ -258,7 +258,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         .build()
         // Reached only through bad --cacert/--cert/--cert-key contents (a key that is not the certificate's, a
         // PEM block that is no certificate): bad usage, named with its cause, as `idem send` does.
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", idem_store::error_chain(&e))))?;
     let c = Client { http, base: base.into(), token };
     let mut out = std::io::stdout().lock();
     match args.command {
@@ -366,6 +366,6 @@ async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) 
             Err(Error::Failed(format!("the value under {key} is not a JSON array of strings")))
         }
         Err(idem_client::Error::Transport(e)) => Err(failed(e)),
-        Err(e) => Err(Error::Failed(crate::error::chain(&e))),
+        Err(e) => Err(Error::Failed(idem_store::error_chain(&e))),
     }
 }

@@ -77,20 +77,6 @@ impl Error {
     }
 }
 
-/// `e` and its causes on one line, each said once: libraries often repeat their source's text in their own.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(&format!(": {text}"));
-        }
-        source = s.source();
-    }
-    msg
-}
-
 /// Writes `text` to standard output. A reader that went away (`idem once status | head`, EPIPE) is not a
 /// failure of the command: `Ok`, nothing more written. Any other write error (a full disk, `> /dev/full`) is
 /// [`Error::Io`], exit status 1, where `print!` would panic.

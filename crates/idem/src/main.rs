@@ -113,7 +113,7 @@ fn main() {
         }
         // One write for the whole line: `eprintln!` writes the message and its newline separately, and a server
         // logging to the same terminal could land between them (seen in the README test).
-        let line = format!("idem: {}\n", error::chain(&e));
+        let line = format!("idem: {}\n", idem_store::error_chain(&e));
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         std::process::exit(e.exit_code());
     }

@@ -190,14 +190,14 @@ enum Format {
 
 fn runner_error(e: idem_runner::Error) -> Error {
     match e {
-        idem_runner::Error::Config(_) => Error::Config(crate::error::chain(&e)),
+        idem_runner::Error::Config(_) => Error::Config(idem_store::error_chain(&e)),
         // The store went away after it was opened, before anything was claimed (a claim is judged, then the
         // command runs under its lease: failures from there on are outcomes, not errors).
         idem_runner::Error::Store(ref s) if s.is_unavailable() => {
-            unavailable_message(Error::Unavailable(crate::error::chain(&e)))
+            unavailable_message(Error::Unavailable(idem_store::error_chain(&e)))
         }
         // The store failed before anything was claimed: nothing ran, as for a store that cannot be opened.
-        other => Error::Config(format!("{}; nothing ran", crate::error::chain(&other))),
+        other => Error::Config(format!("{}; nothing ran", idem_store::error_chain(&other))),
     }
 }
 

@@ -236,8 +236,8 @@ fn runner_error(e: idem_runner::Error) -> Error {
         | idem_runner::Error::BadItem { .. }
         | idem_runner::Error::DuplicateOutput { .. }
         | idem_runner::Error::ReadItems { .. }
-        | idem_runner::Error::Queue(_) => Error::Config(crate::error::chain(&e)),
-        other => Error::Failed(crate::error::chain(&other)),
+        | idem_runner::Error::Queue(_) => Error::Config(idem_store::error_chain(&e)),
+        other => Error::Failed(idem_store::error_chain(&other)),
     }
 }
 
@@ -344,7 +344,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
             )));
         }
         Ok(Ok(Ok(changes))) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
-        Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
+        Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", idem_store::error_chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
     let stop = Stop::new();

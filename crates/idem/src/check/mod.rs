@@ -142,7 +142,7 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
         // every request, credentials included, to the proxy.
         .no_proxy()
         .build()
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", idem_store::error_chain(&e))))?;
     let selected: Vec<Probe> = ALL.into_iter().filter(|p| args.only.is_empty() || args.only.contains(p)).collect();
     let plans: Vec<(Probe, Result<Vec<Planned>, String>)> = selected.iter().map(|&p| (p, p.plan(&target))).collect();
     let total: usize = plans.iter().map(|(_, plan)| plan.as_ref().map_or(0, Vec::len)).sum();
