@@ -33,6 +33,7 @@ mod lease;
 mod limits;
 mod memory;
 mod ops;
+pub mod stop;
 mod store;
 mod types;
 mod update;
@@ -48,6 +49,7 @@ pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
 pub use memory::MemoryStore;
 pub use ops::{CounterApplied, SetApplied, apply_counter, apply_set, decode_set, encode_set};
+pub use stop::Stop;
 pub use store::{Store, StoreExt};
 pub use types::{
     CounterOutcome, Generation, ListItem, Page, Precondition, SetChange, SetOutcome, Ttl, Versioned, Written,

@@ -376,25 +376,19 @@ fn absolute_template(output: &str) -> String {
 
 /// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.
 async fn watch_signals(stop: Stop) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = int.recv() => {
-                if stop.request() == 1 {
-                    crate::error::sayln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
-                } else {
-                    crate::error::sayln!("idem run: killing running commands and releasing their leases");
-                }
+    // Without handlers the default actions stay: SIGINT and SIGTERM end the process (and the commands in its
+    // group) at once, leaving their leases to lapse.
+    let _ = stop
+        .on_signals(idem_store::stop::Sigterm::Aborts, |level| {
+            if level == idem_store::stop::DRAIN {
+                crate::error::sayln!(
+                    "idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)"
+                );
+            } else {
+                crate::error::sayln!("idem run: killing running commands and releasing their leases");
             }
-            _ = term.recv() => {
-                stop.request();
-                stop.request();
-            }
-        }
-    }
+        })
+        .await;
 }
 
 /// Runs `idem runs …`; returns the exit status.

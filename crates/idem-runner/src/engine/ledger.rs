@@ -153,7 +153,6 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut stop = ctx.stop.subscribe();
     let began = Instant::now();
     loop {
         let sent = Instant::now();
@@ -175,7 +174,7 @@ where
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff(*tries)) => {}
-                    () = super::stop::stopped(&mut stop, waiting.stop_level()) => return Err(e),
+                    () = ctx.stop.reached(waiting.stop_level()) => return Err(e),
                 }
                 *tries = tries.saturating_add(1);
             }

@@ -5,7 +5,7 @@ mod routes;
 
 use std::net::SocketAddr;
 
-use idem_server::{Server, ServerConfig, Shutdown, Upstream};
+use idem_server::{Server, ServerConfig, Stop, Upstream};
 use idem_stores::AnyStore;
 use idem_tower::IdempotencyLayer;
 
@@ -116,15 +116,27 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         Some(slot) => server.tls(slot),
         None => server,
     };
-    let shutdown = Shutdown::new();
+    let stop = Stop::new();
     tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { shutdown.on_signals().await }
+        let stop = stop.clone();
+        async move {
+            // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL.
+            let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
+                if level == idem_store::stop::DRAIN {
+                    tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+                } else {
+                    tracing::warn!("second signal: closing the requests still in flight now");
+                }
+            });
+            if let Err(e) = watched.await {
+                tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed");
+            }
+        }
     });
     let served = server
         .client_idle_timeout(config.client_idle_timeout)
         .client_send_timeout(config.client_send_timeout)
-        .run(shutdown)
+        .run(stop)
         .await;
     store.close().await;
     tracing::info!("store flushed; bye");
