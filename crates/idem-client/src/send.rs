@@ -15,7 +15,8 @@ pub struct WriteRequest {
     method: Method,
     url: reqwest::Url,
     key: IdempotencyKey,
-    content_type: HeaderValue,
+    /// `None` for a write without a body: neither `Content-Type` nor a body is sent.
+    content_type: Option<HeaderValue>,
     body: Bytes,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
@@ -48,7 +49,17 @@ impl WriteRequest {
     ) -> Result<Self, Error> {
         let url =
             reqwest::Url::parse(url).map_err(|e| Error::InvalidRequest { reason: format!("URL {url:?}: {e}") })?;
-        Ok(Self { method, url, key, content_type, body: body.into(), headers: Vec::new() })
+        Ok(Self { method, url, key, content_type: Some(content_type), body: body.into(), headers: Vec::new() })
+    }
+
+    /// A write without a body (a `DELETE`, a `POST` whose URL says it all): no `Content-Type` is sent.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a URL that does not parse.
+    pub fn empty(method: Method, url: &str, key: IdempotencyKey) -> Result<Self, Error> {
+        let url =
+            reqwest::Url::parse(url).map_err(|e| Error::InvalidRequest { reason: format!("URL {url:?}: {e}") })?;
+        Ok(Self { method, url, key, content_type: None, body: Bytes::new(), headers: Vec::new() })
     }
 
     /// Adds a header sent on every attempt (e.g. `Authorization`).
@@ -213,9 +224,10 @@ impl Client {
         let mut builder = self
             .http
             .request(request.method.clone(), request.url.clone())
-            .header("idempotency-key", request.key.to_field_value())
-            .header(CONTENT_TYPE, request.content_type.clone())
-            .body(request.body.clone());
+            .header("idempotency-key", request.key.to_field_value());
+        if let Some(content_type) = &request.content_type {
+            builder = builder.header(CONTENT_TYPE, content_type.clone()).body(request.body.clone());
+        }
         for (name, value) in &request.headers {
             builder = builder.header(name, value);
         }
