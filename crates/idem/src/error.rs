@@ -77,6 +77,12 @@ impl Error {
     }
 }
 
+/// `n` and the noun for it: `1 item`, `0 items`, `2 items` (the runner's summary counts the same way).
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many: &str) -> String {
+    let noun = if n == N::from(1) { one } else { many };
+    format!("{n} {noun}")
+}
+
 /// Writes `text` to standard output. A reader that went away (`idem once status | head`, EPIPE) is not a
 /// failure of the command: `Ok`, nothing more written. Any other write error (a full disk, `> /dev/full`) is
 /// [`Error::Io`], exit status 1, where `print!` would panic.

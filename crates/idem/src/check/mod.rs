@@ -81,8 +81,9 @@ pub struct CheckArgs {
     /// Another URL of the same API that takes the request: the same key on another path.
     #[arg(long, value_name = "URL")]
     other_url: Option<String>,
-    /// Run only these probes (comma-separated names, see below).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "PROBE,…")]
+    /// Run only these probes (comma-separated names, listed below).
+    // The names are listed once, below, with what each checks: clap's list of possible values would say it again.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PROBE,…", hide_possible_values = true)]
     only: Vec<Probe>,
     /// The report: a table, or JSON for CI.
     #[arg(long, value_enum, default_value_t = Format::Table)]

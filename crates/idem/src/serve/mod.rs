@@ -91,16 +91,17 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 tracing::info!(route = route.name(), path = route.path(), "route");
                 layer = layer.route(route);
             }
-            // Tests and scripts read the bound addresses from these lines (useful with port 0).
+            // Tests and scripts read the bound addresses from these lines (useful with port 0); they are the one
+            // "listening" line a terminal shows (the log's copy is at debug, with the addresses as fields).
             // A standard output gone (`| head -1`) or failing must not stop the server: these lines are all
-            // it prints there, and the log says the same.
+            // it prints there.
             let _ = crate::error::out(&format!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})\nidem admin listening on \
                  {scheme}://{admin_local}\n",
                 p.upstream,
                 config.store_url.redacted()
             ));
-            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
+            tracing::debug!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
             Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
         }
         _ => {
@@ -108,7 +109,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 "idem listening on {scheme}://{local} (store {})\n",
                 config.store_url.redacted()
             ));
-            tracing::info!(%local, store = %config.store_url.redacted(), "listening");
+            tracing::debug!(%local, store = %config.store_url.redacted(), "listening");
             Server::kv(listener, store.clone(), kv_config)
         }
     };
