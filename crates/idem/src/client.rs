@@ -433,7 +433,8 @@ async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) 
     match outcome {
         Ok(done) => Ok(done),
         Err(idem_client::Error::AttemptsExhausted { .. }) => {
-            Err(Error::PreconditionFailed(format!("{key}: gave up after {max_attempts} attempts lost the race")))
+            let attempts = crate::error::count(max_attempts, "attempt", "attempts");
+            Err(Error::PreconditionFailed(format!("{key}: gave up after {attempts} lost the race")))
         }
         Err(idem_client::Error::Json(_)) => {
             Err(Error::Failed(format!("the value under {key} is not a JSON array of strings")))

@@ -343,7 +343,8 @@ async fn forget(name: &str, store: &StoreArgs) -> Result<i32, Error> {
     match result.map_err(runner_error)? {
         0 => Err(store.no_job(name)),
         n => {
-            crate::error::out(&format!("forgot job {name} ({n} records); its next invocation starts afresh\n"))?;
+            let records = crate::error::count(n, "record", "records");
+            crate::error::out(&format!("forgot job {name} ({records}); its next invocation starts afresh\n"))?;
             Ok(0)
         }
     }

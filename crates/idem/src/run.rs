@@ -485,7 +485,9 @@ async fn status(ledger: &Ledger, job: &str, format: StatusFormat) -> Result<i32,
         "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted\n",
         st.done, st.running, st.failed, st.poison, st.interrupted
     );
-    for (host, n) in &st.done_by_host {
+    let mut hosts: Vec<_> = st.done_by_host.iter().collect();
+    hosts.sort_by(|a, b| idem_runner::natural_cmp(a.0, b.0));
+    for (host, n) in hosts {
         if host == "adopted" {
             // Outputs found in place without running: their entries name no host.
             text.push_str(&format!("adopted (found in place; no host recorded): {n}\n"));
@@ -533,7 +535,8 @@ async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, i
                     .to_owned(),
             ),
         };
-        crate::error::out(&format!("forgot {forgotten} of {given} items ({what}); {next}\n"))?;
+        let given = crate::error::count(given, "item", "items");
+        crate::error::out(&format!("forgot {forgotten} of {given} ({what}); {next}\n"))?;
     }
     if !unknown.is_empty() {
         // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.

@@ -127,9 +127,9 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
         .read_back(args.read_back);
     let response = client.send(&request).await.map_err(Error::Send)?;
     crate::error::sayln!(
-        "idem send: {} after {} attempt(s){} (key {})",
+        "idem send: {} after {}{} (key {})",
         response.status(),
-        response.attempts(),
+        crate::error::count(response.attempts(), "attempt", "attempts"),
         if response.replayed() { ", replayed" } else { "" },
         request.key()
     );

@@ -261,6 +261,8 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.stopped = ctx.counters.stopped.load(Ordering::Relaxed);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
+    // Recorded as items turned poison (whichever command ended first); shown by id, as people number them.
+    summary.poison.sort_by(|a, b| crate::natural_cmp(&a.0, &b.0));
     summary.elapsed = started.elapsed();
     progress.finish().await;
     if let Some(watchdog) = &ctx.watchdog {
