@@ -15,7 +15,8 @@ pub struct WriteRequest {
     method: Method,
     url: reqwest::Url,
     key: IdempotencyKey,
-    content_type: HeaderValue,
+    /// `None` for a write without a body: neither `Content-Type` nor a body is sent.
+    content_type: Option<HeaderValue>,
     body: Bytes,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
@@ -48,7 +49,17 @@ impl WriteRequest {
     ) -> Result<Self, Error> {
         let url =
             reqwest::Url::parse(url).map_err(|e| Error::InvalidRequest { reason: format!("URL {url:?}: {e}") })?;
-        Ok(Self { method, url, key, content_type, body: body.into(), headers: Vec::new() })
+        Ok(Self { method, url, key, content_type: Some(content_type), body: body.into(), headers: Vec::new() })
+    }
+
+    /// A write without a body (a `DELETE`, a `POST` whose URL says it all): no `Content-Type` is sent.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] for a URL that does not parse.
+    pub fn empty(method: Method, url: &str, key: IdempotencyKey) -> Result<Self, Error> {
+        let url =
+            reqwest::Url::parse(url).map_err(|e| Error::InvalidRequest { reason: format!("URL {url:?}: {e}") })?;
+        Ok(Self { method, url, key, content_type: None, body: Bytes::new(), headers: Vec::new() })
     }
 
     /// Adds a header sent on every attempt (e.g. `Authorization`).
@@ -145,12 +156,9 @@ impl Client {
             let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
             if keeps_body && attempt.previous().len() < 5 { attempt.follow() } else { attempt.stop() }
         });
-        let http = tls
-            .apply(crate::client_builder())
-            .timeout(timeout)
-            .redirect(redirects)
-            .build()
-            .map_err(|e| Error::TlsFiles { reason: format!("cannot build the HTTP client: {}", describe(&e)) })?;
+        let http = tls.apply(crate::client_builder()).timeout(timeout).redirect(redirects).build().map_err(|e| {
+            Error::TlsFiles { reason: format!("cannot build the HTTP client: {}", idem_store::error_chain(&e)) }
+        })?;
         Ok(Self::with_http(http))
     }
 
@@ -216,9 +224,10 @@ impl Client {
         let mut builder = self
             .http
             .request(request.method.clone(), request.url.clone())
-            .header("idempotency-key", request.key.to_field_value())
-            .header(CONTENT_TYPE, request.content_type.clone())
-            .body(request.body.clone());
+            .header("idempotency-key", request.key.to_field_value());
+        if let Some(content_type) = &request.content_type {
+            builder = builder.header(CONTENT_TYPE, content_type.clone()).body(request.body.clone());
+        }
         for (name, value) in &request.headers {
             builder = builder.header(name, value);
         }
@@ -226,7 +235,7 @@ impl Client {
             Ok(r) => r,
             // A request that cannot be built, or a redirect loop, will not get better by resending it.
             Err(e) if e.is_builder() || e.is_redirect() => {
-                return Attempt::Stop(Error::InvalidRequest { reason: describe(&e) });
+                return Attempt::Stop(Error::InvalidRequest { reason: idem_store::error_chain(&e) });
             }
             Err(e) => {
                 // A refused certificate (or no TLS at the other end) fails the same way every time, and the
@@ -236,7 +245,7 @@ impl Client {
                 }
                 // Connection refused, reset, timed out: the outcome may be unknown, and the key makes the
                 // resend safe.
-                return Attempt::Retry { reason: describe(&e), wait: None };
+                return Attempt::Retry { reason: idem_store::error_chain(&e), wait: None };
             }
         };
         let status = response.status();
@@ -246,7 +255,12 @@ impl Client {
         let retry_after = headers.get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
         let body = match response.bytes().await {
             Ok(b) => b,
-            Err(e) => return Attempt::Retry { reason: format!("reading the answer: {}", describe(&e)), wait: None },
+            Err(e) => {
+                return Attempt::Retry {
+                    reason: format!("reading the answer: {}", idem_store::error_chain(&e)),
+                    wait: None,
+                };
+            }
         };
         let detail = detail_of(&body);
         let problem_type = problem_type_of(&body);
@@ -294,7 +308,7 @@ impl Client {
             Ok(answer) => answer.status(),
             Err(e) => {
                 // The write itself succeeded; not being able to look is not evidence the object is gone.
-                tracing::warn!(location = %target, error = %describe(&e), "read-back failed; not checked");
+                tracing::warn!(location = %target, error = %idem_store::error_chain(&e), "read-back failed; not checked");
                 return Ok(response);
             }
         };
@@ -313,17 +327,6 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
-}
-
-pub(crate) fn describe(e: &reqwest::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
 }
 
 /// The `detail` of a problem+json body, else the body's first 200 characters.

@@ -106,7 +106,7 @@ impl TlsConfig {
             reason: format!(
                 "--cert {}: not a PEM certificate and private key: {}",
                 cert.display(),
-                crate::send::describe(&e)
+                idem_store::error_chain(&e)
             ),
         })?;
         self.identity = Some(identity);

@@ -67,8 +67,12 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Err
     let tx = client.transaction().await.map_err(err)?;
     tx.execute("SELECT pg_advisory_xact_lock(1768189293, hashtext($1))", &[&schema]).await.map_err(err)?;
     let q = format!("\"{schema}\"");
+    // `IF NOT EXISTS` on what is there already (every start but the first) makes PostgreSQL send a NOTICE
+    // ("schema … already exists, skipping"), which tokio-postgres logs at INFO: noise on every start. Notices
+    // are off for this transaction only; warnings and errors still come.
     tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {q};
+        "SET LOCAL client_min_messages = warning;
+         CREATE SCHEMA IF NOT EXISTS {q};
          CREATE TABLE IF NOT EXISTS {q}.schema_migrations (
              version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());"
     ))

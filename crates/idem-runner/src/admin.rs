@@ -22,8 +22,14 @@ pub struct LedgerStatus {
     pub failed: u64,
     /// Poison entries.
     pub poison: u64,
-    /// Failed and poison items with their last error (at most 50).
+    /// Failed and poison items with their last error: the first [`LedgerStatus::PROBLEMS_SHOWN`] by their ids
+    /// in natural order ([`natural_cmp`](crate::natural_cmp): `3`, `20`, `100`).
     pub problems: Vec<(String, String)>,
+}
+
+impl LedgerStatus {
+    /// How many failed and poison items [`LedgerStatus::problems`] names at most.
+    pub const PROBLEMS_SHOWN: usize = 50;
 }
 
 /// What a job's last run was: kept at `run/{job}/job` (outside its entries' prefix), so that a rerun under
@@ -201,9 +207,12 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
                     } else {
                         out.failed += 1;
                     }
-                    if out.problems.len() < 50 {
-                        let kind = if *poison { "poison" } else { "failed" };
-                        out.problems.push((id, format!("{kind}: {last_error}")));
+                    let kind = if *poison { "poison" } else { "failed" };
+                    out.problems.push((id, format!("{kind}: {last_error}")));
+                    // The store lists keys as strings (`100` before `20`): the first in natural order are kept,
+                    // trimmed now and then so a ledger of a million failures never sits in memory.
+                    if out.problems.len() >= 2 * LedgerStatus::PROBLEMS_SHOWN {
+                        keep_first_problems(&mut out.problems);
                     }
                 }
             }
@@ -213,7 +222,14 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
             None => break,
         }
     }
+    keep_first_problems(&mut out.problems);
     Ok(out)
+}
+
+/// Sorts `problems` by id in natural order and keeps the first [`LedgerStatus::PROBLEMS_SHOWN`].
+fn keep_first_problems(problems: &mut Vec<(String, String)>) {
+    problems.sort_by(|a, b| crate::natural_cmp(&a.0, &b.0));
+    problems.truncate(LedgerStatus::PROBLEMS_SHOWN);
 }
 
 /// Makes `ids` of `job` run again: deletes their ledger entries and leases, and (when the job writes outputs

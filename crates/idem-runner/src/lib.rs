@@ -30,6 +30,7 @@ mod output;
 mod progress;
 mod queue;
 mod report;
+mod shown;
 mod watchdog;
 
 pub use admin::{JobRecord, LedgerStatus, claim_outputs, forget, job_exists, job_record, note_job, status};
@@ -41,3 +42,4 @@ pub use error::Error;
 use error::ItemError;
 pub use items::{Item, ItemFormat, ItemReader, is_stream, short_hash};
 pub use queue::QueueUrl;
+pub use shown::natural_cmp;

@@ -256,7 +256,7 @@ async fn slots_skipped_behind_are_counted() {
     let history = idem_runner::once::history(&store, "job", 100).await.unwrap().unwrap();
     let json = serde_json::to_value(&history).unwrap();
     assert_eq!(json["behind"], 1, "{json}");
-    assert!(history.render().contains("1 slot(s) skipped behind"), "{}", history.render());
+    assert!(history.render().contains("1 slot skipped behind"), "{}", history.render());
     assert_eq!(lines(&dir.path().join("runs")), 0);
 }
 

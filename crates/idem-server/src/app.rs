@@ -93,15 +93,3 @@ pub async fn serve(
     let timeouts = timeouts.into();
     connections::serve_connections(tls::PlainListener::new(listener)?, service, false, timeouts, shutdown).await
 }
-
-/// An error and its causes on one line (`a: b: c`), for logs.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
-}

@@ -497,12 +497,5 @@ fn over_header_limits(headers: &http::HeaderMap) -> Option<http::Response<bytes:
         return None;
     };
     let kind = idem_core::ProblemType::HeaderFieldsTooLarge;
-    let status = http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-    let body =
-        serde_json::json!({ "type": kind.uri(), "title": kind.title(), "status": status.as_u16(), "detail": detail });
-    http::Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/problem+json")
-        .body(bytes::Bytes::from(body.to_string()))
-        .ok()
+    Some(idem_tower::Problem::new(http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, kind, detail).into_response())
 }

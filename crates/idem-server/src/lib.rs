@@ -31,15 +31,15 @@ mod tls;
 mod upstream_conn;
 pub mod webhook;
 
-pub(crate) use app::error_chain;
 pub use app::{ServerConfig, app, serve};
 pub use connections::{
     ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, DEFAULT_CLIENT_SEND_TIMEOUT, HttpService, MAX_HEADER_FIELDS,
     MAX_HEADER_LIST_BYTES, RequestBody,
 };
+pub use idem_store::Stop;
 pub use keypath::encode_key;
 pub use metrics::install_recorder;
 pub use problem::Problem;
 pub use proxy::{DEFAULT_UPSTREAM_IDLE_TIMEOUT, Proxy, Upstream, UpstreamError, proxy};
-pub use server::{DEFAULT_SHUTDOWN_GRACE, Ending, Server, Shutdown};
+pub use server::{DEFAULT_SHUTDOWN_GRACE, Ending, Server};
 pub use tls::{HANDSHAKE_TIMEOUT, TlsConfigSlot, serve_tls};

@@ -1,46 +1,27 @@
-use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use idem_core::ProblemType;
-use idem_store::{Error as StoreError, Generation};
-use serde::Serialize;
+use idem_store::Error as StoreError;
 
-/// An RFC 9457 problem details response (`application/problem+json`).
+/// An RFC 9457 problem details response (`application/problem+json`) of the KV API, built by
+/// [`idem_tower::Problem`] (the one builder of idem's problem bodies); this type adds the KV API's answers to
+/// store errors and axum's `IntoResponse`.
 ///
 /// `type` is a stable URN per kind of error ([`ProblemType`], `urn:idem:problem:<slug>`), so clients branch on
-/// it rather than on the human-readable `title` and `detail`. Details never echo another caller's data.
-#[derive(Debug, Clone, Serialize)]
-pub struct Problem {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    current_generation: Option<Generation>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    limit_bytes: Option<usize>,
-    #[serde(skip)]
-    www_authenticate: bool,
-}
+/// it rather than on the human-readable `title` and `detail`. Details never echo another caller's data. A 503
+/// carries `Retry-After: 1`.
+#[derive(Debug, Clone)]
+pub struct Problem(idem_tower::Problem);
 
 impl Problem {
     /// A problem of kind `kind` (its type URI and title) with an HTTP status and a specific detail.
     pub fn new(status: StatusCode, kind: ProblemType, detail: impl Into<String>) -> Self {
-        Self {
-            kind: kind.uri(),
-            title: kind.title(),
-            status: status.as_u16(),
-            detail: detail.into(),
-            current_generation: None,
-            limit_bytes: None,
-            www_authenticate: false,
-        }
+        Self(idem_tower::Problem::new(status, kind, detail))
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        self.0.status()
     }
 
     pub(crate) fn not_found_route() -> Self {
@@ -60,17 +41,18 @@ impl Problem {
     }
 
     pub(crate) fn unauthorized() -> Self {
-        let mut p = Self::new(
-            StatusCode::UNAUTHORIZED,
-            ProblemType::Unauthorized,
-            // RFC 9457 §3.1.4: the detail helps the client correct the problem, so it says where the token
-            // comes from and how idem's own client presents it.
-            "this server requires Authorization: Bearer <token> (missing or wrong here), the token being the \
-             contents of the file its --auth-token-file names; `idem kv` sends it with --token-file FILE or \
-             IDEM_AUTH_TOKEN_FILE",
-        );
-        p.www_authenticate = true;
-        p
+        Self(
+            idem_tower::Problem::new(
+                StatusCode::UNAUTHORIZED,
+                ProblemType::Unauthorized,
+                // RFC 9457 §3.1.4: the detail helps the client correct the problem, so it says where the token
+                // comes from and how idem's own client presents it.
+                "this server requires Authorization: Bearer <token> (missing or wrong here), the token being the \
+                 contents of the file its --auth-token-file names; `idem kv` sends it with --token-file FILE or \
+                 IDEM_AUTH_TOKEN_FILE",
+            )
+            .header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idem\"")),
+        )
     }
 
     pub(crate) fn bad_request(kind: ProblemType, detail: impl Into<String>) -> Self {
@@ -82,9 +64,10 @@ impl Problem {
             Some(n) => format!("the value is {n} bytes; the limit is {max} bytes"),
             None => format!("the value exceeds the limit of {max} bytes"),
         };
-        let mut p = Self::new(StatusCode::PAYLOAD_TOO_LARGE, ProblemType::ValueTooLarge, detail);
-        p.limit_bytes = Some(max);
-        p
+        Self(
+            idem_tower::Problem::new(StatusCode::PAYLOAD_TOO_LARGE, ProblemType::ValueTooLarge, detail)
+                .member("limit_bytes", max),
+        )
     }
 }
 
@@ -96,9 +79,12 @@ impl From<StoreError> for Problem {
                     Some(g) => format!("the current generation is {g}"),
                     None => "the key is absent".to_owned(),
                 };
-                let mut p = Self::new(StatusCode::PRECONDITION_FAILED, ProblemType::PreconditionFailed, detail);
-                p.current_generation = current;
-                p
+                let p =
+                    idem_tower::Problem::new(StatusCode::PRECONDITION_FAILED, ProblemType::PreconditionFailed, detail);
+                Self(match current {
+                    Some(g) => p.member("current_generation", g.get()).header(header::ETAG, crate::headers::etag(g)),
+                    None => p,
+                })
             }
             StoreError::InvalidKey { problem } => Self::bad_request(ProblemType::InvalidKey, problem.to_string()),
             StoreError::ValueTooLarge { size, max } => Self::too_large(Some(size as u64), max),
@@ -137,21 +123,10 @@ impl From<StoreError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let etag = self.current_generation.map(crate::headers::etag);
-        let www = self.www_authenticate;
-        let mut resp = (status, Json(self)).into_response();
-        let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        if let Some(etag) = etag {
-            h.insert(header::ETAG, etag);
+        let mut problem = self.0;
+        if problem.status() == StatusCode::SERVICE_UNAVAILABLE {
+            problem = problem.header(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if www {
-            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idem\""));
-        }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        problem.into_response()
     }
 }

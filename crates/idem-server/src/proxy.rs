@@ -353,7 +353,7 @@ impl Upstream {
         // RFC 9110 §9.2.2: a request may be retried automatically when it "was never applied"; the connection's
         // facts prove that only in the cases `upstream_conn` lists. One retry, on a new connection.
         if let Sent::Failed { unread: Some(unread), error } = &sent {
-            tracing::info!(reason = %unread.reason(), error = %crate::error_chain(error), "upstream never read the request");
+            tracing::info!(reason = %unread.reason(), error = %idem_store::error_chain(error), "upstream never read the request");
             if let (Some((head, bytes)), Some(label)) = (again, unread.retry_label()) {
                 metrics::counter!("idem_upstream_retries_total", "reason" => label).increment(1);
                 let (head, ()) = head.into_parts();
@@ -361,7 +361,7 @@ impl Upstream {
                 sent = match self.send(&self.inner.fresh, retry, deadline).await {
                     // Neither attempt was read: nothing took effect.
                     Sent::Failed { unread: Some(unread), error } => {
-                        tracing::info!(reason = %unread.reason(), error = %crate::error_chain(&error), "upstream never read the retry");
+                        tracing::info!(reason = %unread.reason(), error = %idem_store::error_chain(&error), "upstream never read the retry");
                         Sent::Failed { unread: Some(unread), error }
                     }
                     other => other,
@@ -383,7 +383,7 @@ impl Upstream {
             }
             Sent::NotConnected(e) => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "connect").increment(1);
-                tracing::warn!(error = %crate::error_chain(&e), "upstream unreachable");
+                tracing::warn!(error = %idem_store::error_chain(&e), "upstream unreachable");
                 match TlsHandshakeFailed::find(&e) {
                     // The caller cannot fix the upstream's certificate, but the cause saves the operator a
                     // trip to the logs; it names no secret.
@@ -397,7 +397,7 @@ impl Upstream {
             }
             Sent::Failed { error, unread: None } => {
                 metrics::counter!("idem_upstream_errors_total", "kind" => "failed").increment(1);
-                let reason = crate::error_chain(&error);
+                let reason = idem_store::error_chain(&error);
                 tracing::warn!(error = %reason, "upstream failed after the request was sent");
                 unknown(
                     StatusCode::BAD_GATEWAY,

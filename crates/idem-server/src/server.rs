@@ -5,13 +5,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use idem_store::Store;
+use idem_store::{Stop, Store};
 use idem_tower::{IdempotencyLayer, InvalidatingStore};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::HttpService;
 use crate::{ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfigSlot, Upstream};
@@ -19,111 +17,26 @@ use crate::{ClientTimeouts, DEFAULT_CLIENT_IDLE_TIMEOUT, ServerConfig, TlsConfig
 /// How long in-flight requests may run on after shutdown begins ([`Server::shutdown_grace`]'s default).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// A named shutdown, shared by everything that must stop together (as mini-redis's `Shutdown`): one
-/// [`Shutdown::begin`] and every [`Shutdown::begun`] resolves; a [`Shutdown::force`] after it ends the grace
-/// at once. Cloning gives another handle to the same one.
-#[derive(Clone, Debug)]
-pub struct Shutdown {
-    /// 0 running, 1 shutting down (grace), 2 forced.
-    tx: Arc<watch::Sender<u8>>,
-}
-
-impl Default for Shutdown {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Shutdown {
-    /// A shutdown not begun yet.
-    pub fn new() -> Self {
-        Self { tx: Arc::new(watch::channel(0).0) }
-    }
-
-    /// Begins the shutdown (idempotent).
-    pub fn begin(&self) {
-        self.tx.send_if_modified(|state| std::mem::replace(state, (*state).max(1)) != *state);
-    }
-
-    /// Ends the grace at once: requests still in flight are closed (begins the shutdown too).
-    pub fn force(&self) {
-        self.tx.send_replace(2);
-    }
-
-    /// Whether it has begun.
-    pub fn is_begun(&self) -> bool {
-        *self.tx.borrow() >= 1
-    }
-
-    /// Resolves once the shutdown has begun (at once if it already has).
-    pub async fn begun(&self) {
-        let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|state| *state >= 1).await;
-    }
-
-    /// Resolves once the shutdown was forced.
-    pub async fn forced(&self) {
-        let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|state| *state >= 2).await;
-    }
-
-    /// Begins the shutdown on the first SIGINT or SIGTERM and forces it on the second, logging each (as nginx
-    /// and most servers do: a second Ctrl-C means "now"). Resolves after the second signal, or once the
-    /// shutdown was forced otherwise.
-    pub async fn on_signals(&self) {
-        let (Ok(mut int), Ok(mut term)) = (
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()),
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()),
-        ) else {
-            tracing::warn!("cannot listen for SIGINT/SIGTERM; the process stops only when killed");
-            return;
-        };
-        tokio::select! {
-            () = either(&mut int, &mut term) => {},
-            () = self.begun() => {},
-        }
-        if !self.is_begun() {
-            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
-            self.begin();
-        }
-        tokio::select! {
-            () = either(&mut int, &mut term) => {
-                tracing::warn!("second signal: closing the requests still in flight now");
-                self.force();
-            }
-            () = self.forced() => {},
-        }
-    }
-}
-
-/// The next SIGINT or SIGTERM.
-async fn either(int: &mut tokio::signal::unix::Signal, term: &mut tokio::signal::unix::Signal) {
-    tokio::select! {
-        _ = int.recv() => {},
-        _ = term.recv() => {},
-    }
-}
-
 /// How [`Server::run`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
-    /// Every request finished (and every detached execution was recorded) after the shutdown began.
+    /// Every request finished (and every detached execution was recorded) after the stop began.
     Drained,
     /// The grace period ran out with requests still in flight; they were closed.
     GraceExpired,
-    /// The shutdown was forced ([`Shutdown::force`], a second signal) with requests still in flight; they were
+    /// The stop was made an abort ([`Stop::abort`], a second signal) with requests still in flight; they were
     /// closed.
     Forced,
 }
 
 /// Waits for the layer's detached executions to be recorded.
 type Drain = Pin<Box<dyn Future<Output = ()> + Send>>;
-/// Resolves once the shutdown has begun: a listener stops accepting then.
-type Stop = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// Resolves once the stop has begun: a listener stops accepting then.
+type Stopping = Pin<Box<dyn Future<Output = ()> + Send>>;
 type Serving = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 /// Starts serving one listener (with TLS when a configuration is given) until its future resolves. The
 /// service's type is erased here, once per listener, rather than boxed per request.
-type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, ClientTimeouts, Stop) -> Serving + Send>;
+type ServeFn = Box<dyn FnOnce(TcpListener, Option<TlsConfigSlot>, ClientTimeouts, Stopping) -> Serving + Send>;
 
 fn serve_fn<S: HttpService>(service: S) -> ServeFn {
     Box::new(move |listener, tls, timeouts, stop| match tls {
@@ -209,17 +122,17 @@ impl Server {
         self
     }
 
-    /// Serves until `shutdown` begins, then stops accepting, lets requests in flight finish within the grace
-    /// period, and (proxy) waits for executions whose clients hung up to be recorded: without that, a retry
-    /// after a restart would execute them again. The caller closes the store afterwards.
+    /// Serves until `stop` drains, then stops accepting, lets requests in flight finish within the grace
+    /// period (an abort ends it at once), and (proxy) waits for executions whose clients hung up to be recorded:
+    /// without that, a retry after a restart would execute them again. The caller closes the store afterwards.
     ///
     /// # Errors
     /// A listener's I/O error while serving.
-    pub async fn run(self, shutdown: Shutdown) -> std::io::Result<Ending> {
+    pub async fn run(self, stop: Stop) -> std::io::Result<Ending> {
         let Server { listener, routes, tls, timeouts, grace } = self;
         let serve_on = |serve: ServeFn, listener: TcpListener| -> Serving {
-            let stop = shutdown.clone();
-            serve(listener, tls.clone(), timeouts, Box::pin(async move { stop.begun().await }))
+            let stop = stop.clone();
+            serve(listener, tls.clone(), timeouts, Box::pin(async move { stop.reached(idem_store::stop::DRAIN).await }))
         };
         let serving: Serving = match routes {
             Routes::Kv(serve) => serve_on(serve, listener),
@@ -232,12 +145,12 @@ impl Server {
                 })
             }
         };
-        // After the shutdown begins, requests get a bounded grace: a client that stalls mid-request must not
+        // After the stop begins, requests get a bounded grace: a client that stalls mid-request must not
         // keep the process from exiting.
         tokio::select! {
             served = serving => served.map(|()| Ending::Drained),
-            () = shutdown.forced() => Ok(Ending::Forced),
-            () = async { shutdown.begun().await; tokio::time::sleep(grace).await } => {
+            () = stop.reached(idem_store::stop::ABORT) => Ok(Ending::Forced),
+            () = async { stop.reached(idem_store::stop::DRAIN).await; tokio::time::sleep(grace).await } => {
                 tracing::warn!(?grace, "requests still in flight after the grace period; closing them");
                 Ok(Ending::GraceExpired)
             }

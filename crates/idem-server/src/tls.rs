@@ -245,18 +245,19 @@ async fn linger(mut tcp: TcpStream) {
 /// The answer to a plaintext request on the TLS listener, as nginx answers one ("The plain HTTP request was
 /// sent to HTTPS port"): a client that speaks HTTP learns what to change instead of seeing a reset or garbage.
 async fn refuse_plaintext(mut tcp: TcpStream) {
-    let body = serde_json::json!({
-        "type": idem_core::ProblemType::TlsRequired.uri(),
-        "title": idem_core::ProblemType::TlsRequired.title(),
-        "status": 400,
-        "detail": "this listener speaks HTTPS only: use https:// (with --cacert FILE for a private CA)",
-    })
-    .to_string();
-    let head = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n",
-        body.len()
-    );
+    let (parts, body) = idem_tower::Problem::new(
+        http::StatusCode::BAD_REQUEST,
+        idem_core::ProblemType::TlsRequired,
+        "this listener speaks HTTPS only: use https:// (with --cacert FILE for a private CA)",
+    )
+    .into_response::<String>()
+    .into_parts();
+    // Written by hand: no HTTP connection is served on this socket.
+    let mut head = format!("HTTP/1.1 {}\r\n", parts.status);
+    for (name, value) in &parts.headers {
+        head.push_str(&format!("{name}: {}\r\n", value.to_str().unwrap_or_default()));
+    }
+    head.push_str(&format!("content-length: {}\r\nconnection: close\r\n\r\n", body.len()));
     let written = async {
         tcp.write_all(head.as_bytes()).await?;
         tcp.write_all(body.as_bytes()).await

@@ -177,9 +177,56 @@ impl Error {
     }
 }
 
+/// `e` and its causes ([`source`](std::error::Error::source), outermost first) on one line, `e: cause: its
+/// cause`, each said once: a cause whose text the line already holds is left out, since many libraries repeat
+/// their source's message in their own (`error trying to connect: tcp connect error: Connection refused`
+/// over a `Connection refused`). The one form for idem's log fields and its command-line errors.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Error;
+    use super::{Error, error_chain};
+
+    /// An error with a message and an optional cause.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let refused = Layer("Connection refused (os error 111)", None);
+        let tcp = Layer("tcp connect error: Connection refused (os error 111)", Some(Box::new(refused)));
+        let top = Layer("error sending request", Some(Box::new(tcp)));
+        assert_eq!(error_chain(&top), "error sending request: tcp connect error: Connection refused (os error 111)");
+
+        let c = Layer("c", None);
+        let b = Layer("b", Some(Box::new(c)));
+        assert_eq!(error_chain(&Layer("a", Some(Box::new(b)))), "a: b: c");
+        assert_eq!(error_chain(&Layer("alone", None)), "alone");
+    }
 
     #[test]
     fn invalid_argument_names_the_rule_it_broke() {

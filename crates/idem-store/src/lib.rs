@@ -33,6 +33,7 @@ mod lease;
 mod limits;
 mod memory;
 mod ops;
+pub mod stop;
 mod store;
 mod types;
 mod update;
@@ -43,11 +44,12 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use error::{Error, KeyProblem};
+pub use error::{Error, KeyProblem, error_chain};
 pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
 pub use memory::MemoryStore;
 pub use ops::{CounterApplied, SetApplied, apply_counter, apply_set, decode_set, encode_set};
+pub use stop::Stop;
 pub use store::{Store, StoreExt};
 pub use types::{
     CounterOutcome, Generation, ListItem, Page, Precondition, SetChange, SetOutcome, Ttl, Versioned, Written,

@@ -96,18 +96,6 @@ impl Default for Pki {
     }
 }
 
-/// An error and its causes on one line, as the `idem` binary prints them, for tests that check a message
-/// names its cause (the TLS tests of both backends).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
-}
-
 /// One server per test binary while any test holds it: the first caller starts it, the last drop stops it.
 /// `None` when `start` returned `None` (the programs are missing).
 pub fn shared<T>(slot: &'static Mutex<Weak<T>>, start: impl FnOnce() -> Option<T>) -> Option<Arc<T>> {

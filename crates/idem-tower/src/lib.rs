@@ -51,6 +51,7 @@ pub use future::ResponseFuture;
 pub use invalidating::InvalidatingStore;
 pub use layer::{DEFAULT_RECORD_PREFIX, DEFAULT_REPLAY_HEADERS, IdempotencyLayer};
 pub use prepare::BufferedBody;
+pub use problem::Problem;
 pub use route::{
     Ignore, KeySource, MissingKey, OnFailure, Refusal, RefusalReason, RouteError, RoutePolicy, Verify,
     WEBHOOK_IN_FLIGHT_WAIT, delivery_path, normalise_path, route_scope,

@@ -3,7 +3,7 @@
 //! clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md step 7).
 
 use crate::body::Body;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use idem_core::{ProblemType, StoredResponse};
 use idem_store::Error as StoreError;
 use tracing::warn;
@@ -29,18 +29,100 @@ pub(crate) fn hint<B>(response: &mut Response<B>, retry: bool) {
     }
 }
 
+/// An RFC 9457 problem details answer (`application/problem+json`): the one builder of idem's problem bodies,
+/// for the layer's refusals and for `idem-server`'s KV API, proxy and listeners.
+///
+/// The body holds `type` (the [`ProblemType`]'s URI, §3.1.1), `title` (its fixed title, §3.1.3), `status`
+/// (§3.1.2) and `detail` (§3.1.4), in that order, then any extension members (§3.2) in the order added.
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_core::ProblemType;
+/// use idem_tower::Problem;
+///
+/// let problem = Problem::new(StatusCode::CONFLICT, ProblemType::WrongType, "the value is not a counter")
+///     .member("current_generation", 7);
+/// assert_eq!(
+///     problem.body(),
+///     r#"{"type":"urn:idem:problem:wrong-type","title":"Wrong type","status":409,"detail":"the value is not a counter","current_generation":7}"#
+/// );
+/// let response: http::Response<String> = problem.into_response();
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Problem {
+    status: StatusCode,
+    kind: ProblemType,
+    detail: String,
+    members: Vec<(&'static str, serde_json::Value)>,
+    headers: HeaderMap,
+}
+
+impl Problem {
+    /// A problem of kind `kind` (its type URI and title) answered with `status`, with a detail for this
+    /// occurrence. The detail must never hold another caller's data.
+    pub fn new(status: StatusCode, kind: ProblemType, detail: impl Into<String>) -> Self {
+        Self { status, kind, detail: detail.into(), members: Vec::new(), headers: HeaderMap::new() }
+    }
+
+    /// Adds an extension member (RFC 9457 §3.2), e.g. `current_generation` or `limit_bytes`.
+    pub fn member(mut self, name: &'static str, value: impl Into<serde_json::Value>) -> Self {
+        self.members.push((name, value.into()));
+        self
+    }
+
+    /// Adds a header field to the answer (`Retry-After`, `ETag`, `WWW-Authenticate`, …).
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.append(name, value);
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The kind of problem.
+    pub fn kind(&self) -> ProblemType {
+        self.kind
+    }
+
+    /// The detail.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> String {
+        use serde_json::Value;
+        let mut body = format!(
+            "{{\"type\":{},\"title\":{},\"status\":{},\"detail\":{}",
+            Value::from(self.kind.uri()),
+            Value::from(self.kind.title()),
+            self.status.as_u16(),
+            Value::from(self.detail.as_str())
+        );
+        for (name, value) in &self.members {
+            body.push_str(&format!(",{}:{value}", Value::from(*name)));
+        }
+        body.push('}');
+        body
+    }
+
+    /// The answer: the status, `Content-Type: application/problem+json`, the headers added and the body.
+    pub fn into_response<B: From<String>>(self) -> Response<B> {
+        let mut response = Response::new(B::from(self.body()));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+}
+
 /// A problem answer of the layer, with its retry hint: `true` for a request in flight and an unavailable store
 /// (a retry later executes or replays), `false` for every other refusal (the same request gets it again).
 pub(crate) fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": kind.uri(),
-        "title": kind.title(),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    let mut response = Problem::new(status, kind, detail).into_response();
     hint(&mut response, matches!(kind, ProblemType::RequestInFlight | ProblemType::StoreUnavailable));
     response
 }

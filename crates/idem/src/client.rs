@@ -64,10 +64,15 @@ impl TlsArgs {
 #[derive(Debug, Subcommand)]
 enum KvCommand {
     /// Print the value under KEY to standard output (its generation goes to standard error).
-    Get { key: String },
+    Get {
+        /// The key (any UTF-8 up to 1024 bytes, no control characters; sent percent-encoded).
+        key: String,
+    },
     /// Store VALUE (or standard input when VALUE is omitted or "-") under KEY; prints the new generation.
     Put {
+        /// The key (any UTF-8 up to 1024 bytes, no control characters; sent percent-encoded).
         key: String,
+        /// The value's bytes as given; omitted or "-": read standard input to its end.
         value: Option<String>,
         /// Only if the current generation is G (compare-and-swap).
         #[arg(long, value_name = "G", conflicts_with = "if_absent")]
@@ -81,6 +86,7 @@ enum KvCommand {
     },
     /// Delete KEY.
     Delete {
+        /// The key to delete.
         key: String,
         /// Only if the current generation is G.
         #[arg(long, value_name = "G")]
@@ -88,17 +94,44 @@ enum KvCommand {
     },
     /// List keys with a prefix, one "KEY<TAB>GENERATION" line each, following every page.
     List {
+        /// Only keys that start with this.
         #[arg(long, default_value = "")]
         prefix: String,
         /// Keys per request (1..=1000).
         #[arg(long, default_value_t = 500)]
         page_size: usize,
     },
+    /// Add DELTA to the counter under KEY in one atomic step on the server (a missing key counts from 0); prints
+    /// the value after it (its generation goes to standard error).
+    Counter {
+        /// The counter's key.
+        key: String,
+        /// What to add: a signed 64-bit integer (negative to subtract); the result must stay in range.
+        #[arg(allow_negative_numbers = true)]
+        delta: i64,
+        /// Applies the add at most once: a repeat under the same id (kept 24 h on the key) with the same DELTA
+        /// changes nothing and prints the first result; another DELTA under it is refused (exit 1).
+        #[arg(long, value_name = "ID")]
+        dedupe_id: Option<String>,
+    },
+    /// Add and remove members of the set under KEY in one atomic step on the server (a JSON array of strings,
+    /// kept sorted; a set left empty is deleted); prints its generation after the change (0: now empty).
+    Set {
+        /// The set's key.
+        key: String,
+        /// A member to add (repeatable).
+        #[arg(long, value_name = "MEMBER", required_unless_present = "remove")]
+        add: Vec<String>,
+        /// A member to remove (repeatable).
+        #[arg(long, value_name = "MEMBER")]
+        remove: Vec<String>,
+    },
     /// Read-modify-write KEY as a JSON array set: add ITEMs with a conditional PUT, re-reading and retrying on 412.
     Update {
+        /// The key of the JSON array.
         key: String,
         /// Item to add (repeatable).
-        #[arg(long = "set-add", required = true)]
+        #[arg(long = "set-add", value_name = "ITEM", required = true)]
         set_add: Vec<String>,
         /// Attempts before giving up.
         #[arg(long, default_value_t = 8)]
@@ -149,7 +182,7 @@ fn failed(e: reqwest::Error) -> Error {
     if let Some(reason) = idem_client::tls_failure(&e) {
         return Error::Failed(format!("request failed: {reason}"));
     }
-    let mut msg = format!("request failed: {}", crate::error::chain(&e));
+    let mut msg = format!("request failed: {}", idem_store::error_chain(&e));
     if e.is_connect() {
         msg.push_str(" (is `idem serve` running there? set --url or IDEM_URL)");
     }
@@ -230,6 +263,8 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
     if let KvCommand::Get { key }
     | KvCommand::Put { key, .. }
     | KvCommand::Delete { key, .. }
+    | KvCommand::Counter { key, .. }
+    | KvCommand::Set { key, .. }
     | KvCommand::Update { key, .. } = &args.command
         && (key == "." || key == "..")
     {
@@ -258,7 +293,7 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         .build()
         // Reached only through bad --cacert/--cert/--cert-key contents (a key that is not the certificate's, a
         // PEM block that is no certificate): bad usage, named with its cause, as `idem send` does.
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", idem_store::error_chain(&e))))?;
     let c = Client { http, base: base.into(), token };
     let mut out = std::io::stdout().lock();
     match args.command {
@@ -319,6 +354,26 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
                 }
             }
         }
+        KvCommand::Counter { key, delta, dedupe_id } => {
+            let outcome = kv_client(&c).counter_add(&key, delta, dedupe_id.as_deref()).await.map_err(client_error)?;
+            crate::error::sayln!("generation: {}", outcome.generation);
+            if !outcome.applied {
+                crate::error::sayln!("not applied: dedupe id seen before; this is its first result");
+            }
+            writeln!(out, "{}", outcome.value)?;
+        }
+        KvCommand::Set { key, add, remove } => {
+            let add: Vec<&str> = add.iter().map(String::as_str).collect();
+            let remove: Vec<&str> = remove.iter().map(String::as_str).collect();
+            let outcome = kv_client(&c).set_change(&key, &add, &remove).await.map_err(client_error)?;
+            crate::error::sayln!(
+                "{} added, {} removed, {}",
+                outcome.added,
+                outcome.removed,
+                crate::error::count(outcome.members, "member", "members")
+            );
+            writeln!(out, "{}", outcome.generation.unwrap_or(0))?;
+        }
         KvCommand::Update { key, set_add, max_attempts } => {
             let (generation, attempts) = update_set(&c, &key, &set_add, max_attempts).await?;
             writeln!(out, "{generation}")?;
@@ -330,15 +385,33 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// `idem-client`'s KV client on the same connection settings.
+fn kv_client(c: &Client) -> idem_client::KvClient {
+    let kv = idem_client::KvClient::new(c.http.clone(), c.base.as_str());
+    match &c.token {
+        Some(token) => kv.bearer_token(token.as_str()),
+        None => kv,
+    }
+}
+
+/// An error of `idem-client`'s KV client as `idem kv` reports it: a transport failure with its hint, a
+/// refusal with its status and the problem's detail.
+fn client_error(e: idem_client::Error) -> Error {
+    match e {
+        idem_client::Error::Transport(e) => failed(e),
+        idem_client::Error::Status { status, detail, .. } => {
+            let status = StatusCode::from_u16(status).map_or_else(|_| status.to_string(), |s| s.to_string());
+            Error::Failed(format!("{status}: {detail}"))
+        }
+        e => Error::Failed(idem_store::error_chain(&e)),
+    }
+}
+
 /// The read-modify-write loop over HTTP, from `idem-client`: GET, add the items, PUT with `If-Match` (or
 /// `If-None-Match: *` when absent); on 412 back off with full jitter and start again from a fresh GET.
 async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) -> Result<(u64, u32), Error> {
     let policy = RetryPolicy::default().with_max_attempts(max_attempts);
-    let mut kv = idem_client::KvClient::new(c.http.clone(), c.base.as_str());
-    if let Some(token) = &c.token {
-        kv = kv.bearer_token(token.as_str());
-    }
-    let outcome = kv
+    let outcome = kv_client(c)
         .update(key, &policy, |current| {
             let mut set: Vec<String> = match current {
                 Some(bytes) => serde_json::from_slice(bytes)?,
@@ -360,12 +433,13 @@ async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) 
     match outcome {
         Ok(done) => Ok(done),
         Err(idem_client::Error::AttemptsExhausted { .. }) => {
-            Err(Error::PreconditionFailed(format!("{key}: gave up after {max_attempts} attempts lost the race")))
+            let attempts = crate::error::count(max_attempts, "attempt", "attempts");
+            Err(Error::PreconditionFailed(format!("{key}: gave up after {attempts} lost the race")))
         }
         Err(idem_client::Error::Json(_)) => {
             Err(Error::Failed(format!("the value under {key} is not a JSON array of strings")))
         }
         Err(idem_client::Error::Transport(e)) => Err(failed(e)),
-        Err(e) => Err(Error::Failed(crate::error::chain(&e))),
+        Err(e) => Err(Error::Failed(idem_store::error_chain(&e))),
     }
 }

@@ -77,18 +77,10 @@ impl Error {
     }
 }
 
-/// `e` and its causes on one line, each said once: libraries often repeat their source's text in their own.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(&format!(": {text}"));
-        }
-        source = s.source();
-    }
-    msg
+/// `n` and the noun for it: `1 item`, `0 items`, `2 items` (the runner's summary counts the same way).
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, one: &str, many: &str) -> String {
+    let noun = if n == N::from(1) { one } else { many };
+    format!("{n} {noun}")
 }
 
 /// Writes `text` to standard output. A reader that went away (`idem once status | head`, EPIPE) is not a

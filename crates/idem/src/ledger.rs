@@ -85,7 +85,7 @@ impl Ledger {
                         crate::error::sayln!(
                             "idem run: the ledger store is unavailable ({}); trying again for up to {} \
                              (--store-outage-limit)",
-                            crate::error::chain(&e),
+                            idem_store::error_chain(&e),
                             humantime::format_duration(limit)
                         );
                         said = true;
@@ -111,7 +111,7 @@ impl Ledger {
 /// [`Error::Unavailable`] for a store down or unreachable for now, else the error as [`Error::OpenStore`] or
 /// [`Error::Config`].
 fn unavailable_or(e: idem_stores::Error) -> Error {
-    if e.is_unavailable() { Error::Unavailable(crate::error::chain(&e)) } else { e.into() }
+    if e.is_unavailable() { Error::Unavailable(idem_store::error_chain(&e)) } else { e.into() }
 }
 
 /// Runs `$body` with `$s` bound to the ledger's concrete store (the engines are generic over `Store`).

@@ -1,5 +1,6 @@
 //! The `idem` command: `serve` the KV API (or proxy an upstream with Idempotency-Key handling), talk to it
-//! with `kv`, measure the store with `bench`, derive keys with `key`, probe an API's Idempotency-Key handling
+//! with `kv`, measure the store with `bench`, derive keys with `key` and send writes with `send`, run work
+//! items with `run` (their ledger: `runs`) and cron jobs with `once`, probe an API's Idempotency-Key handling
 //! with `check`.
 
 mod bench;
@@ -19,10 +20,12 @@ use std::io::IsTerminal;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-/// idem makes writes safe to retry: a versioned KV store with compare-and-swap served over HTTP, and a reverse
-/// proxy that makes any HTTP API's POST/PATCH safe to retry with Idempotency-Key.
+/// idem makes effects happen once on top of deliveries that may repeat: a reverse proxy (serve --upstream) and
+/// a client (send, key) that make HTTP writes safe to retry with Idempotency-Key, a runner that does work items
+/// (run, runs) and cron jobs (once) once across machines, a probe of any API's Idempotency-Key handling (check),
+/// and the versioned key-value store with compare-and-swap beneath them (serve, kv, bench).
 #[derive(Debug, Parser)]
-#[command(name = "idem", version, about)]
+#[command(name = "idem", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -113,7 +116,7 @@ fn main() {
         }
         // One write for the whole line: `eprintln!` writes the message and its newline separately, and a server
         // logging to the same terminal could land between them (seen in the README test).
-        let line = format!("idem: {}\n", error::chain(&e));
+        let line = format!("idem: {}\n", idem_store::error_chain(&e));
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         std::process::exit(e.exit_code());
     }

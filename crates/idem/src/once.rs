@@ -190,14 +190,14 @@ enum Format {
 
 fn runner_error(e: idem_runner::Error) -> Error {
     match e {
-        idem_runner::Error::Config(_) => Error::Config(crate::error::chain(&e)),
+        idem_runner::Error::Config(_) => Error::Config(idem_store::error_chain(&e)),
         // The store went away after it was opened, before anything was claimed (a claim is judged, then the
         // command runs under its lease: failures from there on are outcomes, not errors).
         idem_runner::Error::Store(ref s) if s.is_unavailable() => {
-            unavailable_message(Error::Unavailable(crate::error::chain(&e)))
+            unavailable_message(Error::Unavailable(idem_store::error_chain(&e)))
         }
         // The store failed before anything was claimed: nothing ran, as for a store that cannot be opened.
-        other => Error::Config(format!("{}; nothing ran", crate::error::chain(&other))),
+        other => Error::Config(format!("{}; nothing ran", idem_store::error_chain(&other))),
     }
 }
 
@@ -364,7 +364,8 @@ async fn forget(name: &str, store: &StoreArgs) -> Result<i32, Error> {
     match result.map_err(runner_error)? {
         0 => Err(store.no_job(name)),
         n => {
-            crate::error::out(&format!("forgot job {name} ({n} records); its next invocation starts afresh\n"))?;
+            let records = crate::error::count(n, "record", "records");
+            crate::error::out(&format!("forgot job {name} ({records}); its next invocation starts afresh\n"))?;
             Ok(0)
         }
     }

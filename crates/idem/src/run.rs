@@ -236,8 +236,8 @@ fn runner_error(e: idem_runner::Error) -> Error {
         | idem_runner::Error::BadItem { .. }
         | idem_runner::Error::DuplicateOutput { .. }
         | idem_runner::Error::ReadItems { .. }
-        | idem_runner::Error::Queue(_) => Error::Config(crate::error::chain(&e)),
-        other => Error::Failed(crate::error::chain(&other)),
+        | idem_runner::Error::Queue(_) => Error::Config(idem_store::error_chain(&e)),
+        other => Error::Failed(idem_store::error_chain(&other)),
     }
 }
 
@@ -344,7 +344,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
             )));
         }
         Ok(Ok(Ok(changes))) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
-        Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", crate::error::chain(&e)),
+        Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", idem_store::error_chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
     let stop = Stop::new();
@@ -376,25 +376,19 @@ fn absolute_template(output: &str) -> String {
 
 /// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.
 async fn watch_signals(stop: Stop) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = int.recv() => {
-                if stop.request() == 1 {
-                    crate::error::sayln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
-                } else {
-                    crate::error::sayln!("idem run: killing running commands and releasing their leases");
-                }
+    // Without handlers the default actions stay: SIGINT and SIGTERM end the process (and the commands in its
+    // group) at once, leaving their leases to lapse.
+    let _ = stop
+        .on_signals(idem_store::stop::Sigterm::Aborts, |level| {
+            if level == idem_store::stop::DRAIN {
+                crate::error::sayln!(
+                    "idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)"
+                );
+            } else {
+                crate::error::sayln!("idem run: killing running commands and releasing their leases");
             }
-            _ = term.recv() => {
-                stop.request();
-                stop.request();
-            }
-        }
-    }
+        })
+        .await;
 }
 
 /// Runs `idem runs …`; returns the exit status.
@@ -491,7 +485,9 @@ async fn status(ledger: &Ledger, job: &str, format: StatusFormat) -> Result<i32,
         "job {job}: {} done, {} running or abandoned, {} failed, {} poison, {} interrupted\n",
         st.done, st.running, st.failed, st.poison, st.interrupted
     );
-    for (host, n) in &st.done_by_host {
+    let mut hosts: Vec<_> = st.done_by_host.iter().collect();
+    hosts.sort_by(|a, b| idem_runner::natural_cmp(a.0, b.0));
+    for (host, n) in hosts {
         if host == "adopted" {
             // Outputs found in place without running: their entries name no host.
             text.push_str(&format!("adopted (found in place; no host recorded): {n}\n"));
@@ -539,7 +535,8 @@ async fn forget(ledger: &Ledger, job: &str, named: bool, output: Option<&str>, i
                     .to_owned(),
             ),
         };
-        crate::error::out(&format!("forgot {forgotten} of {given} items ({what}); {next}\n"))?;
+        let given = crate::error::count(given, "item", "items");
+        crate::error::out(&format!("forgot {forgotten} of {given} ({what}); {next}\n"))?;
     }
     if !unknown.is_empty() {
         // A typo in an id or in --output (another job's ledger) must not pass for done: say which, exit 3.

@@ -8,10 +8,11 @@ use crate::error::Error;
 
 /// Flags of `idem send`.
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("payload").required(true).args(["json", "data"])))]
+#[command(group(clap::ArgGroup::new("payload").args(["json", "data"])))]
 #[command(group(clap::ArgGroup::new("keying").required(true).args(["key", "key_prefix"])))]
 pub struct SendArgs {
-    /// The method: POST, PATCH, PUT or DELETE (any method is sent as given).
+    /// The method: POST, PATCH, PUT or DELETE (any method is sent as given); without --json or --data the
+    /// request has no body (a DELETE, or a POST whose URL says it all).
     method: String,
     /// The URL to send to; without a scheme, http:// (as curl does: 127.0.0.1:8080/orders).
     url: String,
@@ -57,19 +58,20 @@ pub struct SendArgs {
 /// # Errors
 /// [`Error::Config`] for bad flags; [`Error::Send`] for a refused or failed write (its exit status says which).
 pub async fn run(args: SendArgs) -> Result<(), Error> {
+    // The content type is `None` without a body: nothing to describe, so no Content-Type is sent.
     let (body, content_type) = match (&args.json, &args.data) {
         (Some(json), _) => {
             let bytes = crate::key::payload(json)?;
             serde_json::from_slice::<serde_json::Value>(&bytes)
                 .map_err(|e| Error::Config(format!("--json is not valid JSON: {e}")))?;
-            (bytes, HeaderValue::from_static("application/json"))
+            (bytes, Some(HeaderValue::from_static("application/json")))
         }
         (None, Some(data)) => {
             let ct = HeaderValue::from_str(&args.content_type)
                 .map_err(|_| Error::Config(format!("--content-type {:?} is not a header value", args.content_type)))?;
-            (crate::key::payload(data)?, ct)
+            (crate::key::payload(data)?, Some(ct))
         }
-        (None, None) => return Err(Error::Config("give the body with --json or --data".into())),
+        (None, None) => (Vec::new(), None),
     };
     let key = match (&args.key, &args.key_prefix, &args.id) {
         (Some(key), _, _) => idem_client::IdempotencyKey::new(key.as_str()),
@@ -84,8 +86,11 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
     let method = Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
         .map_err(|_| Error::Config(format!("{:?} is not an HTTP method", args.method)))?;
     let url = crate::client::server_url("URL", &args.url)?;
-    let mut request =
-        WriteRequest::bytes(method, url.as_str(), key, content_type, body).map_err(|e| Error::Config(e.to_string()))?;
+    let request = match content_type {
+        Some(content_type) => WriteRequest::bytes(method, url.as_str(), key, content_type, body),
+        None => WriteRequest::empty(method, url.as_str(), key),
+    };
+    let mut request = request.map_err(|e| Error::Config(e.to_string()))?;
     for header in &args.headers {
         let (name, value) = header
             .split_once(':')
@@ -122,9 +127,9 @@ pub async fn run(args: SendArgs) -> Result<(), Error> {
         .read_back(args.read_back);
     let response = client.send(&request).await.map_err(Error::Send)?;
     crate::error::sayln!(
-        "idem send: {} after {} attempt(s){} (key {})",
+        "idem send: {} after {}{} (key {})",
         response.status(),
-        response.attempts(),
+        crate::error::count(response.attempts(), "attempt", "attempts"),
         if response.replayed() { ", replayed" } else { "" },
         request.key()
     );

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use idem_postgres::PostgresStore;
 use idem_store::conformance::writes_through_failover;
+use idem_store::error_chain;
 use idem_store::{Limits, Precondition, Store, Ttl};
-use idem_testkit::{PostgresHa, Replication, chain};
+use idem_testkit::{PostgresHa, Replication};
 
 static PAIR: Mutex<Weak<PostgresHa>> = Mutex::new(Weak::new());
 
@@ -22,7 +23,7 @@ async fn multi_host_store() -> Option<(PostgresStore, Arc<PostgresHa>)> {
     let ha = idem_testkit::shared(&PAIR, || PostgresHa::start(Replication::Synchronous))?;
     let store = PostgresStore::connect(&ha.url("connect_timeout=2"), &schema(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect to the primary through the multi-host URL: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect to the primary through the multi-host URL: {}", error_chain(&e)));
     Some((store, ha))
 }
 
@@ -43,8 +44,8 @@ async fn the_standby_listed_first_is_passed_over_for_the_primary() {
     // Only the standby: no host takes writes, said at start-up.
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=2", ha.standby_port);
     let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
-    assert!(matches!(err, idem_postgres::Error::Server(_)), "{}", chain(&err));
-    assert!(chain(&err).contains("does not allow writes"), "{}", chain(&err));
+    assert!(matches!(err, idem_postgres::Error::Server(_)), "{}", error_chain(&err));
+    assert!(error_chain(&err).contains("does not allow writes"), "{}", error_chain(&err));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,7 +58,7 @@ async fn a_frozen_primary_listed_first_is_passed_over_for_the_promoted_standby()
     // Without the per-host timeout this is a connect timeout: the frozen host held the whole attempt.
     let store = PostgresStore::connect(&ha.url("connect_timeout=2"), &schema(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect past the frozen primary: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect past the frozen primary: {}", error_chain(&e)));
     store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.expect("a write lands on the promoted standby");
     ha.thaw_primary();
 }
@@ -67,7 +68,7 @@ async fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() 
     let Some(ha) = PostgresHa::start(Replication::Synchronous) else { return };
     let store = PostgresStore::connect(&ha.url("connect_timeout=2"), &schema(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect: {}", error_chain(&e)));
     let ha = Arc::new(Mutex::new(ha));
     let pair = Arc::clone(&ha);
     // In the middle of the writes the primary's machine dies; an operator (or Patroni) promotes the standby.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use idem_postgres::{Error, PostgresStore};
 use idem_store::Limits;
-use idem_testkit::{Postgres, chain};
+use idem_store::error_chain;
+use idem_testkit::Postgres;
 
 static CLUSTER: Mutex<Weak<Postgres>> = Mutex::new(Weak::new());
 
@@ -65,7 +66,7 @@ async fn each_sslmode_encrypts_as_libpq_does() {
         let sep = if query.is_empty() { "" } else { "&" };
         let url = pg.url("localhost", &format!("{query}{sep}application_name={app}"));
         let store = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_or_else(|e| {
-            panic!("{query}: {}", chain(&e));
+            panic!("{query}: {}", error_chain(&e));
         });
         assert_eq!(encrypted(&pg, &app).await, vec![tls], "{query}");
         drop(store);
@@ -80,7 +81,7 @@ async fn a_wrong_ca_fails_with_the_cause() {
     for mode in ["verify-full", "verify-ca", "require", "prefer"] {
         let url = pg.url("localhost", &format!("sslmode={mode}&sslrootcert={other}"));
         let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
-        let msg = chain(&err);
+        let msg = error_chain(&err);
         assert!(matches!(err, Error::Handshake(_)), "{mode}: {msg}");
         assert_eq!(
             err.to_string(),
@@ -99,7 +100,7 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     // Connect to 127.0.0.1 but call it a name the certificate does not carry (it names localhost, 127.0.0.1).
     let url = |mode: &str| pg.url("wrong.invalid", &format!("hostaddr=127.0.0.1&sslmode={mode}&sslrootcert={ca}"));
     let err = PostgresStore::connect(&url("verify-full"), &schema(), Limits::default()).await.unwrap_err();
-    let msg = chain(&err);
+    let msg = error_chain(&err);
     assert!(
         msg.contains(
             "host name mismatch: the PostgreSQL server's certificate is for localhost, 127.0.0.1, not wrong.invalid"
@@ -159,7 +160,7 @@ async fn tls_required_of_a_server_without_it_fails() {
     for mode in ["require", "verify-ca", "verify-full"] {
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode={mode}");
         let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
-        let msg = chain(&err);
+        let msg = error_chain(&err);
         assert!(msg.contains("server does not support TLS"), "{mode}: {msg}");
     }
 }
@@ -186,7 +187,7 @@ async fn bad_tls_parameters_are_refused_before_connecting() {
     let missing = dir.path().join("missing.pem").display().to_string();
     let url = format!("postgres://u@127.0.0.1:1/db?sslmode=verify-full&sslrootcert={missing}");
     let err = PostgresStore::connect(&url, "idem", Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::TlsFiles(_)), "{}", chain(&err));
+    assert!(matches!(err, Error::TlsFiles(_)), "{}", error_chain(&err));
     assert!(err.to_string().starts_with(&format!("cannot read sslrootcert {missing}: No such file")), "{err}");
     // A file that is there but holds no certificate.
     let not_pem = dir.path().join("not-a-cert.pem");
@@ -209,7 +210,7 @@ async fn a_server_that_never_answers_is_named_after_five_seconds() {
     });
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
     let err = PostgresStore::connect(&url, &schema(), Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::ConnectTimeout(t) if t == std::time::Duration::from_secs(5)), "{}", chain(&err));
+    assert!(matches!(err, Error::ConnectTimeout(t) if t == std::time::Duration::from_secs(5)), "{}", error_chain(&err));
     assert_eq!(
         err.to_string(),
         "no answer within 5s (connect_timeout): is PostgreSQL listening on this host and port?"

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use idem_redis::RedisStore;
 use idem_store::conformance::writes_through_failover;
+use idem_store::error_chain;
 use idem_store::{Error as StoreError, Limits, Precondition, Store, Ttl};
-use idem_testkit::{RedisCluster, RedisSentinel, chain};
+use idem_testkit::{RedisCluster, RedisSentinel};
 
 static SENTINEL: Mutex<Weak<RedisSentinel>> = Mutex::new(Weak::new());
 static CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
@@ -22,7 +23,7 @@ async fn sentinel_store() -> Option<(RedisStore, Arc<RedisSentinel>)> {
     let set = idem_testkit::shared(&SENTINEL, RedisSentinel::start)?;
     let store = RedisStore::connect(&set.url(""), &prefix(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect through the Sentinels: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect through the Sentinels: {}", error_chain(&e)));
     Some((store, set))
 }
 
@@ -30,7 +31,7 @@ async fn cluster_store() -> Option<(RedisStore, Arc<RedisCluster>)> {
     let cluster = idem_testkit::shared(&CLUSTER, RedisCluster::start)?;
     let store = RedisStore::connect(&cluster.url(""), &prefix(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect to the Cluster: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect to the Cluster: {}", error_chain(&e)));
     Some((store, cluster))
 }
 
@@ -58,7 +59,11 @@ async fn wait_counting_fewer_replicas_than_asked_is_an_error() {
     ] {
         let err = attempt.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
-        assert!(chain(&err).contains("1 of 2 replicas acknowledged the write within 100 ms"), "{}", chain(&err));
+        assert!(
+            error_chain(&err).contains("1 of 2 replicas acknowledged the write within 100 ms"),
+            "{}",
+            error_chain(&err)
+        );
     }
 }
 
@@ -67,7 +72,7 @@ async fn a_sentinel_failover_with_wait_loses_no_acknowledged_write() {
     let Some(set) = RedisSentinel::start() else { return };
     let store = RedisStore::connect(&set.url("wait_replicas=1&wait_timeout_ms=500"), &prefix(), Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect: {}", error_chain(&e)));
     let set = Arc::new(Mutex::new(set));
     let shared = Arc::clone(&set);
     let tally = writes_through_failover(&store, 8, move || {
@@ -100,7 +105,7 @@ async fn a_cluster_failover_with_wait_loses_no_acknowledged_write() {
     let prefix = prefix();
     let store = RedisStore::connect(&cluster.url("wait_replicas=1&wait_timeout_ms=500"), &prefix, Limits::default())
         .await
-        .unwrap_or_else(|e| panic!("connect: {}", chain(&e)));
+        .unwrap_or_else(|e| panic!("connect: {}", error_chain(&e)));
     // The store's keys share the hash tag {prefix}: its master is the one to kill.
     let tag = format!("{{{prefix}}}");
     let cluster = Arc::new(Mutex::new(cluster));
@@ -133,7 +138,7 @@ async fn a_cluster_failover_with_wait_loses_no_acknowledged_write() {
 async fn cluster_keys_of_one_store_share_a_slot_and_prefixes_with_braces_are_refused() {
     let Some(cluster) = idem_testkit::shared(&CLUSTER, RedisCluster::start) else { return };
     let err = RedisStore::connect(&cluster.url(""), "a{b}:", Limits::default()).await.unwrap_err();
-    assert!(matches!(err, idem_redis::Error::InvalidPrefix(_)), "{}", chain(&err));
+    assert!(matches!(err, idem_redis::Error::InvalidPrefix(_)), "{}", error_chain(&err));
     // Keys whose own slots differ all land under the store's one hash tag, so multi-key scripts run.
     let prefix = prefix();
     let store = RedisStore::connect(&cluster.url(""), &prefix, Limits::default()).await.unwrap();

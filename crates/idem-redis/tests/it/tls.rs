@@ -7,8 +7,9 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use idem_redis::{Error, RedisStore};
+use idem_store::error_chain;
 use idem_store::{Limits, Precondition, Store, Ttl};
-use idem_testkit::{Redis, chain};
+use idem_testkit::Redis;
 
 static SERVER: Mutex<Weak<Redis>> = Mutex::new(Weak::new());
 
@@ -39,7 +40,7 @@ async fn the_ca_is_checked_and_other_query_parameters_kept() {
     for query in [format!("protocol=resp3&cacert={ca}"), format!("cacert={ca}&protocol=resp3")] {
         let store = RedisStore::connect(&server.url("127.0.0.1", &query), &prefix(), Limits::default())
             .await
-            .unwrap_or_else(|e| panic!("{query}: {}", chain(&e)));
+            .unwrap_or_else(|e| panic!("{query}: {}", error_chain(&e)));
         let g = store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap().generation();
         assert_eq!(store.get("k").await.unwrap().unwrap().generation(), g);
     }
@@ -50,7 +51,7 @@ async fn a_wrong_ca_fails_with_the_cause() {
     let Some(server) = server() else { return };
     let url = server.url("localhost", &format!("cacert={}", server.pki.other_ca.display()));
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
-    let msg = chain(&err);
+    let msg = error_chain(&err);
     assert!(matches!(err, Error::Handshake(_)), "{msg}");
     let unknown = "TLS to the Redis server failed: certificate verify failed: unknown issuer: the Redis server's \
                    certificate is not signed by a trusted CA (cacert=FILE in the URL names the CA to trust), \
@@ -59,7 +60,7 @@ async fn a_wrong_ca_fails_with_the_cause() {
     assert_eq!(msg, unknown);
     // Without cacert the platform store is used, which does not hold the test CA either.
     let err = RedisStore::connect(&server.url("localhost", ""), &prefix(), Limits::default()).await.unwrap_err();
-    assert_eq!(chain(&err), unknown);
+    assert_eq!(error_chain(&err), unknown);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,7 +69,7 @@ async fn the_host_name_is_checked() {
     // The server listens on 127.0.0.2 too, which the certificate (localhost, 127.0.0.1) does not name.
     let url = server.url("127.0.0.2", &format!("cacert={}", server.pki.ca.display()));
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
-    let msg = chain(&err);
+    let msg = error_chain(&err);
     assert!(
         msg.ends_with("host name mismatch: the Redis server's certificate is for localhost, 127.0.0.1, not 127.0.0.2"),
         "{msg}"
@@ -81,7 +82,7 @@ async fn plain_redis_to_the_tls_port_fails() {
     let url = format!("redis://127.0.0.1:{}", server.port);
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
     assert_eq!(
-        chain(&err),
+        error_chain(&err),
         "TLS to the Redis server failed: the server reset the connection: is this a TLS port? then use rediss:// \
          (with cacert=FILE for a private CA)"
     );
@@ -96,7 +97,7 @@ async fn bad_cacert_is_refused_before_connecting() {
         RedisStore::connect(&format!("rediss://127.0.0.1:1?cacert={}", missing.display()), "p:", Limits::default())
             .await
             .unwrap_err();
-    assert!(matches!(err, Error::CaCert(_)), "{}", chain(&err));
+    assert!(matches!(err, Error::CaCert(_)), "{}", error_chain(&err));
     assert!(err.to_string().starts_with(&format!("cannot read cacert {}: No such file", missing.display())), "{err}");
     let not_pem = dir.path().join("not-a-cert.pem");
     std::fs::write(&not_pem, "hello\n").unwrap();
@@ -112,7 +113,7 @@ async fn bad_cacert_is_refused_before_connecting() {
         RedisStore::connect(&format!("redis://127.0.0.1:1?cacert={}", not_pem.display()), "p:", Limits::default())
             .await
             .unwrap_err();
-    assert!(matches!(err, Error::CaCertWithoutTls), "{}", chain(&err));
+    assert!(matches!(err, Error::CaCertWithoutTls), "{}", error_chain(&err));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +122,7 @@ async fn an_expired_server_certificate_fails_with_its_date() {
     let port = idem_testkit::tls_server_presenting(&pki.expired_cert, &pki.expired_key, false);
     let url = format!("rediss://localhost:{port}?cacert={}", pki.ca.display());
     let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
-    let msg = chain(&err);
+    let msg = error_chain(&err);
     assert!(
         msg.starts_with(
             "TLS to the Redis server failed: certificate verify failed: expired: the Redis server's certificate \
@@ -136,7 +137,7 @@ async fn unknown_url_parameters_are_refused_before_connecting() {
     // Port 1: nothing listens. redis-py's spelling must not be taken for a setting idem applies.
     let err =
         RedisStore::connect("rediss://127.0.0.1:1/0?ssl_cert_reqs=none", "p:", Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::UnknownParameter(ref p) if p == "ssl_cert_reqs"), "{}", chain(&err));
+    assert!(matches!(err, Error::UnknownParameter(ref p) if p == "ssl_cert_reqs"), "{}", error_chain(&err));
     assert!(err.to_string().starts_with("unknown Redis URL parameter \"ssl_cert_reqs\": idem knows cacert=FILE"));
     // The redis crate would ignore these on a TCP URL: the data would land in database 0, unauthenticated.
     for (url, name) in [
@@ -145,7 +146,7 @@ async fn unknown_url_parameters_are_refused_before_connecting() {
         ("redis://127.0.0.1:1?c%61cert2=/x", "cacert2"),
     ] {
         let err = RedisStore::connect(url, "p:", Limits::default()).await.unwrap_err();
-        assert!(matches!(err, Error::UnknownParameter(ref p) if p == name), "{url}: {}", chain(&err));
+        assert!(matches!(err, Error::UnknownParameter(ref p) if p == name), "{url}: {}", error_chain(&err));
     }
 }
 
@@ -163,7 +164,7 @@ async fn rediss_to_a_plain_redis_port_says_so() {
     let url = plain.replacen("redis://", "rediss://", 1);
     let err = RedisStore::connect(&url, "p:", Limits::default()).await.unwrap_err();
     assert_eq!(
-        chain(&err),
+        error_chain(&err),
         "TLS to the Redis server failed: no TLS answer within 5s: is this a plain Redis port? (it never answers a \
          TLS handshake; use redis:// or the server's tls-port)"
     );
@@ -172,7 +173,7 @@ async fn rediss_to_a_plain_redis_port_says_so() {
 #[tokio::test]
 async fn insecure_is_refused_in_idems_words() {
     let err = RedisStore::connect("rediss://127.0.0.1:1/0#insecure", "p:", Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::Insecure), "{}", chain(&err));
+    assert!(matches!(err, Error::Insecure), "{}", error_chain(&err));
     assert_eq!(
         err.to_string(),
         "#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA"

@@ -12,7 +12,6 @@ use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::step::{Attempt, describe, failed};
-use super::stop::stopped;
 use super::{Ctx, ledger, settle};
 use crate::Item;
 use crate::output;
@@ -282,7 +281,6 @@ async fn spawn<S: Store>(
     };
     let cannot_start = |e: std::io::Error| Err(failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()));
     let mut cmd = command(ctx.program.as_deref());
-    let mut stop = ctx.stop.subscribe();
     let mut backoff = Duration::from_millis(20);
     let patience = Instant::now() + SPAWN_PATIENCE;
     loop {
@@ -301,7 +299,7 @@ async fn spawn<S: Store>(
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = stopped(&mut stop, 1) => return Err(Attempt::NotStarted),
+                    () = ctx.stop.reached(1) => return Err(Attempt::NotStarted),
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 if !ledger::fence(ctx, held, heartbeat).await {
@@ -347,7 +345,6 @@ async fn wait<S: Store>(
         }
         std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
     };
-    let mut stop = ctx.stop.subscribe();
     let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
     let lease = heartbeat.length();
     // The command is stopped (SIGSTOP to its process group) this long before its lease would lapse with no
@@ -433,7 +430,7 @@ async fn wait<S: Store>(
                 let _ = tokio::fs::remove_file(temp).await;
                 return Err(failed("timeout", Vec::new()));
             }
-            () = stopped(&mut stop, 2) => {
+            () = ctx.stop.reached(2) => {
                 kill_group(&mut child).await;
                 let _ = tokio::fs::remove_file(temp).await;
                 return Err(Attempt::Interrupted);

@@ -12,7 +12,6 @@ use idem_store::{Error as StoreError, Store};
 use super::Ctx;
 use super::consume::Room;
 use super::ledger::{self, Waiting};
-use super::stop::stopped;
 use crate::ItemError;
 use idem_store::LeaseKeeper;
 
@@ -100,10 +99,9 @@ pub(super) async fn wait_for_holder<S>(ctx: &Ctx<S>, waiting: &mut bool, room: O
         room.set_aside();
     }
     let pause = (ctx.cfg.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
-    let mut stop = ctx.stop.subscribe();
     tokio::select! {
         () = tokio::time::sleep(pause) => false,
-        () = stopped(&mut stop, 1) => true,
+        () = ctx.stop.reached(1) => true,
     }
 }
 

@@ -20,7 +20,6 @@ use tokio::task::JoinSet;
 
 use super::outcome::{Final, record};
 use super::process::process;
-use super::stop::stopped;
 use super::{Ctx, ItemTask};
 use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source, SourceConfig};
 use crate::{Error, Item, ItemError, Summary};
@@ -234,13 +233,12 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
     let (tx, mut rx) = mpsc::channel(limit);
     let (shutdown, shutdown_rx) = oneshot::channel();
     let feeder = tokio::spawn(feed(source, Arc::clone(&room), limit, Arc::clone(&aside), tx, shutdown_rx));
-    let mut stop = ctx.stop.subscribe();
     let mut taken = 0u64;
     while !ctx.stopping() {
         tokio::select! {
             biased;
             Some(joined) = set.join_next(), if !set.is_empty() => record(ctx, summary, joined)?,
-            () = stopped(&mut stop, 1) => break,
+            () = ctx.stop.reached(1) => break,
             fed = rx.recv() => match fed {
                 Some(Fed::Message(delivery, permit)) => {
                     taken += 1;

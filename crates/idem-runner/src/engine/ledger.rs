@@ -89,7 +89,7 @@ impl Outage {
                 "the ledger store is unavailable ({}); waiting for it up to --store-outage-limit {}: nothing new \
                  is claimed, running commands go on while their leases last, finished items are recorded once \
                  it is back",
-                chain(e),
+                idem_store::error_chain(e),
                 humanize(self.limit)
             );
             (sent, false)
@@ -108,18 +108,6 @@ impl Outage {
         }
         false
     }
-}
-
-/// `e` and its sources, one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        line.push_str(": ");
-        line.push_str(&s.to_string());
-        source = s.source();
-    }
-    line
 }
 
 fn humanize(d: Duration) -> String {
@@ -165,7 +153,6 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut stop = ctx.stop.subscribe();
     let began = Instant::now();
     loop {
         let sent = Instant::now();
@@ -187,7 +174,7 @@ where
                 }
                 tokio::select! {
                     () = tokio::time::sleep(backoff(*tries)) => {}
-                    () = super::stop::stopped(&mut stop, waiting.stop_level()) => return Err(e),
+                    () = ctx.stop.reached(waiting.stop_level()) => return Err(e),
                 }
                 *tries = tries.saturating_add(1);
             }

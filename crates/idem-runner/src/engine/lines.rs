@@ -19,7 +19,6 @@ use tokio::task::JoinSet;
 use super::judge::{CHUNK, settle_done};
 use super::outcome::{Final, record, record_final};
 use super::process::process;
-use super::stop::stopped;
 use super::{Ctx, ItemTask};
 use crate::{Error, Item, ItemReader, Summary};
 
@@ -97,11 +96,10 @@ impl Lines {
                 Ok(true)
             }
             Lines::Stream(rx) => {
-                let mut stop = ctx.stop.subscribe();
                 // Wait for the first item (a pipe's writer may be slow); take what else is there at once.
                 let first = tokio::select! {
                     first = rx.recv() => first,
-                    () = stopped(&mut stop, 1) => return Ok(false),
+                    () = ctx.stop.reached(1) => return Ok(false),
                 };
                 let Some(first) = first else { return Ok(false) };
                 chunk.push(first?);

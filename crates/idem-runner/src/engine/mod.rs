@@ -4,7 +4,7 @@
 //! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command and
 //! wait for it), [`settle`] (verify, fsync, fence, rename; then record the attempt in the ledger), and
 //! [`process`], which drives them per item as a loop over [`process::Step`]; [`outcome`] counts how each item
-//! ended and [`summary`] says what the run did. [`stop`] is the operator's Ctrl-C, [`program`] what is checked
+//! ended and [`summary`] says what the run did. [`Stop`] is the operator's Ctrl-C, [`program`] what is checked
 //! of the command and the machine before the run.
 
 mod attempt;
@@ -18,7 +18,6 @@ mod process;
 mod program;
 mod settle;
 mod step;
-mod stop;
 mod summary;
 mod verify;
 
@@ -43,10 +42,10 @@ use outcome::{Final, record};
 pub(crate) use program::jobs_within_descriptor_limit;
 
 pub(crate) use attempt::{Watched, changed, kill_group, signal_group};
+pub use idem_store::Stop;
 pub(crate) use program::owner_host;
 pub use program::owner_token;
 pub(crate) use program::{check_program, host_name};
-pub use stop::Stop;
 pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
 
 /// What every item of one run shares: the ledger, the settings and the run's shared state. Made once by
@@ -262,6 +261,8 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     summary.executions = ctx.executions.load(Ordering::SeqCst);
     summary.stopped = ctx.counters.stopped.load(Ordering::Relaxed);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
+    // Recorded as items turned poison (whichever command ended first); shown by id, as people number them.
+    summary.poison.sort_by(|a, b| crate::natural_cmp(&a.0, &b.0));
     summary.elapsed = started.elapsed();
     progress.finish().await;
     if let Some(watchdog) = &ctx.watchdog {

@@ -13,7 +13,6 @@ use super::claim::unclaim;
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{Attempt, Step, failed};
-use super::stop::stopped;
 use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
 use crate::output;
@@ -305,13 +304,12 @@ async fn pause_before_retry<S>(ctx: &Ctx<S>, failed: u32) {
 /// Waits until `until`, or less when the run stops (Ctrl-C, a poison item halting it, a store outage past its
 /// limit).
 pub(super) async fn pause_until<S>(ctx: &Ctx<S>, until: tokio::time::Instant) {
-    let mut stop = ctx.stop.subscribe();
     // A halt is a flag, not a signal: looked at every 100 ms.
     while !ctx.stopping() && tokio::time::Instant::now() < until {
         let next = until.min(tokio::time::Instant::now() + Duration::from_millis(100));
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
-            () = stopped(&mut stop, 1) => break,
+            () = ctx.stop.reached(1) => break,
         }
     }
 }

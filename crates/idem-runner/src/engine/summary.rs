@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::shown::count;
+
 /// How a run ended, in order of precedence; [`RunStatus::exit_code`] is the process exit status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunStatus {
@@ -55,7 +57,7 @@ pub struct Summary {
     pub failed: u64,
     /// The items among `failed` that used every attempt they were allowed.
     pub out_of_attempts: OutOfAttempts,
-    /// Poison items: id and error.
+    /// Poison items: id and error, by id in natural order ([`natural_cmp`](crate::natural_cmp)).
     pub poison: Vec<(String, String)>,
     /// Items not started or given up because of a stop request or a poison halt.
     pub not_done: u64,
@@ -161,7 +163,9 @@ impl Summary {
 
     /// The hosts that recorded items done elsewhere, with counts: `b: 3, c: 1`.
     fn elsewhere_hosts(&self) -> String {
-        self.elsewhere.iter().map(|(h, n)| format!("{h}: {n}")).collect::<Vec<_>>().join(", ")
+        let mut hosts: Vec<_> = self.elsewhere.iter().collect();
+        hosts.sort_by(|a, b| crate::natural_cmp(a.0, b.0));
+        hosts.iter().map(|(h, n)| format!("{h}: {n}")).collect::<Vec<_>>().join(", ")
     }
 
     /// `idem runs forget` for this job and `ids` (all of them when `complete`, else the placeholder), quoted
@@ -188,8 +192,8 @@ impl Summary {
         let secs = self.elapsed.as_secs_f64();
         if self.dry_run {
             s.push_str(&format!(
-                "dry run: {} items, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
-                self.total,
+                "dry run: {}, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
+                count(self.total, "item", "items"),
                 self.would_run,
                 self.adopted,
                 self.skipped + self.done_elsewhere,
@@ -206,9 +210,10 @@ impl Summary {
             } else {
                 String::new()
             };
+            let all = if self.total == 1 { "1 item".to_owned() } else { format!("all {} items", self.total) };
             s.push_str(&format!(
-                "nothing to do: all {} items already done ({} adopted{elsewhere}), ran 0 commands\n",
-                self.total, self.adopted
+                "nothing to do: {all} already done ({} adopted{elsewhere}), ran 0 commands\n",
+                self.adopted
             ));
         } else {
             // Said once: after "nothing to do" the counts would only repeat it. Every item is in one count, so
@@ -219,9 +224,9 @@ impl Summary {
                 String::new()
             };
             s.push_str(&format!(
-                "{} items in {:.1}s: {} done now, {} already done, {} adopted, {elsewhere}{} failed, {} poison, {} not \
-                 done; {} commands ran\n",
-                self.total,
+                "{} in {:.1}s: {} done now, {} already done, {} adopted, {elsewhere}{} failed, {} poison, {} not \
+                 done; {} ran\n",
+                count(self.total, "item", "items"),
                 secs,
                 self.done,
                 self.skipped,
@@ -229,7 +234,7 @@ impl Summary {
                 self.failed,
                 self.poison.len(),
                 self.not_done,
-                self.executions
+                count(self.executions, "command", "commands")
             ));
         }
         if self.stopped > 0 {
@@ -256,21 +261,23 @@ impl Summary {
         }
         let failed = &self.out_of_attempts;
         for FailedItem { id, attempts, error, .. } in &failed.first {
-            let plural = if *attempts == 1 { "" } else { "s" };
-            s.push_str(&format!("failed item {id} after {attempts} attempt{plural}: {error}\n"));
+            s.push_str(&format!("failed item {id} after {}: {error}\n", count(*attempts, "attempt", "attempts")));
         }
         let unshown = failed.count.saturating_sub(failed.first.len() as u64);
         if unshown > 0 {
-            s.push_str(&format!("… and {unshown} more items out of attempts (see --report)\n"));
+            s.push_str(&format!(
+                "… and {} out of attempts (see --report)\n",
+                count(unshown, "more item", "more items")
+            ));
         }
         if failed.count > 0 && self.queue {
             // Their messages were rejected: neither a rerun nor a forget alone brings them back.
             s.push_str(&format!(
-                "{} items out of attempts (--retries {} allows {} in all, counted across runs); their messages \
+                "{} out of attempts (--retries {} allows {} in all, counted across runs); their messages \
                  were rejected without requeue (to the dead-letter exchange, or dropped; JetStream: terminated): \
                  to run them again, `{}`, then publish the messages again (e.g. move them from the dead-letter \
                  queue)\n",
-                failed.count,
+                count(failed.count, "item", "items"),
                 self.retries,
                 self.retries.saturating_add(1),
                 self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
@@ -279,9 +286,9 @@ impl Summary {
             // Attempts are counted across runs and the limit is the current run's: raising it is what gives
             // more (the smallest value that gives every one of them another), forgetting starts from zero.
             s.push_str(&format!(
-                "{} items out of attempts (--retries {} allows {} in all, counted across runs): rerun with \
+                "{} out of attempts (--retries {} allows {} in all, counted across runs): rerun with \
                  --retries {} to give each one more, or start their count afresh with `{}`\n",
-                failed.count,
+                count(failed.count, "item", "items"),
                 self.retries,
                 self.retries.saturating_add(1),
                 failed.most_attempts,
@@ -292,7 +299,7 @@ impl Summary {
             s.push_str(&format!("poison item {id}: {error}\n"));
         }
         if self.poison.len() > 10 {
-            s.push_str(&format!("… and {} more poison items\n", self.poison.len() - 10));
+            s.push_str(&format!("… and {}\n", count(self.poison.len() - 10, "more poison item", "more poison items")));
         }
         if !self.poison.is_empty() && self.queue {
             let complete = self.poison.len() <= 10;
@@ -316,17 +323,17 @@ impl Summary {
         }
         if self.store_unavailable && self.not_done > 0 {
             s.push_str(&format!(
-                "the ledger store was unavailable for longer than --store-outage-limit, leaving {} items not done \
+                "the ledger store was unavailable for longer than --store-outage-limit, leaving {} not done \
                  (none failed for it): run it again once the store is back\n",
-                self.not_done
+                count(self.not_done, "item", "items")
             ));
         }
         if self.halted && self.not_done > 0 {
             s.push_str(&format!(
-                "the run halted when an item turned poison, leaving {} items not done: run it again to do them \
+                "the run halted when an item turned poison, leaving {} not done: run it again to do them \
                  (poison items found earlier are skipped, not halted on), or add --on-poison skip to go on past \
                  new ones\n",
-                self.not_done
+                count(self.not_done, "item", "items")
             ));
         }
         let status = self.status();
@@ -436,7 +443,7 @@ mod tests {
             [
                 "3 items in 0.0s: 1 done now, 0 already done, 0 adopted, 1 failed, 1 poison, 0 not done; 3 commands ran",
                 "failed item it's after 1 attempt: exit 1: boom",
-                "1 items out of attempts (--retries 0 allows 1 in all, counted across runs): rerun with --retries 1 \
+                "1 item out of attempts (--retries 0 allows 1 in all, counted across runs): rerun with --retries 1 \
                  to give each one more, or start their count afresh with \
                  `idem runs forget --output 'out dir/{id}.json' \"it's\"`",
                 "poison item p: exit 2: bad",
@@ -445,6 +452,22 @@ mod tests {
                 "exit status 3 (poison items)",
             ]
         );
+    }
+
+    #[test]
+    fn counts_of_one_are_singular() {
+        let s = Summary { total: 1, done: 1, executions: 1, ..Summary::default() };
+        assert!(s.render().starts_with("1 item in 0.0s: 1 done now, "), "{}", s.render());
+        assert!(s.render().contains("; 1 command ran\n"), "{}", s.render());
+        let s = Summary { total: 1, skipped: 1, ..Summary::default() };
+        assert!(s.render().starts_with("nothing to do: 1 item already done (0 adopted), ran 0 commands\n"));
+        let s = Summary { total: 1, dry_run: true, would_run: 1, ..Summary::default() };
+        assert!(s.render().starts_with("dry run: 1 item, 1 would run, "), "{}", s.render());
+        let mut s = Summary { total: 11, failed: 11, retries: 3, output: "o/{id}".into(), ..Summary::default() };
+        for line in 1..=11 {
+            s.out_of_attempts.add(failed_item(line, 4));
+        }
+        assert!(s.render().contains("… and 1 more item out of attempts (see --report)\n"), "{}", s.render());
     }
 
     #[test]

@@ -23,6 +23,7 @@ use idem_store::{Generation, LeaseKeeper, Lost, Store, StoreExt, system_time_to_
 
 use crate::Error;
 use crate::engine::{host_name, owner_token};
+use crate::shown::count;
 
 pub use config::{OnceConfig, check_name, default_store_path};
 pub use record::RECORD_PATIENCE;
@@ -229,7 +230,8 @@ impl Report {
                 format!("failed for good: attempt {attempt} ended with {exit}, no retries left")
             }
             Outcome::Failed { attempt, exit, left } => format!(
-                "attempt {attempt} failed with {exit}; the next invocation in this slot retries ({left} attempt(s) left)"
+                "attempt {attempt} failed with {exit}; the next invocation in this slot retries ({} left)",
+                count(*left, "attempt", "attempts")
             ),
             Outcome::AlreadyDone { host, finished, attempts } => {
                 format!("done already, on {host} at {finished} (attempt {attempts}); nothing to run")
@@ -242,10 +244,16 @@ impl Report {
                 format!("not started: the slot {slot} still runs (--no-overlap); a later invocation starts it")
             }
             Outcome::FailedForGood { attempts, exit } if exit == idem_core::INTERRUPTED_EXIT => {
-                format!("failed for good: {attempts} attempt(s), the last interrupted by a signal; not run")
+                format!(
+                    "failed for good: {}, the last interrupted by a signal; not run",
+                    count(*attempts, "attempt", "attempts")
+                )
             }
             Outcome::FailedForGood { attempts, exit } => {
-                format!("failed for good: {attempts} attempt(s), the last ended with {exit}; not run")
+                format!(
+                    "failed for good: {}, the last ended with {exit}; not run",
+                    count(*attempts, "attempt", "attempts")
+                )
             }
             Outcome::Missed { reason, recorded_now } => {
                 let why = match reason {
@@ -282,8 +290,9 @@ impl Report {
                  the slot failed for good"
             ),
             Outcome::Interrupted { attempt, left } => format!(
-                "interrupted: attempt {attempt} killed; it counts toward --retries ({left} attempt(s) left; the \
-                 next invocation in this slot retries)"
+                "interrupted: attempt {attempt} killed; it counts toward --retries ({} left; the next invocation \
+                 in this slot retries)",
+                count(*left, "attempt", "attempts")
             ),
         };
         let mut line = format!("{head}: {what}");
@@ -298,9 +307,9 @@ impl Report {
                 String::new()
             };
             line.push_str(&format!(
-                "\nidem once: {}: recorded {} earlier slot(s) missed ({earlier}{}){unlisted}",
+                "\nidem once: {}: recorded {} missed ({earlier}{}){unlisted}",
                 self.name,
-                self.missed.len(),
+                count(self.missed.len(), "earlier slot", "earlier slots"),
                 shown.join(", ")
             ));
         }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::record::list_all;
 use super::schedule::{Schedule, format_in, human_secs, parse_canonical};
 use crate::Error;
+use crate::shown::count;
 
 /// A job's recorded history.
 #[derive(Clone, Debug, Serialize)]
@@ -201,19 +202,18 @@ impl History {
     pub fn render(&self) -> String {
         let schedule = parse_canonical(&self.schedule).map_or_else(|_| self.schedule.clone(), |s| s.describe());
         let mut out = format!(
-            "job {}: {}; last slot seen {}; {}{} missed; {} slot(s) ran more than once; {} slot(s) taken over \
-             from a vanished holder (may have run more than once); {} attempt(s) interrupted; {} crashed; {} \
-             slot(s) skipped behind\n",
+            "job {}: {}; last slot seen {}; {}{} missed; {} ran more than once; {} taken over from a vanished \
+             holder (may have run more than once); {} interrupted; {} crashed; {} skipped behind\n",
             self.name,
             schedule,
             self.last_slot,
             if self.missed_at_least { "at least " } else { "" },
             self.missed,
-            self.ran_more_than_once,
-            self.taken_over,
-            self.interrupted,
+            count(self.ran_more_than_once, "slot", "slots"),
+            count(self.taken_over, "slot", "slots"),
+            count(self.interrupted, "attempt", "attempts"),
             self.crashed,
-            self.behind
+            count(self.behind, "slot", "slots")
         );
         out.push_str(&format!(
             "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
@@ -227,7 +227,11 @@ impl History {
                 (None, None) => String::new(),
             };
             if s.interrupted > 0 {
-                exit.push_str(&format!(" ({} of {} attempt(s) interrupted)", s.interrupted, s.attempts));
+                exit.push_str(&format!(
+                    " ({} of {} interrupted)",
+                    s.interrupted,
+                    count(s.attempts, "attempt", "attempts")
+                ));
             }
             out.push_str(&format!(
                 "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",

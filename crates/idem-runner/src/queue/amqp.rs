@@ -11,6 +11,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
 use crate::Error;
 use crate::items::parse_item;
+use crate::shown::count;
 
 /// The prefetch is the channel's (`global`: RabbitMQ's per-channel limit), not the consumer's: RabbitMQ fixes a
 /// consumer's limit when it starts consuming, while a channel's may be raised at any time, which the run does
@@ -67,7 +68,7 @@ impl Consumer {
             }
         };
         if attempt > 0 {
-            tracing::warn!("connected to {} after {} attempt(s)", c.shown, attempt + 1);
+            tracing::warn!("connected to {} after {}", c.shown, count(attempt + 1, "attempt", "attempts"));
         }
         c.live = Some(live);
         Ok(c)
@@ -105,7 +106,7 @@ impl Consumer {
             tokio::time::sleep(backoff(attempt)).await;
             match self.open().await {
                 Ok(live) => {
-                    tracing::warn!("reconnected to {} after {} attempt(s)", self.shown, attempt + 1);
+                    tracing::warn!("reconnected to {} after {}", self.shown, count(attempt + 1, "attempt", "attempts"));
                     self.live = Some(live);
                     return;
                 }

@@ -11,6 +11,7 @@ use futures_util::StreamExt as _;
 use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
 use crate::Error;
 use crate::items::parse_item;
+use crate::shown::count;
 
 /// How long one pull request waits for messages: also how long a consumer with nothing in flight waits
 /// before asking whether the stream is drained (`--until-empty`).
@@ -94,7 +95,7 @@ impl Consumer {
             attempt += 1;
         };
         if attempt > 0 {
-            tracing::warn!("connected to {shown} after {} attempt(s)", attempt + 1);
+            tracing::warn!("connected to {shown} after {}", count(attempt + 1, "attempt", "attempts"));
         }
         let js = async_nats::jetstream::new(client.clone());
         let mut s = js.get_stream(stream).await.map_err(|e| refuse(&format_args!("stream {stream}: {e}")))?;

@@ -1,18 +1,19 @@
-//! `Server::run` and its named `Shutdown`: a request in flight when the shutdown begins is finished, not cut;
-//! one that outlasts the grace is closed and the run says so; nothing is accepted after the shutdown began.
+//! `Server::run` and its [`Stop`]: a request in flight when the stop begins (drains) is finished, not cut;
+//! one that outlasts the grace is closed and the run says so, as is one still in flight at an abort; nothing
+//! is accepted after the stop began.
 
 use std::time::Duration;
 
-use idem_server::{Ending, Server, ServerConfig, Shutdown};
+use idem_server::{Ending, Server, ServerConfig, Stop};
 use idem_store::MemoryStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Starts a KV server on a free port with `grace`; returns its address, its shutdown and the run's task.
-async fn start(grace: Duration) -> (std::net::SocketAddr, Shutdown, tokio::task::JoinHandle<std::io::Result<Ending>>) {
+/// Starts a KV server on a free port with `grace`; returns its address, its stop and the run's task.
+async fn start(grace: Duration) -> (std::net::SocketAddr, Stop, tokio::task::JoinHandle<std::io::Result<Ending>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let shutdown = Shutdown::new();
+    let shutdown = Stop::new();
     let server = Server::kv(listener, MemoryStore::new(), ServerConfig::new()).shutdown_grace(grace);
     let run = tokio::spawn(server.run(shutdown.clone()));
     (addr, shutdown, run)
@@ -32,8 +33,8 @@ async fn a_request_in_flight_is_finished_and_the_run_ends_drained() {
     let (addr, shutdown, run) = start(Duration::from_secs(10)).await;
     let mut stream = partial_put(addr, 10, 5).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    shutdown.begin();
-    assert!(shutdown.is_begun());
+    shutdown.drain();
+    assert_eq!(shutdown.level(), idem_store::stop::DRAIN);
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The rest of the body arrives after the shutdown began: the request is still served.
     stream.write_all(b"yyyyy").await.unwrap();
@@ -49,7 +50,20 @@ async fn a_request_that_outlasts_the_grace_is_closed_and_the_run_says_so() {
     let (addr, shutdown, run) = start(Duration::from_millis(300)).await;
     let _stalled = partial_put(addr, 10, 5).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    shutdown.begin();
+    shutdown.drain();
     let ending = tokio::time::timeout(Duration::from_secs(5), run).await.expect("the grace bounds the run");
     assert_eq!(ending.unwrap().unwrap(), Ending::GraceExpired);
+}
+
+#[tokio::test]
+async fn an_abort_during_the_grace_closes_what_is_in_flight_at_once() {
+    let (addr, shutdown, run) = start(Duration::from_secs(3600)).await;
+    let _stalled = partial_put(addr, 10, 5).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(shutdown.request(), idem_store::stop::DRAIN);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!run.is_finished(), "a stalled request holds a draining run within its grace");
+    assert_eq!(shutdown.request(), idem_store::stop::ABORT);
+    let ending = tokio::time::timeout(Duration::from_secs(5), run).await.expect("the abort ends the run");
+    assert_eq!(ending.unwrap().unwrap(), Ending::Forced);
 }

@@ -100,7 +100,7 @@ fn failure(e: &reqwest::Error) -> String {
     } else {
         "failed"
     };
-    format!("{kind}: {}", crate::error::chain(e))
+    format!("{kind}: {}", idem_store::error_chain(e))
 }
 
 impl Seen {

@@ -81,8 +81,9 @@ pub struct CheckArgs {
     /// Another URL of the same API that takes the request: the same key on another path.
     #[arg(long, value_name = "URL")]
     other_url: Option<String>,
-    /// Run only these probes (comma-separated names, see below).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "PROBE,…")]
+    /// Run only these probes (comma-separated names, listed below).
+    // The names are listed once, below, with what each checks: clap's list of possible values would say it again.
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "PROBE,…", hide_possible_values = true)]
     only: Vec<Probe>,
     /// The report: a table, or JSON for CI.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -142,7 +143,7 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
         // every request, credentials included, to the proxy.
         .no_proxy()
         .build()
-        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", crate::error::chain(&e))))?;
+        .map_err(|e| Error::Config(format!("cannot build the HTTP client: {}", idem_store::error_chain(&e))))?;
     let selected: Vec<Probe> = ALL.into_iter().filter(|p| args.only.is_empty() || args.only.contains(p)).collect();
     let plans: Vec<(Probe, Result<Vec<Planned>, String>)> = selected.iter().map(|&p| (p, p.plan(&target))).collect();
     let total: usize = plans.iter().map(|(_, plan)| plan.as_ref().map_or(0, Vec::len)).sum();
@@ -153,7 +154,8 @@ pub async fn run(args: CheckArgs) -> Result<i32, Error> {
     // Nobody to ask: refused before anything is printed or sent.
     if !args.yes && !std::io::stdin().is_terminal() {
         return Err(Error::Config(format!(
-            "standard input is not a terminal: give --yes to send these {total} requests, or --dry-run to list them"
+            "standard input is not a terminal: give --yes to send {}, or --dry-run to list them",
+            requests(total)
         )));
     }
     crate::error::say(&plan_summary(&target, &plans, total));
@@ -324,9 +326,10 @@ fn plan_summary(target: &Target, plans: &[(Probe, Result<Vec<Planned>, String>)]
             None => per_url.push((line, 1)),
         }
     }
-    let probes = if plans.len() == 1 { "1 probe".to_owned() } else { format!("{} probes", plans.len()) };
     let mut text = format!(
-        "idem check: {probes}, up to {total} requests (real writes), every key starting with {}-\n",
+        "idem check: {}, up to {} (real writes), every key starting with {}-\n",
+        crate::error::count(plans.len(), "probe", "probes"),
+        requests(total),
         target.run
     );
     for (line, n) in per_url {
@@ -335,12 +338,18 @@ fn plan_summary(target: &Target, plans: &[(Probe, Result<Vec<Planned>, String>)]
     text
 }
 
+/// `n requests`, `1 request`.
+fn requests(n: usize) -> String {
+    crate::error::count(n, "request", "requests")
+}
+
 /// Asks on the terminal whether to send the plan.
 ///
 /// # Errors
 /// [`Error::Config`] when the answer is not yes: nothing has been sent.
 fn confirm(total: usize) -> Result<(), Error> {
-    crate::error::say(&format!("Send these {total} requests? [y/N] "));
+    let these = if total == 1 { "this request".to_owned() } else { format!("these {total} requests") };
+    crate::error::say(&format!("Send {these}? [y/N] "));
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;
@@ -380,7 +389,7 @@ fn print_dry_run(
         writeln!(out, "{}", serde_json::to_string_pretty(&json).map_err(std::io::Error::other)?)?;
         return Ok(());
     }
-    writeln!(out, "idem check --dry-run: {total} requests planned, none sent; keys start with {}-", target.run)?;
+    writeln!(out, "idem check --dry-run: {} planned, none sent; keys start with {}-", requests(total), target.run)?;
     for (probe, plan) in plans {
         match plan {
             Err(reason) => writeln!(out, "{:<12}  -    {reason}", probe.name())?,

@@ -206,8 +206,13 @@ impl Report {
         let c = &self.counts;
         let _ = writeln!(
             out,
-            "{} PASS, {} FAIL, {} WARN, {} N/A; {} requests sent, keys {}*",
-            c.pass, c.fail, c.warn, c.not_applicable, self.requests_sent, self.key_prefix
+            "{} PASS, {} FAIL, {} WARN, {} N/A; {} sent, keys {}*",
+            c.pass,
+            c.fail,
+            c.warn,
+            c.not_applicable,
+            crate::error::count(self.requests_sent, "request", "requests"),
+            self.key_prefix
         );
         out
     }

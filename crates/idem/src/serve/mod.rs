@@ -5,7 +5,7 @@ mod routes;
 
 use std::net::SocketAddr;
 
-use idem_server::{Server, ServerConfig, Shutdown, Upstream};
+use idem_server::{Server, ServerConfig, Stop, Upstream};
 use idem_stores::AnyStore;
 use idem_tower::IdempotencyLayer;
 
@@ -91,16 +91,17 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 tracing::info!(route = route.name(), path = route.path(), "route");
                 layer = layer.route(route);
             }
-            // Tests and scripts read the bound addresses from these lines (useful with port 0).
+            // Tests and scripts read the bound addresses from these lines (useful with port 0); they are the one
+            // "listening" line a terminal shows (the log's copy is at debug, with the addresses as fields).
             // A standard output gone (`| head -1`) or failing must not stop the server: these lines are all
-            // it prints there, and the log says the same.
+            // it prints there.
             let _ = crate::error::out(&format!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})\nidem admin listening on \
                  {scheme}://{admin_local}\n",
                 p.upstream,
                 config.store_url.redacted()
             ));
-            tracing::info!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
+            tracing::debug!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
             Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
         }
         _ => {
@@ -108,7 +109,7 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 "idem listening on {scheme}://{local} (store {})\n",
                 config.store_url.redacted()
             ));
-            tracing::info!(%local, store = %config.store_url.redacted(), "listening");
+            tracing::debug!(%local, store = %config.store_url.redacted(), "listening");
             Server::kv(listener, store.clone(), kv_config)
         }
     };
@@ -116,15 +117,27 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         Some(slot) => server.tls(slot),
         None => server,
     };
-    let shutdown = Shutdown::new();
+    let stop = Stop::new();
     tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { shutdown.on_signals().await }
+        let stop = stop.clone();
+        async move {
+            // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL.
+            let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
+                if level == idem_store::stop::DRAIN {
+                    tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+                } else {
+                    tracing::warn!("second signal: closing the requests still in flight now");
+                }
+            });
+            if let Err(e) = watched.await {
+                tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed");
+            }
+        }
     });
     let served = server
         .client_idle_timeout(config.client_idle_timeout)
         .client_send_timeout(config.client_send_timeout)
-        .run(shutdown)
+        .run(stop)
         .await;
     store.close().await;
     tracing::info!("store flushed; bye");

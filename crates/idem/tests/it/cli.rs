@@ -117,6 +117,60 @@ async fn sigterm_finishes_in_flight_requests_then_exits_cleanly() {
     assert_eq!(got, "first half second half");
 }
 
+/// `idem --help` says what every command is for in its description, not only the KV store's, and lists each;
+/// `idem check --help` lists its probes once (not again as the possible values of --only).
+#[test]
+fn help_describes_every_command_and_check_lists_its_probes_once() {
+    let (code, out, err) = idem(&["--help"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let (about, rest) = out.split_once("Usage:").unwrap();
+    let words: Vec<&str> = about.split(|c: char| !(c.is_alphanumeric() || c == '-')).collect();
+    let commands = rest.split_once("Commands:").unwrap().1;
+    for command in ["serve", "send", "key", "run", "runs", "once", "check", "kv", "bench"] {
+        assert!(words.contains(&command), "the description leaves out {command}:\n{about}");
+        assert!(commands.lines().any(|l| l.trim_start().starts_with(&format!("{command} "))), "{command}:\n{out}");
+    }
+    let (code, out, err) = idem(&["check", "--help"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let probes = ["missing-key", "replay", "concurrent", "mismatch", "other-target", "malformed", "scope", "in-flight"];
+    for probe in probes.into_iter().chain(["errors", "expiry"]) {
+        let listed = out.lines().filter(|l| l.trim_start().starts_with(probe)).count();
+        assert_eq!(listed, 1, "{probe} listed {listed} times:\n{out}");
+        assert_eq!(out.matches(&format!("{probe}:")).count(), 0, "{probe} in a list of possible values:\n{out}");
+    }
+}
+
+/// `idem kv`'s KEY and VALUE say what they take.
+#[test]
+fn kv_arguments_have_help() {
+    for command in ["get", "put", "delete", "counter", "set", "update"] {
+        let (code, out, err) = idem(&["kv", command, "-h"], &[]);
+        assert_eq!(code, 0, "{err}");
+        let arguments = out.split_once("Arguments:").unwrap_or_else(|| panic!("kv {command}:\n{out}")).1;
+        let arguments = arguments.split_once("Options:").unwrap().0;
+        for line in arguments.lines().filter(|l| l.trim_start().starts_with('<') || l.trim_start().starts_with('[')) {
+            let (name, help) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+            assert!(!help.trim().is_empty(), "kv {command}: {name} has no help:\n{out}");
+        }
+    }
+}
+
+/// Each server says where it listens once: the line on standard output (which scripts read), not again in
+/// its log.
+#[test]
+fn each_server_prints_its_listening_line_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Server::sqlite(&dir.path().join("kv.db"));
+    let proxy = common::proxy(&dir, "http://127.0.0.1:9", &[]);
+    for server in [kv, proxy] {
+        let pid = server.pid().to_string();
+        assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let log = server.wait_for_log("bye", 1, Duration::from_secs(10));
+        assert!(server.terminate_wait().success());
+        assert!(!log.contains("listening"), "the log repeats the listening line:\n{log}");
+    }
+}
+
 /// A second SIGTERM during the grace closes what is still in flight at once (nginx's and most servers' "now"),
 /// instead of waiting out the 30 s grace for a client that stalls mid-body.
 #[tokio::test]
@@ -191,6 +245,42 @@ async fn kv_client_commands_and_exit_codes() {
     assert_eq!(code, 1);
     assert!(err.contains("request failed") && err.contains("is `idem serve` running"), "{err}");
     let _ = BIN;
+}
+
+/// `idem kv counter` and `idem kv set` use the server's atomic operations: a counter add (negative too) with a
+/// dedupe id applied once, set members added and removed in one step.
+#[tokio::test]
+async fn kv_counter_and_set_commands() {
+    let server = Server::start(&["--store", "memory:"], &[]);
+    let env = [("IDEM_URL", server.url.as_str())];
+    let run = |args: &[&str]| idem(&[&["kv"], args].concat(), &env);
+    let (code, out, err) = run(&["counter", "balance", "5", "--dedupe-id", "pay-1"]);
+    assert_eq!((code, out.as_str()), (0, "5\n"), "{err}");
+    assert!(err.starts_with("generation: ") && !err.contains("not applied"), "{err}");
+    let (code, out, err) = run(&["counter", "balance", "5", "--dedupe-id", "pay-1"]);
+    assert_eq!((code, out.as_str()), (0, "5\n"), "a repeat under the same id adds nothing: {err}");
+    assert!(err.contains("not applied: dedupe id seen before"), "{err}");
+    assert_eq!(run(&["counter", "balance", "-7"]).1, "-2\n");
+    let (code, _, err) = run(&["counter", "balance", "9", "--dedupe-id", "pay-1"]);
+    assert_eq!(code, 1, "another delta under a used id is refused: {err}");
+    assert!(err.contains("422") && err.contains("pay-1"), "{err}");
+    assert_eq!(run(&["get", "balance"]).1, "-2");
+
+    let (code, out, err) = run(&["set", "tags", "--add", "b", "--add", "a", "--add", "c"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.trim().parse::<u64>().unwrap() > 0, "{out}");
+    assert_eq!(err, "3 added, 0 removed, 3 members\n");
+    let (code, _, err) = run(&["set", "tags", "--remove", "a", "--remove", "b", "--remove", "x"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "0 added, 2 removed, 1 member\n");
+    assert_eq!(run(&["get", "tags"]).1, r#"["c"]"#);
+    let (code, out, err) = run(&["set", "tags", "--remove", "c"]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "0\n", "0 added, 1 removed, 0 members\n"));
+    assert_eq!(run(&["get", "tags"]).0, 3, "a set left empty is deleted");
+    let (code, _, err) = run(&["set", "balance", "--add", "x"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("409"), "{err}");
+    assert_eq!(run(&["set", "tags"]).0, 2, "a set change needs --add or --remove");
 }
 
 #[tokio::test]

@@ -1198,3 +1198,37 @@ fn a_closed_pipe_on_stdout_and_stderr_ends_the_output_not_the_command() {
     assert!(err.contains("nothing to do: all 20 items already done"), "{err}");
     assert_eq!(job.log().len(), 20, "the rerun executed something");
 }
+
+/// Item ids are shown in natural order (numbers by value: 3, 20, 100), whatever the order of the items file,
+/// of the commands' endings or of the ledger's keys (strings: `100` before `20`): in the summary, the report's
+/// summary and `idem runs status`.
+#[test]
+fn item_ids_are_listed_in_natural_order() {
+    let ids: Vec<String> = ["100", "20", "3"].map(String::from).to_vec();
+    let job = Job::new(&ids, "echo 'record checksum mismatch' >&2; exit 2");
+    let (code, _, err) = job.run(&["--on-poison", "skip", "--jobs", "3", "--report", "r.json"]);
+    assert_eq!(code, 3, "{err}");
+    let shown: Vec<&str> =
+        err.lines().filter_map(|l| l.strip_prefix("poison item ")).filter_map(|l| l.split(':').next()).collect();
+    assert_eq!(shown, ["3", "20", "100"], "{err}");
+    let r = job.report("r.json");
+    let reported: Vec<&str> =
+        r["summary"]["poison"].as_array().unwrap().iter().map(|p| p["id"].as_str().unwrap()).collect();
+    assert_eq!(reported, ["3", "20", "100"]);
+    let (code, status, err) = common::idem(&["runs", "status", "--output", &job.output()], &[]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<&str> = status.lines().filter_map(|l| l.split_once('\t')).map(|(id, _)| id).collect();
+    assert_eq!(listed, ["3", "20", "100"], "{status}");
+}
+
+/// A count of one is said in the singular: "1 item …; 1 command ran", then "nothing to do: 1 item already done".
+#[test]
+fn a_run_of_one_item_says_so_in_the_singular() {
+    let job = Job::new(&["only".to_owned()], WRITE_JSON);
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("1 item in ") && err.contains("; 1 command ran\n"), "{err}");
+    let (code, _, err) = job.run(&[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to do: 1 item already done (0 adopted), ran 0 commands"), "{err}");
+}

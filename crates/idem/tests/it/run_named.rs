@@ -528,7 +528,7 @@ fn forget_by_name_without_output_deletes_no_file() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(std::fs::read_to_string(elsewhere.join("out/2.txt")).unwrap(), "precious\n", "forget deleted a file");
     assert!(job_dir.join("out/2.txt").exists(), "forget without --output deleted the job's output");
-    assert!(out.contains("forgot 1 of 1 items (ledger entries only; no output deleted"), "{out}");
+    assert!(out.contains("forgot 1 of 1 item (ledger entries only; no output deleted"), "{out}");
     assert!(out.contains("--output \"out/{id}.txt\""), "{out}");
     // Not "the next run executes them again" beside "adopts": with its output kept, it is adopted, not run.
     assert!(out.contains("the next run adopts each output it finds in place"), "{out}");

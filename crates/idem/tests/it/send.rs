@@ -359,3 +359,34 @@ async fn a_302_is_not_a_success_and_an_http_date_retry_after_is_waited_for() {
     .unwrap();
     assert_eq!(code, 2, "a second key header is a usage error: {err}");
 }
+
+/// `idem send DELETE URL --key K` needs no --json or --data: the request goes out without a body and without a
+/// Content-Type (nothing to describe), with its key, and a 204 is a success.
+#[tokio::test(flavor = "multi_thread")]
+async fn idem_send_sends_a_delete_without_a_body() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/orders/7", listener.local_addr().unwrap());
+    let seen = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended before its head did");
+            head.extend_from_slice(&buf[..n]);
+        }
+        conn.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n").await.unwrap();
+        String::from_utf8(head).unwrap().to_ascii_lowercase()
+    });
+    let (code, out, err) =
+        tokio::task::spawn_blocking(move || idem(&["send", "DELETE", &url, "--key", "delete-7"], &[])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "");
+    assert!(err.contains("204"), "{err}");
+    let head = seen.await.unwrap();
+    assert!(head.starts_with("delete /orders/7 http/1.1\r\n"), "{head}");
+    assert!(head.contains("idempotency-key: \"delete-7\"\r\n"), "{head}");
+    assert!(!head.contains("content-type"), "{head}");
+    assert!(!head.contains("content-length") || head.contains("content-length: 0\r\n"), "{head}");
+    assert!(head.ends_with("\r\n\r\n"), "nothing after the head: {head}");
+}

@@ -124,3 +124,24 @@ async fn two_proxies_on_one_redis_execute_a_key_once() {
     };
     idempotency_across_two_proxies(&url).await;
 }
+
+/// A server started on a PostgreSQL schema that is there already (every start but the first) logs no
+/// "already exists, skipping" notices of its `CREATE … IF NOT EXISTS`: they were logged at INFO on every start.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_on_postgres_logs_no_already_exists_notices() {
+    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
+        assert!(std::env::var("IDEM_TEST_REQUIRE_BACKENDS").is_err(), "IDEM_TEST_POSTGRES_URL is unset");
+        eprintln!("skipped: IDEM_TEST_POSTGRES_URL is unset");
+        return;
+    };
+    let ns = format!("idem_test_{:012x}", rand::random::<u64>() >> 16);
+    for start in ["first", "second"] {
+        let server = Server::start(&["--store", &url, "--namespace", &ns], &[]);
+        let term = std::process::Command::new("kill").args(["-TERM", &server.pid().to_string()]).status().unwrap();
+        assert!(term.success());
+        let log = server.wait_for_log("bye", 1, std::time::Duration::from_secs(10));
+        assert!(server.terminate_wait().success());
+        assert!(!log.contains("already exists") && !log.contains("NOTICE"), "{start} start:\n{log}");
+    }
+    cleanup(&url, &ns).await;
+}

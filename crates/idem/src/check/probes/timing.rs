@@ -62,13 +62,15 @@ pub async fn concurrent(ex: &mut Exchange<'_>) -> Result<Verdict, Verdict> {
             // More than one unmarked answer: each may be an execution, unless executions answer differently.
             if count.saturating_sub(replayed) > 1 && !ex.executions_differ(ex.last(), seen).await? {
                 return Ok(indistinct(&format!(
-                    "{total} at once, {count} × {} ({replayed} marked replays), {conflicts} × 409",
-                    seen.brief()
+                    "{total} at once, {count} × {} ({}), {conflicts} × 409",
+                    seen.brief(),
+                    crate::error::count(replayed, "marked replay", "marked replays")
                 )));
             }
             let observed = format!(
-                "{total} at once, one outcome: {}; {count} × that answer ({replayed} marked replays), {conflicts} × 409",
-                seen.brief()
+                "{total} at once, one outcome: {}; {count} × that answer ({}), {conflicts} × 409",
+                seen.brief(),
+                crate::error::count(replayed, "marked replay", "marked replays")
             );
             Ok(if without_retry_after > 0 {
                 Verdict::warn(format!("{observed}; {without_retry_after} 409 without Retry-After"))

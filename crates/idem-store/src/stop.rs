@@ -1,0 +1,146 @@
+//! A stop asked for in two steps, shared by everything that must stop together: the first request drains (no
+//! new work is taken; work under way finishes), the second aborts (work under way is ended now), as a second
+//! Ctrl-C means "now" to nginx and most servers. `idem serve`'s shutdown and `idem run`'s Ctrl-C are both this
+//! one handle; [`Stop::on_signals`] turns SIGINT and SIGTERM into its requests.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+/// The level of a [`Stop`] once draining was asked for: nothing new is taken, work under way finishes.
+pub const DRAIN: u8 = 1;
+/// The level of a [`Stop`] once aborting was asked for: work under way is ended now.
+pub const ABORT: u8 = 2;
+
+/// A two-level stop handle: level 0 running, [`DRAIN`] (1), [`ABORT`] (2); a level never goes down. Cheap to
+/// clone; all clones share one level, and every wait on it ([`Stop::reached`]) sees each request.
+#[derive(Clone, Debug)]
+pub struct Stop {
+    tx: Arc<watch::Sender<u8>>,
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What SIGTERM asks of [`Stop::on_signals`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sigterm {
+    /// The next level, as SIGINT does: a server drains on the first (what service managers send before their
+    /// SIGKILL) and aborts on a second.
+    LikeSigint,
+    /// [`ABORT`] at once: a runner ends its commands (each attempt recorded as interrupted) and releases their
+    /// leases, since a SIGTERM is not waited out by whoever sent it.
+    Aborts,
+}
+
+impl Stop {
+    /// A stop not asked for yet (level 0).
+    pub fn new() -> Self {
+        Self { tx: Arc::new(watch::Sender::new(0)) }
+    }
+
+    /// Asks for the next level and returns it: [`DRAIN`] the first time, [`ABORT`] after.
+    pub fn request(&self) -> u8 {
+        let mut level = 0;
+        self.tx.send_modify(|l| {
+            *l = l.saturating_add(1).min(ABORT);
+            level = *l;
+        });
+        level
+    }
+
+    /// Asks for draining: level [`DRAIN`] unless it is higher already (so calling it again changes nothing).
+    pub fn drain(&self) {
+        self.tx.send_if_modified(|l| std::mem::replace(l, (*l).max(DRAIN)) != *l);
+    }
+
+    /// Asks for aborting: level [`ABORT`] (draining is implied).
+    pub fn abort(&self) {
+        self.tx.send_replace(ABORT);
+    }
+
+    /// The level asked for so far: 0 (none), [`DRAIN`] or [`ABORT`].
+    pub fn level(&self) -> u8 {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once the level is `level` or higher (at once if it is already).
+    pub async fn reached(&self, level: u8) {
+        let mut rx = self.tx.subscribe();
+        // The sender lives as long as `self`, so the wait ends only by the level.
+        let _ = rx.wait_for(|l| *l >= level).await;
+    }
+
+    /// Turns signals into requests until the level is [`ABORT`]: each SIGINT asks for the next level, SIGTERM
+    /// as `sigterm` says. `said` is called with the new level after each request a signal made, to tell the
+    /// operator what happens now (and how to make it happen sooner). A level reached otherwise ([`Stop::drain`]
+    /// from the program) counts: the next signal then aborts.
+    ///
+    /// # Errors
+    /// The signal handlers cannot be installed (the process then stops only when killed); nothing was asked.
+    pub async fn on_signals(&self, sigterm: Sigterm, mut said: impl FnMut(u8)) -> std::io::Result<()> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        while self.level() < ABORT {
+            let level = tokio::select! {
+                _ = int.recv() => self.request(),
+                _ = term.recv() => match sigterm {
+                    Sigterm::LikeSigint => self.request(),
+                    Sigterm::Aborts => {
+                        self.abort();
+                        ABORT
+                    }
+                },
+                () = self.reached(ABORT) => break,
+            };
+            said(level);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ABORT, DRAIN, Sigterm, Stop};
+
+    #[tokio::test]
+    async fn levels_only_go_up_and_every_clone_sees_them() {
+        let stop = Stop::new();
+        let other = stop.clone();
+        assert_eq!(stop.level(), 0);
+        stop.drain();
+        stop.drain();
+        assert_eq!(other.level(), DRAIN);
+        other.reached(DRAIN).await;
+        assert_eq!(other.request(), ABORT);
+        stop.drain();
+        assert_eq!(stop.level(), ABORT, "draining after an abort leaves it aborted");
+        assert_eq!(stop.request(), ABORT);
+        stop.reached(ABORT).await;
+
+        let fresh = Stop::new();
+        fresh.abort();
+        fresh.reached(DRAIN).await;
+        assert_eq!(fresh.level(), ABORT);
+    }
+
+    #[tokio::test]
+    async fn a_program_abort_ends_the_signal_watch() {
+        let stop = Stop::new();
+        let watch = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut said = Vec::new();
+                stop.on_signals(Sigterm::LikeSigint, |level| said.push(level)).await.map(|()| said)
+            }
+        });
+        stop.drain();
+        stop.abort();
+        let said = watch.await.expect("the watch ends").expect("signal handlers installed");
+        assert!(said.is_empty(), "no signal came: {said:?}");
+    }
+}
