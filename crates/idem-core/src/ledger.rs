@@ -1,4 +1,5 @@
-//! The work ledger of `idem run` and its state machine (docs/DESIGN.md, "Runner contract").
+//! The work ledger of `idem run` and its state machine: which items ran, who holds one now, and what each
+//! attempt ended as.
 //!
 //! Each work item has two store keys:
 //!

@@ -1,5 +1,6 @@
 //! idem's logic without I/O: idempotency keys, scopes, request fingerprints and the record state machine of
-//! `draft-ietf-httpapi-idempotency-key-header`, as the Idempotency-Key contract in docs/DESIGN.md describes it.
+//! `draft-ietf-httpapi-idempotency-key-header`, and the state machines of `idem run`'s work ledger and `idem once`'s
+//! slots.
 //!
 //! Nothing here reads the clock, the network or the environment: time comes in as an argument, and every
 //! transition of a record comes out as a [`Write`] — a conditional store write that a caller (the tower layer,

@@ -1,4 +1,5 @@
-//! The idempotency record and its state machine (docs/DESIGN.md, Idempotency-Key steps 2 to 6).
+//! The idempotency record and its state machine: claim a key, renew its lease while the request runs, then
+//! store the outcome or release the key; a retry is judged against the record it finds.
 //!
 //! ```text
 //!            claim (create if absent, TTL = kept)
@@ -224,7 +225,7 @@ impl Record {
     }
 }
 
-/// What to do with a request, given the record its key already has (draft §2.6 and docs/DESIGN.md step 3).
+/// What to do with a request, given the record its key already has (draft §2.6, status codes from §2.7).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// No live record: claim the key and execute.
@@ -457,7 +458,7 @@ struct Seen {
 /// clock, it first saw that generation.
 ///
 /// A holder renews its record every third of its lease, each renewal a new generation (generations are never
-/// reused, docs/DESIGN.md). A generation that stayed the same for a whole lease of the observer's clock means
+/// reused: [`idem_store::Generation`]). A generation that stayed the same for a whole lease of the observer's clock means
 /// no renewal landed for that long: the holder's own keeper (which counts a lease from the moment it *sent*
 /// its last accepted write, earlier than anyone could read it) has given the lease up by then, if its clock
 /// runs at about the observer's rate — the usual lease assumption; no clock synchronisation is assumed, and
@@ -518,7 +519,7 @@ impl Observations {
     /// its entry's and its lease's generations), read by a read sent at `sent` and answered at `answered`.
     ///
     /// Every write a holder makes gets a generation larger than any before it (generations are never reused,
-    /// docs/DESIGN.md), so only a *larger* generation is a sign of life and restarts the watch; a smaller one
+    /// [`idem_store::Generation`]), so only a *larger* generation is a sign of life and restarts the watch; a smaller one
     /// (the lease key gone by the store's clock) does not. A first sighting starts the watch at `answered`: the
     /// holder's write it shows was sent no later. The holder counts as gone ([`Watch::Lapsed`]) once a read
     /// *sent* a whole `lease` after that still shows nothing larger: a read queued behind a locked store and

@@ -1,6 +1,6 @@
 //! The engine of `idem run`: run a command over work items (a file, a pipe, or the messages of a RabbitMQ
 //! queue or a NATS JetStream consumer) so that reruns, crashes, duplicate runners, redeliveries and retries are
-//! boring (docs/DESIGN.md, "Runner contract").
+//! boring.
 //!
 //! For each item the engine reads its ledger entry (`idem_core`'s ledger state machine) and its output file:
 //! done items whose output still has the recorded SHA-256 are skipped, a verified output without an entry is

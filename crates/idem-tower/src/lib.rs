@@ -23,10 +23,27 @@
 //!     );
 //! ```
 //!
-//! The outcome policy (docs/DESIGN.md step 5): a response is stored and replayed (5xx included), except 429
-//! and 503, which release the key so a retry executes; an inner service that marks its response with
-//! [`UpstreamFailure::NotSent`] releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`]
-//! (or an inner error) is stored as unknown and answered 502, never executed again under that key.
+//! # Steps
+//!
+//! A covered request goes through these steps, in order:
+//!
+//! 1. **Prepare**, without touching the store: the key (none: pass through, or 400 with
+//!    [`KeyPolicy::Required`]; malformed: 400), the scope, the body read whole up to its limit (over: 413) and
+//!    the request's fingerprint.
+//! 2. **Claim** the key's record with a create-if-absent, or find the record that is there.
+//! 3. **Existing record**: another fingerprint is 422; in flight is 409 with `Retry-After` (or a wait, with
+//!    [`InFlight::Wait`]); finished is a replay of the stored status, the allow-listed headers
+//!    ([`DEFAULT_REPLAY_HEADERS`]) and the byte-exact body, with `Idempotent-Replayed: true`.
+//! 4. **Execute once, detached** from the client connection, with the record's lease renewed every third of
+//!    its length while the call runs.
+//! 5. **Outcome policy**: a response is stored and replayed (5xx included), except 429 and 503, which release
+//!    the key so a retry executes; an inner service that marks its response with [`UpstreamFailure::NotSent`]
+//!    releases the key too, and one marked [`UpstreamFailure::OutcomeUnknown`] (or an inner error, or a
+//!    panic) is stored as unknown and answered 502, never executed again under that key (unless
+//!    [`UnknownOutcome::Release`]).
+//! 6. **Response not stored**: a body over the stored-body limit reaches its first caller whole; every retry
+//!    gets 409 `response-not-stored`.
+//! 7. **No leaks**: refusals carry fixed text, statuses and limits, never another request's data.
 
 mod body;
 mod cache;

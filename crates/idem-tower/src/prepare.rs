@@ -1,4 +1,4 @@
-//! Step 1 of docs/DESIGN.md, before any store access: the key, the scope, the request body (buffered up to
+//! Step 1 of the layer ([crate docs](crate#steps)), before any store access: the key, the scope, the request body (buffered up to
 //! its limit) and the fingerprint. A client that hangs up during it leaves nothing behind.
 
 use crate::body::Body;
@@ -39,7 +39,7 @@ pub(crate) struct Keyed {
     pub(crate) record_key: RecordKey,
 }
 
-/// Step 1 of docs/DESIGN.md: the key, the scope, the body and the fingerprint.
+/// Step 1 of the layer: the key, the scope, the body and the fingerprint.
 pub(crate) async fn prepare<ReqBody>(config: &Config, request: Request<ReqBody>) -> Prepared
 where
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,

@@ -1,7 +1,7 @@
 //! Routes: per-path policies for deliveries whose key is not an `Idempotency-Key` header (webhooks). A route
 //! names where its key comes from ([`KeySource`]), what the fingerprint leaves out ([`Ignore`]), an optional
 //! signature check that runs before anything is claimed ([`Verify`]), and what a failure does to the key
-//! ([`OnFailure`]). docs/DESIGN.md, "Routes".
+//! ([`OnFailure`]).
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The slots of `idem once` and their state machine: each scheduled run of a job happens once, whichever
-//! machine invokes it (docs/DESIGN.md, "Cron jobs that run once").
+//! machine invokes it.
 //!
 //! A job `NAME` has, in the store:
 //!

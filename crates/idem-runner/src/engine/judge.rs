@@ -156,8 +156,8 @@ async fn output_state<S: Store>(
 /// An item whose id names an entry recorded for another text. From a queue it is rejected without running
 /// (the message is dead-lettered; JetStream: terminated) and counted as failed: a producer reusing a message
 /// id for another payload would otherwise have it acknowledged as done, or retried under another's count.
-/// From a file or a pipe it is warned about once and judged by its entry as usual (see docs/DESIGN.md,
-/// "Item text"): `None`.
+/// From a file or a pipe it is warned about once and judged by its entry as usual (the items file may have
+/// changed, and the entry still says whether that id ran): `None`.
 fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
     if ctx.cfg.queue.is_some() {
         let reason = format!(

@@ -100,7 +100,7 @@ pub(crate) struct Ctx<S> {
     /// Items another runner holds, watched until their holder counts as gone ([`judge`]'s claim gate): by
     /// observation, not by the store's TTL, so after an outage the holder gets a lease to take its item again.
     watches: Mutex<idem_core::Observations>,
-    /// When this runner's last prompt probe write was answered (`judge.rs`, `writes_served`): a watch counts
+    /// When this runner's last prompt probe write was answered (`writes_served` in the judge): a watch counts
     /// only while the store is seen to take writes, since a SQLite ledger locked by another connection still
     /// serves reads (WAL) while no holder can renew.
     probe: tokio::sync::Mutex<Option<tokio::time::Instant>>,

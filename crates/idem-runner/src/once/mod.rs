@@ -1,5 +1,4 @@
-//! `idem once`: each scheduled slot of a cron job runs once, whichever machines invoke it and however often
-//! (docs/DESIGN.md, "Cron jobs that run once").
+//! `idem once`: each scheduled slot of a cron job runs once, whichever machines invoke it and however often.
 //!
 //! An invocation reads the store's clock ([`Store::now`]), takes the current slot of the job's [`Schedule`],
 //! records the slots that passed unseen as missed, and judges the current slot by its entry and lease
