@@ -268,7 +268,7 @@ pub fn judge(record: Option<Record>, fingerprint: &Fingerprint) -> Verdict {
 
 /// A claim about to be made: [`Claim::write`] is the conditional create (or [`Claim::take_over`] the
 /// conditional replacement of a dead holder's record); once the store accepted it, [`Claim::acquired`] turns
-/// it into the [`Lease`] its generation fences.
+/// it into the [`Held`] its generation fences.
 #[derive(Clone, Debug)]
 pub struct Claim {
     key: RecordKey,
@@ -317,8 +317,8 @@ impl Claim {
     }
 
     /// The lease held after the store accepted [`Claim::write`] and gave it `generation`.
-    pub fn acquired(self, generation: Generation) -> Lease {
-        Lease { claim: self, generation }
+    pub fn acquired(self, generation: Generation) -> Held {
+        Held { claim: self, generation }
     }
 
     fn in_progress(&self) -> Record {
@@ -333,15 +333,15 @@ impl Claim {
 
 /// A held lease on a record. Its generation is the fencing token: every write it produces is conditional on it.
 #[derive(Clone, Debug)]
-pub struct Lease {
+pub struct Held {
     claim: Claim,
     generation: Generation,
 }
 
 /// Kept by [`idem_store::LeaseKeeper`] while the request executes.
-impl Renewable for Lease {
+impl Renewable for Held {
     fn length(&self) -> Duration {
-        self.claim.length
+        Held::length(self)
     }
 
     /// Show the holder alive: a new generation of the same record (its TTL set to `kept` again), only if still
@@ -355,17 +355,20 @@ impl Renewable for Lease {
     }
 
     fn renewed(&mut self, generation: Generation) {
-        self.advanced(generation);
+        self.generation = generation;
     }
 
+    /// Whether `current` is this holder's own in-progress record (same owner, claim time and fingerprint),
+    /// e.g. after a renewal whose answer was lost landed in the store: then its generation is this holder's to
+    /// adopt. A record another holder claimed is never "mine", so adopting cannot defeat the fence.
     fn is_mine(&self, current: &Versioned) -> bool {
-        Record::decode(current.value()).is_ok_and(|record| Lease::is_mine(self, &record))
+        Record::decode(current.value()).is_ok_and(|record| self.owns(&record))
     }
 }
 
-impl Lease {
+impl Held {
     /// The fencing token: the generation of the holder's last accepted write.
-    pub fn generation(&self) -> Generation {
+    pub fn fencing_token(&self) -> Generation {
         self.generation
     }
 
@@ -384,18 +387,11 @@ impl Lease {
         &self.claim.fingerprint
     }
 
-    /// Whether `record` is this lease's own in-progress record (same owner, claim time and fingerprint), e.g.
-    /// after a renewal whose answer was lost landed in the store: then its generation is this lease's to adopt.
-    /// A record another holder claimed is never "mine", so adopting cannot defeat the fence.
-    pub fn is_mine(&self, record: &Record) -> bool {
+    /// Whether `record` is the in-progress record this holder's claim wrote.
+    fn owns(&self, record: &Record) -> bool {
         matches!(record, Record::InProgress { fingerprint, owner, started_at_ms, .. }
             if *fingerprint == self.claim.fingerprint && *owner == self.claim.owner
                 && *started_at_ms == self.claim.started_at_ms)
-    }
-
-    /// Record that a write of this lease was accepted with `generation` (the new fencing token).
-    pub fn advanced(&mut self, generation: Generation) {
-        self.generation = generation;
     }
 
     /// Store the outcome for `retention`, only if the lease is still held.
@@ -403,7 +399,7 @@ impl Lease {
         self.finish(outcome, now_ms, retention, Precondition::Generation(self.generation))
     }
 
-    /// After [`Lease::complete`] failed its fence because the record is gone (deleted through the record
+    /// After [`Held::complete`] failed its fence because the record is gone (deleted through the record
     /// endpoint, or kept for less than the holder ran): store the outcome only if the key is still free, so the
     /// work done is not lost and a new holder is never overwritten.
     pub fn complete_lapsed(&self, outcome: Outcome, now_ms: u64, retention: Duration) -> Write {
@@ -666,26 +662,26 @@ mod tests {
         let mut lease = claim.acquired(Generation::new(5));
         assert_eq!(lease.renewal().precondition, Precondition::Generation(Generation::new(5)));
         assert!(matches!(lease.renewal().op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == kept));
-        assert!(lease.is_mine(&Record::InProgress {
+        assert!(lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
             started_at_ms: 1_000,
             lease_ms: 10_000,
         }));
-        assert!(!lease.is_mine(&Record::InProgress {
+        assert!(!lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-2".into(),
             started_at_ms: 1_000,
             lease_ms: 10_000,
         }));
-        assert!(!lease.is_mine(&Record::InProgress {
+        assert!(!lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
             started_at_ms: 1_001,
             lease_ms: 10_000,
         }));
-        lease.advanced(Generation::new(9));
-        assert_eq!(lease.generation(), Generation::new(9));
+        lease.renewed(Generation::new(9));
+        assert_eq!(lease.fencing_token(), Generation::new(9));
         let outcome = Outcome::Unknown { reason: "x".into() };
         let done = lease.complete(outcome.clone(), 2_000, Duration::from_secs(86_400));
         assert_eq!(done.precondition, Precondition::Generation(Generation::new(9)));

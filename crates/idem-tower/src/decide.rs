@@ -5,7 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::{Fingerprint, ProblemType};
+use idem_core::record::{Claim, Held, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
 use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
 use tracing::{error, warn};
 
@@ -26,7 +27,7 @@ pub(crate) async fn decide<St: Store>(
     config: &Config,
     record_key: &RecordKey,
     fingerprint: &Fingerprint,
-) -> Result<Lease, Box<Response<Body>>> {
+) -> Result<Held, Box<Response<Body>>> {
     let deadline = match config.in_flight {
         InFlight::Wait(bound) => Some(tokio::time::Instant::now() + bound),
         InFlight::Reject => None,
@@ -75,7 +76,7 @@ pub(crate) async fn decide<St: Store>(
             Err(Verdict::InFlight) => {
                 let Some((record, generation)) = in_flight_record else { continue };
                 // Whether its holder is dead is judged by watching its generation
-                // (`idem_core::Observations`): unchanged for a whole lease of this process's monotonic clock.
+                // (`idem_core::record::Observations`): unchanged for a whole lease of this process's monotonic clock.
                 let watch = observe(config, record_key, &record, generation);
                 match watch {
                     Watch::Lapsed(lapsed) => {
@@ -143,7 +144,7 @@ async fn claim<St: Store>(
     record_key: &RecordKey,
     fingerprint: &Fingerprint,
     lapsed: Option<Generation>,
-) -> Result<Lease, StoreError> {
+) -> Result<Held, StoreError> {
     let claim =
         Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease, config.retention);
     let write = match lapsed {

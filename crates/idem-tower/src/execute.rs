@@ -15,7 +15,8 @@ use futures_util::FutureExt;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use idem_core::{Lease, Outcome, ProblemType, Record, StoredResponse};
+use idem_core::ProblemType;
+use idem_core::record::{Held, Outcome, Record, StoredResponse};
 use idem_store::{Error as StoreError, LeaseKeeper, Lost, Renewable, Store};
 use tower::{BoxError, Service};
 use tracing::{error, info, warn};
@@ -54,7 +55,7 @@ pub(crate) async fn execute<S, St, ResBody>(
     store: Arc<St>,
     config: Arc<Config>,
     request: Request<Body>,
-    lease: Lease,
+    lease: Held,
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>>,
@@ -232,7 +233,7 @@ async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, mess
 /// runs) and the fenced writes that end it.
 struct LeaseHolder<St> {
     store: Arc<St>,
-    lease: Lease,
+    lease: Held,
     /// When the write that last set the lease (the claim or an accepted renewal) was sent.
     set: tokio::time::Instant,
 }
@@ -259,7 +260,7 @@ impl<St: Store> LeaseHolder<St> {
 
     /// While the completion write is being retried: keep showing this holder alive with a renewal whenever a
     /// third of a lease has passed since the lease was last set, so no observer judges it dead and takes the
-    /// key over while its outcome is on its way ([`Observations`](idem_core::Observations)). A refused renewal is left
+    /// key over while its outcome is on its way ([`Observations`](idem_core::record::Observations)). A refused renewal is left
     /// to the next completion attempt, whose fence then says what happened.
     async fn keep_alive(&mut self) {
         if self.set.elapsed() < self.lease.length() / 3 {
@@ -267,7 +268,7 @@ impl<St: Store> LeaseHolder<St> {
         }
         let sent = tokio::time::Instant::now();
         if let Ok(Some(generation)) = self.store.apply(Renewable::renewal(&self.lease)).await {
-            self.lease.advanced(generation);
+            self.lease.renewed(generation);
             self.set = sent;
         }
     }
@@ -288,7 +289,7 @@ impl<St: Store> LeaseHolder<St> {
         }
         match self.store.get(self.lease.key().as_str()).await {
             Ok(Some(current)) if Renewable::is_mine(&self.lease, &current) => {
-                self.lease.advanced(current.generation());
+                self.lease.renewed(current.generation());
                 true
             }
             _ => false,

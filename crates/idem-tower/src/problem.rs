@@ -4,7 +4,8 @@
 
 use crate::body::Body;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header};
-use idem_core::{ProblemType, StoredResponse};
+use idem_core::ProblemType;
+use idem_core::record::StoredResponse;
 use idem_store::Error as StoreError;
 use tracing::warn;
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use idem_core::RetryLimit;
+use idem_core::ledger::RetryLimit;
 use idem_store::{Store, system_time_to_millis};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -99,7 +99,7 @@ pub(crate) struct Ctx<S> {
     outage: ledger::Outage,
     /// Items another runner holds, watched until their holder counts as gone ([`judge`]'s claim gate): by
     /// observation, not by the store's TTL, so after an outage the holder gets a lease to take its item again.
-    watches: Mutex<idem_core::Observations>,
+    watches: Mutex<idem_core::record::Observations>,
     /// When this runner's last prompt probe write was answered (`writes_served` in the judge): a watch counts
     /// only while the store is seen to take writes, since a SQLite ledger locked by another connection still
     /// serves reads (WAL) while no holder can renew.

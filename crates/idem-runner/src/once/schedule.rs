@@ -21,7 +21,7 @@ use crate::Error;
 const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// How many slots a gap is walked back over one by one (each recorded missed); the rest are counted.
-const WALK: usize = idem_core::HISTORY;
+const WALK: usize = idem_core::slot::HISTORY;
 
 /// How many slots of a cron gap [`Schedule::between`] counts beyond the listed ones: each is found by walking
 /// the schedule, so a gap of years of an every-minute job is bounded (the count is then "at least").
