@@ -8,20 +8,35 @@
 //! in a task detached from the client connection, so a client that hangs up cannot cancel them, and the lease
 //! on the record is renewed while the call runs. Refusals are responses (RFC 9457 problem+json), never errors.
 //!
-//! ```no_run
-//! use axum::{Router, routing::post};
-//! use idem_store::MemoryStore;
-//! use idem_tower::{IdempotencyLayer, KeyPolicy};
-//! use std::time::Duration;
-//!
-//! let app: Router = Router::new()
-//!     .route("/orders", post(|| async { (axum::http::StatusCode::CREATED, "created\n") }))
-//!     .layer(
-//!         IdempotencyLayer::new(MemoryStore::new())
-//!             .key_policy(KeyPolicy::Required)
-//!             .retention(Duration::from_secs(24 * 3600)),
-//!     );
 //! ```
+//! use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+//! use idem_store::MemoryStore;
+//! use idem_tower::IdempotencyLayer;
+//! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use tower::ServiceExt;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let executions = Arc::new(AtomicU32::new(0));
+//! let counted = Arc::clone(&executions);
+//! let app = Router::new()
+//!     .route("/orders", post(move || async move {
+//!         counted.fetch_add(1, Ordering::SeqCst);
+//!         (StatusCode::CREATED, "order 1\n")
+//!     }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//!
+//! let order = || Request::post("/orders").header("Idempotency-Key", "\"order-1\"").body(Body::from("{}")).unwrap();
+//! let first = app.clone().oneshot(order()).await.unwrap();
+//! let retry = app.oneshot(order()).await.unwrap();
+//! assert_eq!((first.status(), retry.status()), (StatusCode::CREATED, StatusCode::CREATED));
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! assert_eq!(executions.load(Ordering::SeqCst), 1);
+//! # });
+//! ```
+//!
+//! With a durable store ([`idem-sqlite`](https://docs.rs/idem-sqlite), [`idem-postgres`](https://docs.rs/idem-postgres))
+//! and a drained shutdown ([`IdempotencyLayer::drain`]), see the `axum_orders` example in this crate's
+//! repository.
 //!
 //! # Steps
 //!
