@@ -91,7 +91,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     let live: std::collections::HashSet<u64> =
         list_all(store, &lease_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
     let interrupted_set = match store.get(&interrupted_key(name)).await? {
-        Some(v) => idem_store::decode_set(v.value()).unwrap_or_default(),
+        Some(v) => idem_store::backend::decode_set(v.value()).unwrap_or_default(),
         None => Default::default(),
     };
     let interrupted = interrupted_set.len() as u64;
@@ -123,7 +123,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     }
     let count = async |key: String| -> Result<u64, Error> {
         Ok(match store.get(&key).await? {
-            Some(v) => idem_store::decode_set(v.value()).map(|s| s.len() as u64).unwrap_or(0),
+            Some(v) => idem_store::backend::decode_set(v.value()).map(|s| s.len() as u64).unwrap_or(0),
             None => 0,
         })
     };
