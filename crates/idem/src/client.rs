@@ -321,7 +321,8 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         }
         KvCommand::Update { key, set_add, max_attempts } => {
             let (generation, attempts) = update_set(&c, &key, &set_add, max_attempts).await?;
-            writeln!(out, "{generation}")?;
+            // 0: the key is absent and stays so (nothing to add).
+            writeln!(out, "{}", generation.map_or(0, idem_store::Generation::get))?;
             if attempts > 1 {
                 crate::error::sayln!("done after {attempts} attempts");
             }
@@ -332,7 +333,12 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
 
 /// The read-modify-write loop over HTTP, from `idem-client`: GET, add the items, PUT with `If-Match` (or
 /// `If-None-Match: *` when absent); on 412 back off with full jitter and start again from a fresh GET.
-async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) -> Result<(u64, u32), Error> {
+async fn update_set(
+    c: &Client,
+    key: &str,
+    items: &[String],
+    max_attempts: u32,
+) -> Result<(Option<idem_store::Generation>, u32), Error> {
     let policy = RetryPolicy::default().with_max_attempts(max_attempts);
     let mut kv = idem_client::KvClient::new(c.http.clone(), c.base.as_str());
     if let Some(token) = &c.token {
