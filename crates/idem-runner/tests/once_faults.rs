@@ -189,23 +189,23 @@ async fn a_claim_paused_past_the_history_does_not_run_a_pruned_slot() {
 /// Writes what another invocation would have left: the job record `job` (JSON) and `entries` (slot, entry).
 async fn seed(store: &MemoryStore, job: &str, entries: &[(u64, idem_core::slot::Entry)]) {
     use idem_store::{Precondition, Store as _, Ttl};
-    let record = idem_core::Job::decode(job.as_bytes()).unwrap();
+    let record = idem_core::slot::Job::decode(job.as_bytes()).unwrap();
     store.put(&idem_core::slot::job_key("job"), record.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
     for (slot, entry) in entries {
-        let key = idem_core::SlotKeys::new("job", *slot);
+        let key = idem_core::slot::Keys::new("job", *slot);
         store.put(key.entry(), entry.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
     }
 }
 
-fn done_entry(at_ms: u64) -> idem_core::SlotEntry {
-    let ending = idem_core::Ending {
+fn done_entry(at_ms: u64) -> idem_core::slot::Entry {
+    let ending = idem_core::slot::Ending {
         exit: "exit 0".into(),
         code: Some(0),
         duration_ms: 1,
         finished_at_ms: at_ms,
         output: vec![],
     };
-    idem_core::SlotEntry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: at_ms, ending }
+    idem_core::slot::Entry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: at_ms, ending }
 }
 
 /// A machine whose clock jumped 200 minutes forward shared the store (a SQLite file on its own clock): it ran
@@ -265,7 +265,7 @@ async fn slots_skipped_behind_are_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_slot_is_counted_in_the_summary() {
     let store = MemoryStore::new();
-    let crashed = idem_core::SlotEntry::Running {
+    let crashed = idem_core::slot::Entry::Running {
         owner: "o".into(),
         host: "gone".into(),
         attempt: 1,

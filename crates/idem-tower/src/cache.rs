@@ -105,12 +105,12 @@ impl ReplayCache {
 
 fn outcome_bytes(outcome: &idem_core::record::Outcome) -> u64 {
     match outcome {
-        idem_core::Outcome::Response(r) => {
+        idem_core::record::Outcome::Response(r) => {
             let headers: usize = r.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
             (r.body.len() + headers) as u64
         }
-        idem_core::Outcome::TooLarge { .. } => 0,
-        idem_core::Outcome::Unknown { reason } => reason.len() as u64,
+        idem_core::record::Outcome::TooLarge { .. } => 0,
+        idem_core::record::Outcome::Unknown { reason } => reason.len() as u64,
     }
 }
 

@@ -72,7 +72,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 execution_timeout: Duration::from_secs(120),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
-                observations: Arc::new(std::sync::Mutex::new(idem_core::Observations::new(OBSERVED_RECORDS))),
+                observations: Arc::new(std::sync::Mutex::new(idem_core::record::Observations::new(OBSERVED_RECORDS))),
                 on_failure: OnFailure::Store,
                 route: None,
                 route_counters: None,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use idem_core::ledger::RetryLimit;
 use idem_core::slot::{self, Ending, Job, MissedReason, job_key, missed, prune};
 use idem_store::testing::{Fault, FaultyStore};
-use idem_store::{LeaseKeeper, MemoryStore, Precondition, Renewable, Store, StoreExt, Ttl, system_time_to_millis};
+use idem_store::{LeaseKeeper, MemoryStore, Precondition, Store, StoreExt, Ttl, system_time_to_millis};
 use proptest::prelude::*;
 use tokio::time::Instant;
 

@@ -184,7 +184,7 @@ fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
 /// item may be claimed over. Gone means its lease key is absent *and* this runner has watched the item for a
 /// whole lease without seeing a generation larger than the largest it saw (of the entry, or of the lease key:
 /// every write of the holder, a renewal, a retake, a done, makes one), by its own clock
-/// ([`idem_core::Observations::watch`]).
+/// ([`idem_core::record::Observations::watch`]).
 ///
 /// The store's TTL alone would do for safety (every claim is conditional), not for waste: after an outage, or
 /// a SQLite ledger locked, longer than a lease, every lease has lapsed by the store's clock and whoever reached
@@ -216,7 +216,7 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &Keys) -> Result<bool, ItemEr
         sent.into_std(),
         answered.into_std(),
     );
-    Ok(lease.is_none() && matches!(watch, idem_core::Watch::Lapsed(_)))
+    Ok(lease.is_none() && matches!(watch, idem_core::record::Watch::Lapsed(_)))
 }
 
 /// Whether the store takes this runner's writes promptly now: a holder that wrote nothing while the store
@@ -225,7 +225,7 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &Keys) -> Result<bool, ItemEr
 /// every holder "silent" for the whole lock. A probe write (this runner's own key under the job, a TTL of two
 /// leases; at most one per quarter lease, shared by every item the runner watches) answered within a third of a
 /// lease counts as evidence; a slower or failed one, or a gap of more than half a lease since the last prompt
-/// one, starts every watch again ([`idem_core::Observations::clear`]).
+/// one, starts every watch again ([`idem_core::record::Observations::clear`]).
 async fn writes_served<S: Store>(ctx: &Ctx<S>) -> bool {
     let lease = ctx.cfg.lease;
     let mut last = ctx.probe.lock().await;

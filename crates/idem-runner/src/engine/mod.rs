@@ -136,7 +136,7 @@ impl<S> Ctx<S> {
             short_of_resources: AtomicBool::new(false),
             outage: ledger::Outage::new(cfg.store_outage_limit),
             // Forgetting a watch only delays a claim; a bound keeps a huge run's memory flat.
-            watches: Mutex::new(idem_core::Observations::new(4096)),
+            watches: Mutex::new(idem_core::record::Observations::new(4096)),
             probe: tokio::sync::Mutex::new(None),
             store,
             cfg,
@@ -146,7 +146,7 @@ impl<S> Ctx<S> {
 
     /// No new command may start: Ctrl-C was pressed, a poison item halts the run, or the store was
     /// unavailable for longer than `--store-outage-limit`.
-    /// Every watch starts again ([`idem_core::Observations::clear`]): this runner was not served for a while.
+    /// Every watch starts again ([`idem_core::record::Observations::clear`]): this runner was not served for a while.
     fn unwatch_all(&self) {
         self.watches.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }

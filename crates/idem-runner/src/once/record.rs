@@ -248,7 +248,7 @@ pub(super) async fn outcome<S: Store + Sync>(
             // start the slot for ever as attempt 1. The renewal in flight first: the writes are fenced on it.
             let end = ending(INTERRUPTED_EXIT.to_owned(), None);
             keeper.settle(held).await;
-            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(end, limit);
             let left = match verdict {
                 slot::Failure::Retry => limit.max_attempts.saturating_sub(n),
@@ -268,7 +268,7 @@ pub(super) async fn outcome<S: Store + Sync>(
             (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
         }
         Ended::Exited { exit, code, success: false } => {
-            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(ending(exit.clone(), code), limit);
             let left = match verdict {
                 slot::Failure::Retry => limit.max_attempts.saturating_sub(n),
