@@ -276,7 +276,7 @@ pub(crate) fn record_key_of(value: String) -> idem_core::IdempotencyKey {
 
 /// A path as deliveries are scoped and compared by: [`normalise_path`] without a trailing `/` (frameworks such as
 /// Express route `/hooks/stripe/` to the `/hooks/stripe` handler; break-it review: it executed once more). A
-/// route also drops what follows its own path within that segment ([`RoutePolicy::delivery_path`]).
+/// route also drops what follows its own path within that segment (the route's own `delivery_path`).
 pub fn delivery_path(path: &str) -> String {
     let mut normal = normalise_path(path);
     while normal.len() > 1 && normal.ends_with('/') {

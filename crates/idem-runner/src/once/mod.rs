@@ -161,7 +161,7 @@ pub struct Report {
     pub missed: Vec<String>,
     /// More earlier slots that passed unseen, counted but not recorded one by one.
     pub missed_unlisted: u64,
-    /// `missed_unlisted` is a lower bound (a cron gap longer than [`schedule::UNLISTED_CAP`] slots).
+    /// `missed_unlisted` is a lower bound (a cron gap longer than a million slots).
     pub missed_capped: bool,
     /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
     /// [`SKEW_TOLERANCE`], a job record whose newest slot was ahead of the store's clock by more than

@@ -95,7 +95,7 @@ impl Schedule {
     }
 
     /// Whether `unlisted`, as [`Schedule::between`] counted it, is a lower bound: a cron gap's slots are
-    /// counted one by one, up to [`UNLISTED_CAP`] (an `--every` gap's are counted exactly).
+    /// counted one by one, up to a million (an `--every` gap's are counted exactly).
     pub fn capped(&self, unlisted: u64) -> bool {
         matches!(self.kind, Kind::Cron { .. }) && unlisted >= UNLISTED_CAP
     }
@@ -143,7 +143,7 @@ impl Schedule {
     }
 
     /// The slots strictly between `after_ms` and `before_ms` (both slots of this schedule): the newest
-    /// [`WALK`] of them in ascending order, and how many older ones there are beyond those (for a cron
+    /// [`HISTORY`](idem_core::slot::HISTORY) of them in ascending order, and how many older ones there are beyond those (for a cron
     /// schedule counted up to a bound of a million, past which the count is that bound).
     ///
     /// # Errors
