@@ -10,7 +10,7 @@
 //! ```
 //! use idem_core::record::{Claim, Outcome, RecordKey, StoredResponse, Verdict, judge};
 //! use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope};
-//! use idem_store::{MemoryStore, Store};
+//! use idem_store::{MemoryStore, Store, StoreExt};
 //! use std::time::Duration;
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

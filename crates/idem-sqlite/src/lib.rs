@@ -18,6 +18,7 @@
 //! let store = SqliteStore::open(&path, Limits::default())?;
 //! let written = store.put("greeting", "hello".into(), Precondition::Absent, Ttl::Keep).await?;
 //! store.close().await;
+//! drop(store); // releases the file's lock: one process (one store) at a time
 //!
 //! // Acknowledged means on disk: another open of the file reads it back.
 //! let store = SqliteStore::open(&path, Limits::default())?;
