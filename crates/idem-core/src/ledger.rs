@@ -276,14 +276,7 @@ pub fn adopt(keys: &Keys, sha256: &str, size: u64, now_ms: u64, item_sha256: Opt
 /// left behind unrecorded (its runner gave up waiting for the store; the output verified against the digest it
 /// noted): fenced on that generation, so it is refused if anyone claimed the item over meanwhile. Its attempts
 /// are the entry's.
-pub fn record_noted(
-    keys: &Keys,
-    generation: Generation,
-    over: &Entry,
-    sha256: &str,
-    size: u64,
-    now_ms: u64,
-) -> Write {
+pub fn record_noted(keys: &Keys, generation: Generation, over: &Entry, sha256: &str, size: u64, now_ms: u64) -> Write {
     let owner = match over {
         Entry::Running { owner, .. } | Entry::Interrupted { owner, .. } | Entry::Done { owner, .. } => owner.clone(),
         Entry::Failed { .. } => "adopted".to_owned(),
@@ -742,8 +735,7 @@ mod tests {
             item_sha256: None,
         };
         let once = RetryLimit { max_attempts: 2 };
-        let claim =
-            Claim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())));
+        let claim = Claim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())));
         let mut held = claim.clone().leased(Generation::new(4));
         assert_eq!(held.fencing_token(), None);
         assert!(!held.is_counted());
@@ -870,8 +862,8 @@ mod tests {
     fn an_interrupted_attempt_is_not_counted_and_its_file_is_never_adopted() {
         // `--retries 0`: one attempt in all.
         let once = RetryLimit { max_attempts: 1 };
-        let held = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None)
-            .acquired(Generation::new(3), Generation::new(4));
+        let held =
+            Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).acquired(Generation::new(3), Generation::new(4));
         let write = held.interrupted(9);
         assert_eq!(write.key, keys().entry());
         assert_eq!(write.precondition, Precondition::Generation(Generation::new(4)), "fenced on the claim");
@@ -937,8 +929,7 @@ mod tests {
     #[test]
     fn only_an_attempt_that_never_started_leaves_the_item_adoptable() {
         let held = || {
-            Claim::new(keys(), "o1", 1, Duration::from_secs(10), None)
-                .acquired(Generation::new(1), Generation::new(2))
+            Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).acquired(Generation::new(1), Generation::new(2))
         };
         let running = decoded(&Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).entry_write());
         let endings: Vec<(&str, Entry)> = vec![

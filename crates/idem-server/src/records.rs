@@ -13,8 +13,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use idem_core::{IdempotencyKey, Scope};
 use idem_core::record::{Outcome, Record, RecordKey};
+use idem_core::{IdempotencyKey, Scope};
 use idem_store::{Precondition, Store};
 use serde_json::json;
 

@@ -119,8 +119,8 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
+    use idem_core::record::{Outcome, StoredResponse};
     use idem_core::{Fingerprint, RequestParts};
-use idem_core::record::{Outcome, StoredResponse};
 
     use super::*;
 

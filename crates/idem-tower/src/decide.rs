@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Fingerprint, ProblemType};
 use idem_core::record::{Claim, Held, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::{Fingerprint, ProblemType};
 use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
 use tracing::{error, warn};
 

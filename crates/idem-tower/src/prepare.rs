@@ -5,8 +5,8 @@ use crate::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Fingerprint, IdempotencyKey, ProblemType, RequestParts, Scope};
 use idem_core::record::RecordKey;
+use idem_core::{Fingerprint, IdempotencyKey, ProblemType, RequestParts, Scope};
 use tower::BoxError;
 
 use crate::config::{Config, KeyPolicy};

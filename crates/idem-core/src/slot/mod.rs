@@ -403,13 +403,7 @@ pub enum Plan {
 /// are bounded by `limit` alone, as a Kubernetes Job's backoff is by its own limit, not the CronJob's
 /// `startingDeadlineSeconds`). `behind`: the slot is older than the job record's newest slot (read in the
 /// same atomic read as the entry); such a slot is reported as its entry says, never claimed nor recorded.
-pub fn plan(
-    entry: Option<&Entry>,
-    lease_live: bool,
-    limit: RetryLimit,
-    past_deadline: bool,
-    behind: bool,
-) -> Plan {
+pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_deadline: bool, behind: bool) -> Plan {
     match entry {
         Some(Entry::Done { .. }) => Plan::Done,
         Some(Entry::Missed { .. }) => Plan::Missed,

@@ -36,13 +36,8 @@ fn the_plan_follows_the_entry_the_lease_and_the_deadline() {
     assert_eq!(plan(None, false, LIMIT, false, false), Plan::Run { attempt: 1 });
     assert_eq!(plan(None, true, LIMIT, false, false), Plan::Held, "a claim is being made");
     assert_eq!(plan(None, false, LIMIT, true, false), Plan::RecordMissed);
-    let done = Entry::Done {
-        attempts: 1,
-        owner: "o".into(),
-        host: "h".into(),
-        started_at_ms: 1,
-        ending: ending("exit 0"),
-    };
+    let done =
+        Entry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending: ending("exit 0") };
     assert_eq!(plan(Some(&done), false, LIMIT, true, false), Plan::Done);
     let missed = Entry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
     assert_eq!(plan(Some(&missed), false, LIMIT, false, false), Plan::Missed);
@@ -92,8 +87,8 @@ fn failures_are_retried_until_the_attempts_run_out() {
     let mut prev = None;
     let mut verdicts = Vec::new();
     for i in 0..3u64 {
-        let held = Claim::new(keys(), "o", "h", i, LEASE, prev.take())
-            .acquired(Generation::new(1), Generation::new(2 + i));
+        let held =
+            Claim::new(keys(), "o", "h", i, LEASE, prev.take()).acquired(Generation::new(1), Generation::new(2 + i));
         let (write, verdict) = held.failed(ending("exit 3"), LIMIT);
         verdicts.push(verdict);
         let entry = decoded(&write);
@@ -115,10 +110,7 @@ fn an_interrupted_attempt_is_not_counted_and_keeps_the_failure_before_it() {
     let interrupted = decoded(&held.interrupted(6));
     assert_eq!(interrupted.attempts(), 1);
     assert_eq!(interrupted.last_ending().unwrap().exit, "exit 1");
-    assert_eq!(
-        plan(Some(&interrupted), false, RetryLimit { max_attempts: 2 }, true, false),
-        Plan::Run { attempt: 2 }
-    );
+    assert_eq!(plan(Some(&interrupted), false, RetryLimit { max_attempts: 2 }, true, false), Plan::Run { attempt: 2 });
     assert_eq!(Entry::decode(&interrupted.encode()).unwrap(), interrupted);
 }
 

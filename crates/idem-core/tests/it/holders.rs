@@ -22,9 +22,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Fingerprint, IdempotencyKey, Scope};
 use idem_core::ledger::{self, Entry, Plan, RetryLimit, plan};
 use idem_core::record::{Claim, Held, Observations, Outcome, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::{Fingerprint, IdempotencyKey, Scope};
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{LeaseKeeper, MemoryStore, Store, StoreExt};
 use proptest::prelude::*;

@@ -130,8 +130,11 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
                             }
                         }
                     }
-                    slot::Plan::Done | slot::Plan::Missed | slot::Plan::FailedForGood | slot::Plan::Held | slot::Plan::Behind => {
-                    }
+                    slot::Plan::Done
+                    | slot::Plan::Missed
+                    | slot::Plan::FailedForGood
+                    | slot::Plan::Held
+                    | slot::Plan::Behind => {}
                 }
             }
             Step::Fence(i) => {

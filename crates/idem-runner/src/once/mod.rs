@@ -385,7 +385,8 @@ pub async fn once<S: Store + Sync>(
                     report.outcome = Outcome::Stopped { attempt: None };
                     return Ok(report);
                 }
-                let claim = slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
+                let claim =
+                    slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
                 match claim_slot(store, &claim).await? {
                     Some((held, sent)) => {
                         if claim.creates() {
@@ -533,7 +534,10 @@ fn fired(interrupt: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
     futures_util::FutureExt::now_or_never(interrupt).is_some()
 }
 
-fn decode_entry(v: Option<idem_store::Versioned>, keys: &slot::Keys) -> Result<Option<(Generation, slot::Entry)>, Error> {
+fn decode_entry(
+    v: Option<idem_store::Versioned>,
+    keys: &slot::Keys,
+) -> Result<Option<(Generation, slot::Entry)>, Error> {
     match v {
         Some(v) => Ok(Some((v.generation(), slot::Entry::decode(v.value()).map_err(|e| corrupt(keys.entry(), e))?))),
         None => Ok(None),

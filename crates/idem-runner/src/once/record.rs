@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use idem_core::slot::{self, Ending, FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Job, MissedReason, is_kept_ahead, job_key, lease_prefix, missed, prune, slot_of_key, slot_prefix};
+use idem_core::slot::{
+    self, Ending, FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Job, MissedReason, is_kept_ahead, job_key,
+    lease_prefix, missed, prune, slot_of_key, slot_prefix,
+};
 use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
 
 use super::command::{Attempt, Ended};

@@ -1,6 +1,9 @@
 //! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
 
-use idem_core::slot::{self, HISTORY, Job, MissedReason, behind_key, interrupted_key, job_key, lease_prefix, repeats_key, slot_of_key, slot_prefix, takeovers_key};
+use idem_core::slot::{
+    self, HISTORY, Job, MissedReason, behind_key, interrupted_key, job_key, lease_prefix, repeats_key, slot_of_key,
+    slot_prefix, takeovers_key,
+};
 use idem_store::{Precondition, Store};
 use serde::Serialize;
 

@@ -211,6 +211,7 @@ impl Ack {
     /// nothing for AMQP, whose deliveries wait for their acknowledgement as long as the channel lives.
     pub(crate) async fn in_progress(&self) {
         #[cfg(feature = "nats")]
+        #[allow(irrefutable_let_patterns)] // the only variant when built without `amqp`
         if let Ack::Nats(message) = self {
             let _ = message.ack_with(async_nats::jetstream::AckKind::Progress).await;
         }
@@ -267,15 +268,18 @@ pub(crate) struct SourceConfig {
 }
 
 impl std::fmt::Debug for Source {
+    // Without a broker client there is no `Source` to show: the body is unreachable.
+    #[cfg_attr(not(any(feature = "amqp", feature = "nats")), allow(unreachable_code, unused_variables))]
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+        let name = match self {
             #[cfg(feature = "amqp")]
             Source::Amqp(_) => "Source::Amqp",
             #[cfg(feature = "nats")]
             Source::Nats(_) => "Source::Nats",
             #[cfg(not(any(feature = "amqp", feature = "nats")))]
             Source::None(never) => match *never {},
-        })
+        };
+        f.write_str(name)
     }
 }
 

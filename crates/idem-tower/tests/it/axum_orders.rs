@@ -43,7 +43,8 @@ impl Orders {
             .unwrap();
         let lines = forward(child.stdout.take().unwrap());
         let first = lines.recv_timeout(Duration::from_secs(60)).expect("the example says where it listens");
-        let addr = first.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected line {first:?}")).to_owned();
+        let addr =
+            first.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected line {first:?}")).to_owned();
         Orders { child, lines, addr }
     }
 
