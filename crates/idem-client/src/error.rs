@@ -58,7 +58,7 @@ pub enum Error {
         /// The key.
         key: String,
         /// Its current generation (from the ETag), `None` when absent.
-        current: Option<u64>,
+        current: Option<idem_store::Generation>,
     },
     /// The request could not be built or sent as given (bad URL or scheme, header, key, a redirect loop).
     #[error("invalid request: {reason}")]

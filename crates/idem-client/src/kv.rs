@@ -1,48 +1,10 @@
 use bytes::Bytes;
-use idem_store::RetryPolicy;
+use idem_store::{CounterOutcome, Generation, Precondition, RetryPolicy, SetChange, SetOutcome};
 use reqwest::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
 use reqwest::{Method, StatusCode};
-use serde::Deserialize;
 
 use crate::Error;
 use crate::send::detail_of;
-
-/// The condition of a KV write (RFC 9110 §13.1 over the KV API).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precondition {
-    /// Unconditional.
-    Any,
-    /// Only if absent (`If-None-Match: *`).
-    Absent,
-    /// Only if present (`If-Match: *`).
-    Present,
-    /// Only if the current generation is this one (`If-Match: "g"`): compare-and-swap.
-    Generation(u64),
-}
-
-/// The result of a set change (`POST /v1/kv/{key}/set`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-pub struct SetOutcome {
-    /// The set's generation after the change; `None` when it is now empty (deleted).
-    pub generation: Option<u64>,
-    /// Members after the change.
-    pub members: usize,
-    /// How many added members were new.
-    pub added: usize,
-    /// How many removed members were present.
-    pub removed: usize,
-}
-
-/// The result of a counter add (`POST /v1/kv/{key}/counter`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-pub struct CounterOutcome {
-    /// The value after the add (after the first application, for a repeated dedupe id).
-    pub value: i64,
-    /// The generation of that write.
-    pub generation: u64,
-    /// False when the dedupe id had been seen before, so nothing changed.
-    pub applied: bool,
-}
 
 /// A client for the KV API of `idem serve` (`/v1/kv`), at `base` (`http://127.0.0.1:8080`).
 #[derive(Clone, Debug)]
@@ -81,14 +43,14 @@ impl KvClient {
     ///
     /// # Errors
     /// [`Error::Transport`]; [`Error::Status`] for an answer other than 200 or 404.
-    pub async fn get(&self, key: &str) -> Result<Option<(Bytes, u64)>, Error> {
+    pub async fn get(&self, key: &str) -> Result<Option<(Bytes, Generation)>, Error> {
         let response = self.request(Method::GET, key, "").send().await?;
         if response.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
         let response = ok_or_status(response, key).await?;
-        let generation = generation_of(response.headers());
-        Ok(Some((response.bytes().await?, generation.unwrap_or(0))))
+        let generation = generation_of(response.headers()).ok_or_else(|| no_etag(key, response.status()))?;
+        Ok(Some((response.bytes().await?, generation)))
     }
 
     /// Writes `value` under `key` if `precondition` holds; returns the new generation.
@@ -96,10 +58,15 @@ impl KvClient {
     /// # Errors
     /// [`Error::PreconditionFailed`] with the current generation on 412; [`Error::Transport`];
     /// [`Error::Status`] for other refusals (413, 400, …).
-    pub async fn put(&self, key: &str, value: impl Into<Bytes>, precondition: Precondition) -> Result<u64, Error> {
+    pub async fn put(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        precondition: Precondition,
+    ) -> Result<Generation, Error> {
         let builder = with_precondition(self.request(Method::PUT, key, ""), precondition);
         let response = ok_or_status(builder.body(value.into()).send().await?, key).await?;
-        Ok(generation_of(response.headers()).unwrap_or(0))
+        generation_of(response.headers()).ok_or_else(|| no_etag(key, response.status()))
     }
 
     /// Deletes `key` if `precondition` holds.
@@ -114,13 +81,13 @@ impl KvClient {
     /// Read-modify-write: reads `key`, calls `f` with its value (`None` when absent), writes the result
     /// conditional on the generation read (`If-Match`, or `If-None-Match: *` when absent), and on 412 re-reads
     /// and calls `f` again, backing off with full jitter, for at most `policy`'s attempts. `f` returning
-    /// `None` leaves the value as it is. Returns the generation written (or read, when `f` changed nothing)
-    /// and the attempts used.
+    /// `None` leaves the value as it is. Returns the generation written (or read, when `f` changed nothing;
+    /// `None` when the key is absent and stays so) and the attempts used.
     ///
     /// # Errors
     /// [`Error::AttemptsExhausted`] naming the attempts when every one lost its race; errors of `f`;
     /// [`Error::Transport`] / [`Error::Status`].
-    pub async fn update<F>(&self, key: &str, policy: &RetryPolicy, mut f: F) -> Result<(u64, u32), Error>
+    pub async fn update<F>(&self, key: &str, policy: &RetryPolicy, mut f: F) -> Result<(Option<Generation>, u32), Error>
     where
         F: FnMut(Option<&[u8]>) -> Result<Option<Bytes>, Error>,
     {
@@ -129,11 +96,11 @@ impl KvClient {
             tokio::time::sleep(policy.backoff(attempt)).await;
             let current = self.get(key).await?;
             let Some(next) = f(current.as_ref().map(|(v, _)| v.as_ref()))? else {
-                return Ok((current.map_or(0, |(_, g)| g), attempt));
+                return Ok((current.map(|(_, g)| g), attempt));
             };
             let precondition = current.map_or(Precondition::Absent, |(_, g)| Precondition::Generation(g));
             match self.put(key, next, precondition).await {
-                Ok(generation) => return Ok((generation, attempt)),
+                Ok(generation) => return Ok((Some(generation), attempt)),
                 Err(Error::PreconditionFailed { .. }) => {
                     tracing::debug!(key, attempt, "lost a compare-and-swap race; re-reading");
                 }
@@ -143,13 +110,16 @@ impl KvClient {
         Err(Error::AttemptsExhausted { attempts: max, last: format!("412 on {key}: every attempt lost its race") })
     }
 
-    /// Adds and removes set members in one atomic step on the server.
+    /// Applies `change` (members to add and to remove) to the set under `key` in one atomic step on the server.
+    /// With [`SetChange::dedupe_id`], a repeat of the same change under that id changes nothing and returns the
+    /// first application's outcome with [`SetOutcome::applied`] false: a client that lost the answer can send it
+    /// again.
     ///
     /// # Errors
-    /// [`Error::Transport`]; [`Error::Status`] (e.g. 409 when the value is not a set).
-    pub async fn set_change(&self, key: &str, add: &[&str], remove: &[&str]) -> Result<SetOutcome, Error> {
-        let body = serde_json::json!({ "add": add, "remove": remove });
-        let response = ok_or_status(self.request(Method::POST, key, "/set").json(&body).send().await?, key).await?;
+    /// [`Error::Transport`]; [`Error::Status`] (409 when the value is not a set, or the dedupe id was used for
+    /// another change; 400 for a member or id that is empty, over 255 bytes or holds a NUL).
+    pub async fn set_change(&self, key: &str, change: &SetChange) -> Result<SetOutcome, Error> {
+        let response = ok_or_status(self.request(Method::POST, key, "/set").json(change).send().await?, key).await?;
         Ok(serde_json::from_slice(&response.bytes().await?)?)
     }
 
@@ -165,6 +135,15 @@ impl KvClient {
     }
 }
 
+/// A success without an ETag: whatever answered is not idem's KV API, which names every value's generation.
+fn no_etag(key: &str, status: StatusCode) -> Error {
+    Error::Status {
+        status: status.as_u16(),
+        replayed: false,
+        detail: format!("the answer for {key} has no ETag (generation): is this idem's KV API?"),
+    }
+}
+
 fn with_precondition(builder: reqwest::RequestBuilder, precondition: Precondition) -> reqwest::RequestBuilder {
     match precondition {
         Precondition::Any => builder,
@@ -174,8 +153,8 @@ fn with_precondition(builder: reqwest::RequestBuilder, precondition: Preconditio
     }
 }
 
-fn generation_of(headers: &reqwest::header::HeaderMap) -> Option<u64> {
-    headers.get(ETAG)?.to_str().ok()?.trim_matches('"').parse().ok()
+fn generation_of(headers: &reqwest::header::HeaderMap) -> Option<Generation> {
+    headers.get(ETAG)?.to_str().ok()?.trim_matches('"').parse().ok().map(Generation::new)
 }
 
 async fn ok_or_status(response: reqwest::Response, key: &str) -> Result<reqwest::Response, Error> {

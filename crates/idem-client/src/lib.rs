@@ -39,7 +39,7 @@
 //! answer, and on a TLS failure ([`Error::Tls`]: the server's certificate refused, or no TLS there).
 //! HTTPS uses rustls on the ring provider with the platform's trust store; [`TlsConfig`] trusts a private CA
 //! instead (curl's `--cacert`) and presents a client certificate. [`KvClient`] offers the KV API of `idem serve`: reads, conditional writes, the read-modify-write
-//! loop on ETags, and the atomic set and counter operations.
+//! loop on ETags, and the atomic set and counter operations, each with an optional dedupe id so a resent change applies once.
 
 mod error;
 mod kv;
@@ -48,7 +48,7 @@ mod tls;
 
 pub use error::Error;
 pub use idem_core::{IdempotencyKey, derive_key};
-pub use idem_store::RetryPolicy;
-pub use kv::{CounterOutcome, KvClient, Precondition, SetOutcome};
+pub use idem_store::{CounterOutcome, Generation, Precondition, RetryPolicy, SetChange, SetOutcome};
+pub use kv::KvClient;
 pub use send::{Client, Response, WriteRequest};
 pub use tls::{TlsConfig, client_builder, install_crypto_provider, tls_failure};

@@ -1,4 +1,5 @@
-//! The work ledger of `idem run` and its state machine (docs/DESIGN.md, "Runner contract").
+//! The work ledger of `idem run` and its state machine: which items ran, who holds one now, and what each
+//! attempt ended as.
 //!
 //! Each work item has two store keys:
 //!
@@ -44,12 +45,12 @@ use crate::{Error, Write, WriteOp};
 
 /// The store keys of one item of one job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ItemKeys {
+pub struct Keys {
     entry: String,
     lease: String,
 }
 
-impl ItemKeys {
+impl Keys {
     /// The keys of item `id` of job `job` (a short hash naming the job, so two jobs share a store safely).
     pub fn new(job: &str, id: &str) -> Self {
         Self { entry: format!("{}{id}", entry_prefix(job)), lease: format!("run/{job}/lease/{id}") }
@@ -254,7 +255,7 @@ pub fn plan(entry: Option<&Entry>, limit: RetryLimit) -> Plan {
 
 /// The write that records an output found in place, verified, with no entry: create-only, so it never
 /// overwrites what another runner recorded meanwhile. `item_sha256`: the SHA-256 of the item's text, if known.
-pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64, item_sha256: Option<&str>) -> Write {
+pub fn adopt(keys: &Keys, sha256: &str, size: u64, now_ms: u64, item_sha256: Option<&str>) -> Write {
     let entry = Entry::Done {
         attempts: 0,
         sha256: sha256.to_owned(),
@@ -275,14 +276,7 @@ pub fn adopt(keys: &ItemKeys, sha256: &str, size: u64, now_ms: u64, item_sha256:
 /// left behind unrecorded (its runner gave up waiting for the store; the output verified against the digest it
 /// noted): fenced on that generation, so it is refused if anyone claimed the item over meanwhile. Its attempts
 /// are the entry's.
-pub fn record_noted(
-    keys: &ItemKeys,
-    generation: Generation,
-    over: &Entry,
-    sha256: &str,
-    size: u64,
-    now_ms: u64,
-) -> Write {
+pub fn record_noted(keys: &Keys, generation: Generation, over: &Entry, sha256: &str, size: u64, now_ms: u64) -> Write {
     let owner = match over {
         Entry::Running { owner, .. } | Entry::Interrupted { owner, .. } | Entry::Done { owner, .. } => owner.clone(),
         Entry::Failed { .. } => "adopted".to_owned(),
@@ -303,12 +297,12 @@ pub fn record_noted(
     }
 }
 
-/// A claim about to be made on an item: [`ItemClaim::lease_write`]; once the store accepted it,
-/// [`ItemClaim::leased`] makes a [`Held`] item whose attempt is counted ([`Held::count`], the same write as
-/// [`ItemClaim::entry_write`]) just before its command starts.
+/// A claim about to be made on an item: [`Claim::lease_write`]; once the store accepted it,
+/// [`Claim::leased`] makes a [`Held`] item whose attempt is counted ([`Held::count`], the same write as
+/// [`Claim::entry_write`]) just before its command starts.
 #[derive(Clone, Debug)]
-pub struct ItemClaim {
-    keys: ItemKeys,
+pub struct Claim {
+    keys: Keys,
     owner: String,
     now_ms: u64,
     lease: Duration,
@@ -318,11 +312,11 @@ pub struct ItemClaim {
     item_sha256: Option<String>,
 }
 
-impl ItemClaim {
+impl Claim {
     /// Prepares a claim by `owner` at `now_ms` (milliseconds since the Unix epoch) with a lease of `lease`
     /// (at least the store's minimum TTL, 1 s), over the entry `prev` read just before (`None`: no entry).
     pub fn new(
-        keys: ItemKeys,
+        keys: Keys,
         owner: impl Into<String>,
         now_ms: u64,
         lease: Duration,
@@ -340,7 +334,7 @@ impl ItemClaim {
     }
 
     /// The item's ledger keys.
-    pub fn keys(&self) -> &ItemKeys {
+    pub fn keys(&self) -> &Keys {
         &self.keys
     }
 
@@ -444,7 +438,7 @@ impl ItemClaim {
 
 /// What a failed attempt leaves the item as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailureVerdict {
+pub enum Failure {
     /// Attempts remain: run it again.
     Retry,
     /// The same fingerprint occurred twice: a poison item.
@@ -456,7 +450,7 @@ pub enum FailureVerdict {
 /// An item held under a live lease. Every write it produces is fenced.
 #[derive(Clone, Debug)]
 pub struct Held {
-    claim: ItemClaim,
+    claim: Claim,
     attempt: u32,
     failures: Vec<String>,
     last_error: Option<String>,
@@ -469,7 +463,7 @@ pub struct Held {
 /// Kept by [`idem_store::LeaseKeeper`] while the item waits for a slot, runs and settles.
 impl Renewable for Held {
     fn length(&self) -> Duration {
-        self.claim.lease
+        Held::length(self)
     }
 
     /// Extend the lease by its length from now (the store's now), only if still held.
@@ -525,12 +519,12 @@ impl Held {
     }
 
     /// The lease length.
-    pub fn lease(&self) -> Duration {
+    pub fn length(&self) -> Duration {
         self.claim.lease
     }
 
     /// The item's ledger keys.
-    pub fn keys(&self) -> &ItemKeys {
+    pub fn keys(&self) -> &Keys {
         &self.claim.keys
     }
 
@@ -629,16 +623,16 @@ impl Held {
 
     /// Record a failed attempt with its error `fingerprint` and message, only if no one took it over; says
     /// whether the item may run again under `limit`.
-    pub fn failed(&self, fingerprint: &str, message: &str, now_ms: u64, limit: RetryLimit) -> (Write, FailureVerdict) {
+    pub fn failed(&self, fingerprint: &str, message: &str, now_ms: u64, limit: RetryLimit) -> (Write, Failure) {
         let poison = self.failures.iter().any(|f| f == fingerprint);
         let mut failures = self.failures.clone();
         failures.push(fingerprint.to_owned());
         let verdict = if poison {
-            FailureVerdict::Poison
+            Failure::Poison
         } else if self.attempt >= limit.max_attempts {
-            FailureVerdict::Exhausted
+            Failure::Exhausted
         } else {
-            FailureVerdict::Retry
+            Failure::Retry
         };
         let entry = Entry::Failed {
             attempts: self.attempt,
@@ -700,8 +694,8 @@ fn normalise(line: &str) -> String {
 mod tests {
     #[test]
     fn unclaim_puts_back_the_entry_it_replaced_fenced_on_the_claim() {
-        let keys = ItemKeys::new("job", "a");
-        let fresh = ItemClaim::new(keys.clone(), "o1", 1, Duration::from_secs(10), None)
+        let keys = Keys::new("job", "a");
+        let fresh = Claim::new(keys.clone(), "o1", 1, Duration::from_secs(10), None)
             .acquired(Generation::new(5), Generation::new(6));
         let undo = fresh.unclaim().expect("counted");
         assert_eq!(undo.key, keys.entry());
@@ -715,7 +709,7 @@ mod tests {
             finished_at_ms: 0,
             item_sha256: None,
         };
-        let retry = ItemClaim::new(keys, "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())))
+        let retry = Claim::new(keys, "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())))
             .acquired(Generation::new(7), Generation::new(8));
         assert_eq!(retry.attempt(), 2);
         let undo = retry.unclaim().expect("counted");
@@ -741,8 +735,7 @@ mod tests {
             item_sha256: None,
         };
         let once = RetryLimit { max_attempts: 2 };
-        let claim =
-            ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())));
+        let claim = Claim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(3), failed.clone())));
         let mut held = claim.clone().leased(Generation::new(4));
         assert_eq!(held.fencing_token(), None);
         assert!(!held.is_counted());
@@ -760,12 +753,12 @@ mod tests {
         assert_eq!(held.done("ab", 1, 2, 3).precondition, Precondition::Generation(Generation::new(5)));
         assert_eq!(held.unclaim().map(|w| w.precondition), Some(Precondition::Generation(Generation::new(5))));
         // Before the count, a write over the entry (an earlier holder's output adopted) is fenced on what was read.
-        let fresh = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None).leased(Generation::new(1));
+        let fresh = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).leased(Generation::new(1));
         assert_eq!(fresh.done("ab", 1, 2, 3).precondition, Precondition::Absent);
     }
 
-    fn keys() -> ItemKeys {
-        ItemKeys::new("job1", "a")
+    fn keys() -> Keys {
+        Keys::new("job1", "a")
     }
 
     #[test]
@@ -773,7 +766,7 @@ mod tests {
         assert_eq!(keys().entry(), "run/job1/item/a");
         assert_eq!(keys().lease(), "run/job1/lease/a");
         assert!(keys().entry().starts_with(&entry_prefix("job1")));
-        assert_ne!(ItemKeys::new("job2", "a").entry(), keys().entry());
+        assert_ne!(Keys::new("job2", "a").entry(), keys().entry());
     }
 
     #[test]
@@ -789,7 +782,7 @@ mod tests {
 
     #[test]
     fn attempts_are_counted_at_claim_and_carried_over_a_crash() {
-        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        let claim = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None);
         assert_eq!(claim.attempt(), 1);
         assert_eq!(claim.lease_write().precondition, Precondition::Absent);
         assert_eq!(claim.entry_write().precondition, Precondition::Absent);
@@ -799,7 +792,7 @@ mod tests {
         assert_eq!(running.attempts(), 1);
         // The holder crashed: its lease lapsed but the entry still says attempt 1.
         assert_eq!(plan(Some(&running), LIMIT), Plan::Retry { attempts: 1 });
-        let again = ItemClaim::new(keys(), "o2", 2, Duration::from_secs(10), Some((Generation::new(7), running)));
+        let again = Claim::new(keys(), "o2", 2, Duration::from_secs(10), Some((Generation::new(7), running)));
         assert_eq!(again.attempt(), 2);
         assert_eq!(again.previous_attempt(), Some(("o1".to_owned(), 1)));
         assert_eq!(again.entry_write().precondition, Precondition::Generation(Generation::new(7)));
@@ -807,7 +800,7 @@ mod tests {
 
     #[test]
     fn every_write_after_the_claim_is_fenced() {
-        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        let claim = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None);
         let mut held = claim.acquired(Generation::new(3), Generation::new(4));
         assert_eq!(held.fencing_token(), Some(Generation::new(4)));
         assert_eq!(held.renewal().precondition, Precondition::Generation(Generation::new(3)));
@@ -824,18 +817,18 @@ mod tests {
 
     #[test]
     fn the_same_fingerprint_twice_is_poison() {
-        let claim = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None);
+        let claim = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None);
         let held = claim.acquired(Generation::new(1), Generation::new(2));
         let (w, verdict) = held.failed("exit 1: boom", "boom", 3, LIMIT);
-        assert_eq!(verdict, FailureVerdict::Retry);
+        assert_eq!(verdict, Failure::Retry);
         let WriteOp::Put { value, .. } = w.op else { panic!("put") };
         let failed = Entry::decode(&value).unwrap();
         assert_eq!(plan(Some(&failed), LIMIT), Plan::Retry { attempts: 1 });
-        let second = ItemClaim::new(keys(), "o1", 4, Duration::from_secs(10), Some((Generation::new(5), failed)));
+        let second = Claim::new(keys(), "o1", 4, Duration::from_secs(10), Some((Generation::new(5), failed)));
         let held = second.acquired(Generation::new(6), Generation::new(7));
         assert_eq!(held.attempt(), 2);
         let (w, verdict) = held.failed("exit 1: boom", "boom", 8, LIMIT);
-        assert_eq!(verdict, FailureVerdict::Poison);
+        assert_eq!(verdict, Failure::Poison);
         let WriteOp::Put { value, .. } = w.op else { panic!("put") };
         let poisoned = Entry::decode(&value).unwrap();
         assert_eq!(plan(Some(&poisoned), LIMIT), Plan::Poison { last_error: "boom".into() });
@@ -847,14 +840,14 @@ mod tests {
         let mut prev = None;
         let mut verdicts = Vec::new();
         for (i, fp) in ["exit 1: a", "exit 1: b"].iter().enumerate() {
-            let claim = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), prev.take());
+            let claim = Claim::new(keys(), "o", 0, Duration::from_secs(10), prev.take());
             let held = claim.acquired(Generation::new(1), Generation::new(2 + i as u64));
             let (w, verdict) = held.failed(fp, fp, 0, limit);
             verdicts.push(verdict);
             let WriteOp::Put { value, .. } = w.op else { panic!("put") };
             prev = Some((Generation::new(10 + i as u64), Entry::decode(&value).unwrap()));
         }
-        assert_eq!(verdicts, [FailureVerdict::Retry, FailureVerdict::Exhausted]);
+        assert_eq!(verdicts, [Failure::Retry, Failure::Exhausted]);
         let (_, last) = prev.unwrap();
         assert!(matches!(plan(Some(&last), limit), Plan::Exhausted { attempts: 2, .. }));
     }
@@ -869,8 +862,8 @@ mod tests {
     fn an_interrupted_attempt_is_not_counted_and_its_file_is_never_adopted() {
         // `--retries 0`: one attempt in all.
         let once = RetryLimit { max_attempts: 1 };
-        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
-            .acquired(Generation::new(3), Generation::new(4));
+        let held =
+            Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).acquired(Generation::new(3), Generation::new(4));
         let write = held.interrupted(9);
         assert_eq!(write.key, keys().entry());
         assert_eq!(write.precondition, Precondition::Generation(Generation::new(4)), "fenced on the claim");
@@ -892,7 +885,7 @@ mod tests {
         assert_eq!(Entry::decode(&entry.encode()).unwrap(), entry);
 
         // The next claim runs as the same attempt number and sweeps the interrupted attempt's temporary file.
-        let next = ItemClaim::new(keys(), "o2", 10, Duration::from_secs(10), Some((Generation::new(5), entry.clone())));
+        let next = Claim::new(keys(), "o2", 10, Duration::from_secs(10), Some((Generation::new(5), entry.clone())));
         assert_eq!(next.attempt(), 1);
         assert_eq!(next.previous_attempt(), Some(("o1".to_owned(), 1)));
         assert_eq!(next.entry_write().precondition, Precondition::Generation(Generation::new(5)));
@@ -912,7 +905,7 @@ mod tests {
             finished_at_ms: 0,
             item_sha256: None,
         };
-        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(2), failed)))
+        let held = Claim::new(keys(), "o1", 1, Duration::from_secs(10), Some((Generation::new(2), failed)))
             .acquired(Generation::new(3), Generation::new(4));
         assert_eq!(held.attempt(), 2);
         let entry = decoded(&held.interrupted(5));
@@ -924,11 +917,11 @@ mod tests {
             Plan::Exhausted { attempts: 1, last_error: "boom".into() }
         );
         // The same failure after the interruption is still the second occurrence: poison.
-        let again = ItemClaim::new(keys(), "o2", 6, Duration::from_secs(10), Some((Generation::new(5), entry)))
+        let again = Claim::new(keys(), "o2", 6, Duration::from_secs(10), Some((Generation::new(5), entry)))
             .acquired(Generation::new(6), Generation::new(7));
         assert_eq!(again.attempt(), 2);
         let (_, verdict) = again.failed("exit 1: boom", "boom", 8, LIMIT);
-        assert_eq!(verdict, FailureVerdict::Poison);
+        assert_eq!(verdict, Failure::Poison);
     }
 
     /// Every way an attempt can end short of done, from an item with no entry: only a claim whose command never
@@ -936,10 +929,9 @@ mod tests {
     #[test]
     fn only_an_attempt_that_never_started_leaves_the_item_adoptable() {
         let held = || {
-            ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
-                .acquired(Generation::new(1), Generation::new(2))
+            Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).acquired(Generation::new(1), Generation::new(2))
         };
-        let running = decoded(&ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None).entry_write());
+        let running = decoded(&Claim::new(keys(), "o1", 1, Duration::from_secs(10), None).entry_write());
         let endings: Vec<(&str, Entry)> = vec![
             // kill -9, a crash, a lost lease (taken over or the ledger unreachable): the claim's entry stays.
             ("crashed or lost its lease", running),
@@ -975,7 +967,7 @@ mod tests {
             item_sha256: None,
         };
         assert_eq!(plan(Some(&done), LIMIT), Plan::CheckDone { sha256: "ff".into(), size: 1 });
-        let redo = ItemClaim::new(keys(), "o", 0, Duration::from_secs(10), Some((Generation::new(3), done)));
+        let redo = Claim::new(keys(), "o", 0, Duration::from_secs(10), Some((Generation::new(3), done)));
         assert_eq!(redo.attempt(), 1);
         // A redo interrupted does not put the old digest back: the file may be the interrupted command's.
         let interrupted = decoded(&redo.clone().acquired(Generation::new(4), Generation::new(5)).interrupted(6));
@@ -989,7 +981,7 @@ mod tests {
         let old =
             br#"{"state":"done","attempts":1,"sha256":"ab","size":2,"owner":"o","finished_at_ms":1,"duration_ms":0}"#;
         assert_eq!(Entry::decode(old).unwrap().item_sha256(), None);
-        let held = ItemClaim::new(keys(), "o1", 1, Duration::from_secs(10), None)
+        let held = Claim::new(keys(), "o1", 1, Duration::from_secs(10), None)
             .with_item_sha256("cd")
             .acquired(Generation::new(3), Generation::new(4));
         assert_eq!(decoded(&held.done("ab", 2, 5, 1)).item_sha256(), Some("cd"));

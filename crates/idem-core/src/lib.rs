@@ -1,11 +1,49 @@
-//! idem's logic without I/O: idempotency keys, scopes, request fingerprints and the record state machine of
-//! `draft-ietf-httpapi-idempotency-key-header`, as the Idempotency-Key contract in docs/DESIGN.md describes it.
+//! idem's logic without I/O: idempotency keys, scopes and request fingerprints, and three state machines,
+//! each in its own module with the same shape ([`Claim`](record::Claim) → [`Held`](record::Held) → fenced
+//! writes):
+//!
+//! - [`record`]: the idempotency record of `draft-ietf-httpapi-idempotency-key-header` (the tower layer, the
+//!   proxy);
+//! - [`ledger`]: the work ledger of `idem run` (one entry and one lease per work item);
+//! - [`slot`]: the slots of `idem once` (each scheduled run of a cron job happens once).
+//!
+//! ```
+//! use idem_core::record::{Claim, Outcome, RecordKey, StoredResponse, Verdict, judge};
+//! use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope};
+//! use idem_store::{MemoryStore, Store, StoreExt};
+//! use std::time::Duration;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let key = IdempotencyKey::from_field_lines([&b"\"order-42\""[..]])?.expect("one field line");
+//! let request = RequestParts::new("POST", "/orders", None, Some("application/json"), br#"{"amount":1}"#);
+//! let fingerprint = Fingerprint::of_request(&request);
+//! let record_key = RecordKey::new("idempotency/", &Scope::from_credential(Some(b"Bearer alice")), &key);
+//!
+//! // A free key is claimed with a create-if-absent; the generation the store gives it fences every later write.
+//! let claim = Claim::new(record_key.clone(), fingerprint, "owner-1", 1_000, Duration::from_secs(10), Duration::from_secs(3600));
+//! let generation = store.apply(claim.write()).await?.expect("a put has a generation");
+//! let held = claim.acquired(generation);
+//!
+//! // ...execute the request, then store its answer, only if the lease is still held.
+//! let answer = StoredResponse { status: 201, headers: vec![], body: "created".into() };
+//! store.apply(held.complete(Outcome::Response(answer.clone()), 2_000, Duration::from_secs(3600))).await?;
+//!
+//! // A retry with the same request is a replay.
+//! let record = store.get(record_key.as_str()).await?.map(|v| idem_core::record::Record::decode(v.value())).transpose()?;
+//! assert_eq!(judge(record, &fingerprint), Verdict::Replay(answer));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 //!
 //! Nothing here reads the clock, the network or the environment: time comes in as an argument, and every
-//! transition of a record comes out as a [`Write`] — a conditional store write that a caller (the tower layer,
-//! a test) performs. Each [`Write`] after the claim is conditional on the generation of the record it replaces,
+//! transition comes out as a [`Write`] — a conditional store write that a caller (the tower layer, the runner,
+//! a test) performs. Each [`Write`] after the claim is conditional on the generation of the value it replaces,
 //! which makes the generation the *fencing token*: a holder whose lease lapsed and was taken over finds its
-//! write refused.
+//! write refused. Each `Held` is kept alive by an [`idem_store::LeaseKeeper`] through
+//! [`idem_store::Renewable`].
+//!
+//! Keys and fingerprints:
 //!
 //! ```
 //! use idem_core::{Fingerprint, IdempotencyKey, RequestParts, Scope, derive_key};
@@ -27,27 +65,17 @@
 mod error;
 mod fingerprint;
 mod key;
-mod ledger;
+pub mod ledger;
 mod planted;
 mod problem;
-mod record;
+pub mod record;
 mod redact;
-mod slot;
+pub mod slot;
 
 pub use error::Error;
 pub use fingerprint::{Fingerprint, RequestParts, Scope};
 pub use idem_store::{Write, WriteOp};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
-pub use ledger::{
-    Entry, FailureVerdict, Held, ItemClaim, ItemKeys, Plan, RetryLimit, adopt, entry_prefix, error_fingerprint, plan,
-    record_noted,
-};
 pub use planted::planted;
 pub use problem::ProblemType;
-pub use record::{Claim, Lease, Observations, Outcome, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
 pub use redact::redact_url;
-pub use slot::{
-    Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotClaim, SlotEntry,
-    SlotFailure, SlotKeys, SlotPlan, behind_key, interrupted_key, is_kept_ahead, job_key, lease_prefix, missed,
-    plan as plan_slot, prune, repeats_key, slot_of_key, slot_prefix, takeovers_key,
-};

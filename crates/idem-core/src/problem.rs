@@ -97,7 +97,8 @@ problem_types! {
     RequestInFlight = "request-in-flight", "Request in flight";
     /// 413: the request body exceeds `--max-request-body`.
     RequestTooLarge = "request-too-large", "Request body too large";
-    /// 431: the request's header fields are over the limits (RFC 6585 §5; README, "Limits").
+    /// 431: the request's header fields are over the limits (RFC 6585 §5): `idem serve` takes nginx's
+    /// limits, 8 KiB for one field line and 32 KiB for them all.
     HeaderFieldsTooLarge = "header-fields-too-large", "Request header fields too large";
     /// 400: the request body could not be read to its end.
     RequestBodyUnreadable = "request-body-unreadable", "Request body unreadable";

@@ -1,4 +1,5 @@
-//! The idempotency record and its state machine (docs/DESIGN.md, Idempotency-Key steps 2 to 6).
+//! The idempotency record and its state machine: claim a key, renew its lease while the request runs, then
+//! store the outcome or release the key; a retry is judged against the record it finds.
 //!
 //! ```text
 //!            claim (create if absent, TTL = kept)
@@ -224,7 +225,7 @@ impl Record {
     }
 }
 
-/// What to do with a request, given the record its key already has (draft §2.6 and docs/DESIGN.md step 3).
+/// What to do with a request, given the record its key already has (draft §2.6, status codes from §2.7).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// No live record: claim the key and execute.
@@ -267,7 +268,7 @@ pub fn judge(record: Option<Record>, fingerprint: &Fingerprint) -> Verdict {
 
 /// A claim about to be made: [`Claim::write`] is the conditional create (or [`Claim::take_over`] the
 /// conditional replacement of a dead holder's record); once the store accepted it, [`Claim::acquired`] turns
-/// it into the [`Lease`] its generation fences.
+/// it into the [`Held`] its generation fences.
 #[derive(Clone, Debug)]
 pub struct Claim {
     key: RecordKey,
@@ -316,8 +317,8 @@ impl Claim {
     }
 
     /// The lease held after the store accepted [`Claim::write`] and gave it `generation`.
-    pub fn acquired(self, generation: Generation) -> Lease {
-        Lease { claim: self, generation }
+    pub fn acquired(self, generation: Generation) -> Held {
+        Held { claim: self, generation }
     }
 
     fn in_progress(&self) -> Record {
@@ -332,15 +333,15 @@ impl Claim {
 
 /// A held lease on a record. Its generation is the fencing token: every write it produces is conditional on it.
 #[derive(Clone, Debug)]
-pub struct Lease {
+pub struct Held {
     claim: Claim,
     generation: Generation,
 }
 
 /// Kept by [`idem_store::LeaseKeeper`] while the request executes.
-impl Renewable for Lease {
+impl Renewable for Held {
     fn length(&self) -> Duration {
-        self.claim.length
+        Held::length(self)
     }
 
     /// Show the holder alive: a new generation of the same record (its TTL set to `kept` again), only if still
@@ -354,17 +355,20 @@ impl Renewable for Lease {
     }
 
     fn renewed(&mut self, generation: Generation) {
-        self.advanced(generation);
+        self.generation = generation;
     }
 
+    /// Whether `current` is this holder's own in-progress record (same owner, claim time and fingerprint),
+    /// e.g. after a renewal whose answer was lost landed in the store: then its generation is this holder's to
+    /// adopt. A record another holder claimed is never "mine", so adopting cannot defeat the fence.
     fn is_mine(&self, current: &Versioned) -> bool {
-        Record::decode(current.value()).is_ok_and(|record| Lease::is_mine(self, &record))
+        Record::decode(current.value()).is_ok_and(|record| self.owns(&record))
     }
 }
 
-impl Lease {
+impl Held {
     /// The fencing token: the generation of the holder's last accepted write.
-    pub fn generation(&self) -> Generation {
+    pub fn fencing_token(&self) -> Generation {
         self.generation
     }
 
@@ -383,18 +387,11 @@ impl Lease {
         &self.claim.fingerprint
     }
 
-    /// Whether `record` is this lease's own in-progress record (same owner, claim time and fingerprint), e.g.
-    /// after a renewal whose answer was lost landed in the store: then its generation is this lease's to adopt.
-    /// A record another holder claimed is never "mine", so adopting cannot defeat the fence.
-    pub fn is_mine(&self, record: &Record) -> bool {
+    /// Whether `record` is the in-progress record this holder's claim wrote.
+    fn owns(&self, record: &Record) -> bool {
         matches!(record, Record::InProgress { fingerprint, owner, started_at_ms, .. }
             if *fingerprint == self.claim.fingerprint && *owner == self.claim.owner
                 && *started_at_ms == self.claim.started_at_ms)
-    }
-
-    /// Record that a write of this lease was accepted with `generation` (the new fencing token).
-    pub fn advanced(&mut self, generation: Generation) {
-        self.generation = generation;
     }
 
     /// Store the outcome for `retention`, only if the lease is still held.
@@ -402,7 +399,7 @@ impl Lease {
         self.finish(outcome, now_ms, retention, Precondition::Generation(self.generation))
     }
 
-    /// After [`Lease::complete`] failed its fence because the record is gone (deleted through the record
+    /// After [`Held::complete`] failed its fence because the record is gone (deleted through the record
     /// endpoint, or kept for less than the holder ran): store the outcome only if the key is still free, so the
     /// work done is not lost and a new holder is never overwritten.
     pub fn complete_lapsed(&self, outcome: Outcome, now_ms: u64, retention: Duration) -> Write {
@@ -457,7 +454,7 @@ struct Seen {
 /// clock, it first saw that generation.
 ///
 /// A holder renews its record every third of its lease, each renewal a new generation (generations are never
-/// reused, docs/DESIGN.md). A generation that stayed the same for a whole lease of the observer's clock means
+/// reused: [`idem_store::Generation`]). A generation that stayed the same for a whole lease of the observer's clock means
 /// no renewal landed for that long: the holder's own keeper (which counts a lease from the moment it *sent*
 /// its last accepted write, earlier than anyone could read it) has given the lease up by then, if its clock
 /// runs at about the observer's rate — the usual lease assumption; no clock synchronisation is assumed, and
@@ -518,7 +515,7 @@ impl Observations {
     /// its entry's and its lease's generations), read by a read sent at `sent` and answered at `answered`.
     ///
     /// Every write a holder makes gets a generation larger than any before it (generations are never reused,
-    /// docs/DESIGN.md), so only a *larger* generation is a sign of life and restarts the watch; a smaller one
+    /// [`idem_store::Generation`]), so only a *larger* generation is a sign of life and restarts the watch; a smaller one
     /// (the lease key gone by the store's clock) does not. A first sighting starts the watch at `answered`: the
     /// holder's write it shows was sent no later. The holder counts as gone ([`Watch::Lapsed`]) once a read
     /// *sent* a whole `lease` after that still shows nothing larger: a read queued behind a locked store and
@@ -665,26 +662,26 @@ mod tests {
         let mut lease = claim.acquired(Generation::new(5));
         assert_eq!(lease.renewal().precondition, Precondition::Generation(Generation::new(5)));
         assert!(matches!(lease.renewal().op, WriteOp::Put { ttl: Ttl::After(d), .. } if d == kept));
-        assert!(lease.is_mine(&Record::InProgress {
+        assert!(lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
             started_at_ms: 1_000,
             lease_ms: 10_000,
         }));
-        assert!(!lease.is_mine(&Record::InProgress {
+        assert!(!lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-2".into(),
             started_at_ms: 1_000,
             lease_ms: 10_000,
         }));
-        assert!(!lease.is_mine(&Record::InProgress {
+        assert!(!lease.owns(&Record::InProgress {
             fingerprint: fp("a"),
             owner: "owner-1".into(),
             started_at_ms: 1_001,
             lease_ms: 10_000,
         }));
-        lease.advanced(Generation::new(9));
-        assert_eq!(lease.generation(), Generation::new(9));
+        lease.renewed(Generation::new(9));
+        assert_eq!(lease.fencing_token(), Generation::new(9));
         let outcome = Outcome::Unknown { reason: "x".into() };
         let done = lease.complete(outcome.clone(), 2_000, Duration::from_secs(86_400));
         assert_eq!(done.precondition, Precondition::Generation(Generation::new(9)));

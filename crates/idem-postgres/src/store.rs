@@ -3,9 +3,10 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, Transaction};
+use idem_store::backend::{apply_counter, apply_set};
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
-    Store, Ttl, Versioned, Written, apply_counter, apply_set, system_time_to_millis,
+    Store, Ttl, Versioned, Written, system_time_to_millis,
 };
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::error::SqlState;

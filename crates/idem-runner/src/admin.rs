@@ -1,6 +1,6 @@
 //! `idem runs status` and `idem runs forget`: reading and trimming a job's ledger.
 
-use idem_core::{Entry, ItemKeys, entry_prefix};
+use idem_core::ledger::{self, Entry, entry_prefix};
 use idem_store::{Precondition, Store, Ttl};
 use serde::{Deserialize, Serialize};
 
@@ -248,7 +248,7 @@ pub async fn forget<S: Store>(
     let mut unknown = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for id in ids.iter().filter(|id| seen.insert(id.as_str())) {
-        let keys = ItemKeys::new(job, id);
+        let keys = ledger::Keys::new(job, id);
         let known = store.delete(keys.entry(), Precondition::Any).await?.is_some();
         store.delete(keys.lease(), Precondition::Any).await?;
         if !known {

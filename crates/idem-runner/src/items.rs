@@ -134,6 +134,7 @@ fn item_id(raw: &str, json: bool, id_field: Option<&str>) -> Result<String, Stri
 /// The item a queue message carries: `body` (trimmed) is the item; its id is the `--id-field` member when that
 /// is given, else the message's own id (`message_id`, hashed when it is no safe id), else what a line of the
 /// same text would get. `Err` says why the message cannot be an item.
+#[cfg_attr(not(any(feature = "amqp", feature = "nats")), allow(dead_code))]
 pub(crate) fn parse_item(
     number: u64,
     body: &[u8],

@@ -1,6 +1,6 @@
 //! The engine of `idem run`: run a command over work items (a file, a pipe, or the messages of a RabbitMQ
 //! queue or a NATS JetStream consumer) so that reruns, crashes, duplicate runners, redeliveries and retries are
-//! boring (docs/DESIGN.md, "Runner contract").
+//! boring.
 //!
 //! For each item the engine reads its ledger entry (`idem_core`'s ledger state machine) and its output file:
 //! done items whose output still has the recorded SHA-256 are skipped, a verified output without an entry is
@@ -8,17 +8,33 @@
 //! fsynced, renamed into place while the lease is still held, and recorded done with its digest. Every ledger
 //! write after the claim is conditional on the claim's generation (the fencing token).
 //!
-//! ```no_run
-//! use idem_runner::{RunConfig, Stop, run};
+//! ```
+//! use idem_runner::{ProgressMode, RunConfig, RunStatus, Stop, run};
 //! use idem_store::MemoryStore;
 //!
-//! # async fn demo() -> Result<(), idem_runner::Error> {
-//! let mut cfg = RunConfig::new("items.jsonl", "out/{id}.json", vec!["./work.sh".into(), "{id}".into(), "{out}".into()]);
-//! cfg.jobs = 4;
-//! let summary = run(MemoryStore::new(), cfg, Stop::new()).await?;
-//! std::process::exit(summary.status().exit_code());
-//! # }
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! let dir = tempfile::tempdir()?;
+//! std::fs::write(dir.path().join("items.txt"), "a\nb\nc\n")?;
+//! // One command per item; it writes `{out}`, which is fsynced and renamed to the output path once it exits 0.
+//! let mut cfg = RunConfig::new(
+//!     dir.path().join("items.txt"),
+//!     format!("{}/{{id}}.txt", dir.path().display()),
+//!     vec!["sh".into(), "-c".into(), "echo done > {out}".into()],
+//! );
+//! cfg.progress = ProgressMode::Off;
+//! let ledger = MemoryStore::new(); // a durable store (SQLite, PostgreSQL) keeps it across processes
+//!
+//! let first = run(ledger.clone(), cfg.clone(), Stop::new()).await?;
+//! assert_eq!((first.done, first.status()), (3, RunStatus::AllDone));
+//! // Run again: every item is done, with its output intact, so nothing runs.
+//! let again = run(ledger, cfg, Stop::new()).await?;
+//! assert_eq!((again.skipped, again.executions), (3, 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
+//!
+//! The RabbitMQ and NATS JetStream clients are cargo features, `amqp` and `nats`, both on by default; without
+//! one, a run given its queue URL is refused at start-up.
 
 mod admin;
 mod config;

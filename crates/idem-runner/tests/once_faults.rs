@@ -139,7 +139,7 @@ async fn a_machine_further_ahead_than_the_tolerance_takes_the_stores_slot() {
 /// entries, withdraws, and the slot is reported behind: 0 runs, no entry and no lease left for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_paused_past_the_history_does_not_run_a_pruned_slot() {
-    use idem_core::{Ending, HISTORY, Job, SlotEntry, SlotKeys, job_key};
+    use idem_core::slot::{self, Ending, HISTORY, Job, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
 
     let dir = tempfile::tempdir().unwrap();
@@ -171,8 +171,8 @@ async fn a_claim_paused_past_the_history_does_not_run_a_pruned_slot() {
                 let ending =
                     Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: 1, output: vec![] };
                 let done =
-                    SlotEntry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
-                let key = SlotKeys::new("job", slot + period * i);
+                    slot::Entry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
+                let key = slot::Keys::new("job", slot + period * i);
                 inner.put(key.entry(), done.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
             }
         })
@@ -181,31 +181,31 @@ async fn a_claim_paused_past_the_history_does_not_run_a_pruned_slot() {
     elsewhere.await.unwrap();
     assert!(matches!(report.outcome, Outcome::Behind { .. }), "{}", report.render());
     assert_eq!(lines(&dir.path().join("runs")), 0, "the pruned slot did not run again");
-    let keys = SlotKeys::new("job", slot);
+    let keys = slot::Keys::new("job", slot);
     assert!(store.inner().get(keys.entry()).await.unwrap().is_none(), "the claim's entry withdrawn");
     assert!(store.inner().get(keys.lease()).await.unwrap().is_none(), "its lease released");
 }
 
 /// Writes what another invocation would have left: the job record `job` (JSON) and `entries` (slot, entry).
-async fn seed(store: &MemoryStore, job: &str, entries: &[(u64, idem_core::SlotEntry)]) {
+async fn seed(store: &MemoryStore, job: &str, entries: &[(u64, idem_core::slot::Entry)]) {
     use idem_store::{Precondition, Store as _, Ttl};
-    let record = idem_core::Job::decode(job.as_bytes()).unwrap();
-    store.put(&idem_core::job_key("job"), record.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
+    let record = idem_core::slot::Job::decode(job.as_bytes()).unwrap();
+    store.put(&idem_core::slot::job_key("job"), record.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
     for (slot, entry) in entries {
-        let key = idem_core::SlotKeys::new("job", *slot);
+        let key = idem_core::slot::Keys::new("job", *slot);
         store.put(key.entry(), entry.encode(), Precondition::Any, Ttl::Clear).await.unwrap();
     }
 }
 
-fn done_entry(at_ms: u64) -> idem_core::SlotEntry {
-    let ending = idem_core::Ending {
+fn done_entry(at_ms: u64) -> idem_core::slot::Entry {
+    let ending = idem_core::slot::Ending {
         exit: "exit 0".into(),
         code: Some(0),
         duration_ms: 1,
         finished_at_ms: at_ms,
         output: vec![],
     };
-    idem_core::SlotEntry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: at_ms, ending }
+    idem_core::slot::Entry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: at_ms, ending }
 }
 
 /// A machine whose clock jumped 200 minutes forward shared the store (a SQLite file on its own clock): it ran
@@ -215,15 +215,15 @@ fn done_entry(at_ms: u64) -> idem_core::SlotEntry {
 /// keeping the slot that ran) and runs its slot, instead of exiting 4 (behind) until real time catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_from_a_clock_far_ahead_does_not_stop_the_job() {
-    use idem_core::{MissedReason, SlotEntry};
+    use idem_core::slot::{self, MissedReason};
     let dir = tempfile::tempdir().unwrap();
     let store = MemoryStore::new();
     let mut cfg = job(dir.path(), Duration::from_secs(3), "echo ran >> runs");
     cfg.schedule = Schedule::every(Duration::from_secs(60)).unwrap();
     let slot = now_ms() - now_ms() % 60_000;
     let ahead = slot + 200 * 60_000;
-    let mut entries: Vec<(u64, SlotEntry)> = (100..200)
-        .map(|i| (slot + i * 60_000, SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: ahead }))
+    let mut entries: Vec<(u64, slot::Entry)> = (100..200)
+        .map(|i| (slot + i * 60_000, slot::Entry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: ahead }))
         .collect();
     entries.push((ahead, done_entry(ahead)));
     seed(&store, &format!(r#"{{"schedule":"every 60s","last_slot_ms":{ahead},"missed_unlisted":99}}"#), &entries).await;
@@ -265,7 +265,7 @@ async fn slots_skipped_behind_are_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_slot_is_counted_in_the_summary() {
     let store = MemoryStore::new();
-    let crashed = idem_core::SlotEntry::Running {
+    let crashed = idem_core::slot::Entry::Running {
         owner: "o".into(),
         host: "gone".into(),
         attempt: 1,

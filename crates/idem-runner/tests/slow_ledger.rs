@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem_core::{Entry, ItemKeys};
+use idem_core::ledger::{self, Entry};
 use idem_runner::{ItemFormat, ProgressMode, RunConfig, RunStatus, Stop, Summary, job_id, run};
 use idem_store::{
     CounterOutcome, Error, Generation, Limits, MemoryStore, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
@@ -44,7 +44,7 @@ impl GatedRenewals {
             Some(id) => id.clone(),
             None => std::fs::read_to_string(&self.first).unwrap_or_default().trim().to_owned(),
         };
-        ItemKeys::new(&self.job, &id).lease().to_owned()
+        ledger::Keys::new(&self.job, &id).lease().to_owned()
     }
 }
 
@@ -162,7 +162,7 @@ impl Job {
     }
 
     async fn entry(&self, id: &str) -> Entry {
-        let key = ItemKeys::new(&job_id(&self.cfg.output), id).entry().to_owned();
+        let key = ledger::Keys::new(&job_id(&self.cfg.output), id).entry().to_owned();
         Entry::decode(self.store.inner.get(&key).await.unwrap().unwrap().value()).unwrap()
     }
 }
@@ -264,7 +264,7 @@ async fn a_refused_renewal_still_stops_the_command() {
     let lease = job.store.gated_key();
     job.store.inner.delete(&lease, Precondition::Any).await.unwrap();
     job.store.inner.put(&lease, Bytes::from("another runner"), Precondition::Absent, Ttl::After(LEASE)).await.unwrap();
-    let entry = ItemKeys::new(&job_id(&job.cfg.output), "a").entry().to_owned();
+    let entry = ledger::Keys::new(&job_id(&job.cfg.output), "a").entry().to_owned();
     let counted = job.store.inner.get(&entry).await.unwrap().expect("the entry of the running attempt");
     job.store.inner.put(&entry, counted.value().clone(), Precondition::Any, Ttl::Clear).await.unwrap();
     job.open();

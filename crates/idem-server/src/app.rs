@@ -76,11 +76,11 @@ use crate::ClientTimeouts;
 /// Serves `service` (the KV API's `Router`, the [`Proxy`](crate::Proxy)) over HTTP/1.1 and HTTP/2 (prior knowledge) on `listener` until `shutdown` resolves, then
 /// stops accepting and waits for in-flight requests to finish. A connection with no request running is
 /// closed `timeouts.idle` after its last request ended or after it was accepted, whether it sits between
-/// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`]: 75 s); a response
+/// requests or stalls part-way through a request header ([`DEFAULT_CLIENT_IDLE_TIMEOUT`](crate::DEFAULT_CLIENT_IDLE_TIMEOUT): 75 s); a response
 /// write that waits for a slow reader longer than `timeouts.send` ends the connection
 /// ([`ClientTimeouts`]; a bare `Duration` is the idle timeout with the default send timeout). A client
 /// that opens with a TLS handshake is logged (warn) with its address, since it only sees a TLS error of its
-/// own; [`serve_tls`] serves HTTPS.
+/// own; [`serve_tls`](crate::serve_tls) serves HTTPS.
 ///
 /// # Errors
 /// The listener's I/O errors.

@@ -112,7 +112,7 @@ async fn serve_one<I, S: HttpService>(
     // when the buffer has reached a slow reader, so a long download left less idle time than promised. The
     // watch below covers a half-sent header instead (no request running, nothing written: dropped).
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // nginx's header limits (README, "Limits"): more fields than hyper's 100, the byte bound below.
+    // nginx's header limits: more fields than hyper's 100, the byte bound below.
     builder.http1().max_headers(MAX_HEADER_FIELDS);
     builder.http2().max_header_list_size(u32::try_from(MAX_HEADER_LIST_BYTES).unwrap_or(u32::MAX));
     let io = Watched {
@@ -398,7 +398,7 @@ pub type RequestBody = TimeoutBody<Incoming>;
 
 /// What [`serve`](crate::serve) and [`serve_tls`](crate::serve_tls) run on every connection: an axum `Router`
 /// (the KV API) or the reverse [`Proxy`](crate::Proxy), which runs without a router (one route; the router's
-/// boxing and matching were a measurable share of a forwarded request: BENCHMARKS.md). Any clonable tower
+/// boxing and matching were a measurable share of a forwarded request). Any clonable tower
 /// service that answers every request itself (never an error) qualifies; the trait is implemented for all of
 /// them.
 pub trait HttpService:

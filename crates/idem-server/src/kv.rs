@@ -1,4 +1,5 @@
-//! The KV API (docs/DESIGN.md, "HTTP contract — KV API").
+//! The KV API: `GET`/`PUT`/`DELETE /v1/kv/{key}` with generations as ETags, list by prefix, and the atomic
+//! set and counter operations, over any [`Store`](idem_store::Store).
 
 use idem_core::ProblemType;
 use std::future::Future;

@@ -24,6 +24,11 @@ impl Problem {
         self.0.status()
     }
 
+    /// The `detail` member: what went wrong with this request, in words.
+    pub fn detail(&self) -> &str {
+        self.0.detail()
+    }
+
     pub(crate) fn not_found_route() -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

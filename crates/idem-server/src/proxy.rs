@@ -107,8 +107,8 @@ impl Upstream {
 
     /// [`Upstream::new`] with the TLS client configuration of an `https` upstream: whom it trusts, the client
     /// certificate it presents. Its ALPN list is replaced by `http/1.1` alone: the connection observer proves
-    /// "not sent" per HTTP/1.1 connection, which an `h2` connection multiplexing many requests is not
-    /// (docs/DESIGN.md, "Upstream connections"). `None`: the platform's trust store, no client certificate.
+    /// "not sent" per HTTP/1.1 connection, which an `h2` connection multiplexing many requests is not.
+    /// `None`: the platform's trust store, no client certificate.
     ///
     /// # Errors
     /// As [`Upstream::new`]; [`UpstreamError::Tls`] when `tls` is given for an `http://` upstream.

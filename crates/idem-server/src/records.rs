@@ -1,5 +1,5 @@
-//! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` (docs/DESIGN.md,
-//! "The admin listener and the record endpoint"), and `/v1/idempotency/route/{name}/{scope}/{key}` for the
+//! The operator's view of idempotency records: `GET` / `DELETE /v1/idempotency/{scope}/{key}` on the
+//! admin listener, and `/v1/idempotency/route/{name}/{scope}/{key}` for the
 //! records of a route (webhook deliveries), or `/v1/idempotency/route/{name}/{key}?path=/request/path` with
 //! the scope computed from the path for deliveries without credential headers. The key is percent-encoded like
 //! KV keys; the scope is `anonymous` or the 32 hex digits the layer derives from a credential (see
@@ -13,7 +13,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use idem_core::{IdempotencyKey, Outcome, Record, RecordKey, Scope};
+use idem_core::record::{Outcome, Record, RecordKey};
+use idem_core::{IdempotencyKey, Scope};
 use idem_store::{Precondition, Store};
 use serde_json::json;
 

@@ -1,5 +1,5 @@
 //! Upstream connections that remember what they saw, so that the proxy can tell a request the upstream
-//! provably never read from one whose outcome is unknown (docs/DESIGN.md, "Upstream connections").
+//! provably never read from one whose outcome is unknown.
 //!
 //! An HTTP/1.1 server may close an idle keep-alive connection at any moment (RFC 9112 §9.6), and a request
 //! written just as it does is lost with it. RFC 9110 §9.2.2 lets a client retry a non-idempotent request only
@@ -147,7 +147,7 @@ impl Facts {
     /// Whether the current request on this connection was provably never sent: refused before its first
     /// byte. Nothing seen after writing is proof: an upstream that acted on the head and closed with the body
     /// unread (Python's socketserver after a handler raises) sends a FIN and then a reset, just like one that
-    /// never read the request (docs/DESIGN.md, "Upstream connections").
+    /// never read the request.
     ///
     /// `error` is the request's failure: a fatal client-certificate alert from the upstream during the
     /// connection's first request is the other proof ([`Unread::HandshakeRefused`]). A new connection that
@@ -358,8 +358,7 @@ impl AsyncWrite for UpstreamIo {
 
 impl Connection for UpstreamIo {
     fn connected(&self) -> Connected {
-        // Only `http/1.1` is offered in ALPN, so there is no `h2` to report (docs/DESIGN.md, "Upstream
-        // connections").
+        // Only `http/1.1` is offered in ALPN, so there is no `h2` to report.
         match self {
             UpstreamIo::Plain(io) => io.connected(),
             UpstreamIo::Tls(io) => io.get_ref().0.connected(),

@@ -1,4 +1,4 @@
-//! Webhook signature schemes and presets for routes of the proxy (docs/DESIGN.md, "Routes"): a [`Verifier`]
+//! Webhook signature schemes and presets for routes of the proxy ([`RoutePolicy`](idem_tower::RoutePolicy)): a [`Verifier`]
 //! checks HMAC-SHA256 signatures over the raw request bytes before anything is claimed, with every secret of
 //! its [`Secrets`] (several during a rotation), and [`preset`] fills a route's key sources, ignores and scheme
 //! for a known sender.

@@ -8,15 +8,25 @@
 //!
 //! [`SharedSqlite`] lets several processes share one file by taking turns with the store (`idem run`'s ledger).
 //!
-//! ```no_run
+//! ```
 //! use idem_sqlite::SqliteStore;
 //! use idem_store::{Limits, Precondition, Store, Ttl};
 //!
-//! # async fn demo() -> Result<(), idem_sqlite::Error> {
-//! let store = SqliteStore::open("idem-data/idem.db", Limits::default())?;
-//! store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await?;
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("idem.db");
+//! let store = SqliteStore::open(&path, Limits::default())?;
+//! let written = store.put("greeting", "hello".into(), Precondition::Absent, Ttl::Keep).await?;
 //! store.close().await;
-//! # Ok(()) }
+//! drop(store); // releases the file's lock: one process (one store) at a time
+//!
+//! // Acknowledged means on disk: another open of the file reads it back.
+//! let store = SqliteStore::open(&path, Limits::default())?;
+//! let read = store.get("greeting").await?.expect("written before the close");
+//! assert_eq!((read.value().as_ref(), read.generation()), (&b"hello"[..], written.generation()));
+//! store.close().await;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
 
 mod error;

@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use idem_store::backend::{apply_counter, apply_set};
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome,
-    Store, Ttl, Versioned, Written, apply_counter, apply_set, millis_to_system_time, system_time_to_millis,
+    Store, Ttl, Versioned, Written, millis_to_system_time, system_time_to_millis,
 };
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;

@@ -19,7 +19,8 @@ use crate::{Error, Generation, StoreExt, Versioned, Write};
 const RETRY: Duration = Duration::from_millis(200);
 
 /// A lease as its keeper sees it: how to renew it and where to record an accepted renewal's generation.
-/// Implemented by the idempotency record's `Lease` and the work ledger's `Held` (in `idem-core`).
+/// Implemented by the holders of `idem-core`'s state machines: `record::Held` (an idempotency record),
+/// `ledger::Held` (a work item of `idem run`) and `slot::Held` (a slot of `idem once`).
 pub trait Renewable {
     /// The lease length: the TTL each renewal sets.
     fn length(&self) -> Duration;

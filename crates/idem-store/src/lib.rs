@@ -27,12 +27,15 @@
 //! # Ok::<(), idem_store::Error>(())
 //! # }).unwrap();
 //! ```
+//!
+//! The backends (SQLite, PostgreSQL, Redis) live in crates of their own. Writing another one: implement
+//! [`Store`], use the helpers in [`backend`], and run the `conformance` suite (cargo feature `conformance`).
 
+pub mod backend;
 mod error;
 mod lease;
 mod limits;
 mod memory;
-mod ops;
 pub mod stop;
 mod store;
 mod types;
@@ -48,7 +51,6 @@ pub use error::{Error, KeyProblem, error_chain};
 pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
 pub use memory::MemoryStore;
-pub use ops::{CounterApplied, SetApplied, apply_counter, apply_set, decode_set, encode_set};
 pub use stop::Stop;
 pub use store::{Store, StoreExt};
 pub use types::{

@@ -4,9 +4,10 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 
+use crate::backend::{apply_counter, apply_set};
 use crate::{
     CounterOutcome, Error, Generation, Limits, ListItem, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
-    Versioned, Written, apply_counter, apply_set, millis_to_system_time, system_time_to_millis,
+    Versioned, Written, millis_to_system_time, system_time_to_millis,
 };
 
 /// A store in process memory: nothing survives the process. For tests, and for embedding idem's helpers where

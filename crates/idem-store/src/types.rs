@@ -206,7 +206,7 @@ impl Page {
 ///
 /// A set is stored as a JSON array of distinct strings in ascending order; a set left empty is deleted.
 /// Over HTTP it is the body of `POST /v1/kv/{key}/set`: `{"add":[…],"remove":[…],"dedupe_id":"…"}`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetChange {
     /// Members to add (each 1..=255 bytes).
     #[serde(default)]
@@ -244,7 +244,7 @@ impl SetChange {
 }
 
 /// The result of a set change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetOutcome {
     /// The set's generation after the change; `None` when the set is now absent (empty). For a repeated dedupe
     /// id: as the first application left it.
@@ -261,7 +261,7 @@ pub struct SetOutcome {
 }
 
 /// The result of a counter add.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CounterOutcome {
     /// The counter's value after the add (for a repeated dedupe id: after the first application).
     pub value: i64,

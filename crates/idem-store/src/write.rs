@@ -23,9 +23,9 @@ pub struct Write {
 pub enum WriteOp {
     /// Store `value` with `ttl`.
     Put {
-        /// The encoded [`Record`].
+        /// The encoded value (an idempotency record, a ledger entry or a slot, a lease's owner token).
         value: Bytes,
-        /// The lease length (in progress) or the retention (finished).
+        /// How long it lives: for a lease its length, for a finished record the retention.
         ttl: Ttl,
     },
     /// Remove the record (release).

@@ -8,14 +8,21 @@
 //! | `postgres://…` / `postgresql://…` | [`idem_postgres::PostgresStore`]; TLS by libpq's `sslmode`, `sslrootcert` |
 //! | `redis://…` / `rediss://…` | [`idem_redis::RedisStore`]; TLS with `rediss://`, `cacert=PATH` |
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), idem_stores::Error> {
+//! ```
+//! use idem_store::{Limits, Precondition, Store, Ttl};
 //! use idem_stores::{AnyStore, StoreUrl};
-//! let url = StoreUrl::parse("sqlite:./idem-data/idem.db")?;
-//! assert!(url.is_exclusive());
-//! let store = AnyStore::open(&url, "idem", idem_store::Limits::default()).await?;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir()?;
+//! # let db = dir.path().join("idem.db");
+//! let url = StoreUrl::parse(&format!("sqlite:{}", db.display()))?;
+//! assert!(url.is_exclusive()); // one process at a time on a SQLite file
+//! let store = AnyStore::open(&url, "idem", Limits::default()).await?;
+//! store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await?;
+//! assert_eq!(store.get("k").await?.expect("just written").value().as_ref(), b"v");
 //! store.close().await;
-//! # Ok(()) }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
 
 mod any;

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
-use idem_core::Record;
+use idem_core::record::Record;
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
@@ -103,14 +103,14 @@ impl ReplayCache {
     }
 }
 
-fn outcome_bytes(outcome: &idem_core::Outcome) -> u64 {
+fn outcome_bytes(outcome: &idem_core::record::Outcome) -> u64 {
     match outcome {
-        idem_core::Outcome::Response(r) => {
+        idem_core::record::Outcome::Response(r) => {
             let headers: usize = r.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
             (r.body.len() + headers) as u64
         }
-        idem_core::Outcome::TooLarge { .. } => 0,
-        idem_core::Outcome::Unknown { reason } => reason.len() as u64,
+        idem_core::record::Outcome::TooLarge { .. } => 0,
+        idem_core::record::Outcome::Unknown { reason } => reason.len() as u64,
     }
 }
 
@@ -119,7 +119,8 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
-    use idem_core::{Fingerprint, Outcome, RequestParts, StoredResponse};
+    use idem_core::record::{Outcome, StoredResponse};
+    use idem_core::{Fingerprint, RequestParts};
 
     use super::*;
 

@@ -58,7 +58,7 @@ pub(crate) struct Config {
     pub(crate) replay_cache: Option<Arc<ReplayCache>>,
     /// The in-flight records this process found, watched for a dead holder (shared by every service the
     /// layer makes).
-    pub(crate) observations: Arc<std::sync::Mutex<idem_core::Observations>>,
+    pub(crate) observations: Arc<std::sync::Mutex<idem_core::record::Observations>>,
     /// What a non-2xx answer does to the key ([`OnFailure::Store`] outside routes).
     pub(crate) on_failure: OnFailure,
     /// The route this configuration serves, if any (key sources, ignores, signature check).

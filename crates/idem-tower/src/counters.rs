@@ -1,6 +1,6 @@
 //! The layer's counters (`idem_idempotency_*_total`), each looked up in the metrics recorder once and kept:
 //! the `counter!` macro builds and hashes the key in the registry on every call, which is a measurable share
-//! of a replay (BENCHMARKS.md, "Proxy cost per request"). The handles are taken at first use, so an embedding
+//! of a replay. The handles are taken at first use, so an embedding
 //! application installs its recorder before serving (as with any `metrics` handle).
 
 use std::sync::OnceLock;

@@ -1,11 +1,12 @@
-//! Steps 2 and 3 of docs/DESIGN.md: read the key's record (or the replay cache), judge it against this
+//! Steps 2 and 3 of the layer ([crate docs](crate#steps)): read the key's record (or the replay cache), judge it against this
 //! request, and claim the key when it is free; every other verdict is answered here.
 
 use std::time::{Duration, SystemTime};
 
 use crate::body::Body;
 use http::{Response, StatusCode};
-use idem_core::{Claim, Fingerprint, Lease, ProblemType, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::record::{Claim, Held, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::{Fingerprint, ProblemType};
 use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
 use tracing::{error, warn};
 
@@ -20,13 +21,13 @@ pub(crate) fn cached_answer(config: &Config, keyed: &Keyed) -> Option<Response<B
     finished_answer(judge(Some(record), &keyed.fingerprint), config, &keyed.record_key, false).ok()
 }
 
-/// Steps 2 and 3 of docs/DESIGN.md: claim the key, or answer from the record that holds it.
+/// Steps 2 and 3 of the layer: claim the key, or answer from the record that holds it.
 pub(crate) async fn decide<St: Store>(
     store: &St,
     config: &Config,
     record_key: &RecordKey,
     fingerprint: &Fingerprint,
-) -> Result<Lease, Box<Response<Body>>> {
+) -> Result<Held, Box<Response<Body>>> {
     let deadline = match config.in_flight {
         InFlight::Wait(bound) => Some(tokio::time::Instant::now() + bound),
         InFlight::Reject => None,
@@ -35,7 +36,7 @@ pub(crate) async fn decide<St: Store>(
     let mut lost_races = 0;
     // Whether this request waited for an in-flight first attempt (a replay after it counts as waited).
     let mut waited = false;
-    // docs/DESIGN.md step 2 as written: claim first, read only when the claim loses. Done when the replay
+    // Step 2 as the contract states it: claim first, read only when the claim loses. Done when the replay
     // cache just missed, so the key is most likely new and the read would be wasted; without a cache a retry
     // is as likely as a new key, and a read costs every backend less than a refused write.
     let mut blind = config.replay_cache.is_some();
@@ -74,8 +75,8 @@ pub(crate) async fn decide<St: Store>(
             Ok(answer) => answer,
             Err(Verdict::InFlight) => {
                 let Some((record, generation)) = in_flight_record else { continue };
-                // Whether its holder is dead is judged by watching its generation (docs/DESIGN.md, Lease and
-                // fencing): unchanged for a whole lease of this process's monotonic clock.
+                // Whether its holder is dead is judged by watching its generation
+                // (`idem_core::record::Observations`): unchanged for a whole lease of this process's monotonic clock.
                 let watch = observe(config, record_key, &record, generation);
                 match watch {
                     Watch::Lapsed(lapsed) => {
@@ -135,7 +136,7 @@ fn forget(config: &Config, key: &RecordKey) {
     seen.forget(key);
 }
 
-/// Creates the in-flight record if the key has none (the conditional create of docs/DESIGN.md step 2), or,
+/// Creates the in-flight record if the key has none (the conditional create of step 2), or,
 /// with `lapsed`, replaces a dead holder's record that still has that generation.
 async fn claim<St: Store>(
     store: &St,
@@ -143,7 +144,7 @@ async fn claim<St: Store>(
     record_key: &RecordKey,
     fingerprint: &Fingerprint,
     lapsed: Option<Generation>,
-) -> Result<Lease, StoreError> {
+) -> Result<Held, StoreError> {
     let claim =
         Claim::new(record_key.clone(), *fingerprint, config.owner.clone(), now_ms(), config.lease, config.retention);
     let write = match lapsed {
@@ -156,7 +157,7 @@ async fn claim<St: Store>(
     }
 }
 
-/// The answer for a key whose record is finished, or was used for another request (docs/DESIGN.md step 3);
+/// The answer for a key whose record is finished, or was used for another request (step 3);
 /// [`Verdict::Claim`] and [`Verdict::InFlight`] come back as they are: they need the store.
 fn finished_answer(
     verdict: Verdict,

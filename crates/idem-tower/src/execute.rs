@@ -1,4 +1,4 @@
-//! Steps 4 to 6 of docs/DESIGN.md: the inner call under the claimed lease (kept renewed while it runs and
+//! Steps 4 to 6 of the layer ([crate docs](crate#steps)): the inner call under the claimed lease (kept renewed while it runs and
 //! the stored part of the response is read), bounded by the execution timeout, and the outcome written,
 //! fenced by the lease's generation (or the key released, per the outcome policy).
 
@@ -15,7 +15,8 @@ use futures_util::FutureExt;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use idem_core::{Lease, Outcome, ProblemType, Record, StoredResponse};
+use idem_core::ProblemType;
+use idem_core::record::{Held, Outcome, Record, StoredResponse};
 use idem_store::{Error as StoreError, LeaseKeeper, Lost, Renewable, Store};
 use tower::{BoxError, Service};
 use tracing::{error, info, warn};
@@ -36,7 +37,7 @@ const STORE_RETRY_FOR: Duration = Duration::from_secs(600);
 const RECORD_HEAD_ROOM: usize = 64 * 1024;
 
 /// Marks a response of the inner service that did not come from a completed execution, so the layer applies
-/// docs/DESIGN.md step 5. Insert it into the response's extensions (the reverse proxy does).
+/// its outcome policy ([step 5](crate#steps)). Insert it into the response's extensions (the reverse proxy does).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UpstreamFailure {
     /// The request never left (connection refused, DNS failure): the key is released and a retry executes.
@@ -54,7 +55,7 @@ pub(crate) async fn execute<S, St, ResBody>(
     store: Arc<St>,
     config: Arc<Config>,
     request: Request<Body>,
-    lease: Lease,
+    lease: Held,
 ) -> Result<Response<Body>, S::Error>
 where
     S: Service<Request<Body>, Response = Response<ResBody>>,
@@ -70,7 +71,7 @@ where
     let deadline = tokio::time::Instant::now() + config.execution_timeout;
     // A panic in the inner service (in `call` or in its future) is an outcome like an error: the request may
     // have taken effect, so the record is settled by the unknown-outcome policy rather than left in flight for a
-    // retry to take over and execute again (docs/DESIGN.md step 5).
+    // retry to take over and execute again (step 5).
     let call = std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(request)));
     let response = match call {
         Ok(call) => {
@@ -124,7 +125,7 @@ where
     }
     let status = response.status();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        // The upstream asked to be retried later: it did not do the work (docs/DESIGN.md step 5).
+        // The upstream asked to be retried later: it did not do the work (step 5).
         drop(renewals);
         keeper.release().await;
         let mut response = response.map(Body::new);
@@ -133,7 +134,7 @@ where
     }
     if config.on_failure == OnFailure::Release && !status.is_success() {
         // A webhook route: the sender delivers again on any non-2xx, and that delivery must execute, so only a
-        // 2xx is ever stored (docs/DESIGN.md, "Routes").
+        // 2xx is ever stored ([`OnFailure::Release`]).
         drop(renewals);
         crate::counters::count(crate::counters::Count::ReleasedFailures);
         if let Some(counters) = &config.route_counters {
@@ -232,7 +233,7 @@ async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, mess
 /// runs) and the fenced writes that end it.
 struct LeaseHolder<St> {
     store: Arc<St>,
-    lease: Lease,
+    lease: Held,
     /// When the write that last set the lease (the claim or an accepted renewal) was sent.
     set: tokio::time::Instant,
 }
@@ -259,7 +260,7 @@ impl<St: Store> LeaseHolder<St> {
 
     /// While the completion write is being retried: keep showing this holder alive with a renewal whenever a
     /// third of a lease has passed since the lease was last set, so no observer judges it dead and takes the
-    /// key over while its outcome is on its way (docs/DESIGN.md, Lease and fencing). A refused renewal is left
+    /// key over while its outcome is on its way ([`Observations`](idem_core::record::Observations)). A refused renewal is left
     /// to the next completion attempt, whose fence then says what happened.
     async fn keep_alive(&mut self) {
         if self.set.elapsed() < self.lease.length() / 3 {
@@ -267,7 +268,7 @@ impl<St: Store> LeaseHolder<St> {
         }
         let sent = tokio::time::Instant::now();
         if let Ok(Some(generation)) = self.store.apply(Renewable::renewal(&self.lease)).await {
-            self.lease.advanced(generation);
+            self.lease.renewed(generation);
             self.set = sent;
         }
     }
@@ -288,7 +289,7 @@ impl<St: Store> LeaseHolder<St> {
         }
         match self.store.get(self.lease.key().as_str()).await {
             Ok(Some(current)) if Renewable::is_mine(&self.lease, &current) => {
-                self.lease.advanced(current.generation());
+                self.lease.renewed(current.generation());
                 true
             }
             _ => false,

@@ -10,7 +10,7 @@ use crate::config::{Config, InFlight, KeyPolicy, UnknownOutcome};
 use crate::route::{OnFailure, RouteCounters, RoutePolicy};
 use crate::service::Idempotency;
 
-/// Response headers replayed by default (docs/DESIGN.md step 3), the representation and caching headers among
+/// Response headers replayed by default (with a replay, [step 3](crate#steps)), the representation and caching headers among
 /// them without which a replayed body would be misread (`Content-Encoding`: a gzip body replayed without it is
 /// garbage). `Set-Cookie` is never replayed, even if listed; `Content-Type` and `Content-Encoding` always are.
 pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
@@ -72,7 +72,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 execution_timeout: Duration::from_secs(120),
                 tracker: tokio_util::task::TaskTracker::new(),
                 replay_cache: None,
-                observations: Arc::new(std::sync::Mutex::new(idem_core::Observations::new(OBSERVED_RECORDS))),
+                observations: Arc::new(std::sync::Mutex::new(idem_core::record::Observations::new(OBSERVED_RECORDS))),
                 on_failure: OnFailure::Store,
                 route: None,
                 route_counters: None,

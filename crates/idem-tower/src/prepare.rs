@@ -1,11 +1,12 @@
-//! Step 1 of docs/DESIGN.md, before any store access: the key, the scope, the request body (buffered up to
+//! Step 1 of the layer ([crate docs](crate#steps)), before any store access: the key, the scope, the request body (buffered up to
 //! its limit) and the fingerprint. A client that hangs up during it leaves nothing behind.
 
 use crate::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Fingerprint, IdempotencyKey, ProblemType, RecordKey, RequestParts, Scope};
+use idem_core::record::RecordKey;
+use idem_core::{Fingerprint, IdempotencyKey, ProblemType, RequestParts, Scope};
 use tower::BoxError;
 
 use crate::config::{Config, KeyPolicy};
@@ -39,7 +40,7 @@ pub(crate) struct Keyed {
     pub(crate) record_key: RecordKey,
 }
 
-/// Step 1 of docs/DESIGN.md: the key, the scope, the body and the fingerprint.
+/// Step 1 of the layer: the key, the scope, the body and the fingerprint.
 pub(crate) async fn prepare<ReqBody>(config: &Config, request: Request<ReqBody>) -> Prepared
 where
     ReqBody: http_body::Body<Data = Bytes> + Send + 'static,

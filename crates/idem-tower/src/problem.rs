@@ -1,10 +1,11 @@
 //! The layer's own answers: replays of stored responses, and RFC 9457 problem details for its refusals (in
 //! flight, outcome unknown, store unavailable, ...). Types are [`ProblemType`]s, the ones the KV API uses, so
-//! clients branch on one namespace. Details never contain another request's data (docs/DESIGN.md step 7).
+//! clients branch on one namespace. Details never contain another request's data ([step 7](crate#steps)).
 
 use crate::body::Body;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
-use idem_core::{ProblemType, StoredResponse};
+use idem_core::ProblemType;
+use idem_core::record::StoredResponse;
 use idem_store::Error as StoreError;
 use tracing::warn;
 

@@ -1,7 +1,7 @@
 //! Routes: per-path policies for deliveries whose key is not an `Idempotency-Key` header (webhooks). A route
 //! names where its key comes from ([`KeySource`]), what the fingerprint leaves out ([`Ignore`]), an optional
 //! signature check that runs before anything is claimed ([`Verify`]), and what a failure does to the key
-//! ([`OnFailure`]). docs/DESIGN.md, "Routes".
+//! ([`OnFailure`]).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -276,7 +276,7 @@ pub(crate) fn record_key_of(value: String) -> idem_core::IdempotencyKey {
 
 /// A path as deliveries are scoped and compared by: [`normalise_path`] without a trailing `/` (frameworks such as
 /// Express route `/hooks/stripe/` to the `/hooks/stripe` handler; break-it review: it executed once more). A
-/// route also drops what follows its own path within that segment ([`RoutePolicy::delivery_path`]).
+/// route also drops what follows its own path within that segment (the route's own `delivery_path`).
 pub fn delivery_path(path: &str) -> String {
     let mut normal = normalise_path(path);
     while normal.len() > 1 && normal.ends_with('/') {

@@ -1,4 +1,4 @@
-//! [`Idempotency`], the service the layer makes: a covered request goes through the steps of docs/DESIGN.md
+//! [`Idempotency`], the service the layer makes: a covered request goes through the [steps](crate#steps)
 //! in order, each in its own module: [`prepare`](crate::prepare) (key, scope, body, fingerprint, no store),
 //! [`decide`](crate::decide) (read, judge, claim) and [`execute`](crate::execute) (the call under a kept
 //! lease, the fenced final write); the refusals they answer with are in [`problem`](crate::problem).
@@ -108,7 +108,7 @@ where
             }
             // Detached from the client connection from here on: a client that hangs up while the key is being
             // claimed, or while its request executes, drops this future but not the task, so no claim is left
-            // without its execution and completion (docs/DESIGN.md step 4).
+            // without its execution and completion (step 4).
             let task = config.tracker.spawn(handle(inner, store, Arc::clone(&config), keyed));
             match task.await {
                 Ok(answer) => answer,

@@ -1,5 +1,5 @@
 //! `idem-verify`: runs workloads against real idem processes under injected faults and checks their histories
-//! (see the crate's documentation and `RELIABILITY.md`). Exit status: 0 nothing found, 1 an anomaly was found
+//! (see the crate's documentation). Exit status: 0 nothing found, 1 an anomaly was found
 //! (the failure page's path is printed), 2 bad usage or a run that could not be set up.
 
 use std::path::PathBuf;

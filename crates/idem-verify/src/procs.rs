@@ -9,7 +9,9 @@ use tokio::process::{Child, Command};
 
 use crate::Error;
 
-/// The environment variable that plants a bug in debug builds of idem (see `RELIABILITY.md`).
+/// The environment variable that plants a bug in builds of idem with its `planted-bugs` feature: its value
+/// names the bug (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`, `runner-fence`,
+/// `runner-lapse-by-clock`).
 pub const PLANTED_BUG_VAR: &str = "IDEM_PLANTED_BUG";
 
 /// The `idem` binary next to this executable: `target/<profile>/idem` for `target/<profile>/idem-verify` and

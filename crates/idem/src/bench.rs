@@ -30,7 +30,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 128)]
     value_bytes: usize,
     /// Measure this store instead of a fresh SQLite file per case: postgres://… or redis://… (each case then
-    /// uses keys of its own; `scripts/bench-backends.sh` runs the backends' own baselines beside it).
+    /// uses keys of its own).
     #[arg(long)]
     store: Option<String>,
     /// PostgreSQL schema / Redis key prefix for --store.

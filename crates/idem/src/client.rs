@@ -125,6 +125,10 @@ enum KvCommand {
         /// A member to remove (repeatable).
         #[arg(long, value_name = "MEMBER")]
         remove: Vec<String>,
+        /// Applies the change at most once: a repeat under the same id (kept 24 h on the key) with the same
+        /// members changes nothing and prints the first result; another change under it is refused (exit 1).
+        #[arg(long, value_name = "ID")]
+        dedupe_id: Option<String>,
     },
     /// Read-modify-write KEY as a JSON array set: add ITEMs with a conditional PUT, re-reading and retrying on 412.
     Update {
@@ -362,21 +366,24 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
             }
             writeln!(out, "{}", outcome.value)?;
         }
-        KvCommand::Set { key, add, remove } => {
-            let add: Vec<&str> = add.iter().map(String::as_str).collect();
-            let remove: Vec<&str> = remove.iter().map(String::as_str).collect();
-            let outcome = kv_client(&c).set_change(&key, &add, &remove).await.map_err(client_error)?;
+        KvCommand::Set { key, add, remove, dedupe_id } => {
+            let change = idem_store::SetChange { add, remove, dedupe_id };
+            let outcome = kv_client(&c).set_change(&key, &change).await.map_err(client_error)?;
+            if !outcome.applied {
+                crate::error::sayln!("not applied: dedupe id seen before; this is its first result");
+            }
             crate::error::sayln!(
                 "{} added, {} removed, {}",
                 outcome.added,
                 outcome.removed,
                 crate::error::count(outcome.members, "member", "members")
             );
-            writeln!(out, "{}", outcome.generation.unwrap_or(0))?;
+            writeln!(out, "{}", outcome.generation.map_or(0, idem_store::Generation::get))?;
         }
         KvCommand::Update { key, set_add, max_attempts } => {
             let (generation, attempts) = update_set(&c, &key, &set_add, max_attempts).await?;
-            writeln!(out, "{generation}")?;
+            // 0: the key is absent and stays so (nothing to add).
+            writeln!(out, "{}", generation.map_or(0, idem_store::Generation::get))?;
             if attempts > 1 {
                 crate::error::sayln!("done after {attempts} attempts");
             }
@@ -409,7 +416,12 @@ fn client_error(e: idem_client::Error) -> Error {
 
 /// The read-modify-write loop over HTTP, from `idem-client`: GET, add the items, PUT with `If-Match` (or
 /// `If-None-Match: *` when absent); on 412 back off with full jitter and start again from a fresh GET.
-async fn update_set(c: &Client, key: &str, items: &[String], max_attempts: u32) -> Result<(u64, u32), Error> {
+async fn update_set(
+    c: &Client,
+    key: &str,
+    items: &[String],
+    max_attempts: u32,
+) -> Result<(Option<idem_store::Generation>, u32), Error> {
     let policy = RetryPolicy::default().with_max_attempts(max_attempts);
     let outcome = kv_client(c)
         .update(key, &policy, |current| {

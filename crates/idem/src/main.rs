@@ -3,6 +3,10 @@
 //! items with `run` (their ledger: `runs`) and cron jobs with `once`, probe an API's Idempotency-Key handling
 //! with `check`.
 
+// The doc comments of the argument structs are clap's `--help` text, written for a terminal (`http[s]://`,
+// `KEY<TAB>GENERATION`), not rustdoc markup; a binary's docs are not published.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 mod bench;
 mod check;
 mod client;

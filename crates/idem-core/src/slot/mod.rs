@@ -1,5 +1,5 @@
 //! The slots of `idem once` and their state machine: each scheduled run of a job happens once, whichever
-//! machine invokes it (docs/DESIGN.md, "Cron jobs that run once").
+//! machine invokes it.
 //!
 //! A job `NAME` has, in the store:
 //!
@@ -24,14 +24,14 @@
 //!                                                        lease ──renew (fenced on the lease generation)──▶ lease
 //! ```
 //!
-//! As in the work ledger ([`crate::ItemClaim`]), the lease is a key of its own because it must vanish when
+//! As in the work ledger ([`ledger::Claim`](crate::ledger::Claim)), the lease is a key of its own because it must vanish when
 //! its holder dies (the store's clock decides) while the attempt count must survive: attempts are counted when
 //! claimed, so a holder killed mid-command still used one. Every write after the claim is conditional on the
 //! entry generation the claim wrote (the fencing token) or on the lease's last generation; a holder that was
 //! taken over has them refused.
 //!
 //! The job record's `last_slot_ms` is a high-water mark: it only moves forward, and a slot older than it is
-//! never claimed ([`SlotPlan::Behind`]), whatever its entry says. Its time has passed for every invocation
+//! never claimed ([`Plan::Behind`]), whatever its entry says. Its time has passed for every invocation
 //! whose clock agrees with the one that moved the mark, and its entry may be gone (the history keeps the
 //! newest [`HISTORY`] slots, and a gap's older slots are only counted): without the rule an invocation
 //! whose clock is behind would find no entry and run a slot that already ran, again on every invocation.
@@ -44,7 +44,8 @@ use bytes::Bytes;
 use idem_store::{Generation, Precondition, Renewable, SetChange, Ttl, Versioned};
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, RetryLimit, Write, WriteOp};
+use crate::ledger::RetryLimit;
+use crate::{Error, Write, WriteOp};
 
 /// How many slots of a job are kept: older finished entries are pruned when a new slot is claimed.
 pub const HISTORY: usize = 100;
@@ -97,7 +98,7 @@ pub fn behind_key(name: &str) -> String {
 /// slot, and the missed entries recorded ahead of it are deleted (a slot that ran ahead keeps its entry).
 pub const FUTURE_TOLERANCE_MS: u64 = 60_000;
 
-/// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`SlotEntry::Failed`]).
+/// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`Entry::Failed`]).
 pub const INTERRUPTED_EXIT: &str = "interrupted";
 
 /// The slot time a key under [`slot_prefix`] or [`lease_prefix`] names.
@@ -107,14 +108,14 @@ pub fn slot_of_key(key: &str) -> Option<u64> {
 
 /// The store keys of one slot of one job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SlotKeys {
+pub struct Keys {
     name: String,
     slot_ms: u64,
     entry: String,
     lease: String,
 }
 
-impl SlotKeys {
+impl Keys {
     /// The keys of the slot scheduled at `slot_ms` (milliseconds since the Unix epoch) of job `name`.
     pub fn new(name: &str, slot_ms: u64) -> Self {
         Self {
@@ -153,7 +154,7 @@ impl SlotKeys {
     }
 }
 
-impl SlotKeys {
+impl Keys {
     /// Records that a claim on this slot took over a vanished holder's attempt: a
     /// [`Store::set_change`](idem_store::Store::set_change) on [`takeovers_key`]. `_owner`: the new holder.
     pub fn took_over(&self, _owner: &str) -> (String, SetChange) {
@@ -269,7 +270,7 @@ pub enum MissedReason {
 /// What the store knows about one slot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum SlotEntry {
+pub enum Entry {
     /// Claimed by `owner`; the slot's lease key says whether the claim is still live.
     Running {
         /// The claimant's owner token (unique per process start).
@@ -298,7 +299,7 @@ pub enum SlotEntry {
     /// An attempt claimed whose command never started (the fence before the start refused: its holder was
     /// paused past its lease, or the store failed) was given back: not counted, so the next invocation in the
     /// slot runs it again. (An attempt whose command had started and was stopped by a signal to its
-    /// invocation counts: it is recorded [`SlotEntry::Failed`] with the exit [`INTERRUPTED_EXIT`].)
+    /// invocation counts: it is recorded [`Entry::Failed`] with the exit [`INTERRUPTED_EXIT`].)
     Interrupted {
         /// Who ran it.
         owner: String,
@@ -335,13 +336,13 @@ pub enum SlotEntry {
     },
 }
 
-impl SlotEntry {
+impl Entry {
     /// Encodes as stored (JSON).
     pub fn encode(&self) -> Bytes {
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// Decodes what [`SlotEntry::encode`] wrote.
+    /// Decodes what [`Entry::encode`] wrote.
     ///
     /// # Errors
     /// [`Error::RecordCorrupt`] when the bytes are not a slot entry.
@@ -352,31 +353,31 @@ impl SlotEntry {
     /// Attempts counted so far (an interrupted one is not).
     pub fn attempts(&self) -> u32 {
         match self {
-            SlotEntry::Running { attempt, .. } => *attempt,
-            SlotEntry::Interrupted { attempt, .. } => attempt.saturating_sub(1),
-            SlotEntry::Failed { attempts, .. } | SlotEntry::Done { attempts, .. } => *attempts,
-            SlotEntry::Missed { .. } => 0,
+            Entry::Running { attempt, .. } => *attempt,
+            Entry::Interrupted { attempt, .. } => attempt.saturating_sub(1),
+            Entry::Failed { attempts, .. } | Entry::Done { attempts, .. } => *attempts,
+            Entry::Missed { .. } => 0,
         }
     }
 
     /// Whether nothing will ever change it again (done or missed); a failed slot may still be retried.
     pub fn is_final(&self) -> bool {
-        matches!(self, SlotEntry::Done { .. } | SlotEntry::Missed { .. })
+        matches!(self, Entry::Done { .. } | Entry::Missed { .. })
     }
 
     /// How the latest attempt that ended, ended.
     pub fn last_ending(&self) -> Option<&Ending> {
         match self {
-            SlotEntry::Failed { ending, .. } | SlotEntry::Done { ending, .. } => Some(ending),
-            SlotEntry::Running { last, .. } | SlotEntry::Interrupted { last, .. } => last.as_ref(),
-            SlotEntry::Missed { .. } => None,
+            Entry::Failed { ending, .. } | Entry::Done { ending, .. } => Some(ending),
+            Entry::Running { last, .. } | Entry::Interrupted { last, .. } => last.as_ref(),
+            Entry::Missed { .. } => None,
         }
     }
 }
 
 /// What an invocation does about its current slot, judged from the slot's entry and lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SlotPlan {
+pub enum Plan {
     /// Done already (here or elsewhere): nothing to run.
     Done,
     /// Failed on every attempt allowed (or its last attempt crashed with none left): nothing to run.
@@ -402,30 +403,24 @@ pub enum SlotPlan {
 /// are bounded by `limit` alone, as a Kubernetes Job's backoff is by its own limit, not the CronJob's
 /// `startingDeadlineSeconds`). `behind`: the slot is older than the job record's newest slot (read in the
 /// same atomic read as the entry); such a slot is reported as its entry says, never claimed nor recorded.
-pub fn plan(
-    entry: Option<&SlotEntry>,
-    lease_live: bool,
-    limit: RetryLimit,
-    past_deadline: bool,
-    behind: bool,
-) -> SlotPlan {
+pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_deadline: bool, behind: bool) -> Plan {
     match entry {
-        Some(SlotEntry::Done { .. }) => SlotPlan::Done,
-        Some(SlotEntry::Missed { .. }) => SlotPlan::Missed,
-        Some(e @ SlotEntry::Failed { .. }) if e.attempts() >= limit.max_attempts => SlotPlan::FailedForGood,
-        _ if lease_live => SlotPlan::Held,
-        _ if behind => SlotPlan::Behind,
-        None if past_deadline => SlotPlan::RecordMissed,
-        None => SlotPlan::Run { attempt: 1 },
-        Some(e @ SlotEntry::Running { .. }) if e.attempts() >= limit.max_attempts => SlotPlan::FailedForGood,
-        Some(e) => SlotPlan::Run { attempt: e.attempts().saturating_add(1) },
+        Some(Entry::Done { .. }) => Plan::Done,
+        Some(Entry::Missed { .. }) => Plan::Missed,
+        Some(e @ Entry::Failed { .. }) if e.attempts() >= limit.max_attempts => Plan::FailedForGood,
+        _ if lease_live => Plan::Held,
+        _ if behind => Plan::Behind,
+        None if past_deadline => Plan::RecordMissed,
+        None => Plan::Run { attempt: 1 },
+        Some(e @ Entry::Running { .. }) if e.attempts() >= limit.max_attempts => Plan::FailedForGood,
+        Some(e) => Plan::Run { attempt: e.attempts().saturating_add(1) },
     }
 }
 
 /// The write that records a slot missed: create-only, so it never overwrites an entry an invocation of that
 /// slot wrote (a claim that came first wins, and a missed record that came first makes that claim fail).
-pub fn missed(keys: &SlotKeys, reason: MissedReason, now_ms: u64) -> Write {
-    let entry = SlotEntry::Missed { reason, recorded_at_ms: now_ms };
+pub fn missed(keys: &Keys, reason: MissedReason, now_ms: u64) -> Write {
+    let entry = Entry::Missed { reason, recorded_at_ms: now_ms };
     Write {
         key: keys.entry.clone(),
         op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
@@ -441,7 +436,7 @@ pub fn missed(keys: &SlotKeys, reason: MissedReason, now_ms: u64) -> Write {
 /// again (a clock that ran ahead recorded them, and the job is taken back), so only entries that are never
 /// deleted but by this prune may stand for a pruned slot ([`is_kept_ahead`]; a claim below `keep` of them
 /// knows its slot's entry was never pruned).
-pub fn prune(listed: &[(String, Generation, SlotEntry)], keep: usize) -> Vec<Write> {
+pub fn prune(listed: &[(String, Generation, Entry)], keep: usize) -> Vec<Write> {
     let old = listed.len().saturating_sub(keep);
     let mut kept_newer = 0usize;
     let mut prunable = vec![false; listed.len()];
@@ -454,7 +449,7 @@ pub fn prune(listed: &[(String, Generation, SlotEntry)], keep: usize) -> Vec<Wri
     listed[..old]
         .iter()
         .zip(prunable)
-        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, SlotEntry::Running { .. }))
+        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, Entry::Running { .. }))
         .map(|(l, _)| l)
         .map(|(key, generation, _)| Write {
             key: key.clone(),
@@ -467,33 +462,33 @@ pub fn prune(listed: &[(String, Generation, SlotEntry)], keep: usize) -> Vec<Wri
 /// Whether `entry` counts toward the entries newer than a slot that show its entry may have been pruned
 /// ([`prune`]): every entry but a missed one. Missed entries are deleted also when a job is taken back from a
 /// clock that ran ahead, so counting them, a slot that ran and was pruned could look never pruned.
-pub fn is_kept_ahead(entry: &SlotEntry) -> bool {
-    !matches!(entry, SlotEntry::Missed { .. })
+pub fn is_kept_ahead(entry: &Entry) -> bool {
+    !matches!(entry, Entry::Missed { .. })
 }
 
-/// A claim about to be made on a slot: first [`SlotClaim::lease_write`], then, once the store accepted it,
-/// [`SlotClaim::entry_write`]; both accepted make a [`HeldSlot`].
+/// A claim about to be made on a slot: first [`Claim::lease_write`], then, once the store accepted it,
+/// [`Claim::entry_write`]; both accepted make a [`Held`].
 #[derive(Clone, Debug)]
-pub struct SlotClaim {
-    keys: SlotKeys,
+pub struct Claim {
+    keys: Keys,
     owner: String,
     host: String,
     now_ms: u64,
     lease: Duration,
     /// The entry read before claiming and its generation; the entry write is conditional on it.
-    prev: Option<(Generation, SlotEntry)>,
+    prev: Option<(Generation, Entry)>,
 }
 
-impl SlotClaim {
+impl Claim {
     /// Prepares a claim by `owner` on `host` at `now_ms` (the store's clock) with a lease of `lease` (at
     /// least the store's minimum TTL, 1 s), over the entry `prev` read just before (`None`: no entry).
     pub fn new(
-        keys: SlotKeys,
+        keys: Keys,
         owner: impl Into<String>,
         host: impl Into<String>,
         now_ms: u64,
         lease: Duration,
-        prev: Option<(Generation, SlotEntry)>,
+        prev: Option<(Generation, Entry)>,
     ) -> Self {
         Self { keys, owner: owner.into(), host: host.into(), now_ms, lease, prev }
     }
@@ -504,7 +499,7 @@ impl SlotClaim {
     }
 
     /// Whether this claim creates the slot's entry (none was read): the claim to re-check against the
-    /// history once made ([`HeldSlot::withdraw`]), since an entry pruned after the read looks the same as one
+    /// history once made ([`Held::withdraw`]), since an entry pruned after the read looks the same as one
     /// never written.
     pub fn creates(&self) -> bool {
         self.prev.is_none()
@@ -512,7 +507,7 @@ impl SlotClaim {
 
     /// Whether this claim takes over an attempt whose holder vanished (a `Running` entry, its lease lapsed).
     pub fn takes_over(&self) -> bool {
-        matches!(self.prev, Some((_, SlotEntry::Running { .. })))
+        matches!(self.prev, Some((_, Entry::Running { .. })))
     }
 
     /// How the last attempt before this claim ended, carried into the entries this claim writes.
@@ -531,7 +526,7 @@ impl SlotClaim {
 
     /// Step 2, once the lease is held: count the attempt, conditional on the entry being unchanged since read.
     pub fn entry_write(&self) -> Write {
-        let entry = SlotEntry::Running {
+        let entry = Entry::Running {
             owner: self.owner.clone(),
             host: self.host.clone(),
             attempt: self.attempt(),
@@ -558,15 +553,15 @@ impl SlotClaim {
     }
 
     /// The slot held once the store accepted both writes with these generations.
-    pub fn acquired(self, lease_generation: Generation, entry_generation: Generation) -> HeldSlot {
+    pub fn acquired(self, lease_generation: Generation, entry_generation: Generation) -> Held {
         let attempt = self.attempt();
-        HeldSlot { claim: self, attempt, lease_generation, entry_generation }
+        Held { claim: self, attempt, lease_generation, entry_generation }
     }
 }
 
 /// What a failed attempt leaves the slot as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotFailure {
+pub enum Failure {
     /// Attempts remain: the next invocation in the slot runs it again.
     Retry,
     /// No attempts remain: the slot is failed for good.
@@ -575,17 +570,17 @@ pub enum SlotFailure {
 
 /// A slot held under a live lease. Every write it produces is fenced.
 #[derive(Clone, Debug)]
-pub struct HeldSlot {
-    claim: SlotClaim,
+pub struct Held {
+    claim: Claim,
     attempt: u32,
     lease_generation: Generation,
     entry_generation: Generation,
 }
 
 /// Kept by [`idem_store::LeaseKeeper`] while the command runs.
-impl Renewable for HeldSlot {
+impl Renewable for Held {
     fn length(&self) -> Duration {
-        self.claim.lease
+        Held::length(self)
     }
 
     /// Extend the lease by its length from now (the store's now), only if still held.
@@ -607,7 +602,12 @@ impl Renewable for HeldSlot {
     }
 }
 
-impl HeldSlot {
+impl Held {
+    /// The lease length.
+    pub fn length(&self) -> Duration {
+        self.claim.lease
+    }
+
     /// The fencing token: the entry generation the claim wrote, larger than every earlier holder's.
     pub fn fencing_token(&self) -> Generation {
         self.entry_generation
@@ -619,7 +619,7 @@ impl HeldSlot {
     }
 
     /// The slot's keys.
-    pub fn keys(&self) -> &SlotKeys {
+    pub fn keys(&self) -> &Keys {
         &self.claim.keys
     }
 
@@ -635,7 +635,7 @@ impl HeldSlot {
 
     /// Record the slot done, only if no one took it over.
     pub fn done(&self, ending: Ending) -> Write {
-        self.entry(SlotEntry::Done {
+        self.entry(Entry::Done {
             attempts: self.attempt,
             owner: self.claim.owner.clone(),
             host: self.claim.host.clone(),
@@ -645,9 +645,9 @@ impl HeldSlot {
     }
 
     /// Record a failed attempt, only if no one took it over; says whether the slot may run again under `limit`.
-    pub fn failed(&self, ending: Ending, limit: RetryLimit) -> (Write, SlotFailure) {
-        let verdict = if self.attempt >= limit.max_attempts { SlotFailure::Exhausted } else { SlotFailure::Retry };
-        let entry = SlotEntry::Failed {
+    pub fn failed(&self, ending: Ending, limit: RetryLimit) -> (Write, Failure) {
+        let verdict = if self.attempt >= limit.max_attempts { Failure::Exhausted } else { Failure::Retry };
+        let entry = Entry::Failed {
             attempts: self.attempt,
             host: self.claim.host.clone(),
             started_at_ms: self.claim.now_ms,
@@ -657,9 +657,9 @@ impl HeldSlot {
     }
 
     /// Give back an attempt whose command never started, only if no one took it over: not counted. (One
-    /// whose command started and was stopped by a signal is [`HeldSlot::failed`] with [`INTERRUPTED_EXIT`].)
+    /// whose command started and was stopped by a signal is [`Held::failed`] with [`INTERRUPTED_EXIT`].)
     pub fn interrupted(&self, now_ms: u64) -> Write {
-        self.entry(SlotEntry::Interrupted {
+        self.entry(Entry::Interrupted {
             owner: self.claim.owner.clone(),
             host: self.claim.host.clone(),
             attempt: self.attempt,
@@ -679,7 +679,7 @@ impl HeldSlot {
         }
     }
 
-    fn entry(&self, entry: SlotEntry) -> Write {
+    fn entry(&self, entry: Entry) -> Write {
         Write {
             key: self.claim.keys.entry.clone(),
             op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },

@@ -3,29 +3,29 @@ use super::*;
 const LIMIT: RetryLimit = RetryLimit { max_attempts: 3 };
 const LEASE: Duration = Duration::from_secs(10);
 
-fn keys() -> SlotKeys {
-    SlotKeys::new("nightly", 1_700_000_000_000)
+fn keys() -> Keys {
+    Keys::new("nightly", 1_700_000_000_000)
 }
 
 fn ending(exit: &str) -> Ending {
     Ending { exit: exit.into(), code: Some(0), duration_ms: 5, finished_at_ms: 9, output: vec!["ok".into()] }
 }
 
-fn decoded(write: &Write) -> SlotEntry {
+fn decoded(write: &Write) -> Entry {
     let WriteOp::Put { value, ttl } = &write.op else { panic!("put") };
     assert_eq!(*ttl, Ttl::Clear, "entries never expire");
-    SlotEntry::decode(value).unwrap()
+    Entry::decode(value).unwrap()
 }
 
 #[test]
 fn keys_sort_by_slot_time_and_name_the_job() {
     assert_eq!(keys().entry(), "once/nightly/slot/1700000000000");
     assert_eq!(keys().lease(), "once/nightly/lease/1700000000000");
-    assert!(SlotKeys::new("nightly", 999).entry() < SlotKeys::new("nightly", 1_000).entry());
+    assert!(Keys::new("nightly", 999).entry() < Keys::new("nightly", 1_000).entry());
     assert_eq!(slot_of_key(keys().entry()), Some(1_700_000_000_000));
-    assert_eq!(slot_of_key(SlotKeys::new("a", 7).lease()), Some(7));
+    assert_eq!(slot_of_key(Keys::new("a", 7).lease()), Some(7));
     assert!(keys().entry().starts_with(&slot_prefix("nightly")));
-    assert_ne!(SlotKeys::new("other", 1).entry(), SlotKeys::new("nightly", 1).entry());
+    assert_ne!(Keys::new("other", 1).entry(), Keys::new("nightly", 1).entry());
     let (key, change) = keys().ran_again("o1");
     assert_eq!(key, "once/nightly/ran-more-than-once");
     assert_eq!(change.add, ["1700000000000"]);
@@ -33,41 +33,36 @@ fn keys_sort_by_slot_time_and_name_the_job() {
 
 #[test]
 fn the_plan_follows_the_entry_the_lease_and_the_deadline() {
-    assert_eq!(plan(None, false, LIMIT, false, false), SlotPlan::Run { attempt: 1 });
-    assert_eq!(plan(None, true, LIMIT, false, false), SlotPlan::Held, "a claim is being made");
-    assert_eq!(plan(None, false, LIMIT, true, false), SlotPlan::RecordMissed);
-    let done = SlotEntry::Done {
-        attempts: 1,
-        owner: "o".into(),
-        host: "h".into(),
-        started_at_ms: 1,
-        ending: ending("exit 0"),
-    };
-    assert_eq!(plan(Some(&done), false, LIMIT, true, false), SlotPlan::Done);
-    let missed = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
-    assert_eq!(plan(Some(&missed), false, LIMIT, false, false), SlotPlan::Missed);
-    let running = SlotEntry::Running { owner: "o".into(), host: "h".into(), attempt: 1, started_at_ms: 1, last: None };
-    assert_eq!(plan(Some(&running), true, LIMIT, false, false), SlotPlan::Held);
+    assert_eq!(plan(None, false, LIMIT, false, false), Plan::Run { attempt: 1 });
+    assert_eq!(plan(None, true, LIMIT, false, false), Plan::Held, "a claim is being made");
+    assert_eq!(plan(None, false, LIMIT, true, false), Plan::RecordMissed);
+    let done =
+        Entry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending: ending("exit 0") };
+    assert_eq!(plan(Some(&done), false, LIMIT, true, false), Plan::Done);
+    let missed = Entry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
+    assert_eq!(plan(Some(&missed), false, LIMIT, false, false), Plan::Missed);
+    let running = Entry::Running { owner: "o".into(), host: "h".into(), attempt: 1, started_at_ms: 1, last: None };
+    assert_eq!(plan(Some(&running), true, LIMIT, false, false), Plan::Held);
     // Its holder crashed: the lease lapsed. A started slot is retried past the deadline too.
-    assert_eq!(plan(Some(&running), false, LIMIT, true, false), SlotPlan::Run { attempt: 2 });
-    let last = SlotEntry::Running { owner: "o".into(), host: "h".into(), attempt: 3, started_at_ms: 1, last: None };
-    assert_eq!(plan(Some(&last), false, LIMIT, false, false), SlotPlan::FailedForGood, "its last attempt crashed");
-    let failed = SlotEntry::Failed { attempts: 2, host: "h".into(), started_at_ms: 1, ending: ending("exit 1") };
-    assert_eq!(plan(Some(&failed), false, LIMIT, false, false), SlotPlan::Run { attempt: 3 });
-    assert_eq!(plan(Some(&failed), false, RetryLimit { max_attempts: 2 }, false, false), SlotPlan::FailedForGood);
-    assert_eq!(plan(Some(&failed), true, RetryLimit { max_attempts: 2 }, false, false), SlotPlan::FailedForGood);
+    assert_eq!(plan(Some(&running), false, LIMIT, true, false), Plan::Run { attempt: 2 });
+    let last = Entry::Running { owner: "o".into(), host: "h".into(), attempt: 3, started_at_ms: 1, last: None };
+    assert_eq!(plan(Some(&last), false, LIMIT, false, false), Plan::FailedForGood, "its last attempt crashed");
+    let failed = Entry::Failed { attempts: 2, host: "h".into(), started_at_ms: 1, ending: ending("exit 1") };
+    assert_eq!(plan(Some(&failed), false, LIMIT, false, false), Plan::Run { attempt: 3 });
+    assert_eq!(plan(Some(&failed), false, RetryLimit { max_attempts: 2 }, false, false), Plan::FailedForGood);
+    assert_eq!(plan(Some(&failed), true, RetryLimit { max_attempts: 2 }, false, false), Plan::FailedForGood);
     // Older than the job's newest slot: never claimed nor recorded, whatever its entry (or its absence) says.
-    assert_eq!(plan(None, false, LIMIT, false, true), SlotPlan::Behind, "a pruned or unlisted slot");
-    assert_eq!(plan(None, false, LIMIT, true, true), SlotPlan::Behind);
-    assert_eq!(plan(Some(&failed), false, LIMIT, false, true), SlotPlan::Behind);
-    assert_eq!(plan(Some(&running), false, LIMIT, false, true), SlotPlan::Behind);
-    assert_eq!(plan(Some(&done), false, LIMIT, false, true), SlotPlan::Done);
-    assert_eq!(plan(Some(&missed), false, LIMIT, false, true), SlotPlan::Missed);
+    assert_eq!(plan(None, false, LIMIT, false, true), Plan::Behind, "a pruned or unlisted slot");
+    assert_eq!(plan(None, false, LIMIT, true, true), Plan::Behind);
+    assert_eq!(plan(Some(&failed), false, LIMIT, false, true), Plan::Behind);
+    assert_eq!(plan(Some(&running), false, LIMIT, false, true), Plan::Behind);
+    assert_eq!(plan(Some(&done), false, LIMIT, false, true), Plan::Done);
+    assert_eq!(plan(Some(&missed), false, LIMIT, false, true), Plan::Missed);
 }
 
 #[test]
 fn attempts_are_counted_at_claim_and_every_later_write_is_fenced() {
-    let claim = SlotClaim::new(keys(), "o1", "host-a", 100, LEASE, None);
+    let claim = Claim::new(keys(), "o1", "host-a", 100, LEASE, None);
     assert_eq!(claim.attempt(), 1);
     assert_eq!(claim.lease_write().precondition, Precondition::Absent);
     assert_eq!(claim.entry_write().precondition, Precondition::Absent);
@@ -80,9 +75,9 @@ fn attempts_are_counted_at_claim_and_every_later_write_is_fenced() {
     assert_eq!(held.release().precondition, Precondition::Generation(Generation::new(9)));
     let done = held.done(ending("exit 0"));
     assert_eq!(done.precondition, Precondition::Generation(Generation::new(4)));
-    assert!(matches!(decoded(&done), SlotEntry::Done { attempts: 1, ref host, .. } if host == "host-a"));
+    assert!(matches!(decoded(&done), Entry::Done { attempts: 1, ref host, .. } if host == "host-a"));
     // The holder crashed instead: the next claim counts attempt 2 and is conditional on the entry it read.
-    let again = SlotClaim::new(keys(), "o2", "host-b", 200, LEASE, Some((Generation::new(4), running)));
+    let again = Claim::new(keys(), "o2", "host-b", 200, LEASE, Some((Generation::new(4), running)));
     assert_eq!(again.attempt(), 2);
     assert_eq!(again.entry_write().precondition, Precondition::Generation(Generation::new(4)));
 }
@@ -92,34 +87,31 @@ fn failures_are_retried_until_the_attempts_run_out() {
     let mut prev = None;
     let mut verdicts = Vec::new();
     for i in 0..3u64 {
-        let held = SlotClaim::new(keys(), "o", "h", i, LEASE, prev.take())
-            .acquired(Generation::new(1), Generation::new(2 + i));
+        let held =
+            Claim::new(keys(), "o", "h", i, LEASE, prev.take()).acquired(Generation::new(1), Generation::new(2 + i));
         let (write, verdict) = held.failed(ending("exit 3"), LIMIT);
         verdicts.push(verdict);
         let entry = decoded(&write);
         prev = Some((Generation::new(10 + i), entry));
     }
-    assert_eq!(verdicts, [SlotFailure::Retry, SlotFailure::Retry, SlotFailure::Exhausted]);
+    assert_eq!(verdicts, [Failure::Retry, Failure::Retry, Failure::Exhausted]);
     let (_, last) = prev.unwrap();
     assert_eq!(last.attempts(), 3);
     assert_eq!(last.last_ending().unwrap().exit, "exit 3");
-    assert_eq!(plan(Some(&last), false, LIMIT, false, false), SlotPlan::FailedForGood);
+    assert_eq!(plan(Some(&last), false, LIMIT, false, false), Plan::FailedForGood);
 }
 
 #[test]
 fn an_interrupted_attempt_is_not_counted_and_keeps_the_failure_before_it() {
-    let failed = SlotEntry::Failed { attempts: 1, host: "h".into(), started_at_ms: 1, ending: ending("exit 1") };
-    let held = SlotClaim::new(keys(), "o", "h", 5, LEASE, Some((Generation::new(2), failed)))
+    let failed = Entry::Failed { attempts: 1, host: "h".into(), started_at_ms: 1, ending: ending("exit 1") };
+    let held = Claim::new(keys(), "o", "h", 5, LEASE, Some((Generation::new(2), failed)))
         .acquired(Generation::new(3), Generation::new(4));
     assert_eq!(held.attempt(), 2);
     let interrupted = decoded(&held.interrupted(6));
     assert_eq!(interrupted.attempts(), 1);
     assert_eq!(interrupted.last_ending().unwrap().exit, "exit 1");
-    assert_eq!(
-        plan(Some(&interrupted), false, RetryLimit { max_attempts: 2 }, true, false),
-        SlotPlan::Run { attempt: 2 }
-    );
-    assert_eq!(SlotEntry::decode(&interrupted.encode()).unwrap(), interrupted);
+    assert_eq!(plan(Some(&interrupted), false, RetryLimit { max_attempts: 2 }, true, false), Plan::Run { attempt: 2 });
+    assert_eq!(Entry::decode(&interrupted.encode()).unwrap(), interrupted);
 }
 
 #[test]
@@ -127,20 +119,20 @@ fn missed_is_create_only_and_pruning_keeps_the_newest_and_the_running() {
     let write = missed(&keys(), MissedReason::PastDeadline { came_at_ms: 7 }, 8);
     assert_eq!(write.precondition, Precondition::Absent);
     let entry = decoded(&write);
-    assert_eq!(entry, SlotEntry::Missed { reason: MissedReason::PastDeadline { came_at_ms: 7 }, recorded_at_ms: 8 });
+    assert_eq!(entry, Entry::Missed { reason: MissedReason::PastDeadline { came_at_ms: 7 }, recorded_at_ms: 8 });
     assert!(entry.is_final());
     let text = String::from_utf8(entry.encode().to_vec()).unwrap();
     assert!(text.contains(r#""why":"past_deadline""#), "{text}");
-    let running = SlotEntry::Running { owner: "o".into(), host: "h".into(), attempt: 1, started_at_ms: 1, last: None };
-    let listed: Vec<(String, Generation, SlotEntry)> = (0..5u64)
+    let running = Entry::Running { owner: "o".into(), host: "h".into(), attempt: 1, started_at_ms: 1, last: None };
+    let listed: Vec<(String, Generation, Entry)> = (0..5u64)
         .map(|i| {
             let e = if i == 1 { running.clone() } else { entry.clone() };
-            (SlotKeys::new("j", i).entry().to_owned(), Generation::new(i + 1), e)
+            (Keys::new("j", i).entry().to_owned(), Generation::new(i + 1), e)
         })
         .collect();
     let deletes = prune(&listed, 2);
     let keys: Vec<&str> = deletes.iter().map(|w| w.key.as_str()).collect();
-    assert_eq!(keys, [SlotKeys::new("j", 0).entry(), SlotKeys::new("j", 2).entry()]);
+    assert_eq!(keys, [Keys::new("j", 0).entry(), Keys::new("j", 2).entry()]);
     assert_eq!(deletes[1].precondition, Precondition::Generation(Generation::new(3)));
     assert!(prune(&listed, 5).is_empty());
 }
@@ -152,16 +144,16 @@ fn missed_is_create_only_and_pruning_keeps_the_newest_and_the_running() {
 #[test]
 fn a_slot_that_ran_outlives_the_missed_entries_ahead_of_it() {
     let ending = Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: 1, output: vec![] };
-    let done = SlotEntry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
-    let missed = SlotEntry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
-    let listed: Vec<(String, Generation, SlotEntry)> = (0..6u64)
+    let done = Entry::Done { attempts: 1, owner: "o".into(), host: "h".into(), started_at_ms: 1, ending };
+    let missed = Entry::Missed { reason: MissedReason::NoInvocation, recorded_at_ms: 1 };
+    let listed: Vec<(String, Generation, Entry)> = (0..6u64)
         .map(|i| {
             let e = if i == 0 || i == 5 { done.clone() } else { missed.clone() };
-            (SlotKeys::new("j", i).entry().to_owned(), Generation::new(i + 1), e)
+            (Keys::new("j", i).entry().to_owned(), Generation::new(i + 1), e)
         })
         .collect();
     let keys = |d: Vec<Write>| d.into_iter().map(|w| w.key).collect::<Vec<_>>();
-    let entry = |i: u64| SlotKeys::new("j", i).entry().to_owned();
+    let entry = |i: u64| Keys::new("j", i).entry().to_owned();
     assert_eq!(keys(prune(&listed, 2)), [entry(1), entry(2), entry(3)], "the done slot 0 stays");
     assert_eq!(keys(prune(&listed, 1)), [entry(0), entry(1), entry(2), entry(3), entry(4)], "one done is newer");
 }

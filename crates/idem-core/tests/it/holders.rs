@@ -1,5 +1,5 @@
-//! A property test over the two lease state machines, the idempotency record (`Claim` → `Lease`) and the work
-//! ledger (`ItemClaim` → `Held`), each kept by `idem_store::LeaseKeeper`: three holders of one key follow an
+//! A property test over the two lease state machines, the idempotency record (`Claim` → `Held`) and the work
+//! ledger (`ledger::Claim` → `Held`), each kept by `idem_store::LeaseKeeper`: three holders of one key follow an
 //! adversarial schedule (who acts, when time jumps, which store operation fails or lands with its answer
 //! lost) on a manual clock (paused tokio time; the store's TTLs run on it too).
 //!
@@ -22,10 +22,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{
-    Claim, Entry, Fingerprint, IdempotencyKey, ItemClaim, ItemKeys, Lease, Observations, Outcome, Plan, Record,
-    RecordKey, RetryLimit, Scope, StoredResponse, Verdict, Watch, judge, plan,
-};
+use idem_core::ledger::{self, Entry, Plan, RetryLimit, plan};
+use idem_core::record::{Claim, Held, Observations, Outcome, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
+use idem_core::{Fingerprint, IdempotencyKey, Scope};
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{LeaseKeeper, MemoryStore, Store, StoreExt};
 use proptest::prelude::*;
@@ -104,7 +103,7 @@ enum Requester<'a> {
     Idle,
     /// Claimed and executing; `run` numbers the execution (its response body says which).
     Executing {
-        lease: Lease,
+        lease: Held,
         keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>>,
         run: u32,
     },
@@ -204,7 +203,7 @@ async fn record_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
 #[allow(clippy::large_enum_variant)]
 enum Runner<'a> {
     Idle,
-    Running { held: idem_core::Held, keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>>, run: u32 },
+    Running { held: idem_core::ledger::Held, keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>>, run: u32 },
 }
 
 fn digest(content: &str) -> String {
@@ -214,7 +213,7 @@ fn digest(content: &str) -> String {
 
 async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), TestCaseError> {
     let store = store_with(faults);
-    let keys = ItemKeys::new("job", "item-1");
+    let keys = ledger::Keys::new("job", "item-1");
     let limit = RetryLimit { max_attempts: 1_000 };
     let mut holders: Vec<Runner<'_>> = (0..HOLDERS).map(|_| Runner::Idle).collect();
     // The output file at its final path (renamed into place whole).
@@ -256,7 +255,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
                     Plan::New | Plan::Retry { .. } | Plan::CheckDone { .. } => {}
                     other => return Err(TestCaseError::fail(format!("unexpected plan {other:?}"))),
                 }
-                let claim = ItemClaim::new(keys.clone(), format!("runner-{i}"), now_ms(), LEASE, prev);
+                let claim = ledger::Claim::new(keys.clone(), format!("runner-{i}"), now_ms(), LEASE, prev);
                 let sent = Instant::now();
                 let Ok(Some(lease_generation)) = store.apply(claim.lease_write()).await else { continue };
                 match store.apply(claim.entry_write()).await {
@@ -354,7 +353,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
 /// fencing token (`Held::reassert`). True when the lease is held.
 async fn fence(
     store: &FaultyStore<MemoryStore>,
-    held: &mut idem_core::Held,
+    held: &mut idem_core::ledger::Held,
     keeper: &mut LeaseKeeper<'_, FaultyStore<MemoryStore>>,
 ) -> bool {
     use idem_store::Renewable as _;

@@ -1,4 +1,4 @@
-//! A property test over the slot state machine of `idem once` (`SlotClaim` → `HeldSlot`), kept by
+//! A property test over the slot state machine of `idem once` (`slot::Claim` → `HeldSlot`), kept by
 //! `idem_store::LeaseKeeper`: three invocations of one slot follow an adversarial schedule (who acts, whether
 //! it comes past the starting deadline, how its command ends, when time jumps, which store operation fails or
 //! lands with its answer lost) on a manual clock (paused tokio time; the store's TTLs and `now` run on it).
@@ -15,11 +15,10 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    Ending, Job, MissedReason, RetryLimit, SlotClaim, SlotEntry, SlotKeys, SlotPlan, job_key, missed, plan_slot, prune,
-};
+use idem_core::ledger::RetryLimit;
+use idem_core::slot::{self, Ending, Job, MissedReason, job_key, missed, prune};
 use idem_store::testing::{Fault, FaultyStore};
-use idem_store::{LeaseKeeper, MemoryStore, Precondition, Renewable, Store, StoreExt, Ttl, system_time_to_millis};
+use idem_store::{LeaseKeeper, MemoryStore, Precondition, Store, StoreExt, Ttl, system_time_to_millis};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
@@ -78,7 +77,7 @@ fn faults() -> impl Strategy<Value = Vec<Option<Fault>>> {
 #[allow(clippy::large_enum_variant)]
 enum Invocation<'a> {
     Idle,
-    Running { held: idem_core::HeldSlot, keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>> },
+    Running { held: idem_core::slot::Held, keeper: LeaseKeeper<'a, FaultyStore<MemoryStore>> },
 }
 
 fn ending(ok: bool) -> Ending {
@@ -89,14 +88,14 @@ fn ending(ok: bool) -> Ending {
 async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), TestCaseError> {
     let store =
         FaultyStore::new(MemoryStore::with_tokio_clock(), move |op| faults.get(op.index as usize).copied().flatten());
-    let keys = SlotKeys::new("job", 1_700_000_000_000);
+    let keys = slot::Keys::new("job", 1_700_000_000_000);
     let job = |last_slot_ms| {
         Job { schedule: "every 60s".into(), last_slot_ms, missed_unlisted: 0, ..Job::default() }.encode()
     };
     store.inner().put(&job_key("job"), job(keys.slot_ms()), Precondition::Absent, Ttl::Clear).await.unwrap();
     let mut invocations: Vec<Invocation<'_>> = (0..INVOCATIONS).map(|_| Invocation::Idle).collect();
     let (mut started, mut interrupted, mut done_writes) = (0u32, 0u32, 0u32);
-    let mut final_entry: Option<SlotEntry> = None;
+    let mut final_entry: Option<slot::Entry> = None;
     let mut counted_interruption = None;
     for step in steps {
         match step {
@@ -108,15 +107,15 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
                 let [job_read, entry]: [_; 2] = read.try_into().unwrap();
                 let newest = Job::decode(job_read.unwrap().value()).unwrap().last_slot_ms;
                 let Ok(lease) = store.get(keys.lease()).await else { continue };
-                let prev = entry.map(|v| (v.generation(), SlotEntry::decode(v.value()).unwrap()));
+                let prev = entry.map(|v| (v.generation(), slot::Entry::decode(v.value()).unwrap()));
                 let behind = newest > keys.slot_ms();
-                match plan_slot(prev.as_ref().map(|(_, e)| e), lease.is_some(), LIMIT, late, behind) {
-                    SlotPlan::RecordMissed => {
+                match slot::plan(prev.as_ref().map(|(_, e)| e), lease.is_some(), LIMIT, late, behind) {
+                    slot::Plan::RecordMissed => {
                         let reason = MissedReason::PastDeadline { came_at_ms: now_ms };
                         let _ = store.apply(missed(&keys, reason, now_ms)).await;
                     }
-                    SlotPlan::Run { .. } => {
-                        let claim = SlotClaim::new(keys.clone(), format!("inv-{i}"), "host", now_ms, LEASE, prev);
+                    slot::Plan::Run { .. } => {
+                        let claim = slot::Claim::new(keys.clone(), format!("inv-{i}"), "host", now_ms, LEASE, prev);
                         let sent = Instant::now();
                         let Ok(Some(lease_g)) = store.apply(claim.lease_write()).await else { continue };
                         match store.apply(claim.entry_write()).await {
@@ -131,8 +130,11 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
                             }
                         }
                     }
-                    SlotPlan::Done | SlotPlan::Missed | SlotPlan::FailedForGood | SlotPlan::Held | SlotPlan::Behind => {
-                    }
+                    slot::Plan::Done
+                    | slot::Plan::Missed
+                    | slot::Plan::FailedForGood
+                    | slot::Plan::Held
+                    | slot::Plan::Behind => {}
                 }
             }
             Step::Fence(i) => {
@@ -183,7 +185,7 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
                     continue;
                 }
                 let Ok(Some(v)) = store.get(keys.entry()).await else { continue };
-                let listed = [(keys.entry().to_owned(), v.generation(), SlotEntry::decode(v.value()).unwrap())];
+                let listed = [(keys.entry().to_owned(), v.generation(), slot::Entry::decode(v.value()).unwrap())];
                 for write in prune(&listed, 0) {
                     let _ = store.apply(write).await;
                 }
@@ -192,18 +194,18 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
         }
         let current = store.inner().get(keys.entry()).await.unwrap();
         if let Some(v) = &current
-            && matches!(SlotEntry::decode(v.value()).unwrap(), SlotEntry::Interrupted { .. })
+            && matches!(slot::Entry::decode(v.value()).unwrap(), slot::Entry::Interrupted { .. })
             && counted_interruption != Some(v.generation())
         {
             // An attempt given back: it does not count against the attempts allowed.
             interrupted += 1;
             counted_interruption = Some(v.generation());
         }
-        let entry = current.map(|v| SlotEntry::decode(v.value()).unwrap());
+        let entry = current.map(|v| slot::Entry::decode(v.value()).unwrap());
         if let Some(first) = &final_entry {
             // Pruned (gone) is the only change a done or missed entry may see.
             prop_assert!(entry.is_none() || entry.as_ref() == Some(first), "a done or missed slot changed: {entry:?}");
-        } else if let Some(e) = entry.filter(SlotEntry::is_final) {
+        } else if let Some(e) = entry.filter(slot::Entry::is_final) {
             final_entry = Some(e);
         }
         prop_assert!(done_writes <= 1, "the slot was recorded done twice");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use idem_core::Held;
+use idem_core::ledger::Held;
 use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use idem_core::{Held, ItemClaim};
+use idem_core::ledger::{Claim, Held};
 use idem_store::{Error as StoreError, Store};
 
 use super::Ctx;
@@ -128,7 +128,7 @@ pub(super) enum Claimed {
 /// Claims an item: its lease (conditional on there being none). The attempt is counted in the entry only
 /// just before the command starts ([`count`]). While the store is unavailable the claim waits for it
 /// ([`ledger::apply`]): nothing new is claimed during an outage.
-pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: ItemClaim) -> Result<Claimed, ItemError> {
+pub(super) async fn claim<S: Store>(ctx: &Ctx<S>, claim: Claim) -> Result<Claimed, ItemError> {
     let (lease_gen, lease_sent) = match ledger::apply_sent(ctx, Waiting::Unstarted, claim.lease_write()).await {
         Ok((Some(g), sent)) => (g, sent),
         Ok((None, _)) => return Err(ItemError::NoGeneration),

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use idem_core::{Entry, ItemKeys, Plan};
+use idem_core::ledger::{Entry, Keys, Plan};
 use idem_store::{Precondition, Store, Ttl};
 
 use super::ledger::{self, Waiting};
@@ -25,7 +25,7 @@ pub(super) const CHUNK: usize = 128;
 /// rest (`None`) go through [`process`], which judges them again one by one, starting from the entries read
 /// here.
 pub(super) async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
-    let keys: Vec<String> = chunk.iter().map(|i| ItemKeys::new(&ctx.job, &i.id).entry().to_owned()).collect();
+    let keys: Vec<String> = chunk.iter().map(|i| Keys::new(&ctx.job, &i.id).entry().to_owned()).collect();
     let Ok(values) = ctx.store.get_many(&keys).await else {
         return (vec![None; chunk.len()], vec![None; chunk.len()]);
     };
@@ -156,8 +156,8 @@ async fn output_state<S: Store>(
 /// An item whose id names an entry recorded for another text. From a queue it is rejected without running
 /// (the message is dead-lettered; JetStream: terminated) and counted as failed: a producer reusing a message
 /// id for another payload would otherwise have it acknowledged as done, or retried under another's count.
-/// From a file or a pipe it is warned about once and judged by its entry as usual (see docs/DESIGN.md,
-/// "Item text"): `None`.
+/// From a file or a pipe it is warned about once and judged by its entry as usual (the items file may have
+/// changed, and the entry still says whether that id ran): `None`.
 fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
     if ctx.cfg.queue.is_some() {
         let reason = format!(
@@ -184,7 +184,7 @@ fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
 /// item may be claimed over. Gone means its lease key is absent *and* this runner has watched the item for a
 /// whole lease without seeing a generation larger than the largest it saw (of the entry, or of the lease key:
 /// every write of the holder, a renewal, a retake, a done, makes one), by its own clock
-/// ([`idem_core::Observations::watch`]).
+/// ([`idem_core::record::Observations::watch`]).
 ///
 /// The store's TTL alone would do for safety (every claim is conditional), not for waste: after an outage, or
 /// a SQLite ledger locked, longer than a lease, every lease has lapsed by the store's clock and whoever reached
@@ -192,7 +192,7 @@ fn reused<S>(ctx: &Ctx<S>, item: &Item, warned: &mut bool) -> Option<Final> {
 /// start again when this runner was not served (`ledger::patient`, `ledger::recover`), so the holder, back at
 /// the same moment, has a lease to take its lease again ([`ledger::regain`]) before anyone claims over it.
 /// The cost: a crashed runner's items are claimed a lease after they are first seen, not at once.
-async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &ItemKeys) -> Result<bool, ItemError> {
+async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &Keys) -> Result<bool, ItemError> {
     if idem_core::planted("runner-lapse-by-clock") {
         // Planted: the store's TTL decides alone.
         let lease = ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?;
@@ -216,7 +216,7 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &ItemKeys) -> Result<bool, It
         sent.into_std(),
         answered.into_std(),
     );
-    Ok(lease.is_none() && matches!(watch, idem_core::Watch::Lapsed(_)))
+    Ok(lease.is_none() && matches!(watch, idem_core::record::Watch::Lapsed(_)))
 }
 
 /// Whether the store takes this runner's writes promptly now: a holder that wrote nothing while the store
@@ -225,7 +225,7 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &ItemKeys) -> Result<bool, It
 /// every holder "silent" for the whole lock. A probe write (this runner's own key under the job, a TTL of two
 /// leases; at most one per quarter lease, shared by every item the runner watches) answered within a third of a
 /// lease counts as evidence; a slower or failed one, or a gap of more than half a lease since the last prompt
-/// one, starts every watch again ([`idem_core::Observations::clear`]).
+/// one, starts every watch again ([`idem_core::record::Observations::clear`]).
 async fn writes_served<S: Store>(ctx: &Ctx<S>) -> bool {
     let lease = ctx.cfg.lease;
     let mut last = ctx.probe.lock().await;
@@ -270,7 +270,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
     {
         return Ok(Step::End(fin));
     }
-    let plan = idem_core::plan(entry.as_ref(), ctx.limit);
+    let plan = idem_core::ledger::plan(entry.as_ref(), ctx.limit);
     if let Some(Entry::Done { owner, sha256, size, .. }) = &entry
         && let Some(host) = elsewhere(ctx, owner)
     {
@@ -308,7 +308,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
                 return Ok(Step::End(Final::Adopted { digest }));
             }
             // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
-            let write = idem_core::adopt(keys, &digest.sha256, digest.size, now_ms(), Some(&run.text_sha256));
+            let write = idem_core::ledger::adopt(keys, &digest.sha256, digest.size, now_ms(), Some(&run.text_sha256));
             match ledger::apply(ctx, Waiting::Unstarted, write).await {
                 Ok(_) => Final::Adopted { digest },
                 Err(e) if e.is_precondition_failed() => return Ok(Step::Judge),
@@ -327,7 +327,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
                 && !ctx.cfg.dry_run
                 && let Some((digest, note)) = noted_output(ctx, &run.output, &(owner.clone(), *attempt)).await
             {
-                let write = idem_core::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
+                let write = idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
                 return match ledger::apply(ctx, Waiting::Unstarted, write).await {
                     Ok(_) => {
                         let _ = tokio::fs::remove_file(&note).await;
@@ -391,7 +391,7 @@ mod tests {
     async fn judged(ctx: &Ctx<MemoryStore>, item: &Item) -> Step {
         let mut run = ItemRun {
             item,
-            keys: ItemKeys::new(&ctx.job, &item.id),
+            keys: Keys::new(&ctx.job, &item.id),
             output: ctx.cfg.output_path(&item.id),
             prefetched: None,
             waiting: false,
@@ -404,12 +404,12 @@ mod tests {
     }
 
     async fn put_entry(ctx: &Ctx<MemoryStore>, id: &str, entry: &Entry) {
-        let key = ItemKeys::new(&ctx.job, id).entry().to_owned();
+        let key = Keys::new(&ctx.job, id).entry().to_owned();
         ctx.store.put(&key, entry.encode(), Precondition::Any, Ttl::Clear).await.expect("put");
     }
 
     async fn entry_of(ctx: &Ctx<MemoryStore>, id: &str) -> Option<Entry> {
-        let read = ctx.store.get(ItemKeys::new(&ctx.job, id).entry()).await.expect("get");
+        let read = ctx.store.get(Keys::new(&ctx.job, id).entry()).await.expect("get");
         read.map(|v| Entry::decode(v.value()).expect("decodes"))
     }
 
@@ -527,7 +527,7 @@ mod tests {
             item_sha256: None,
         };
         put_entry(&ctx, "a", &running).await;
-        let lease = ItemKeys::new(&ctx.job, "a").lease().to_owned();
+        let lease = Keys::new(&ctx.job, "a").lease().to_owned();
         ctx.store
             .put(&lease, "other".into(), Precondition::Any, Ttl::After(Duration::from_secs(60)))
             .await

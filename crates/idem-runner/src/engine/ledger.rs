@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem_core::Held;
+use idem_core::ledger::Held;
 use idem_store::{Error as StoreError, Generation, LeaseKeeper, Renewable, Store, StoreExt, Versioned, Write, WriteOp};
 use tokio::time::Instant;
 
@@ -289,13 +289,13 @@ pub(super) async fn regain<S: Store>(ctx: &Ctx<S>, held: &mut Held) -> Regained 
                 // without having taken anything. So wait for the entry to move (taken over) or the lease to go
                 // (take it again), for at most a lease; an attempt not yet counted has nothing to wait for.
                 let Some(token) = held.fencing_token() else { return Regained::TakenOver };
-                if waited >= held.lease() {
+                if waited >= held.length() {
                     tracing::debug!(key = %lease_key, generation = %v.generation(), "another holder's lease stayed: taken over");
                     return Regained::TakenOver;
                 }
                 match get(ctx, waiting, held.keys().entry()).await {
                     Ok(Some(entry)) if entry.generation() == token => {
-                        let pause = (held.lease() / 10).clamp(Duration::from_millis(10), Duration::from_millis(100));
+                        let pause = (held.length() / 10).clamp(Duration::from_millis(10), Duration::from_millis(100));
                         tokio::time::sleep(pause).await;
                         waited += pause;
                     }

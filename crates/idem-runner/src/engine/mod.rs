@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use idem_core::RetryLimit;
+use idem_core::ledger::RetryLimit;
 use idem_store::{Store, system_time_to_millis};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -98,8 +98,8 @@ pub(crate) struct Ctx<S> {
     outage: ledger::Outage,
     /// Items another runner holds, watched until their holder counts as gone ([`judge`]'s claim gate): by
     /// observation, not by the store's TTL, so after an outage the holder gets a lease to take its item again.
-    watches: Mutex<idem_core::Observations>,
-    /// When this runner's last prompt probe write was answered (`judge.rs`, `writes_served`): a watch counts
+    watches: Mutex<idem_core::record::Observations>,
+    /// When this runner's last prompt probe write was answered (`writes_served` in the judge): a watch counts
     /// only while the store is seen to take writes, since a SQLite ledger locked by another connection still
     /// serves reads (WAL) while no holder can renew.
     probe: tokio::sync::Mutex<Option<tokio::time::Instant>>,
@@ -135,7 +135,7 @@ impl<S> Ctx<S> {
             short_of_resources: AtomicBool::new(false),
             outage: ledger::Outage::new(cfg.store_outage_limit),
             // Forgetting a watch only delays a claim; a bound keeps a huge run's memory flat.
-            watches: Mutex::new(idem_core::Observations::new(4096)),
+            watches: Mutex::new(idem_core::record::Observations::new(4096)),
             probe: tokio::sync::Mutex::new(None),
             store,
             cfg,
@@ -145,7 +145,7 @@ impl<S> Ctx<S> {
 
     /// No new command may start: Ctrl-C was pressed, a poison item halts the run, or the store was
     /// unavailable for longer than `--store-outage-limit`.
-    /// Every watch starts again ([`idem_core::Observations::clear`]): this runner was not served for a while.
+    /// Every watch starts again ([`idem_core::record::Observations::clear`]): this runner was not served for a while.
     fn unwatch_all(&self) {
         self.watches.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }

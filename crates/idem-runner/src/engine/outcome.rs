@@ -167,7 +167,7 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
 }
 
 /// Records a poison item: one that turned poison in this run, or one an earlier run found poison, which is not
-/// run again (only the first halts the run: see the `FailureVerdict::Poison` arm of [`process`]).
+/// run again (only the first halts the run: see the `ledger::Failure::Poison` arm of [`process`]).
 pub(super) fn poisoned<S>(ctx: &Ctx<S>, item: &Item, attempts: u32, error: String) -> Final {
     ctx.poison.lock().unwrap_or_else(|p| p.into_inner()).push((item.id.clone(), error.clone()));
     Final::Poison { attempts, error }

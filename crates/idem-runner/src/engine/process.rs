@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use idem_core::{Entry, ItemClaim, ItemKeys};
+use idem_core::ledger::{Claim, Entry, Keys};
 use idem_store::{Generation, Store};
 
 use super::attempt::attempt;
@@ -28,7 +28,7 @@ pub(super) async fn process<S: Store>(
 ) -> Result<Final, ItemError> {
     let mut run = ItemRun {
         item,
-        keys: ItemKeys::new(&ctx.job, &item.id),
+        keys: Keys::new(&ctx.job, &item.id),
         output: ctx.cfg.output_path(&item.id),
         prefetched,
         waiting: false,
@@ -105,7 +105,7 @@ async fn claim_and_run<'a, S: Store>(
     if ctx.stopping() {
         return Ok(not_started());
     }
-    let claim_ = ItemClaim::new(run.keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev)
+    let claim_ = Claim::new(run.keys.clone(), &ctx.owner, now_ms(), ctx.cfg.lease, prev)
         .with_item_sha256(run.text_sha256.clone());
     let (mut held, lease_sent, previous) = match claim(ctx, claim_).await? {
         Claimed::Held { held, lease_sent, previous } => (held, lease_sent, previous),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use idem_core::{FailureVerdict, Held};
+use idem_core::ledger::{Failure, Held};
 use idem_store::Store;
 
 use super::claim::unclaim;
@@ -30,7 +30,7 @@ pub(super) async fn finish<S: Store>(
 ) -> Attempt {
     // Without `--verify`, verifying, fsyncing and renaming take one trip to the blocking pool instead of two,
     // as long as the fence below holds when the rename comes (a lease set less than a third of its length ago).
-    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent().into_std() + held.lease() / 3);
+    let fence_until = ctx.cfg.verify.is_none().then(|| heartbeat.sent().into_std() + held.length() / 3);
     let (path, checks, to, renamer) =
         (temp.to_owned(), ctx.checks.clone(), output.to_owned(), Arc::clone(&ctx.renamer));
     let mut finishing = tokio::task::spawn_blocking(move || {
@@ -141,7 +141,7 @@ pub(super) async fn record_attempt<S: Store>(
         Attempt::AlreadyThere => record_done(ctx, item, held, output::Digest256::nothing(), started, false).await,
         Attempt::Failed { ending, stderr, message } => {
             ctx.counters.attempts_failed.fetch_add(1, Ordering::Relaxed);
-            let mut fingerprint = idem_core::error_fingerprint(&ending, &stderr);
+            let mut fingerprint = idem_core::ledger::error_fingerprint(&ending, &stderr);
             if looks_transient(&ending, &stderr) {
                 // Never the same twice, so never poison: a transient error met again is an outage that lasts,
                 // not the item's fault. It spends the item's retries, and an item out of them is failed (a
@@ -156,11 +156,11 @@ pub(super) async fn record_attempt<S: Store>(
             }
             let _ = ledger::apply(ctx, Waiting::Started, held.release()).await;
             match verdict {
-                FailureVerdict::Retry => {
+                Failure::Retry => {
                     pause_before_retry(ctx, held.attempt()).await;
                     Ok(Step::Judge)
                 }
-                FailureVerdict::Poison => {
+                Failure::Poison => {
                     // It turned poison now: with --on-poison halt nothing new starts. One found poison by an
                     // earlier run (`Plan::Poison` in the judgement) halts nothing: it is a known fact, not a new
                     // failure, and halting every rerun before it ran anything would leave the rest undone for
@@ -170,7 +170,7 @@ pub(super) async fn record_attempt<S: Store>(
                     }
                     end(poisoned(ctx, item, held.attempt(), message))
                 }
-                FailureVerdict::Exhausted => end(Final::Failed { attempts: held.attempt(), error: message }),
+                Failure::Exhausted => end(Final::Failed { attempts: held.attempt(), error: message }),
             }
         }
         Attempt::Lost => {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use idem_core::{Entry, ItemKeys};
+use idem_core::ledger::{Entry, Keys};
 use idem_store::Generation;
 use tokio::sync::SemaphorePermit;
 
@@ -12,7 +12,7 @@ use super::outcome::Final;
 use crate::Item;
 use crate::output::Digest256;
 
-/// Where an item is between its steps, the way `idem_core::Plan` says what its ledger entry needs.
+/// Where an item is between its steps, the way `idem_core::ledger::Plan` says what its ledger entry needs.
 #[derive(Debug)]
 pub(super) enum Step {
     /// Read its entry (again) and judge it: first, and after a write refused by its precondition, a lease
@@ -35,7 +35,7 @@ pub(super) struct ItemRun<'a> {
     /// The item.
     pub(super) item: &'a Item,
     /// Its ledger keys.
-    pub(super) keys: ItemKeys,
+    pub(super) keys: Keys,
     /// Its final output path.
     pub(super) output: PathBuf,
     /// Its entry read ahead with its chunk, used by the first judgement.

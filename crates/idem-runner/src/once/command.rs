@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_core::HeldSlot;
+use idem_core::slot;
 use idem_store::{LeaseKeeper, Lost, Store};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -65,7 +65,7 @@ pub(crate) struct Spawn<'a> {
 /// Runs one attempt while `keeper` keeps `held`'s lease; `interrupt` resolves on a signal to the invocation.
 pub(crate) async fn run<S: Store + Sync>(
     spawn: &Spawn<'_>,
-    held: &mut HeldSlot,
+    held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
     interrupt: impl Future<Output = ()>,
 ) -> Attempt {

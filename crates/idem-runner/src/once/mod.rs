@@ -1,5 +1,4 @@
-//! `idem once`: each scheduled slot of a cron job runs once, whichever machines invoke it and however often
-//! (docs/DESIGN.md, "Cron jobs that run once").
+//! `idem once`: each scheduled slot of a cron job runs once, whichever machines invoke it and however often.
 //!
 //! An invocation reads the store's clock ([`Store::now`]), takes the current slot of the job's [`Schedule`],
 //! records the slots that passed unseen as missed, and judges the current slot by its entry and lease
@@ -16,9 +15,8 @@ mod status;
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use idem_core::{
-    HeldSlot, Job, MissedReason, RetryLimit, SlotClaim, SlotEntry, SlotKeys, SlotPlan, job_key, missed, plan_slot,
-};
+use idem_core::ledger::RetryLimit;
+use idem_core::slot::{self, Job, MissedReason, job_key, missed};
 use idem_store::{Generation, LeaseKeeper, Lost, Store, StoreExt, system_time_to_millis};
 
 use crate::Error;
@@ -164,11 +162,11 @@ pub struct Report {
     pub missed: Vec<String>,
     /// More earlier slots that passed unseen, counted but not recorded one by one.
     pub missed_unlisted: u64,
-    /// `missed_unlisted` is a lower bound (a cron gap longer than [`schedule::UNLISTED_CAP`] slots).
+    /// `missed_unlisted` is a lower bound (a cron gap longer than a million slots).
     pub missed_capped: bool,
     /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
     /// [`SKEW_TOLERANCE`], a job record whose newest slot was ahead of the store's clock by more than
-    /// [`idem_core::FUTURE_TOLERANCE_MS`].
+    /// [`idem_core::slot::FUTURE_TOLERANCE_MS`].
     pub warnings: Vec<String>,
 }
 
@@ -243,7 +241,7 @@ impl Report {
             Outcome::EarlierRunning { slot } => {
                 format!("not started: the slot {slot} still runs (--no-overlap); a later invocation starts it")
             }
-            Outcome::FailedForGood { attempts, exit } if exit == idem_core::INTERRUPTED_EXIT => {
+            Outcome::FailedForGood { attempts, exit } if exit == idem_core::slot::INTERRUPTED_EXIT => {
                 format!(
                     "failed for good: {}, the last interrupted by a signal; not run",
                     count(*attempts, "attempt", "attempts")
@@ -341,7 +339,7 @@ pub async fn once<S: Store + Sync>(
         let skew = skew_warning(now_ms, local_ms);
         let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
         let slot = cfg.schedule.slot_at(now_ms)?;
-        let keys = SlotKeys::new(&cfg.name, slot);
+        let keys = slot::Keys::new(&cfg.name, slot);
         let read = store.get_many(&[job_key(&cfg.name), keys.entry().to_owned()]).await?;
         Ok::<_, Error>((now_ms, skew, slot, keys, read))
     };
@@ -391,16 +389,16 @@ pub async fn once<S: Store + Sync>(
             _ => store.get(keys.lease()).await?.is_some(),
         };
         let current = entry.as_ref().map(|(_, e)| e);
-        report.outcome = match plan_slot(current, lease_live, limit, past_deadline, behind) {
-            SlotPlan::Done => already_done(current),
-            SlotPlan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
-            SlotPlan::FailedForGood => failed_for_good(current),
-            SlotPlan::Held => held(current),
-            SlotPlan::Behind => {
+        report.outcome = match slot::plan(current, lease_live, limit, past_deadline, behind) {
+            slot::Plan::Done => already_done(current),
+            slot::Plan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
+            slot::Plan::FailedForGood => failed_for_good(current),
+            slot::Plan::Held => held(current),
+            slot::Plan::Behind => {
                 record::behind(store, &keys).await;
                 Outcome::Behind { newest: cfg.schedule.format(newest) }
             }
-            SlotPlan::RecordMissed => {
+            slot::Plan::RecordMissed => {
                 let reason = MissedReason::PastDeadline { came_at_ms: now_ms };
                 match store.apply(missed(&keys, reason, now_ms)).await {
                     Ok(_) => Outcome::Missed { reason, recorded_now: true },
@@ -411,7 +409,7 @@ pub async fn once<S: Store + Sync>(
                     Err(e) => return Err(e.into()),
                 }
             }
-            SlotPlan::Run { .. } => {
+            slot::Plan::Run { .. } => {
                 if cfg.no_overlap
                     && let Some(earlier) = record::running_before(store, &cfg.name, slot).await?
                 {
@@ -422,7 +420,8 @@ pub async fn once<S: Store + Sync>(
                     report.outcome = Outcome::Stopped { attempt: None };
                     return Ok(report);
                 }
-                let claim = SlotClaim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
+                let claim =
+                    slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
                 match claim_slot(store, &claim).await? {
                     Some((held, sent)) => {
                         if claim.creates() {
@@ -513,8 +512,8 @@ async fn wait_for_boundary<S: Store + Sync>(
 /// was live, or the entry changed since it was read); the lease taken is then given back.
 async fn claim_slot<S: Store + Sync>(
     store: &S,
-    claim: &SlotClaim,
-) -> Result<Option<(HeldSlot, tokio::time::Instant)>, Error> {
+    claim: &slot::Claim,
+) -> Result<Option<(slot::Held, tokio::time::Instant)>, Error> {
     let sent = tokio::time::Instant::now();
     let lease_generation = match store.apply(claim.lease_write()).await {
         Ok(Some(g)) => g,
@@ -537,7 +536,7 @@ async fn claim_slot<S: Store + Sync>(
 async fn run_held<S: Store + Sync>(
     store: &S,
     cfg: &OnceConfig,
-    mut held: HeldSlot,
+    mut held: slot::Held,
     sent: tokio::time::Instant,
     slot: &str,
     mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
@@ -570,14 +569,17 @@ fn fired(interrupt: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
     futures_util::FutureExt::now_or_never(interrupt).is_some()
 }
 
-fn decode_entry(v: Option<idem_store::Versioned>, keys: &SlotKeys) -> Result<Option<(Generation, SlotEntry)>, Error> {
+fn decode_entry(
+    v: Option<idem_store::Versioned>,
+    keys: &slot::Keys,
+) -> Result<Option<(Generation, slot::Entry)>, Error> {
     match v {
-        Some(v) => Ok(Some((v.generation(), SlotEntry::decode(v.value()).map_err(|e| corrupt(keys.entry(), e))?))),
+        Some(v) => Ok(Some((v.generation(), slot::Entry::decode(v.value()).map_err(|e| corrupt(keys.entry(), e))?))),
         None => Ok(None),
     }
 }
 
-async fn reread<S: Store>(store: &S, keys: &SlotKeys) -> Result<Option<(Generation, SlotEntry)>, Error> {
+async fn reread<S: Store>(store: &S, keys: &slot::Keys) -> Result<Option<(Generation, slot::Entry)>, Error> {
     decode_entry(store.get(keys.entry()).await?, keys)
 }
 
@@ -593,37 +595,37 @@ fn utc(ms: u64) -> String {
     schedule::format_in(ms, None)
 }
 
-fn already_done(entry: Option<&SlotEntry>) -> Outcome {
+fn already_done(entry: Option<&slot::Entry>) -> Outcome {
     match entry {
-        Some(SlotEntry::Done { host, attempts, ending, .. }) => {
+        Some(slot::Entry::Done { host, attempts, ending, .. }) => {
             Outcome::AlreadyDone { host: host.clone(), finished: utc(ending.finished_at_ms), attempts: *attempts }
         }
         _ => Outcome::AlreadyDone { host: "?".into(), finished: "?".into(), attempts: 0 },
     }
 }
 
-fn failed_for_good(entry: Option<&SlotEntry>) -> Outcome {
-    let attempts = entry.map_or(0, SlotEntry::attempts);
+fn failed_for_good(entry: Option<&slot::Entry>) -> Outcome {
+    let attempts = entry.map_or(0, slot::Entry::attempts);
     let exit = match entry {
-        Some(SlotEntry::Running { .. }) => "a crash (its holder's lease lapsed)".to_owned(),
+        Some(slot::Entry::Running { .. }) => "a crash (its holder's lease lapsed)".to_owned(),
         Some(e) => e.last_ending().map_or_else(|| "?".to_owned(), |end| end.exit.clone()),
         None => "?".to_owned(),
     };
     Outcome::FailedForGood { attempts, exit }
 }
 
-fn held(entry: Option<&SlotEntry>) -> Outcome {
+fn held(entry: Option<&slot::Entry>) -> Outcome {
     match entry {
-        Some(SlotEntry::Running { host, attempt, .. }) => {
+        Some(slot::Entry::Running { host, attempt, .. }) => {
             Outcome::Held { host: Some(host.clone()), attempt: Some(*attempt) }
         }
         _ => Outcome::Held { host: None, attempt: None },
     }
 }
 
-fn missed_reason(entry: Option<&SlotEntry>) -> MissedReason {
+fn missed_reason(entry: Option<&slot::Entry>) -> MissedReason {
     match entry {
-        Some(SlotEntry::Missed { reason, .. }) => *reason,
+        Some(slot::Entry::Missed { reason, .. }) => *reason,
         _ => MissedReason::NotStarted,
     }
 }

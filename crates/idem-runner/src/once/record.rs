@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    Ending, FUTURE_TOLERANCE_MS, HISTORY, HeldSlot, INTERRUPTED_EXIT, Job, MissedReason, SlotEntry, SlotFailure,
-    SlotKeys, is_kept_ahead, job_key, lease_prefix, missed, prune, slot_of_key, slot_prefix,
+use idem_core::slot::{
+    self, Ending, FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Job, MissedReason, is_kept_ahead, job_key,
+    lease_prefix, missed, prune, slot_of_key, slot_prefix,
 };
 use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
 
@@ -136,7 +136,7 @@ async fn drop_missed_ahead<S: Store>(store: &S, name: &str, slot: u64, now_ms: u
     let values = store.get_many(&keys).await?;
     for (key, value) in keys.iter().zip(values) {
         let Some(value) = value else { continue };
-        let Ok(SlotEntry::Missed { recorded_at_ms, .. }) = SlotEntry::decode(value.value()) else { continue };
+        let Ok(slot::Entry::Missed { recorded_at_ms, .. }) = slot::Entry::decode(value.value()) else { continue };
         let ahead = slot_of_key(key).is_some_and(|s| s > slot) || recorded_at_ms > now_ms + FUTURE_TOLERANCE_MS;
         if ahead {
             match store.delete(key, Precondition::Generation(value.generation())).await {
@@ -161,7 +161,7 @@ async fn record_missed<S: Store + Sync>(
 ) -> Result<(), Error> {
     let unseen = passed.iter().map(|s| (*s, MissedReason::NoInvocation));
     for (slot, reason) in std::iter::once((last, MissedReason::NotStarted)).chain(unseen) {
-        match store.apply(missed(&SlotKeys::new(&cfg.name, slot), reason, now_ms)).await {
+        match store.apply(missed(&slot::Keys::new(&cfg.name, slot), reason, now_ms)).await {
             Ok(_) => report.missed.push(cfg.schedule.format(slot)),
             Err(e) if e.is_precondition_failed() => {}
             Err(e) => return Err(e.into()),
@@ -172,14 +172,14 @@ async fn record_missed<S: Store + Sync>(
 
 /// After a claim that created the slot's entry: the newest slot of the job's entries when [`HISTORY`] or more
 /// entries other than missed ones ([`is_kept_ahead`]) are newer than this slot's, `None` otherwise. An entry is
-/// only pruned (deleted) once [`HISTORY`] such newer entries exist ([`idem_core::prune`]), and those are deleted
+/// only pruned (deleted) once [`HISTORY`] such newer entries exist ([`idem_core::slot::prune`]), and those are deleted
 /// only by the prune, from the oldest, so their count after the slot never falls back below [`HISTORY`] once it
 /// reached it (missed entries are not counted: taking the job back from a clock that ran ahead deletes the
 /// missed ones ahead of it). Below it, the entry the claim's read found missing was never pruned: that "no
 /// entry" was true. At or above it, the read may be stale (the invocation paused between its read and its claim
 /// while the slot ran elsewhere, a hundred slots more ran, and the prune deleted the slot's `done` entry, so the
 /// claim's create-only write succeeded): the slot must not run.
-pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &SlotKeys) -> Result<Option<u64>, Error> {
+pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &slot::Keys) -> Result<Option<u64>, Error> {
     let page = store.list(&slot_prefix(keys.name()), Some(keys.entry()), HISTORY).await?;
     if page.items.len() < HISTORY {
         // Fewer entries of any kind: fewer of those counted (the usual case, one read).
@@ -196,7 +196,7 @@ pub(super) async fn newer_than_history<S: Store>(store: &S, keys: &SlotKeys) -> 
         .get_many(&newer)
         .await?
         .into_iter()
-        .filter(|v| v.as_ref().and_then(|v| SlotEntry::decode(v.value()).ok()).is_some_and(|e| is_kept_ahead(&e)))
+        .filter(|v| v.as_ref().and_then(|v| slot::Entry::decode(v.value()).ok()).is_some_and(|e| is_kept_ahead(&e)))
         .count();
     if counted < HISTORY {
         return Ok(None);
@@ -225,7 +225,7 @@ pub const RECORD_PATIENCE: Duration = Duration::from_secs(60);
 pub(super) async fn outcome<S: Store + Sync>(
     store: &S,
     cfg: &OnceConfig,
-    held: &mut HeldSlot,
+    held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
     attempt: Attempt,
 ) -> Outcome {
@@ -251,11 +251,11 @@ pub(super) async fn outcome<S: Store + Sync>(
             // start the slot for ever as attempt 1. The renewal in flight first: the writes are fenced on it.
             let end = ending(INTERRUPTED_EXIT.to_owned(), None);
             keeper.settle(held).await;
-            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(end, limit);
             let left = match verdict {
-                SlotFailure::Retry => limit.max_attempts.saturating_sub(n),
-                SlotFailure::Exhausted => 0,
+                slot::Failure::Retry => limit.max_attempts.saturating_sub(n),
+                slot::Failure::Exhausted => 0,
             };
             // One try, not RECORD_PATIENCE's: a stopped invocation must end promptly. Unrecorded, the entry
             // stays `running` with its lease released, and the next invocation counts it as a crash.
@@ -271,11 +271,11 @@ pub(super) async fn outcome<S: Store + Sync>(
             (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
         }
         Ended::Exited { exit, code, success: false } => {
-            let limit = idem_core::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(ending(exit.clone(), code), limit);
             let left = match verdict {
-                SlotFailure::Retry => limit.max_attempts.saturating_sub(n),
-                SlotFailure::Exhausted => 0,
+                slot::Failure::Retry => limit.max_attempts.saturating_sub(n),
+                slot::Failure::Exhausted => 0,
             };
             (write, Outcome::Failed { attempt: n, exit, left })
         }
@@ -334,7 +334,7 @@ async fn landed<S: Store + Sync>(store: &S, write: &idem_store::Write) -> bool {
 /// the lease released, both best effort.
 pub(super) async fn not_started<S: Store + Sync>(
     store: &S,
-    held: &mut HeldSlot,
+    held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
 ) -> Outcome {
     let why = match keeper.lost() {
@@ -351,7 +351,7 @@ pub(super) async fn not_started<S: Store + Sync>(
 /// another invocation took the slot) and the lease released, both best effort; nothing ran.
 pub(super) async fn stopped_before_start<S: Store + Sync>(
     store: &S,
-    held: &mut HeldSlot,
+    held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
 ) -> Outcome {
     keeper.settle(held).await;
@@ -362,7 +362,7 @@ pub(super) async fn stopped_before_start<S: Store + Sync>(
 }
 
 /// Adds the slot to the set of slots that ran to a successful end more than once (best effort).
-async fn ran_again<S: Store>(store: &S, held: &HeldSlot) {
+async fn ran_again<S: Store>(store: &S, held: &slot::Held) {
     let (key, change) = held.keys().ran_again(&held.fencing_token().to_string());
     if let Err(e) = store.set_change(&key, change).await {
         tracing::warn!(error = %e, "cannot record that the slot ran more than once");
@@ -370,7 +370,7 @@ async fn ran_again<S: Store>(store: &S, held: &HeldSlot) {
 }
 
 /// Adds the slot to the set of slots found behind the job's newest (best effort).
-pub(super) async fn behind<S: Store>(store: &S, keys: &SlotKeys) {
+pub(super) async fn behind<S: Store>(store: &S, keys: &slot::Keys) {
     let (key, change) = keys.behind();
     if let Err(e) = store.set_change(&key, change).await {
         tracing::warn!(error = %e, "cannot count the slot skipped behind");
@@ -378,7 +378,7 @@ pub(super) async fn behind<S: Store>(store: &S, keys: &SlotKeys) {
 }
 
 /// Adds the slot to the set of slots whose attempt was taken over from a vanished holder (best effort).
-pub(super) async fn took_over<S: Store>(store: &S, held: &HeldSlot) {
+pub(super) async fn took_over<S: Store>(store: &S, held: &slot::Held) {
     let (key, change) = held.keys().took_over(&held.fencing_token().to_string());
     if let Err(e) = store.set_change(&key, change).await {
         tracing::warn!(error = %e, "cannot record that the slot's attempt was taken over");
@@ -386,7 +386,7 @@ pub(super) async fn took_over<S: Store>(store: &S, held: &HeldSlot) {
 }
 
 /// Deletes the job's finished slot entries older than its newest [`HISTORY`] (an entry other than a missed
-/// one only once [`HISTORY`] such entries are newer: [`idem_core::prune`]); the missed ones deleted are
+/// one only once [`HISTORY`] such entries are newer: [`idem_core::slot::prune`]); the missed ones deleted are
 /// added to the job record's `missed_unlisted`, so `status`'s missed total stays the job's whole (best
 /// effort: an invocation killed between the delete and the record's move loses them from the count).
 pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(), Error> {
@@ -395,19 +395,19 @@ pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(),
         return Ok(());
     }
     // All of them: an old entry other than a missed one stays while fewer than HISTORY such are newer
-    // (idem_core::prune).
+    // (idem_core::slot::prune).
     let values = store.get_many(&keys).await?;
-    let listed: Vec<(String, Generation, SlotEntry)> = keys
+    let listed: Vec<(String, Generation, slot::Entry)> = keys
         .iter()
         .zip(values)
         .filter_map(|(k, v)| {
             let v = v?;
-            Some((k.clone(), v.generation(), SlotEntry::decode(v.value()).ok()?))
+            Some((k.clone(), v.generation(), slot::Entry::decode(v.value()).ok()?))
         })
         .collect();
     let mut missed_gone = 0u64;
     for write in prune(&listed, HISTORY) {
-        let was_missed = listed.iter().any(|(k, _, e)| *k == write.key && matches!(e, SlotEntry::Missed { .. }));
+        let was_missed = listed.iter().any(|(k, _, e)| *k == write.key && matches!(e, slot::Entry::Missed { .. }));
         if store.apply(write).await.is_ok() && was_missed {
             missed_gone += 1;
         }

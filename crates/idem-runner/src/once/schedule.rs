@@ -21,7 +21,7 @@ use crate::Error;
 const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// How many slots a gap is walked back over one by one (each recorded missed); the rest are counted.
-const WALK: usize = idem_core::HISTORY;
+const WALK: usize = idem_core::slot::HISTORY;
 
 /// How many slots of a cron gap [`Schedule::between`] counts beyond the listed ones: each is found by walking
 /// the schedule, so a gap of years of an every-minute job is bounded (the count is then "at least").
@@ -95,7 +95,7 @@ impl Schedule {
     }
 
     /// Whether `unlisted`, as [`Schedule::between`] counted it, is a lower bound: a cron gap's slots are
-    /// counted one by one, up to [`UNLISTED_CAP`] (an `--every` gap's are counted exactly).
+    /// counted one by one, up to a million (an `--every` gap's are counted exactly).
     pub fn capped(&self, unlisted: u64) -> bool {
         matches!(self.kind, Kind::Cron { .. }) && unlisted >= UNLISTED_CAP
     }
@@ -143,7 +143,7 @@ impl Schedule {
     }
 
     /// The slots strictly between `after_ms` and `before_ms` (both slots of this schedule): the newest
-    /// [`WALK`] of them in ascending order, and how many older ones there are beyond those (for a cron
+    /// [`HISTORY`](idem_core::slot::HISTORY) of them in ascending order, and how many older ones there are beyond those (for a cron
     /// schedule counted up to a bound of a million, past which the count is that bound).
     ///
     /// # Errors

@@ -1,8 +1,8 @@
 //! `idem once status`: a job's recent slots as the store has them; `idem once forget`: drop a job's records.
 
-use idem_core::{
-    HISTORY, Job, MissedReason, SlotEntry, behind_key, interrupted_key, job_key, lease_prefix, repeats_key,
-    slot_of_key, slot_prefix, takeovers_key,
+use idem_core::slot::{
+    self, HISTORY, Job, MissedReason, behind_key, interrupted_key, job_key, lease_prefix, repeats_key, slot_of_key,
+    slot_prefix, takeovers_key,
 };
 use idem_store::{Precondition, Store};
 use serde::Serialize;
@@ -95,7 +95,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     let live: std::collections::HashSet<u64> =
         list_all(store, &lease_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
     let interrupted_set = match store.get(&interrupted_key(name)).await? {
-        Some(v) => idem_store::decode_set(v.value()).unwrap_or_default(),
+        Some(v) => idem_store::backend::decode_set(v.value()).unwrap_or_default(),
         None => Default::default(),
     };
     let interrupted = interrupted_set.len() as u64;
@@ -111,12 +111,12 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     let mut crashed = 0u64;
     for (key, value) in keys.iter().zip(values).rev() {
         let Some(value) = value else { continue };
-        let entry = SlotEntry::decode(value.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+        let entry = slot::Entry::decode(value.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
         let slot_ms = slot_of_key(key).unwrap_or(0);
-        if matches!(entry, SlotEntry::Missed { .. }) {
+        if matches!(entry, slot::Entry::Missed { .. }) {
             missed += 1;
         }
-        if matches!(entry, SlotEntry::Running { .. }) && !live.contains(&slot_ms) {
+        if matches!(entry, slot::Entry::Running { .. }) && !live.contains(&slot_ms) {
             crashed += 1;
         }
         if slots.len() < limit.min(HISTORY) {
@@ -127,7 +127,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     }
     let count = async |key: String| -> Result<u64, Error> {
         Ok(match store.get(&key).await? {
-            Some(v) => idem_store::decode_set(v.value()).map(|s| s.len() as u64).unwrap_or(0),
+            Some(v) => idem_store::backend::decode_set(v.value()).map(|s| s.len() as u64).unwrap_or(0),
             None => 0,
         })
     };
@@ -149,7 +149,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
     }))
 }
 
-fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
+fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
     let utc = |ms: u64| Some(format_in(ms, None));
     let ending = entry.last_ending();
     let mut v = SlotView {
@@ -167,25 +167,25 @@ fn view(slot: String, entry: &SlotEntry, lease_live: bool) -> SlotView {
         output: ending.map(|e| e.output.clone()).unwrap_or_default(),
     };
     match entry {
-        SlotEntry::Running { host, started_at_ms, .. } => {
+        slot::Entry::Running { host, started_at_ms, .. } => {
             v.state = if lease_live { "running" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Failed { host, started_at_ms, .. } => {
+        slot::Entry::Failed { host, started_at_ms, .. } => {
             // Failed, however its last attempt ended: one stopped by a signal counts as a failure (its ending
             // says `interrupted`), and a slot whose every attempt was used is failed for good, not pending.
             v.state = "failed";
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Done { host, started_at_ms, .. } => {
+        slot::Entry::Done { host, started_at_ms, .. } => {
             v.state = "done";
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        SlotEntry::Interrupted { host, .. } => {
+        slot::Entry::Interrupted { host, .. } => {
             v.state = if lease_live { "running" } else { "given_back" };
             v.machine = Some(host.clone());
         }
-        SlotEntry::Missed { reason, .. } => {
+        slot::Entry::Missed { reason, .. } => {
             v.missed = Some(match reason {
                 MissedReason::NoInvocation => "no_invocation",
                 MissedReason::NotStarted => "not_started",

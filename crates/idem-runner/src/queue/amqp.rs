@@ -15,7 +15,7 @@ use crate::shown::count;
 
 /// The prefetch is the channel's (`global`: RabbitMQ's per-channel limit), not the consumer's: RabbitMQ fixes a
 /// consumer's limit when it starts consuming, while a channel's may be raised at any time, which the run does
-/// for messages set aside (see `engine/consume.rs`). The channel has this one consumer, so the two are the same.
+/// for messages set aside (the consume loop's `follow_aside`). The channel has this one consumer, so the two are the same.
 const QOS: BasicQosOptions = BasicQosOptions { global: true };
 
 /// How long a consumer with nothing in flight waits for a delivery before asking whether the queue is

@@ -4,7 +4,12 @@
 //! already), rejected without requeue (to the dead-letter exchange; JetStream: terminated) when it is poison,
 //! out of attempts or no item at all, handed back when the run stops before finishing it.
 
+// Without a broker's client, the helpers only it uses are left unused.
+#![cfg_attr(not(all(feature = "amqp", feature = "nats")), allow(dead_code))]
+
+#[cfg(feature = "amqp")]
 mod amqp;
+#[cfg(feature = "nats")]
 mod nats;
 
 use std::time::Duration;
@@ -103,6 +108,22 @@ impl QueueUrl {
         Ok(Some(url))
     }
 
+    /// The broker's name, for messages.
+    fn broker(&self) -> &'static str {
+        match self {
+            QueueUrl::Amqp { .. } => "AMQP (RabbitMQ)",
+            QueueUrl::Nats { .. } => "NATS JetStream",
+        }
+    }
+
+    /// The cargo feature that brings this broker's client.
+    fn feature(&self) -> &'static str {
+        match self {
+            QueueUrl::Amqp { .. } => "amqp",
+            QueueUrl::Nats { .. } => "nats",
+        }
+    }
+
     /// The URL with its password hidden, for messages.
     pub fn redacted(&self) -> String {
         match self {
@@ -141,9 +162,15 @@ pub(crate) enum Disposition {
 /// The handle that settles one message.
 pub(crate) enum Ack {
     /// An AMQP delivery's acknowledgement, valid on the channel it came on.
+    #[cfg(feature = "amqp")]
     Amqp(lapin::Acker),
     /// A JetStream message (its reply subject is its acknowledgement).
+    #[cfg(feature = "nats")]
     Nats(Box<async_nats::jetstream::Message>),
+    /// Built without either broker client: no message is ever taken.
+    #[cfg(not(any(feature = "amqp", feature = "nats")))]
+    #[allow(dead_code)]
+    None(std::convert::Infallible),
 }
 
 impl Ack {
@@ -151,6 +178,7 @@ impl Ack {
     /// is gone): it will be delivered again, and its item judged again, which the ledger makes harmless.
     pub(crate) async fn settle(&self, disposition: Disposition) -> Result<(), String> {
         match self {
+            #[cfg(feature = "amqp")]
             Ack::Amqp(acker) => {
                 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
                 match disposition {
@@ -161,6 +189,7 @@ impl Ack {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
             }
+            #[cfg(feature = "nats")]
             Ack::Nats(message) => {
                 use async_nats::jetstream::AckKind;
                 let kind = match disposition {
@@ -170,12 +199,19 @@ impl Ack {
                 };
                 message.ack_with(kind).await.map_err(|e| e.to_string())
             }
+            #[cfg(not(any(feature = "amqp", feature = "nats")))]
+            Ack::None(never) => {
+                let _ = disposition;
+                match *never {}
+            }
         }
     }
 
     /// Tells the broker the message is still being worked on (JetStream: `+WPI`, which restarts its ack wait);
     /// nothing for AMQP, whose deliveries wait for their acknowledgement as long as the channel lives.
     pub(crate) async fn in_progress(&self) {
+        #[cfg(feature = "nats")]
+        #[allow(irrefutable_let_patterns)] // the only variant when built without `amqp`
         if let Ack::Nats(message) = self {
             let _ = message.ack_with(async_nats::jetstream::AckKind::Progress).await;
         }
@@ -207,9 +243,15 @@ pub(crate) enum Next {
 /// A connected queue consumer.
 pub(crate) enum Source {
     /// RabbitMQ (each boxed: hundreds of bytes of client state, made once per run).
+    #[cfg(feature = "amqp")]
     Amqp(Box<amqp::Consumer>),
     /// NATS JetStream.
+    #[cfg(feature = "nats")]
     Nats(Box<nats::Consumer>),
+    /// Built without either broker client: [`Source::connect`] refuses every queue.
+    #[cfg(not(any(feature = "amqp", feature = "nats")))]
+    #[allow(dead_code)]
+    None(std::convert::Infallible),
 }
 
 /// How the engine reads a queue.
@@ -226,11 +268,18 @@ pub(crate) struct SourceConfig {
 }
 
 impl std::fmt::Debug for Source {
+    // Without a broker client there is no `Source` to show: the body is unreachable.
+    #[cfg_attr(not(any(feature = "amqp", feature = "nats")), allow(unreachable_code, unused_variables))]
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+        let name = match self {
+            #[cfg(feature = "amqp")]
             Source::Amqp(_) => "Source::Amqp",
+            #[cfg(feature = "nats")]
             Source::Nats(_) => "Source::Nats",
-        })
+            #[cfg(not(any(feature = "amqp", feature = "nats")))]
+            Source::None(never) => match *never {},
+        };
+        f.write_str(name)
     }
 }
 
@@ -252,14 +301,27 @@ impl Source {
     ///
     /// # Errors
     /// [`Error::Queue`] when the broker cannot be reached or the queue (stream) does not exist: at start-up
-    /// that is a refusal; later the connection is retried instead.
+    /// that is a refusal; later the connection is retried instead. [`Error::Config`] when this build has no
+    /// client for the broker (the cargo feature `amqp` or `nats` is off).
     pub(crate) async fn connect(url: &QueueUrl, cfg: SourceConfig) -> Result<Self, Error> {
         match url {
+            #[cfg(feature = "amqp")]
             QueueUrl::Amqp { url: u, queue } => {
                 amqp::Consumer::connect(url, u, queue, cfg).await.map(|c| Source::Amqp(Box::new(c)))
             }
+            #[cfg(feature = "nats")]
             QueueUrl::Nats { url: u, stream, consumer } => {
                 nats::Consumer::connect(url, u, stream, consumer, cfg).await.map(|c| Source::Nats(Box::new(c)))
+            }
+            #[allow(unreachable_patterns)]
+            other => {
+                let _ = cfg;
+                Err(Error::Config(format!(
+                    "--items {}: this build has no {} client (cargo feature `{}` of idem-runner)",
+                    other.redacted(),
+                    other.broker(),
+                    other.feature()
+                )))
             }
         }
     }
@@ -268,9 +330,14 @@ impl Source {
     /// goes away. `room`: how many more messages the run takes now (at least 1); `idle`: nothing of this run
     /// is in flight, so an empty queue means drained under `--until-empty`. Cancel-safe.
     pub(crate) async fn next(&mut self, room: usize, idle: bool) -> Next {
+        let _ = (room, idle);
         match self {
+            #[cfg(feature = "amqp")]
             Source::Amqp(c) => c.next(idle).await,
+            #[cfg(feature = "nats")]
             Source::Nats(c) => c.next(room, idle).await,
+            #[cfg(not(any(feature = "amqp", feature = "nats")))]
+            Source::None(never) => match *never {},
         }
     }
 
@@ -278,6 +345,9 @@ impl Source {
     /// reconnects). Nothing for JetStream, whose pulls ask for what the run has room for. A failure is left to
     /// the next delivery, which finds the connection gone and reconnects.
     pub(crate) async fn set_prefetch(&mut self, prefetch: usize) {
+        let _ = prefetch;
+        #[cfg(feature = "amqp")]
+        #[allow(irrefutable_let_patterns)]
         if let Source::Amqp(c) = self {
             c.set_prefetch(prefetch).await;
         }
@@ -291,8 +361,12 @@ impl Source {
     pub(crate) async fn close(self) {
         let close = async {
             match self {
+                #[cfg(feature = "amqp")]
                 Source::Amqp(c) => (*c).close().await,
+                #[cfg(feature = "nats")]
                 Source::Nats(c) => (*c).close().await,
+                #[cfg(not(any(feature = "amqp", feature = "nats")))]
+                Source::None(never) => match never {},
             }
         };
         if tokio::time::timeout(CLOSE_LIMIT, close).await.is_err() {

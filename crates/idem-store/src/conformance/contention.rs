@@ -152,7 +152,7 @@ pub async fn set_changes_under_contention<S: Store + Clone>(s: &S) {
     for t in tasks {
         t.await.unwrap();
     }
-    let members = crate::decode_set(s.get(&key).await.unwrap().unwrap().value()).unwrap();
+    let members = crate::backend::decode_set(s.get(&key).await.unwrap().unwrap().value()).unwrap();
     assert_eq!(members.len(), 400);
     let again = s.set_change(&key, SetChange { add: vec!["0-0".into()], ..SetChange::default() }).await.unwrap();
     assert_eq!((again.added, again.members), (0, 400));

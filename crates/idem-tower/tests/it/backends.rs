@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use idem_core::Record;
+use idem_core::record::Record;
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{Limits, Precondition, Store};
 use idem_stores::{AnyStore, StoreUrl};

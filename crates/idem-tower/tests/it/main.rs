@@ -2,6 +2,7 @@
 //! Filter by module: `cargo test -p idem-tower --test it layer::`.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
+mod axum_orders;
 mod backends;
 mod layer;
 mod routes;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use idem_core::Record;
+use idem_core::record::Record;
 use idem_sqlite::SqliteStore;
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{Limits, Precondition, Store};

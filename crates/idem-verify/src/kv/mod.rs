@@ -48,7 +48,7 @@ pub struct KvOp {
     /// When the answer arrived; `None` when none did.
     pub complete_us: Option<Micros>,
     /// For an operation of unknown outcome: the instant by which it took effect or never will (see
-    /// [`bound_unknown`]); `None`: any time until the end of the run.
+    /// `bound_unknown`); `None`: any time until the end of the run.
     pub bound_us: Option<Micros>,
     /// The HTTP status, when one came.
     pub status: Option<u16>,

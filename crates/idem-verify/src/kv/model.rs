@@ -8,7 +8,7 @@
 //! must show exactly it. A write whose outcome is unknown (timeout, lost connection, 5xx) leaves a value whose
 //! generation nobody saw: [`Gen::Above`] records only that it exceeds the floor at that point, and the first
 //! operation that shows it pins it down. The cross-key half of the rule ("above every generation handed out
-//! before the write started", for all keys) is checked separately, in `check.rs`.
+//! before the write started", for all keys) is checked separately, by [`check`](super::check::check).
 
 use serde::{Deserialize, Serialize};
 

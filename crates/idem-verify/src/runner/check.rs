@@ -12,7 +12,7 @@
 //! - every runner that was not killed exited 0 (none is replaced, store outages included), and no item was
 //!   reported failed by any runner;
 //! - on a shared SQLite ledger, in all: executions at most items + executions cut short by a kill or pause of
-//!   their own runner ([`sqlite_bound`]): a pause costs the paused runner's items in flight (a real takeover),
+//!   their own runner (`sqlite_bound`): a pause costs the paused runner's items in flight (a real takeover),
 //!   never the others' (their renewals wait for the paused runner's turn, they are not given up), and a
 //!   locked ledger costs none;
 //! - a failover (highly available backends) excuses nothing either: an item executed beyond its bound across it

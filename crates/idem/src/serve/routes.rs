@@ -1,5 +1,5 @@
 //! `[[route]]` tables of the `idem serve` configuration file: per-path policies for webhook deliveries
-//! (README, "Webhooks"; docs/DESIGN.md, "Routes"), checked at start-up into [`RoutePolicy`]s.
+//! (signed or not, keyed by a header, a JSON field or the body), checked at start-up into [`RoutePolicy`]s.
 
 use std::path::PathBuf;
 use std::sync::Arc;

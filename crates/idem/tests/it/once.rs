@@ -489,7 +489,7 @@ async fn a_signal_on_sqlite() {
 /// saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_older_than_the_jobs_newest_never_runs() {
-    use idem_core::{Ending, Job, SlotEntry, SlotKeys, job_key};
+    use idem_core::slot::{self, Ending, Job, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
 
     let b = Backend::sqlite().unwrap();
@@ -504,8 +504,8 @@ async fn a_slot_older_than_the_jobs_newest_never_runs() {
             let ending =
                 Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: slot, output: vec![] };
             let entry =
-                SlotEntry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: slot, ending };
-            let key = SlotKeys::new("stale", slot);
+                slot::Entry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: slot, ending };
+            let key = slot::Keys::new("stale", slot);
             store.put(key.entry(), entry.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
         }
         store.close().await;
@@ -594,7 +594,7 @@ fn usage_errors_are_refused_in_one_line() {
 
 /// Writes a job record for `name` (`--every 60s`) whose newest slot is `last_ms`, with no entry for it.
 async fn seed_job(b: &Backend, name: &str, last_ms: u64, unlisted: u64) {
-    use idem_core::{Job, job_key};
+    use idem_core::slot::{Job, job_key};
     use idem_store::{Precondition, Store as _, Ttl};
     let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
     let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted, ..Job::default() };

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::common::{Server, idem, start_upstream};
-use idem_client::{Client, Error, RetryPolicy, WriteRequest, derive_key};
+use idem_client::{Client, Error, Generation, Precondition, RetryPolicy, SetChange, WriteRequest, derive_key};
 use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -268,7 +268,7 @@ async fn read_back_fails_when_a_replayed_201_points_at_a_deleted_object() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn kv_helpers_update_without_losing_writes_and_dedupe_counters() {
+async fn kv_helpers_update_without_losing_writes_and_dedupe_counters_and_set_changes() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::sqlite(&dir.path().join("kv.db"));
     let kv = idem_client::KvClient::new(idem_client::client_builder().build().unwrap(), server.url.clone());
@@ -295,9 +295,23 @@ async fn kv_helpers_update_without_losing_writes_and_dedupe_counters() {
     let first = kv.counter_add("hits", 5, Some("req-1")).await.unwrap();
     let again = kv.counter_add("hits", 5, Some("req-1")).await.unwrap();
     assert_eq!((first.value, first.applied, again.value, again.applied), (5, true, 5, false));
-    let set = kv.set_change("tags", &["a", "b"], &[]).await.unwrap();
-    assert_eq!((set.members, set.added), (2, 2));
-    let err = kv.put("count", "x", idem_client::Precondition::Generation(1)).await.unwrap_err();
+    let set = kv.set_change("tags", &SetChange { add: vec!["a".into(), "b".into()], ..SetChange::default() }).await;
+    let set = set.unwrap();
+    assert_eq!((set.members, set.added, set.applied), (2, 2, true));
+    // A set change under a dedupe id, sent again as after a lost answer: applied once, the first outcome twice.
+    let remove_a = SetChange { remove: vec!["a".into()], dedupe_id: Some("untag-1".into()), ..SetChange::default() };
+    let first = kv.set_change("tags", &remove_a).await.unwrap();
+    let again = kv.set_change("tags", &remove_a).await.unwrap();
+    assert_eq!((first.members, first.removed, first.applied), (1, 1, true));
+    assert_eq!((again.members, again.removed, again.applied, again.generation), (1, 1, false, first.generation));
+    let (value, generation) = kv.get("tags").await.unwrap().unwrap();
+    assert_eq!((value.as_ref(), Some(generation)), (&b"[\"b\"]"[..], first.generation), "removed once, nothing else");
+    // The same id for another change is refused, not applied.
+    let other = SetChange { add: vec!["c".into()], dedupe_id: Some("untag-1".into()), ..SetChange::default() };
+    let err = kv.set_change("tags", &other).await.unwrap_err();
+    assert!(matches!(err, Error::Status { status: 422, .. }), "{err}");
+    assert_eq!(kv.get("tags").await.unwrap().unwrap().0, "[\"b\"]");
+    let err = kv.put("count", "x", Precondition::Generation(Generation::new(1))).await.unwrap_err();
     assert!(matches!(err, Error::PreconditionFailed { current: Some(_), .. }), "{err}");
 }
 

@@ -1,4 +1,10 @@
-//! Pure value transformations shared by the backends that apply set and counter operations in Rust.
+//! For backend authors: what a [`Store`](crate::Store) implementation needs and its users do not. A set is
+//! stored as a JSON array of distinct strings in ascending order, a counter as decimal ASCII; these pure
+//! functions apply [`Store::set_change`](crate::Store::set_change) and
+//! [`Store::counter_add`](crate::Store::counter_add) to a value read in the backend's own transaction, for the
+//! backends that apply them in Rust (the in-memory, SQLite and PostgreSQL stores). Key, value and TTL limits
+//! are checked with [`Limits`](crate::Limits)'s `check_*` methods, and every backend proves itself with the
+//! `conformance` suite (cargo feature `conformance`).
 
 use std::collections::BTreeSet;
 
