@@ -11,12 +11,13 @@ use idem_store::Error as StoreError;
 /// it rather than on the human-readable `title` and `detail`. Details never echo another caller's data. A 503
 /// carries `Retry-After: 1`.
 #[derive(Debug, Clone)]
-pub struct Problem(idem_tower::Problem);
+// Boxed: handlers return `Result<_, Problem>`, and the builder (members, headers) would make every Ok large.
+pub struct Problem(Box<idem_tower::Problem>);
 
 impl Problem {
     /// A problem of kind `kind` (its type URI and title) with an HTTP status and a specific detail.
     pub fn new(status: StatusCode, kind: ProblemType, detail: impl Into<String>) -> Self {
-        Self(idem_tower::Problem::new(status, kind, detail))
+        Self::from(idem_tower::Problem::new(status, kind, detail))
     }
 
     /// The HTTP status.
@@ -46,7 +47,7 @@ impl Problem {
     }
 
     pub(crate) fn unauthorized() -> Self {
-        Self(
+        Self::from(
             idem_tower::Problem::new(
                 StatusCode::UNAUTHORIZED,
                 ProblemType::Unauthorized,
@@ -69,10 +70,16 @@ impl Problem {
             Some(n) => format!("the value is {n} bytes; the limit is {max} bytes"),
             None => format!("the value exceeds the limit of {max} bytes"),
         };
-        Self(
+        Self::from(
             idem_tower::Problem::new(StatusCode::PAYLOAD_TOO_LARGE, ProblemType::ValueTooLarge, detail)
                 .member("limit_bytes", max),
         )
+    }
+}
+
+impl From<idem_tower::Problem> for Problem {
+    fn from(p: idem_tower::Problem) -> Self {
+        Self(Box::new(p))
     }
 }
 
@@ -86,7 +93,7 @@ impl From<StoreError> for Problem {
                 };
                 let p =
                     idem_tower::Problem::new(StatusCode::PRECONDITION_FAILED, ProblemType::PreconditionFailed, detail);
-                Self(match current {
+                Self::from(match current {
                     Some(g) => p.member("current_generation", g.get()).header(header::ETAG, crate::headers::etag(g)),
                     None => p,
                 })
@@ -128,7 +135,7 @@ impl From<StoreError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let mut problem = self.0;
+        let mut problem = *self.0;
         if problem.status() == StatusCode::SERVICE_UNAVAILABLE {
             problem = problem.header(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
