@@ -99,7 +99,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         None => Default::default(),
     };
     let interrupted = interrupted_set.len() as u64;
-    // Members are `SLOT_MS-ATTEMPT` (idem_core's SlotKeys::interrupted): counted per slot for its row.
+    // Members are `SLOT_MS-ATTEMPT` (idem_core's slot::Keys::interrupted): counted per slot for its row.
     let mut interrupted_in = std::collections::HashMap::<u64, u32>::new();
     for member in &interrupted_set {
         if let Some(slot_ms) = member.split_once('-').and_then(|(slot, _)| slot.parse().ok()) {
