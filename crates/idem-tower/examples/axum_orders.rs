@@ -17,7 +17,7 @@
 //! before the process exits (else a retry after the restart would execute them again).
 //!
 //! Dependencies of a program of its own: `axum`, `tokio` (features `macros`, `rt-multi-thread`, `signal`),
-//! `idem-tower`, `idem-store` and `idem-stores` (or one backend crate: `idem-sqlite`, `idem-postgres`).
+//! `idem-tower`, `idem-store` and `idem-backends` (or one backend crate: `idem-sqlite`, `idem-postgres`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +26,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
+use idem_backends::{AnyStore, StoreUrl};
 use idem_store::Limits;
-use idem_stores::{AnyStore, StoreUrl};
 use idem_tower::{IdempotencyLayer, KeyPolicy};
 
 #[tokio::main]

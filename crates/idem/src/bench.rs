@@ -11,8 +11,8 @@ use bytes::Bytes;
 use idem_store::{Decision, Limits, Precondition, RetryPolicy, Store, StoreExt, Ttl};
 
 use crate::error::Error;
+use idem_backends::{AnyStore, StoreUrl};
 use idem_core::redact_url as redact;
-use idem_stores::{AnyStore, StoreUrl};
 
 /// Flags of `idem bench`.
 #[derive(Debug, clap::Args)]

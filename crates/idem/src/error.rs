@@ -52,10 +52,10 @@ pub enum Error {
 /// Exit status of a temporary failure (sysexits.h EX_TEMPFAIL): the store was unavailable; try again later.
 pub const EX_TEMPFAIL: i32 = 75;
 
-impl From<idem_stores::Error> for Error {
-    fn from(e: idem_stores::Error) -> Self {
+impl From<idem_backends::Error> for Error {
+    fn from(e: idem_backends::Error) -> Self {
         match e {
-            idem_stores::Error::Open { url, source } => Error::OpenStore { url, source },
+            idem_backends::Error::Open { url, source } => Error::OpenStore { url, source },
             other => Error::Config(other.to_string()),
         }
     }

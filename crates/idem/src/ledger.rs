@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use idem_backends::{AnyStore, StoreUrl};
 use idem_sqlite::SharedSqlite;
 use idem_store::Limits;
-use idem_stores::{AnyStore, StoreUrl};
 
 use crate::error::Error;
 
@@ -30,7 +30,7 @@ impl Ledger {
     }
 
     /// As [`Ledger::open`], but a store that is down or unreachable for now
-    /// ([`idem_stores::Error::is_unavailable`]) is [`Error::Unavailable`] (exit status 75), not
+    /// ([`idem_backends::Error::is_unavailable`]) is [`Error::Unavailable`] (exit status 75), not
     /// [`Error::OpenStore`] (2): for `idem once`, whose next invocation tries again, a monitor must tell an
     /// outage from a bad URL or a refused login.
     pub(crate) async fn open_or_unavailable(url: &str, namespace: &str) -> Result<Self, Error> {
@@ -57,7 +57,7 @@ impl Ledger {
     }
 
     /// Opens `url` as [`Ledger::open`] does, riding out a store that is down or unreachable for now (refused,
-    /// reset, no answer: [`idem_stores::Error::is_unavailable`]) for at most `limit`: tries again after a pause
+    /// reset, no answer: [`idem_backends::Error::is_unavailable`]) for at most `limit`: tries again after a pause
     /// that doubles from 100 ms up to 2 s, each drawn between half and all of it (runners started together do
     /// not come back at the store in one burst). `Ok(None)` once `limit` has passed with the store still
     /// unavailable. Other errors (a bad URL, a login or TLS handshake refused) are returned at once.
@@ -110,7 +110,7 @@ impl Ledger {
 
 /// [`Error::Unavailable`] for a store down or unreachable for now, else the error as [`Error::OpenStore`] or
 /// [`Error::Config`].
-fn unavailable_or(e: idem_stores::Error) -> Error {
+fn unavailable_or(e: idem_backends::Error) -> Error {
     if e.is_unavailable() { Error::Unavailable(idem_store::error_chain(&e)) } else { e.into() }
 }
 

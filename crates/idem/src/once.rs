@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use idem_backends::StoreUrl;
 use idem_runner::once::{self, OnceConfig, Schedule};
-use idem_stores::StoreUrl;
 
 use crate::error::Error;
 use crate::ledger::{Ledger, on_ledger};

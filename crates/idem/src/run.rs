@@ -415,7 +415,7 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         Some(name) => format!("job {name}"),
         None => format!("--output {template:?}"),
     };
-    if let Ok(idem_stores::StoreUrl::Sqlite(path)) = idem_stores::StoreUrl::parse(&url)
+    if let Ok(idem_backends::StoreUrl::Sqlite(path)) = idem_backends::StoreUrl::parse(&url)
         && !path.exists()
     {
         let elsewhere = if ledger_args.store.is_none() { " (or its ledger is elsewhere: --store)" } else { "" };
@@ -426,8 +426,8 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         )));
     }
     let no_job = || {
-        let namespace = match idem_stores::StoreUrl::parse(&url) {
-            Ok(idem_stores::StoreUrl::Sqlite(_)) => String::new(),
+        let namespace = match idem_backends::StoreUrl::parse(&url) {
+            Ok(idem_backends::StoreUrl::Sqlite(_)) => String::new(),
             _ => format!(" (namespace {})", ledger_args.namespace),
         };
         Error::NotFound(format!("no {} in {}{namespace}", of_job(), idem_core::redact_url(&url)))

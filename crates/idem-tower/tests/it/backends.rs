@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
+use idem_backends::{AnyStore, StoreUrl};
 use idem_core::record::Record;
 use idem_store::testing::{Fault, FaultyStore};
 use idem_store::{Limits, Precondition, Store};
-use idem_stores::{AnyStore, StoreUrl};
 use idem_tower::IdempotencyLayer;
 use tower::{Layer, ServiceExt};
 

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::routes::{RouteFile, Routes, resolve_routes};
 use crate::error::Error;
 use crate::tls::{TlsFiles, UpstreamTlsFiles};
-use idem_stores::StoreUrl;
+use idem_backends::StoreUrl;
 
 /// Flags of `idem serve`. Each is also read from its `IDEM_*` environment variable and from the config file;
 /// a flag beats the environment, which beats the file, which beats the default.

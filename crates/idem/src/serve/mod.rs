@@ -5,8 +5,8 @@ mod routes;
 
 use std::net::SocketAddr;
 
+use idem_backends::AnyStore;
 use idem_server::{Server, ServerConfig, Stop, Upstream};
-use idem_stores::AnyStore;
 use idem_tower::IdempotencyLayer;
 
 use config::DEFAULT_REPLAY_CACHE;

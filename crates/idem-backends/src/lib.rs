@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use idem_store::{Limits, Precondition, Store, Ttl};
-//! use idem_stores::{AnyStore, StoreUrl};
+//! use idem_backends::{AnyStore, StoreUrl};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! # let dir = tempfile::tempdir()?;
