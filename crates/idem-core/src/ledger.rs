@@ -460,7 +460,7 @@ pub struct Held {
     entry_generation: Option<Generation>,
 }
 
-/// Kept by [`idem_store::LeaseKeeper`] while the item waits for a slot, runs and settles.
+/// Kept by [`idem_store::LeaseKeeper`] while the item waits for a slot, runs and is recorded.
 impl Renewable for Held {
     fn length(&self) -> Duration {
         Held::length(self)

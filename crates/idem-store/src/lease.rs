@@ -68,7 +68,7 @@ pub struct LeaseKeeper<'a, S> {
     /// The renewal in flight and when it was sent.
     in_flight: Option<(Instant, Renewal<'a>)>,
     lost: Option<Lost>,
-    /// A renewal still unanswered when the lease lapses is kept for the next [`LeaseKeeper::settle`] instead of
+    /// A renewal still unanswered when the lease lapses is kept for the next [`LeaseKeeper::await_renewal`] instead of
     /// dropped ([`LeaseKeeper::keeping_late_answers`]).
     keep_late: bool,
 }
@@ -81,11 +81,11 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     }
 
     /// This keeper keeps a renewal that is still unanswered when the lease lapses: the loss is reported
-    /// ([`Lost::Lapsed`]) as before, but the next [`LeaseKeeper::settle`] (or [`LeaseKeeper::fence`]) waits for
+    /// ([`Lost::Lapsed`]) as before, but the next [`LeaseKeeper::await_renewal`] (or [`LeaseKeeper::fence`]) waits for
     /// that answer, however long it takes, and the holder must call one of them before any other store
     /// operation of its own (the renewal holds what the store gave it meanwhile). The renewal is conditional on
     /// the holder's generation, so a late acceptance means nobody took over: the lease was the holder's all
-    /// along (a store that took its time, or another process holding a shared SQLite file), `settle` returns
+    /// along (a store that took its time, or another process holding a shared SQLite file), `await_renewal` returns
     /// true, and the keeper goes on keeping it; the holder's work need not be discarded.
     #[must_use]
     pub fn keeping_late_answers(mut self) -> Self {
@@ -123,7 +123,7 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     /// is lost, saying why.
     ///
     /// Cancel-safe: dropped while a renewal is in flight, it keeps it for the next call,
-    /// [`LeaseKeeper::settle`] or [`LeaseKeeper::fence`], one of which must come before any other store write
+    /// [`LeaseKeeper::await_renewal`] or [`LeaseKeeper::fence`], one of which must come before any other store write
     /// of the holder fenced on the same token: a renewal left unpolled holds whatever the store gave it (a
     /// lock, a connection) meanwhile.
     pub async fn until_lost<R: Renewable>(&mut self, lease: &mut R) -> Lost {
@@ -141,7 +141,7 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
 
     /// Runs `work` to its end while keeping the lease, and returns its output. A loss does not stop the work;
     /// `on_lost` is called once, when it happens. A renewal still in flight when the work ends stays here:
-    /// [`LeaseKeeper::settle`] it before the next fenced write, or drop the keeper without waiting (the renewal
+    /// [`LeaseKeeper::await_renewal`] it before the next fenced write, or drop the keeper without waiting (the renewal
     /// may still land; the next fenced write then fails its precondition against the holder's own record,
     /// which the holder must recognise, as the layer's takeover check does).
     pub async fn during<R: Renewable, F: Future>(
@@ -164,16 +164,16 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     /// Waits for the renewal in flight, if any, and records its answer, so the token in `lease` is current
     /// before a write fenced on it (a release, a completion, or a renewal of its own). False when the lease is
     /// lost.
-    pub async fn settle<R: Renewable>(&mut self, lease: &mut R) -> bool {
+    pub async fn await_renewal<R: Renewable>(&mut self, lease: &mut R) -> bool {
         self.answer(lease).await;
         self.lost.is_none()
     }
 
     /// The fence before a step that needs the lease (starting a command, renaming an output into place):
-    /// settles a renewal in flight, then renews now unless the lease was set less than a third of its length
+    /// waits for a renewal in flight to be answered, then renews now unless the lease was set less than a third of its length
     /// ago. False when the lease is lost or this renewal failed: the caller no longer holds it.
     pub async fn fence<R: Renewable>(&mut self, lease: &mut R) -> bool {
-        if !self.settle(lease).await {
+        if !self.await_renewal(lease).await {
             return false;
         }
         if self.sent.elapsed() < self.length / 3 {
@@ -231,7 +231,7 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
                 // it holds (the shared SQLite ledger's read guard, behind which that ledger's turn taking, and
                 // then every later operation of the process, queue: a deadlock). If it still lands, the holder's
                 // next fenced write fails and it may recognise its own record (the layer's `adopt`). A keeper
-                // `keeping_late_answers` keeps it instead, for its holder to wait for at once (`settle`).
+                // `keeping_late_answers` keeps it instead, for its holder to wait for at once (`await_renewal`).
                 if !self.keep_late {
                     self.in_flight = None;
                 }

@@ -40,7 +40,7 @@ const COUNTERS: [(&str, &str); 12] = [
         "idem_idempotency_lapsed_takeovers_total",
         "In-flight records taken over by a retry after their generation stood unchanged for a whole lease.",
     ),
-    ("idem_idempotency_panics_total", "Panics of the inner service, settled as unknown outcomes and answered 500."),
+    ("idem_idempotency_panics_total", "Panics of the inner service, recorded as unknown outcomes and answered 500."),
     (
         "idem_idempotency_released_failures_total",
         "Non-2xx answers on routes with on_failure = release: passed on, key released so a redelivery executes.",

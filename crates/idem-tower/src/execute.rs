@@ -70,7 +70,7 @@ where
     // not keep the key in flight (and its lease renewed) forever.
     let deadline = tokio::time::Instant::now() + config.execution_timeout;
     // A panic in the inner service (in `call` or in its future) is an outcome like an error: the request may
-    // have taken effect, so the record is settled by the unknown-outcome policy rather than left in flight for a
+    // have taken effect, so the record is resolved by the unknown-outcome policy rather than left in flight for a
     // retry to take over and execute again (step 5).
     let call = std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(request)));
     let response = match call {
@@ -207,7 +207,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// After the inner service panicked (calling it, awaiting its answer or reading its body): logged and
-/// counted (`idem_idempotency_panics_total`), the record settled as an unknown outcome (stored, or released under
+/// counted (`idem_idempotency_panics_total`), the record resolved as an unknown outcome (stored, or released under
 /// [`UnknownOutcome::Release`]), and the caller answered 500 problem+json.
 async fn panicked<St: Store>(keeper: LeaseHolder<St>, config: &Arc<Config>, message: String) -> Response<Body> {
     crate::counters::count(crate::counters::Count::Panics);

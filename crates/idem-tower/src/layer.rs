@@ -211,7 +211,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Adds a route: requests whose normalised path is the route's path or below it are keyed, checked and
-    /// settled by its policy (the longest matching path wins), with every other setting of this layer. Its
+    /// decided by its policy (the longest matching path wins), with every other setting of this layer. Its
     /// records live under `{record prefix}route/{name}/`. Paths no route covers keep the layer's own
     /// `Idempotency-Key` handling.
     pub fn route(mut self, policy: RoutePolicy) -> Self {

@@ -286,7 +286,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
             Step::Finish(i) => {
                 if let Runner::Running { held, keeper, run } = &mut holders[i] {
                     protected_until[i] = None;
-                    // The runner's settle: fence (a lost lease taken again if nobody took the item over), rename
+                    // The runner's finish after exit 0: fence (a lost lease taken again if nobody took the item over), rename
                     // into place, then the done write fenced on the token.
                     let faults = store.injected();
                     if fence(&store, held, keeper).await {
@@ -309,7 +309,7 @@ async fn ledger_schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result
             Step::Release(i) => {
                 if let Runner::Running { held, keeper, .. } = &mut holders[i] {
                     protected_until[i] = None;
-                    keeper.settle(held).await;
+                    keeper.await_renewal(held).await;
                     let _ = store.apply(held.interrupted(now_ms())).await;
                     let _ = store.apply(held.release()).await;
                     holders[i] = Runner::Idle;
@@ -357,9 +357,9 @@ async fn fence(
     keeper: &mut LeaseKeeper<'_, FaultyStore<MemoryStore>>,
 ) -> bool {
     use idem_store::Renewable as _;
-    // The runner's `recover`: a settled keeper holds the lease only while it was set less than a lease ago (a
+    // The runner's `recover`: a keeper whose renewal was answered holds the lease only while it was set less than a lease ago (a
     // fence whose renewal failed unanswered records no loss, though the lease may have run out meanwhile).
-    if keeper.fence(held).await || (keeper.settle(held).await && keeper.sent().elapsed() < LEASE) {
+    if keeper.fence(held).await || (keeper.await_renewal(held).await && keeper.sent().elapsed() < LEASE) {
         return true;
     }
     let Ok(current) = store.get(held.keys().lease()).await else { return false };

@@ -144,7 +144,7 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
             }
             Step::End(i, ok) => {
                 if let Invocation::Running { held, keeper } = &mut invocations[i] {
-                    keeper.settle(held).await;
+                    keeper.await_renewal(held).await;
                     let write = if ok { held.done(ending(true)) } else { held.failed(ending(false), LIMIT).0 };
                     if matches!(store.apply(write).await, Ok(Some(_))) && ok {
                         done_writes += 1;
@@ -155,7 +155,7 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
             }
             Step::Interrupt(i) => {
                 if let Invocation::Running { held, keeper } = &mut invocations[i] {
-                    keeper.settle(held).await;
+                    keeper.await_renewal(held).await;
                     // Counted below from what the store holds: a write whose answer was lost landed all the same.
                     let _ = store.apply(held.interrupted(0)).await;
                     let _ = store.apply(held.release()).await;

@@ -12,7 +12,7 @@ use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::step::{Attempt, describe, failed};
-use super::{Ctx, ledger, settle};
+use super::{Ctx, after_exit, ledger};
 use crate::Item;
 use crate::output;
 use crate::watchdog::Watchdog;
@@ -162,7 +162,7 @@ pub(super) async fn attempt<S: Store>(
     // (`--jobs` counts running commands, as GNU parallel's does). A failed command keeps its slot above, so a
     // failing item is retried, and found poison, before others start.
     *permit = None;
-    settle::finish(ctx, held, heartbeat, &temp, output).await
+    after_exit::finish(ctx, held, heartbeat, &temp, output).await
 }
 
 /// An attempt of a job without output files: done once the command exited 0 (the ledger records it next). With

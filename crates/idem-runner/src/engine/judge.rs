@@ -8,9 +8,9 @@ use std::time::Duration;
 use idem_core::ledger::{Entry, Keys, Plan};
 use idem_store::{Precondition, Store, Ttl};
 
+use super::after_exit::noted_output;
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
-use super::settle::noted_output;
 use super::step::{ItemRun, Prefetched, Step};
 use super::verify::verify_cmd;
 use super::{Ctx, now_ms};
@@ -24,7 +24,7 @@ pub(super) const CHUNK: usize = 128;
 /// `get_many` and one batch of file checks, so a resume pass over finished work costs no task per item. The
 /// rest (`None`) go through [`process`], which judges them again one by one, starting from the entries read
 /// here.
-pub(super) async fn settle_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
+pub(super) async fn judge_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
     let keys: Vec<String> = chunk.iter().map(|i| Keys::new(&ctx.job, &i.id).entry().to_owned()).collect();
     let Ok(values) = ctx.store.get_many(&keys).await else {
         return (vec![None; chunk.len()], vec![None; chunk.len()]);
@@ -354,7 +354,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
                 let floor = ctx.cfg.retry_delay;
                 let since = Duration::from_millis(now_ms().saturating_sub(*finished_at_ms));
                 if since < floor {
-                    super::settle::pause_until(ctx, tokio::time::Instant::now() + (floor - since)).await;
+                    super::after_exit::pause_until(ctx, tokio::time::Instant::now() + (floor - since)).await;
                 }
             }
             let prev = match (generation, entry) {

@@ -347,7 +347,7 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
     // Settled with no loss recorded is not enough: after a fence whose renewal the store did not answer well,
     // the keeper records no loss, yet the lease may have run out by the clock (someone may hold the item now).
     // Only a lease set less than its length ago is still ours without a look at the store.
-    if heartbeat.settle(held).await && heartbeat.sent().elapsed() < heartbeat.length() {
+    if heartbeat.await_renewal(held).await && heartbeat.sent().elapsed() < heartbeat.length() {
         return true;
     }
     match regain(ctx, held).await {

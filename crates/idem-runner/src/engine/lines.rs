@@ -1,5 +1,5 @@
 //! Items from a file or a stream (`-`, a pipe, a FIFO), read in chunks of [`CHUNK`]: a chunk's done items are
-//! settled at once ([`settle_done`]), the others become item tasks, at most a window of them at a time.
+//! judged at once ([`judge_done`]), the others become item tasks, at most a window of them at a time.
 //!
 //! A regular file was checked whole before the run ([`precheck`](super::precheck)): ids, and no two items
 //! with one output path. A stream can be read only once, so a thread reads it beside the run and checks each
@@ -16,7 +16,7 @@ use idem_store::Store;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::judge::{CHUNK, settle_done};
+use super::judge::{CHUNK, judge_done};
 use super::outcome::{Final, record, record_final};
 use super::process::process;
 use super::{Ctx, ItemTask};
@@ -146,8 +146,8 @@ pub(super) async fn run_lines<S: Store + Clone>(
             Err(e) => return Err(e),
         }
         seen += chunk.len() as u64;
-        let (settled, prefetched) = settle_done(ctx, &chunk).await;
-        for ((item, done), prefetched) in chunk.drain(..).zip(settled).zip(prefetched) {
+        let (judged, prefetched) = judge_done(ctx, &chunk).await;
+        for ((item, done), prefetched) in chunk.drain(..).zip(judged).zip(prefetched) {
             if let Some(digest) = done {
                 record_final(ctx, summary, &item, Final::Skipped { digest })?;
                 continue;

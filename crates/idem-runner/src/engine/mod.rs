@@ -2,11 +2,12 @@
 //!
 //! The steps of one item, each in its own module: [`judge`] (the ledger entry and the output file decide
 //! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command and
-//! wait for it), [`settle`] (verify, fsync, fence, rename; then record the attempt in the ledger), and
+//! wait for it), [`after_exit`] (output checks, fsync, fence, rename; then record the attempt in the ledger), and
 //! [`process`], which drives them per item as a loop over [`process::Step`]; [`outcome`] counts how each item
 //! ended and [`summary`] says what the run did. [`Stop`] is the operator's Ctrl-C, [`program`] what is checked
 //! of the command and the machine before the run.
 
+mod after_exit;
 mod attempt;
 mod claim;
 mod consume;
@@ -16,7 +17,6 @@ mod lines;
 mod outcome;
 mod process;
 mod program;
-mod settle;
 mod step;
 mod summary;
 mod verify;

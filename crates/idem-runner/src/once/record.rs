@@ -250,7 +250,7 @@ pub(super) async fn outcome<S: Store + Sync>(
             // Job's killed pod), else an invocation stopped again and again (cron's `timeout`, a shutdown) would
             // start the slot for ever as attempt 1. The renewal in flight first: the writes are fenced on it.
             let end = ending(INTERRUPTED_EXIT.to_owned(), None);
-            keeper.settle(held).await;
+            keeper.await_renewal(held).await;
             let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(end, limit);
             let left = match verdict {
@@ -281,7 +281,7 @@ pub(super) async fn outcome<S: Store + Sync>(
         }
     };
     let succeeded = matches!(result, Outcome::Succeeded { .. });
-    keeper.settle(held).await;
+    keeper.await_renewal(held).await;
     // Fenced on the claim: refused when another invocation took the slot over. A store that fails is tried
     // again, also after the lease lapsed: only a takeover can make the write wrong, and it makes it fail.
     let tried = tokio::time::Instant::now();
@@ -354,7 +354,7 @@ pub(super) async fn stopped_before_start<S: Store + Sync>(
     held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
 ) -> Outcome {
-    keeper.settle(held).await;
+    keeper.await_renewal(held).await;
     let now = store.now().await.map(millis).unwrap_or_else(|_| held.started_at_ms());
     let _ = store.apply(held.interrupted(now)).await;
     let _ = store.apply(held.release()).await;
