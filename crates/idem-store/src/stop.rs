@@ -79,27 +79,37 @@ impl Stop {
     /// operator what happens now (and how to make it happen sooner). A level reached otherwise ([`Stop::drain`]
     /// from the program) counts: the next signal then aborts.
     ///
+    /// The handlers are installed by this call, not when the returned watch is first polled: a signal that
+    /// comes between the call and the watch's first turn (a service manager stopping a process that just said it
+    /// listens) is a request, not the default action that would end the process unflushed. Spawn the watch.
+    ///
     /// # Errors
     /// The signal handlers cannot be installed (the process then stops only when killed); nothing was asked.
-    pub async fn on_signals(&self, sigterm: Sigterm, mut said: impl FnMut(u8)) -> std::io::Result<()> {
+    pub fn on_signals<F: FnMut(u8)>(
+        &self,
+        sigterm: Sigterm,
+        mut said: F,
+    ) -> std::io::Result<impl std::future::Future<Output = ()> + use<F>> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
-        while self.level() < ABORT {
-            let level = tokio::select! {
-                _ = int.recv() => self.request(),
-                _ = term.recv() => match sigterm {
-                    Sigterm::LikeSigint => self.request(),
-                    Sigterm::Aborts => {
-                        self.abort();
-                        ABORT
-                    }
-                },
-                () = self.reached(ABORT) => break,
-            };
-            said(level);
-        }
-        Ok(())
+        let stop = self.clone();
+        Ok(async move {
+            while stop.level() < ABORT {
+                let level = tokio::select! {
+                    _ = int.recv() => stop.request(),
+                    _ = term.recv() => match sigterm {
+                        Sigterm::LikeSigint => stop.request(),
+                        Sigterm::Aborts => {
+                            stop.abort();
+                            ABORT
+                        }
+                    },
+                    () = stop.reached(ABORT) => break,
+                };
+                said(level);
+            }
+        })
     }
 }
 
@@ -135,7 +145,9 @@ mod tests {
             let stop = stop.clone();
             async move {
                 let mut said = Vec::new();
-                stop.on_signals(Sigterm::LikeSigint, |level| said.push(level)).await.map(|()| said)
+                let watch = stop.on_signals(Sigterm::LikeSigint, |level| said.push(level))?;
+                watch.await;
+                Ok::<_, std::io::Error>(said)
             }
         });
         stop.drain();

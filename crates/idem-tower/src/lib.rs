@@ -34,9 +34,10 @@
 //! # });
 //! ```
 //!
-//! With a durable store ([`idem-sqlite`](https://docs.rs/idem-sqlite), [`idem-postgres`](https://docs.rs/idem-postgres))
-//! and a drained shutdown ([`IdempotencyLayer::drain`]), see the `axum_orders` example in this crate's
-//! repository.
+//! With a durable store (the workspace's `idem-sqlite` or `idem-postgres` crate, or any store by URL through
+//! `idem-backends`) and a drained shutdown ([`IdempotencyLayer::drain`]): the example `axum_orders` in this
+//! crate (`cargo run -p idem-tower --example axum_orders -- sqlite:orders.db 127.0.0.1:3000`). The example
+//! above uses `tower::ServiceExt` (tower with its `util` feature) to call the router without a socket.
 //!
 //! # Steps
 //!

@@ -348,7 +348,7 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
     let stop = Stop::new();
-    let signals = tokio::spawn(watch_signals(stop.clone()));
+    let signals = tokio::spawn(watch_signals(&stop));
     let result = match &ledger {
         Ledger::Sqlite(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
         Ledger::Other(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
@@ -374,21 +374,23 @@ fn absolute_template(output: &str) -> String {
     normal.display().to_string()
 }
 
-/// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort.
-async fn watch_signals(stop: Stop) {
+/// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort. The handlers are installed by this call, before the
+/// run starts; the returned watch turns signals into requests.
+fn watch_signals(stop: &Stop) -> impl std::future::Future<Output = ()> + use<> {
     // Without handlers the default actions stay: SIGINT and SIGTERM end the process (and the commands in its
     // group) at once, leaving their leases to lapse.
-    let _ = stop
-        .on_signals(idem_store::stop::Sigterm::Aborts, |level| {
-            if level == idem_store::stop::DRAIN {
-                crate::error::sayln!(
-                    "idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)"
-                );
-            } else {
-                crate::error::sayln!("idem run: killing running commands and releasing their leases");
-            }
-        })
-        .await;
+    let watch = stop.on_signals(idem_store::stop::Sigterm::Aborts, |level| {
+        if level == idem_store::stop::DRAIN {
+            crate::error::sayln!("idem run: stopping: no new items; running ones finish (Ctrl-C again to kill them)");
+        } else {
+            crate::error::sayln!("idem run: killing running commands and releasing their leases");
+        }
+    });
+    async move {
+        if let Ok(watch) = watch {
+            watch.await;
+        }
+    }
 }
 
 /// Runs `idem runs …`; returns the exit status.

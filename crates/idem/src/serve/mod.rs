@@ -118,22 +118,19 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         None => server,
     };
     let stop = Stop::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL.
-            let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
-                if level == idem_store::stop::DRAIN {
-                    tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
-                } else {
-                    tracing::warn!("second signal: closing the requests still in flight now");
-                }
-            });
-            if let Err(e) = watched.await {
-                tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed");
-            }
+    // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL. The
+    // handlers are installed here, before the server says it listens.
+    let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
+        if level == idem_store::stop::DRAIN {
+            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+        } else {
+            tracing::warn!("second signal: closing the requests still in flight now");
         }
     });
+    match watched {
+        Ok(watch) => drop(tokio::spawn(watch)),
+        Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
+    }
     let served = server
         .client_idle_timeout(config.client_idle_timeout)
         .client_send_timeout(config.client_send_timeout)

@@ -240,7 +240,7 @@ async fn without_yes_and_without_a_terminal_it_refuses_and_sends_nothing() {
     assert_eq!(out, "");
     assert_eq!(
         err,
-        "idem: standard input is not a terminal: give --yes to send these 33 requests, or --dry-run to list them\n"
+        "idem: standard input is not a terminal: give --yes to send 33 requests, or --dry-run to list them\n"
     );
     assert_eq!(counts.executions(), 0);
 }
