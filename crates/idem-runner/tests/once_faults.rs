@@ -313,11 +313,21 @@ async fn a_signal_before_the_start_runs_nothing_and_counts_nothing() {
     let report = once(&store, &cfg, std::future::ready(())).await.unwrap();
     assert!(report.render().ends_with(": interrupted before the claim: nothing ran"), "{}", report.render());
     assert_eq!(report.exit_code(false), 130);
-    // Seen at the second look, after the claim: the claim is given back.
-    let mut looks = 0;
-    let after_claim = std::future::poll_fn(move |_| {
-        looks += 1;
-        if looks >= 2 { Poll::Ready(()) } else { Poll::Pending }
+    // Seen once the claim's lease is in the store (not by counting looks: how often the invocation looks
+    // before its claim is its own business): the claim is given back.
+    let watched = store.clone();
+    let after_claim = std::future::poll_fn(move |cx| {
+        use futures_util::FutureExt;
+        use idem_store::Store;
+        let prefix = idem_core::slot::lease_prefix("job");
+        let page = watched.list(&prefix, None, 10).now_or_never().expect("the memory store answers at once");
+        if page.unwrap().items.is_empty() {
+            // Looked at again at the invocation's next look (it polls this future, it is not woken).
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     });
     let report = once(&store, &cfg, after_claim).await.unwrap();
     let text = report.render();

@@ -77,7 +77,8 @@ pub struct RunArgs {
     /// and the ledger recorded it, and no file is looked at; dedupe at the sink on {key} / IDEM_KEY.
     #[arg(long)]
     output: Option<String>,
-    /// Commands running at once.
+    /// Commands running at once. Items start in input order (with 1, one after another in it), as GNU
+    /// parallel's do; a retry keeps its item's place.
     #[arg(long, short = 'j', default_value_t = 1)]
     jobs: usize,
     /// The ledger store: sqlite:PATH, postgres://…, redis://…, rediss://…, redis+sentinel://…, redis+cluster://… or memory: (default: next to the outputs).

@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 
 use super::outcome::{Final, record};
 use super::process::process;
+use super::turns::Turn;
 use super::{Ctx, ItemTask};
 use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source, SourceConfig};
 use crate::{Error, Item, ItemError, Summary};
@@ -181,11 +182,11 @@ async fn keeping_alive<T>(work: impl Future<Output = T>, ack: &Ack, every: Optio
 }
 
 /// One message's task: its item run to its end, then the message settled.
-async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64, room: Room) -> ItemTask {
+async fn handle<S: Store>(ctx: Arc<Ctx<S>>, delivery: Delivery, number: u64, room: Room, turn: Turn) -> ItemTask {
     let Delivery { item, ack, keep_alive } = delivery;
     let (item, result) = match item {
         Ok(item) => {
-            let result = keeping_alive(process(&ctx, &item, None, Some(room)), &ack, keep_alive).await;
+            let result = keeping_alive(process(&ctx, &item, None, Some(room), turn), &ack, keep_alive).await;
             (item, result)
         }
         Err(reason) => {
@@ -244,7 +245,8 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
                     taken += 1;
                     let ctx = Arc::clone(ctx);
                     let room = Room { permit: Some(permit), aside: Arc::clone(&aside), counted: false };
-                    set.spawn(handle(ctx, delivery, taken, room));
+                    let turn = ctx.turns.issue();
+                    set.spawn(handle(ctx, delivery, taken, room, turn));
                 }
                 Some(Fed::Drained) | None => break,
             },

@@ -293,6 +293,10 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         let held = matches!(entry, Some(Entry::Running { .. }))
             && ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some();
         if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(())), held) {
+            // Listed in input order, as they would be claimed.
+            if let Some(turn) = &run.turn {
+                turn.wait().await;
+            }
             if let Ok(mut out) = ctx.dry_out.lock() {
                 let _ = writeln!(out, "{}\t{}", item.id, reason);
             }
@@ -302,6 +306,9 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
     let fin = match (&plan, out_state) {
         (Plan::New, Some(Ok(digest))) => {
             if ctx.cfg.dry_run {
+                if let Some(turn) = &run.turn {
+                    turn.wait().await;
+                }
                 if let Ok(mut out) = ctx.dry_out.lock() {
                     let _ = writeln!(out, "{}\tadopt: a verified output without a ledger entry", item.id);
                 }
@@ -399,6 +406,7 @@ mod tests {
             text_warned: false,
             permit: None,
             room: None,
+            turn: None,
         };
         judge(ctx, &mut run).await.expect("the memory store answers")
     }

@@ -157,9 +157,10 @@ pub(super) async fn run_lines<S: Store + Clone>(
                     record(ctx, summary, joined)?;
                 }
             }
+            let turn = ctx.turns.issue();
             let ctx = ctx.clone();
             set.spawn(async move {
-                let result = process(&ctx, &item, prefetched, None).await;
+                let result = process(&ctx, &item, prefetched, None, turn).await;
                 (item, result)
             });
         }

@@ -19,6 +19,7 @@ mod process;
 mod program;
 mod step;
 mod summary;
+mod turns;
 mod verify;
 
 use std::io::Write as _;
@@ -70,6 +71,8 @@ pub(crate) struct Ctx<S> {
     /// Items claimed before a slot is free, at most `--jobs` of them: their claim writes commit while other
     /// commands run, instead of inside the slot.
     ahead: Semaphore,
+    /// Items queue for a claim in input order ([`turns`]).
+    turns: Arc<turns::Turns>,
     /// The operator's stop requests.
     stop: Stop,
     /// An item turned poison in this run under `--on-poison halt`: nothing new starts.
@@ -123,6 +126,7 @@ impl<S> Ctx<S> {
             checks: Checks { json: cfg.output.ends_with(".json"), expect_fields: cfg.expect_fields.clone() },
             jobs: Semaphore::new(cfg.jobs),
             ahead: Semaphore::new(cfg.jobs),
+            turns: turns::Turns::new(),
             halt: AtomicBool::new(false),
             counters,
             executions: AtomicU64::new(0),

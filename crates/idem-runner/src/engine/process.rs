@@ -14,6 +14,7 @@ use super::consume::Room;
 use super::judge::judge;
 use super::outcome::Final;
 use super::step::{ItemRun, Prefetched, Step};
+use super::turns::Turn;
 use super::{Ctx, now_ms};
 use crate::output;
 use crate::{Item, ItemError};
@@ -25,6 +26,7 @@ pub(super) async fn process<S: Store>(
     item: &Item,
     prefetched: Prefetched,
     room: Option<Room>,
+    turn: Turn,
 ) -> Result<Final, ItemError> {
     let mut run = ItemRun {
         item,
@@ -36,6 +38,7 @@ pub(super) async fn process<S: Store>(
         text_warned: false,
         permit: None,
         room,
+        turn: Some(turn),
     };
     let result = steps(ctx, &mut run).await;
     if run.waiting {
@@ -58,10 +61,14 @@ async fn steps<'a, S: Store>(ctx: &'a Ctx<S>, run: &mut ItemRun<'a>) -> Result<F
     loop {
         step = match step {
             Step::Judge => judge(ctx, run).await?,
-            Step::WaitForHolder => match wait_for_holder(ctx, &mut run.waiting, run.room.as_mut()).await {
-                true => Step::End(Final::NotDone { reason: "interrupted" }),
-                false => Step::Judge,
-            },
+            Step::WaitForHolder => {
+                // Waiting for another runner's holder is no reason to hold back the items after this one.
+                run.turn.take();
+                match wait_for_holder(ctx, &mut run.waiting, run.room.as_mut()).await {
+                    true => Step::End(Final::NotDone { reason: "interrupted" }),
+                    false => Step::Judge,
+                }
+            }
             Step::Run(prev) => claim_and_run(ctx, run, prev).await?,
             Step::End(fin) => return Ok(fin),
         };
@@ -95,7 +102,18 @@ async fn claim_and_run<'a, S: Store>(
         })
     };
     let ahead = if run.permit.is_none() {
-        match ctx.ahead.acquire().await {
+        // Queued for a claim in its turn, and the turn passed once it has its place in the (FIFO) queue.
+        let mut acquire = std::pin::pin!(ctx.ahead.acquire());
+        if let Some(turn) = &run.turn {
+            turn.wait().await;
+        }
+        let first = futures_util::poll!(acquire.as_mut());
+        run.turn.take();
+        let acquired = match first {
+            std::task::Poll::Ready(p) => p,
+            std::task::Poll::Pending => acquire.await,
+        };
+        match acquired {
             Ok(p) => Some(p),
             Err(_) => return Ok(not_started()),
         }

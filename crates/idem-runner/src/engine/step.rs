@@ -9,6 +9,7 @@ use tokio::sync::SemaphorePermit;
 
 use super::consume::Room;
 use super::outcome::Final;
+use super::turns::Turn;
 use crate::Item;
 use crate::output::Digest256;
 
@@ -51,6 +52,8 @@ pub(super) struct ItemRun<'a> {
     /// From a queue: the room its message takes among those the run holds, given up while another runner
     /// holds the item ([`Room::set_aside`]).
     pub(super) room: Option<Room>,
+    /// Its place in the input order until it has queued for a claim ([`super::turns`]).
+    pub(super) turn: Option<Turn>,
 }
 
 /// How one attempt ended.

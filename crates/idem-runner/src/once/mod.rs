@@ -344,6 +344,9 @@ pub async fn once<S: Store + Sync>(
         Ok::<_, Error>((now_ms, skew, slot, keys, read))
     };
     let (now_ms, skew, slot, keys, read) = tokio::select! {
+        // Reads that are done go on to the claim (a signal is looked at again right before it): the same
+        // path whichever of the two was seen first.
+        biased;
         reads = reads => reads?,
         () = interrupt.as_mut() => {
             // Named by the slot this machine's clock was in when it was invoked: the one its cron fired for.

@@ -228,6 +228,38 @@ fn second_run_of_finished_items_executes_nothing_and_says_so() {
     assert_outputs_valid(&job, &ids);
 }
 
+/// `--jobs 1` runs items in input order, and a dry run lists them in it, as GNU parallel's `-j1` does, though
+/// each item's first steps (its ledger read, its output's check) take as long as they take: items queue for a
+/// claim in their turn.
+#[test]
+fn jobs_1_runs_items_in_input_order_and_a_dry_run_lists_them_in_it() {
+    let ids = ids(300);
+    let job = Job::new(&ids, WRITE_JSON);
+    let ran = |job: &Job| job.log().into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+    let (code, _, err) = job.run(&["--jobs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ran(&job), ids, "the first run's order");
+    // Redone items judged unlike each other: a truncated output is read and refused, a missing one is not.
+    let mut redo = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let out = job.path(&format!("out/{id}.json"));
+        match i % 3 {
+            0 => std::fs::write(&out, "{\"id\": ").unwrap(),
+            1 => std::fs::remove_file(&out).unwrap(),
+            _ => continue,
+        }
+        redo.push(id.clone());
+    }
+    let (code, dry, err) = job.run(&["--dry-run", "--jobs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<_> = dry.lines().map(|l| l.split('\t').next().unwrap().to_owned()).collect();
+    assert_eq!(listed, redo, "the dry run's listing order");
+    std::fs::remove_file(job.path("log")).unwrap();
+    let (code, _, err) = job.run(&["--jobs", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ran(&job), redo, "the rerun's order");
+}
+
 #[test]
 fn runner_killed_mid_item_is_finished_by_the_next_run() {
     let ids = ids(200);
