@@ -150,7 +150,17 @@ async fn open_waiting(inner: &Inner) -> Result<SqliteStore, crate::Error> {
     let since = Instant::now();
     loop {
         if starving.is_some() || !someone_waits(&inner.starving) {
-            match SqliteStore::open(&inner.path, inner.limits) {
+            // Opening waits out SQLite's busy timeout while another connection holds the file locked (a backup,
+            // a stray `sqlite3` shell): on the blocking pool, not on a runtime thread, which would stall every
+            // task it runs meanwhile (a runner stopped noticing its commands' exits for seconds).
+            let (path, limits) = (inner.path.clone(), inner.limits);
+            let opened = match tokio::task::spawn_blocking(move || SqliteStore::open(&path, limits)).await {
+                Ok(opened) => opened,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Only a runtime shutting down cancels a blocking task.
+                Err(_) => Err(crate::Error::Store(idem_store::Error::Closed)),
+            };
+            match opened {
                 Ok(store) => return Ok(store),
                 Err(crate::Error::InUse { .. }) => {}
                 Err(e) => return Err(e),

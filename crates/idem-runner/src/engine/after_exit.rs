@@ -177,6 +177,14 @@ pub(super) async fn record_attempt<S: Store>(
             tracing::warn!(item = %item.id, "lease lost; the result of this attempt is discarded");
             Ok(Step::Judge)
         }
+        Attempt::Abandoned => {
+            tracing::warn!(
+                item = %item.id,
+                "the command was stopped for its lease and is killed: the store stayed unavailable past \
+                 --store-outage-limit (the attempt counts)"
+            );
+            end(Final::NotDone { reason: "store_unavailable" })
+        }
         Attempt::Unrecorded => {
             tracing::warn!(
                 item = %item.id,

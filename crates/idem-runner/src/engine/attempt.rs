@@ -368,6 +368,13 @@ async fn wait<S: Store>(
     // of a turn goes stale and would stop a command whose lease was just renewed.
     let doubtful = |sent: tokio::time::Instant| sent + lease - margin;
     let status = loop {
+        if frozen && ctx.outage.exceeded() {
+            // Stopped for its lease, and the store stayed unavailable past the limit: the run ends, and the
+            // command may not go on without a lease (another runner may take the item once the store is back).
+            kill_group(&mut child).await;
+            let _ = tokio::fs::remove_file(temp).await;
+            return Err(Attempt::Abandoned);
+        }
         let due = doubtful(heartbeat.sent());
         if frozen && tokio::time::Instant::now() < due {
             tracing::warn!(item = %item.id, "lease renewed: the command goes on (SIGCONT)");
@@ -408,7 +415,7 @@ async fn wait<S: Store>(
                     tracing::debug!(item = %item.id, "the lease was lost while the command ran, and not taken again");
                     kill_group(&mut child).await;
                     let _ = tokio::fs::remove_file(temp).await;
-                    return Err(Attempt::Lost);
+                    return Err(if ctx.outage.exceeded() { Attempt::Abandoned } else { Attempt::Lost });
                 }
             }
             () = tokio::time::sleep_until(wake) => {

@@ -78,7 +78,7 @@ pub(super) async fn count<S: Store>(
         }
         Ok(None) => Err(ItemError::NoGeneration),
         Err(e) if e.is_precondition_failed() => {
-            heartbeat.await_renewal(held).await;
+            ledger::await_renewal(ctx, held, heartbeat).await;
             let _ = ledger::apply(ctx, Waiting::Unstarted, held.release()).await;
             Ok(Counted::Changed)
         }

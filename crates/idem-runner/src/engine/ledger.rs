@@ -17,7 +17,6 @@
 //! again with [`regain`] if nobody took the item over, instead of discarding an attempt that may have finished.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_core::ledger::Held;
@@ -46,18 +45,27 @@ pub(crate) struct Outage {
     /// answer was sent: a locked SQLite file holds a write for its busy timeout before refusing it), and whether
     /// a write was among those refused; `None` while the store answers.
     since: Mutex<Option<(Instant, bool)>>,
-    /// An outage outlasted the limit: the run ends. Never cleared.
-    exceeded: AtomicBool,
+    /// An outage outlasted the limit: the run ends. Never cleared. A watch, so that operations and waits in
+    /// flight end at once rather than each waiting out its own timeout (the exit came up to a busy timeout or a
+    /// client timeout after the limit, or only when the store answered again).
+    exceeded: tokio::sync::watch::Sender<bool>,
 }
 
 impl Outage {
     pub(crate) fn new(limit: Duration) -> Self {
-        Self { limit, since: Mutex::new(None), exceeded: AtomicBool::new(false) }
+        Self { limit, since: Mutex::new(None), exceeded: tokio::sync::watch::channel(false).0 }
     }
 
     /// True once an outage outlasted the limit: nothing new starts, and the run ends.
     pub(crate) fn exceeded(&self) -> bool {
-        self.exceeded.load(Ordering::SeqCst)
+        *self.exceeded.borrow()
+    }
+
+    /// Resolves once an outage outlasted the limit (at once if one did).
+    pub(crate) async fn until_exceeded(&self) {
+        let mut exceeded = self.exceeded.subscribe();
+        // The sender lives in `self`: `wait_for` cannot fail while this borrow lasts.
+        let _ = exceeded.wait_for(|e| *e).await;
     }
 
     /// True while the store is not taking operations (an outage began and has not ended).
@@ -83,6 +91,9 @@ impl Outage {
     /// The store did not take an operation (`e`, a `write` or a read) sent at `sent`: true while the outage is
     /// within the limit (wait and try again), false once it outlasted it (give up).
     fn unavailable(&self, e: &StoreError, sent: Instant, write: bool) -> bool {
+        if self.exceeded() {
+            return false;
+        }
         let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
         let (began, writes_refused) = since.get_or_insert_with(|| {
             tracing::warn!(
@@ -99,7 +110,7 @@ impl Outage {
         if began.elapsed() < self.limit {
             return true;
         }
-        if !self.exceeded.swap(true, Ordering::SeqCst) {
+        if !self.exceeded.send_replace(true) {
             tracing::error!(
                 "the ledger store has been unavailable for longer than --store-outage-limit {}: ending the run; \
                  items not finished are not done (run again once the store is back)",
@@ -160,10 +171,19 @@ where
         // locked waits for the lock; a server stopped with SIGSTOP) is unanswered once it has waited a whole
         // --store-outage-limit: the limit applies to it as to a refusal. It may still land after it was given up
         // (its answer lost, as with any unavailable answer); every write here is fenced, so nothing depends on it.
-        let answer = match tokio::time::timeout(ctx.outage.limit, op()).await {
-            Ok(answer) => answer,
-            Err(_) => Err(StoreError::unavailable(format!(
-                "no answer within --store-outage-limit {}",
+        // Once an outage outlasted the limit the run ends: an operation in flight then (or sent since) is given
+        // up at once, as the limit applies to it too; an answer already there is still taken.
+        let answer = tokio::select! {
+            biased;
+            answer = tokio::time::timeout(ctx.outage.limit, op()) => match answer {
+                Ok(answer) => answer,
+                Err(_) => Err(StoreError::unavailable(format!(
+                    "no answer within --store-outage-limit {}",
+                    humanize(ctx.outage.limit)
+                ))),
+            },
+            () = ctx.outage.until_exceeded() => Err(StoreError::unavailable(format!(
+                "the store has been unavailable for longer than --store-outage-limit {}",
                 humanize(ctx.outage.limit)
             ))),
         };
@@ -347,7 +367,7 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
     // Settled with no loss recorded is not enough: after a fence whose renewal the store did not answer well,
     // the keeper records no loss, yet the lease may have run out by the clock (someone may hold the item now).
     // Only a lease set less than its length ago is still ours without a look at the store.
-    if heartbeat.await_renewal(held).await && heartbeat.sent().elapsed() < heartbeat.length() {
+    if await_renewal(ctx, held, heartbeat).await && heartbeat.sent().elapsed() < heartbeat.length() {
         return true;
     }
     match regain(ctx, held).await {
@@ -359,6 +379,16 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
     }
 }
 
+/// Waits for the keeper's renewal in flight ([`LeaseKeeper::await_renewal`]), but not past the outage limit: a
+/// renewal the store holds unanswered (a locked SQLite file, a server stopped with SIGSTOP) would otherwise
+/// hold the run's end for the store's own timeout. False when the lease is lost or the wait was given up.
+pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
+    tokio::select! {
+        renewed = heartbeat.await_renewal(held) => renewed,
+        () = ctx.outage.until_exceeded() => false,
+    }
+}
+
 /// The fence before a step that needs the lease (starting a command, renaming an output into place), riding
 /// out an outage: a renewal the store did not take is tried again while the lease lasts, and a lease lost
 /// meanwhile is taken again if nobody took the item over ([`regain`]). False when the item is no longer ours
@@ -366,7 +396,11 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
 pub(super) async fn fence<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
     let mut tries = 0u32;
     loop {
-        if heartbeat.fence(held).await {
+        let fenced = tokio::select! {
+            fenced = heartbeat.fence(held) => fenced,
+            () = ctx.outage.until_exceeded() => return false,
+        };
+        if fenced {
             return true;
         }
         if heartbeat.lost().is_none() && heartbeat.sent().elapsed() < heartbeat.length() {

@@ -12,6 +12,7 @@ use super::attempt::attempt;
 use super::claim::{Claimed, Counted, claim, count, unclaim, wait_for_holder, wait_for_slot};
 use super::consume::Room;
 use super::judge::judge;
+use super::ledger;
 use super::outcome::Final;
 use super::step::{ItemRun, Prefetched, Step};
 use super::turns::Turn;
@@ -154,7 +155,7 @@ async fn claim_and_run<'a, S: Store>(
                 // Stopping, or the claim was lost while it waited: it never started, so its attempt is given
                 // back (the undo is fenced on the claim's entry generation, so it changes nothing if another
                 // runner has claimed the item since).
-                heartbeat.await_renewal(&mut held).await;
+                ledger::await_renewal(ctx, &mut held, &mut heartbeat).await;
                 let _ = unclaim(ctx, &held).await;
                 drop(ahead);
                 return Ok(if ctx.stopping() { not_started() } else { Step::Judge });
@@ -165,7 +166,7 @@ async fn claim_and_run<'a, S: Store>(
     // Counted only now, just before the command starts: a claim given up before this point (the run stopped,
     // the store unreachable past the limit, so not even the lease could be given back) spent no attempt.
     if ctx.stopping() {
-        heartbeat.await_renewal(&mut held).await;
+        ledger::await_renewal(ctx, &mut held, &mut heartbeat).await;
         let _ = unclaim(ctx, &held).await;
         return Ok(not_started());
     }
@@ -183,6 +184,6 @@ async fn claim_and_run<'a, S: Store>(
     let outcome = attempt(ctx, &mut held, &mut heartbeat, run.item, &run.output, &mut run.permit).await;
     ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
     // A renewal still in flight is answered first: the release below is fenced on its generation.
-    heartbeat.await_renewal(&mut held).await;
+    ledger::await_renewal(ctx, &mut held, &mut heartbeat).await;
     record_attempt(ctx, run.item, &held, outcome, started).await
 }

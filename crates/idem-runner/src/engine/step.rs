@@ -67,6 +67,9 @@ pub(super) enum Attempt {
         message: String,
     },
     Lost,
+    /// The command was stopped for its lease and killed once the store stayed unavailable past the limit: the
+    /// run ends, and the attempt counts (the ledger could not be told otherwise).
+    Abandoned,
     /// The output is verified, but the store stayed unreachable past the limit before it could be renamed into
     /// place: it stays at its temporary path with a note of its digest, for the next holder.
     Unrecorded,
