@@ -64,6 +64,21 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         }
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
+    let stop = Stop::new();
+    // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL. The
+    // handlers are installed before the server says it listens: a service manager may signal as soon as it
+    // reads that line, and the default action would end the process with no drain and an unflushed store.
+    let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
+        if level == idem_store::stop::DRAIN {
+            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+        } else {
+            tracing::warn!("second signal: closing the requests still in flight now");
+        }
+    });
+    match watched {
+        Ok(watch) => drop(tokio::spawn(watch)),
+        Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
+    }
     let server = match (config.proxy, admin, upstream) {
         (Some(p), Some(admin), Some(upstream)) => {
             let admin_local = admin.local_addr()?;
@@ -117,20 +132,6 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         Some(slot) => server.tls(slot),
         None => server,
     };
-    let stop = Stop::new();
-    // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL. The
-    // handlers are installed here, before the server says it listens.
-    let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
-        if level == idem_store::stop::DRAIN {
-            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
-        } else {
-            tracing::warn!("second signal: closing the requests still in flight now");
-        }
-    });
-    match watched {
-        Ok(watch) => drop(tokio::spawn(watch)),
-        Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
-    }
     let served = server
         .client_idle_timeout(config.client_idle_timeout)
         .client_send_timeout(config.client_send_timeout)
