@@ -32,7 +32,9 @@ pub enum Sigterm {
     /// SIGKILL) and aborts on a second.
     LikeSigint,
     /// [`ABORT`] at once: a runner ends its commands (each attempt recorded as interrupted) and releases their
-    /// leases, since a SIGTERM is not waited out by whoever sent it.
+    /// leases, since a SIGTERM is not waited out by whoever sent it. SIGHUP (the terminal closed) aborts too,
+    /// where the default action would end the process with its leases held and its attempts looking crashed;
+    /// unless SIGHUP was ignored when the process started (`nohup`), which then keeps ignoring it.
     Aborts,
 }
 
@@ -75,7 +77,7 @@ impl Stop {
     }
 
     /// Turns signals into requests until the level is [`ABORT`]: each SIGINT asks for the next level, SIGTERM
-    /// as `sigterm` says. `said` is called with the new level after each request a signal made, to tell the
+    /// (and, for [`Sigterm::Aborts`], SIGHUP) as `sigterm` says. `said` is called with the new level after each request a signal made, to tell the
     /// operator what happens now (and how to make it happen sooner). A level reached otherwise ([`Stop::drain`]
     /// from the program) counts: the next signal then aborts.
     ///
@@ -93,11 +95,26 @@ impl Stop {
         use tokio::signal::unix::{SignalKind, signal};
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
+        // A server keeps SIGHUP for reloading (its own handler); `nohup` asked for a hang-up to be ignored.
+        let mut hup = match sigterm {
+            Sigterm::Aborts if !hangup_ignored() => Some(signal(SignalKind::hangup())?),
+            _ => None,
+        };
         let stop = self.clone();
         Ok(async move {
             while stop.level() < ABORT {
+                let hung_up = async {
+                    match hup.as_mut() {
+                        Some(hup) => hup.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let level = tokio::select! {
                     _ = int.recv() => stop.request(),
+                    _ = hung_up => {
+                        stop.abort();
+                        ABORT
+                    }
                     _ = term.recv() => match sigterm {
                         Sigterm::LikeSigint => stop.request(),
                         Sigterm::Aborts => {
@@ -113,9 +130,37 @@ impl Stop {
     }
 }
 
+/// Whether SIGHUP was ignored when this process started, as `nohup` and `setsid`-style launchers leave it: a
+/// handler installed for it would undo that choice (a closed terminal would then stop a run its user meant to
+/// outlive the terminal). Read from the `SigIgn` mask in `/proc/self/status` (Linux; elsewhere `false`, so a
+/// hang-up is handled): the mask is the one place that says it without `unsafe` code.
+pub fn hangup_ignored() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| ignored_in(&status, 1))
+}
+
+/// Whether signal `number` (1-based) is set in the `SigIgn:` hexadecimal mask of a `/proc/PID/status` text.
+fn ignored_in(status: &str, number: u32) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| (1..=64).contains(&number) && mask & (1 << (number - 1)) != 0)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{ABORT, DRAIN, Sigterm, Stop};
+    use super::{ABORT, DRAIN, Sigterm, Stop, ignored_in};
+
+    #[test]
+    fn the_ignored_mask_is_read_by_signal_number() {
+        let status = "Name:\tidem\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000001001\nSigCgt:\t0\n";
+        assert!(ignored_in(status, 1), "SIGHUP is bit 0");
+        assert!(ignored_in(status, 13), "SIGPIPE is bit 12");
+        assert!(!ignored_in(status, 2));
+        assert!(!ignored_in(status, 0));
+        assert!(!ignored_in("SigIgn:\tzz\n", 1));
+        assert!(!ignored_in("", 1));
+    }
 
     #[tokio::test]
     async fn levels_only_go_up_and_every_clone_sees_them() {

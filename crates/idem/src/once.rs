@@ -319,22 +319,31 @@ fn parse_every(value: &str) -> Result<Duration, Error> {
     })
 }
 
-/// Resolves on SIGINT, SIGTERM or SIGHUP (never, if they cannot be watched): a closed terminal stops the
+/// Resolves on SIGINT, SIGTERM or SIGHUP (never, if they cannot be watched; SIGHUP not if it was ignored at
+/// start, as under `nohup`): a closed terminal stops the
 /// invocation as Ctrl-C does (the command killed, its attempt recorded interrupted), not by the default action
 /// that would leave the slot to look crashed. The handlers are installed now, not when
 /// the future is first polled: a signal while the invocation claims its slot must not kill it with the claim
 /// made (the attempt would count as a crash); `once` sees it before the start and gives the claim back.
 fn signalled() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let handlers = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()));
+    // Under `nohup` SIGHUP stays ignored: a handler would undo what the user asked for.
+    let hup = (!idem_store::stop::hangup_ignored()).then(|| signal(SignalKind::hangup()));
+    let handlers = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), hup.transpose());
     async move {
         let (Ok(mut int), Ok(mut term), Ok(mut hup)) = handlers else {
             return std::future::pending().await;
         };
+        let hung_up = async {
+            match hup.as_mut() {
+                Some(hup) => hup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
-            _ = hup.recv() => {}
+            _ = hung_up => {}
         }
     }
 }

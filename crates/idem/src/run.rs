@@ -35,7 +35,8 @@ text gets: a safe plain body is its own id, anything else a short hash); it is a
 dead-letter exchange; JetStream: terminated) when poison or out of attempts, handed back when the run stops \
 first. --until-empty exits once the queue is drained; otherwise the run waits for more and reconnects.
 
-Ctrl-C once: stop claiming, let running items finish. Twice (or SIGTERM): kill the commands, release leases.
+Ctrl-C once: stop claiming, let running items finish. Twice, SIGTERM or SIGHUP (a closed terminal; not under \
+nohup): kill the commands, release leases.
 
 Attempts are counted across runs: an item out of attempts runs again when a rerun raises --retries, or after \
 `idem runs forget --output … ID…` starts its count afresh; the summary names such items and both commands. A \
@@ -375,7 +376,7 @@ fn absolute_template(output: &str) -> String {
     normal.display().to_string()
 }
 
-/// First Ctrl-C: drain; second Ctrl-C or SIGTERM: abort. The handlers are installed by this call, before the
+/// First Ctrl-C: drain; second Ctrl-C, SIGTERM or SIGHUP (a closed terminal; not under `nohup`): abort. The handlers are installed by this call, before the
 /// run starts; the returned watch turns signals into requests.
 fn watch_signals(stop: &Stop) -> impl std::future::Future<Output = ()> + use<> {
     // Without handlers the default actions stay: SIGINT and SIGTERM end the process (and the commands in its

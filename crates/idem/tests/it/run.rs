@@ -948,6 +948,48 @@ fn a_file_half_written_at_the_final_path_before_sigterm_is_redone_not_adopted() 
 }
 
 #[test]
+fn a_file_half_written_at_the_final_path_before_sighup_is_redone_not_adopted() {
+    // A closed terminal: the default action (exit 129) would leave the lease held and the attempt to look crashed.
+    let stop = |_: &Job, runner: &mut Child| signal(runner.id(), "HUP");
+    a_half_written_final_path_is_redone_after(Stopping {
+        stop,
+        lease: "60s",
+        code: Some(130),
+        retries: "0",
+        dry: INTERRUPTED,
+    });
+}
+
+#[test]
+fn a_run_started_with_sighup_ignored_keeps_ignoring_it() {
+    // As `nohup idem run …` starts it: the shell's `trap '' HUP` is inherited through exec.
+    let job = Job::new(&["a".to_owned()], WRITES_ITS_FINAL_PATH);
+    std::fs::create_dir_all(job.path("out")).unwrap();
+    let inner = job.command(&["--lease", "60s"]);
+    let err = std::fs::File::create(job.path("nohup.err")).unwrap();
+    let mut runner = Command::new("sh")
+        .args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
+        .arg(BIN)
+        .args(inner.get_args())
+        .current_dir(job.dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .unwrap();
+    wait_for("the command to pause", Duration::from_secs(30), || job.path("paused").exists());
+    signal(runner.id(), "HUP");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        runner.try_wait().unwrap().is_none(),
+        "SIGHUP stopped a run started under nohup: {}",
+        job.stderr_of("nohup")
+    );
+    signal(runner.id(), "TERM");
+    assert_eq!(runner.wait().unwrap().code(), Some(130), "{}", job.stderr_of("nohup"));
+}
+
+#[test]
 fn a_file_half_written_at_the_final_path_before_a_second_ctrl_c_is_redone_not_adopted() {
     let twice = |job: &Job, runner: &mut Child| {
         signal(runner.id(), "INT");
