@@ -52,6 +52,15 @@ pub enum Error {
         /// What the GET answered (404 or 410).
         status: u16,
     },
+    /// `422` `dedupe-id-reused` from the KV API: a set change or counter addition was sent with a dedupe id that
+    /// an earlier, different change under this key used. Resending cannot help; a new change needs a new id.
+    #[error("dedupe id reused on {key} with another change (422): {detail}")]
+    DedupeIdReused {
+        /// The key.
+        key: String,
+        /// The server's explanation.
+        detail: String,
+    },
     /// `412` from the KV API: the precondition did not hold.
     #[error("precondition failed on {key} (current generation {})", current.map_or("none".to_owned(), |g| g.to_string()))]
     PreconditionFailed {

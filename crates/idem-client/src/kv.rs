@@ -4,7 +4,7 @@ use reqwest::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
 use reqwest::{Method, StatusCode};
 
 use crate::Error;
-use crate::send::detail_of;
+use crate::send::{detail_of, problem_type_of};
 
 /// A client for the KV API of `idem serve` (`/v1/kv`), at `base` (`http://127.0.0.1:8080`).
 #[derive(Clone, Debug)]
@@ -116,8 +116,9 @@ impl KvClient {
     /// again.
     ///
     /// # Errors
-    /// [`Error::Transport`]; [`Error::Status`] (409 when the value is not a set, or the dedupe id was used for
-    /// another change; 400 for a member or id that is empty, over 255 bytes or holds a NUL).
+    /// [`Error::Transport`]; [`Error::DedupeIdReused`] when the dedupe id was used for another change under this
+    /// key; [`Error::Status`]: 409 (`wrong-type`) when the value is not a set, 422 (`invalid-argument`) for a
+    /// member or id that is empty, over 255 bytes or holds a NUL.
     pub async fn set_change(&self, key: &str, change: &SetChange) -> Result<SetOutcome, Error> {
         let response = ok_or_status(self.request(Method::POST, key, "/set").json(change).send().await?, key).await?;
         Ok(serde_json::from_slice(&response.bytes().await?)?)
@@ -127,7 +128,10 @@ impl KvClient {
     /// returns the first application's result (`applied: false`).
     ///
     /// # Errors
-    /// [`Error::Transport`]; [`Error::Status`] (e.g. 409 when the value is not a counter).
+    /// [`Error::Transport`]; [`Error::DedupeIdReused`] when `dedupe_id` was used for another change under this
+    /// key; [`Error::Status`]: 409 (`wrong-type`) when the value is not a counter, 409 (`counter-overflow`) when
+    /// the sum would leave the signed 64-bit range, 422 (`invalid-argument`) for an id that is empty, over 255
+    /// bytes or holds a NUL.
     pub async fn counter_add(&self, key: &str, delta: i64, dedupe_id: Option<&str>) -> Result<CounterOutcome, Error> {
         let body = serde_json::json!({ "delta": delta, "dedupe_id": dedupe_id });
         let response = ok_or_status(self.request(Method::POST, key, "/counter").json(&body).send().await?, key).await?;
@@ -167,5 +171,10 @@ async fn ok_or_status(response: reqwest::Response, key: &str) -> Result<reqwest:
         return Err(Error::PreconditionFailed { key: key.to_owned(), current });
     }
     let body = response.bytes().await.unwrap_or_default();
+    if status == StatusCode::UNPROCESSABLE_ENTITY
+        && problem_type_of(&body).as_deref() == Some(idem_core::ProblemType::DedupeIdReused.uri())
+    {
+        return Err(Error::DedupeIdReused { key: key.to_owned(), detail: detail_of(&body) });
+    }
     Err(Error::Status { status: status.as_u16(), replayed: false, detail: detail_of(&body) })
 }

@@ -337,6 +337,6 @@ pub(crate) fn detail_of(body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect::<String>().trim().to_owned())
 }
 
-fn problem_type_of(body: &[u8]) -> Option<String> {
+pub(crate) fn problem_type_of(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<serde_json::Value>(body).ok()?.get("type")?.as_str().map(str::to_owned)
 }

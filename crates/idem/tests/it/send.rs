@@ -309,8 +309,16 @@ async fn kv_helpers_update_without_losing_writes_and_dedupe_counters_and_set_cha
     // The same id for another change is refused, not applied.
     let other = SetChange { add: vec!["c".into()], dedupe_id: Some("untag-1".into()), ..SetChange::default() };
     let err = kv.set_change("tags", &other).await.unwrap_err();
-    assert!(matches!(err, Error::Status { status: 422, .. }), "{err}");
+    assert!(matches!(&err, Error::DedupeIdReused { key, .. } if key == "tags"), "{err}");
     assert_eq!(kv.get("tags").await.unwrap().unwrap().0, "[\"b\"]");
+    let err = kv.counter_add("hits", 6, Some("req-1")).await.unwrap_err();
+    assert!(matches!(&err, Error::DedupeIdReused { key, .. } if key == "hits"), "{err}");
+    // A malformed id is another refusal (not a reuse), and so is a counter change on a set.
+    let err = kv.counter_add("hits", 1, Some("")).await.unwrap_err();
+    assert!(matches!(err, Error::Status { status: 422, .. }), "{err}");
+    let err = kv.counter_add("tags", 1, None).await.unwrap_err();
+    assert!(matches!(err, Error::Status { status: 409, .. }), "{err}");
+    assert_eq!(kv.counter_add("hits", 0, None).await.unwrap().value, 5);
     let err = kv.put("count", "x", Precondition::Generation(Generation::new(1))).await.unwrap_err();
     assert!(matches!(err, Error::PreconditionFailed { current: Some(_), .. }), "{err}");
 }
