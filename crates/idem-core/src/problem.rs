@@ -49,7 +49,7 @@ problem_types! {
     NotFound = "not-found", "Key not found";
     /// 401: the bearer token is missing or wrong (RFC 6750 §3).
     Unauthorized = "unauthorized", "Unauthorized";
-    /// 400: the key is empty, too long, or holds a control character.
+    /// 400: the key is empty, over 1024 bytes, or holds a NUL.
     InvalidKey = "invalid-key", "Invalid key";
     /// 400: the key's percent-encoding is malformed or not UTF-8.
     InvalidPercentEncoding = "invalid-percent-encoding", "Invalid percent-encoding";

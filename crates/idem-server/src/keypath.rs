@@ -6,6 +6,16 @@ use idem_core::ProblemType;
 /// Decodes a raw path segment into a key, refusing malformed escapes (`%zz`, a lone `%`) and non-UTF-8
 /// results instead of passing them through as literal text.
 pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
+    check_escapes(raw)?;
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| Problem::bad_request(ProblemType::InvalidKey, "the percent-decoded key is not valid UTF-8"))?;
+    Ok(decoded.into_owned())
+}
+
+/// Refuses a malformed escape (`%zz`, a lone `%`) in a path or query (RFC 3986 §2.1), which lenient decoders
+/// would pass through as literal text.
+pub(crate) fn check_escapes(raw: &str) -> Result<(), Problem> {
     let bytes = raw.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
@@ -23,10 +33,7 @@ pub(crate) fn decode_key(raw: &str) -> Result<String, Problem> {
             i += 1;
         }
     }
-    let decoded = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| Problem::bad_request(ProblemType::InvalidKey, "the percent-decoded key is not valid UTF-8"))?;
-    Ok(decoded.into_owned())
+    Ok(())
 }
 
 /// Percent-encodes a key for the KV API's path (`/v1/kv/{encoded}`): everything but letters, digits, `-`, `_`

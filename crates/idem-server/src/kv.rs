@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Problem;
 use crate::headers::{Conditions, Evaluation, etag};
-use crate::keypath::{decode_key, encode_key};
+use crate::keypath::{check_escapes, decode_key, encode_key};
 
 const PREFIX: &str = "/v1/kv/";
 /// Largest JSON body for set and counter operations, in bytes.
@@ -30,7 +30,13 @@ pub(crate) const MAX_OP_BODY: usize = 1024 * 1024;
 type Shared<S> = State<Arc<S>>;
 
 pub(crate) fn routes<S: Store>(store: Arc<S>) -> Router {
-    let not_allowed = || async { method_not_allowed("GET, PUT, DELETE, POST") };
+    // POST is allowed only where it means something: `{key}/set` and `{key}/counter`.
+    let not_allowed = |uri: Uri| async move {
+        match op_of(raw_key(&uri)) {
+            Some(_) => method_not_allowed("GET, PUT, DELETE, POST"),
+            None => method_not_allowed("GET, PUT, DELETE"),
+        }
+    };
     Router::new()
         .route("/v1/kv", get(list::<S>).fallback(|| async { method_not_allowed("GET") }))
         .route(
@@ -51,6 +57,11 @@ pub(crate) fn method_not_allowed(allow: &'static str) -> Response {
     let mut r = Problem::method_not_allowed().into_response();
     r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     r
+}
+
+/// A POST path's key (still percent-encoded) and operation, `set` or `counter`; `None` for any other path.
+fn op_of(raw: &str) -> Option<(&str, &str)> {
+    raw.rsplit_once('/').filter(|(_, op)| matches!(*op, "set" | "counter"))
 }
 
 /// The raw (still percent-encoded) remainder of the path after `/v1/kv/`.
@@ -175,6 +186,13 @@ fn parse_query<T: serde::de::DeserializeOwned + Default>(raw: Option<String>) ->
     match raw {
         None => Ok(T::default()),
         Some(q) => {
+            // The form decoder passes a malformed escape through as text and replaces bytes that are not UTF-8;
+            // a cursor or prefix read that way would list from somewhere the caller did not name.
+            check_escapes(&q)?;
+            let utf8 = |part: &str| percent_encoding::percent_decode_str(part).decode_utf8().is_ok();
+            if !q.split(['&', '=']).all(utf8) {
+                return Err(Problem::bad_request(ProblemType::InvalidQuery, "a query parameter is not valid UTF-8"));
+            }
             serde_urlencoded::from_str(&q).map_err(|e| Problem::bad_request(ProblemType::InvalidQuery, e.to_string()))
         }
     }
@@ -286,12 +304,10 @@ async fn post_op<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    let Some((raw, op)) = raw_key(&uri).rsplit_once('/') else {
-        return Err(Problem::not_found_route());
+    let Some((raw, op)) = op_of(raw_key(&uri)) else {
+        // A key, which takes no POST (RFC 9110 §15.5.6); the `Allow` says what it takes.
+        return Ok(method_not_allowed("GET, PUT, DELETE"));
     };
-    if op != "set" && op != "counter" {
-        return Err(Problem::not_found_route());
-    }
     // Set and counter operations are atomic in the store and take no precondition or TTL; refusing them beats
     // silently ignoring a compare-and-swap the caller thinks it made.
     if headers.contains_key(header::IF_MATCH) || headers.contains_key(header::IF_NONE_MATCH) {

@@ -76,12 +76,15 @@ impl CounterApplied {
 /// Adds `delta` to the current value (`None` = absent, counts as 0).
 ///
 /// # Errors
-/// [`Error::WrongType`] when the value is not a decimal `i64`; [`Error::CounterOverflow`].
+/// [`Error::WrongType`] when the value is not an `i64` in its canonical decimal form (`-12`, never ` 12`, `+12`
+/// or `012`); [`Error::CounterOverflow`].
 pub fn apply_counter(current: Option<&[u8]>, delta: i64) -> Result<CounterApplied, Error> {
     let now = match current {
+        // Only the form a counter is stored in (decimal, a '-' for negatives, no '+', spaces or leading zeros):
+        // what Redis's HINCRBY takes, so a value PUT by hand is a counter on every backend or on none.
         Some(v) => std::str::from_utf8(v)
             .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
+            .and_then(|s| s.parse::<i64>().ok().filter(|n| n.to_string() == s))
             .ok_or(Error::WrongType { expected: "counter" })?,
         None => 0,
     };

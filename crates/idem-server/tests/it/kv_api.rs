@@ -243,8 +243,18 @@ async fn bad_requests_get_precise_problems_and_change_nothing() {
         (Method::GET, "/v1/kv?limit=ten", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-query"),
         (Method::GET, "/v2/kv/keep", vec![], String::new(), StatusCode::NOT_FOUND, "unknown-route"),
         (Method::PATCH, "/v1/kv/keep", vec![], "v".into(), StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
-        (Method::POST, "/v1/kv/keep", vec![], "{}".into(), StatusCode::NOT_FOUND, "unknown-route"),
-        (Method::POST, "/v1/kv/keep/frobnicate", vec![], "{}".into(), StatusCode::NOT_FOUND, "unknown-route"),
+        (Method::POST, "/v1/kv/keep", vec![], "{}".into(), StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+        (
+            Method::POST,
+            "/v1/kv/keep/frobnicate",
+            vec![],
+            "{}".into(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+        ),
+        (Method::GET, "/v1/kv?cursor=%%%", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-percent-encoding"),
+        (Method::GET, "/v1/kv?prefix=a%2", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-percent-encoding"),
+        (Method::GET, "/v1/kv?prefix=%FF", vec![], String::new(), StatusCode::BAD_REQUEST, "invalid-query"),
         (Method::POST, "/v1/kv/n/counter", vec![], "{\"delta\":".into(), StatusCode::BAD_REQUEST, "invalid-body"),
         (
             Method::POST,
@@ -306,6 +316,24 @@ async fn bad_requests_get_precise_problems_and_change_nothing() {
         assert!(!r.json()["detail"].as_str().unwrap().is_empty());
     }
     assert_eq!(snapshot(&store).await, before, "a refused request changed stored data");
+}
+
+/// Each 405 names what its target takes (RFC 9110 §15.5.6): POST only on `{key}/set` and `{key}/counter`.
+#[tokio::test]
+async fn allow_names_the_methods_the_target_takes() {
+    let (_, app) = setup();
+    for (method, uri, allow) in [
+        (Method::PATCH, "/v1/kv/keep", "GET, PUT, DELETE"),
+        (Method::POST, "/v1/kv/keep", "GET, PUT, DELETE"),
+        (Method::POST, "/v1/kv/a%2Fset", "GET, PUT, DELETE"),
+        (Method::PATCH, "/v1/kv/n/counter", "GET, PUT, DELETE, POST"),
+        (Method::PATCH, "/v1/kv/s/set", "GET, PUT, DELETE, POST"),
+        (Method::PUT, "/v1/kv", "GET"),
+    ] {
+        let r = call(&app, method.clone(), uri, &[], "{}").await;
+        assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}");
+        assert_eq!(r.headers.get("allow").map(|v| v.to_str().unwrap()), Some(allow), "{method} {uri}");
+    }
 }
 
 /// A body that counts how many bytes the server pulled from it and, after `len` bytes, never ends.

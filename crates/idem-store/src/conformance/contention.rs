@@ -128,6 +128,15 @@ pub async fn counter_dedupe_under_contention<S: Store + Clone>(s: &S) {
     let wrong = format!("{p}text");
     ok_put(s, &wrong, "not a number", Precondition::Absent, Ttl::Keep).await;
     assert!(matches!(s.counter_add(&wrong, 1, None).await, Err(Error::WrongType { .. })));
+    // A counter is its canonical decimal form only, on every backend (Redis's HINCRBY takes nothing else).
+    for odd in [" 12 ", "12\n", "+12", "012", "-0", "1e3"] {
+        ok_put(s, &wrong, odd, Precondition::Any, Ttl::Keep).await;
+        let e = s.counter_add(&wrong, 1, None).await;
+        assert!(matches!(e, Err(Error::WrongType { .. })), "{odd:?} taken as a counter: {e:?}");
+        assert_eq!(s.get(&wrong).await.unwrap().unwrap().value().as_ref(), odd.as_bytes(), "{odd:?} changed");
+    }
+    ok_put(s, &wrong, "-12", Precondition::Any, Ttl::Keep).await;
+    assert_eq!(s.counter_add(&wrong, 1, None).await.unwrap().value, -11);
     ok_put(s, &wrong, &i64::MAX.to_string(), Precondition::Any, Ttl::Keep).await;
     assert!(matches!(s.counter_add(&wrong, 1, None).await, Err(Error::CounterOverflow)));
 }
@@ -160,6 +169,11 @@ pub async fn set_changes_under_contention<S: Store + Clone>(s: &S) {
     let gone = s.set_change(&key, SetChange { remove: all, ..SetChange::default() }).await.unwrap();
     assert_eq!((gone.removed, gone.members, gone.generation), (400, 0, None));
     assert!(s.get(&key).await.unwrap().is_none(), "an emptied set was not deleted");
+    // A member both added and removed in one change: the adds apply first, then the removes.
+    let both = SetChange { add: vec!["x".into(), "y".into()], remove: vec!["x".into()], ..SetChange::default() };
+    let out = s.set_change(&key, both).await.unwrap();
+    assert_eq!((out.added, out.removed, out.members), (2, 1, 1));
+    assert_eq!(s.get(&key).await.unwrap().unwrap().value().as_ref(), b"[\"y\"]");
     let wrong = format!("{p}text");
     ok_put(s, &wrong, "{}", Precondition::Absent, Ttl::Keep).await;
     let e = s.set_change(&wrong, SetChange { add: vec!["a".into()], ..SetChange::default() }).await;
