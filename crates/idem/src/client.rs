@@ -65,12 +65,12 @@ impl TlsArgs {
 enum KvCommand {
     /// Print the value under KEY to standard output (its generation goes to standard error).
     Get {
-        /// The key (any UTF-8 up to 1024 bytes, no control characters; sent percent-encoded).
+        /// The key (any UTF-8, 1..=1024 bytes, no NUL; sent percent-encoded).
         key: String,
     },
     /// Store VALUE (or standard input when VALUE is omitted or "-") under KEY; prints the new generation.
     Put {
-        /// The key (any UTF-8 up to 1024 bytes, no control characters; sent percent-encoded).
+        /// The key (any UTF-8, 1..=1024 bytes, no NUL; sent percent-encoded).
         key: String,
         /// The value's bytes as given; omitted or "-": read standard input to its end.
         value: Option<String>,
@@ -279,6 +279,21 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
              use curl --path-as-is with /v1/kv/%2E or choose another key"
         )));
     }
+    // What the server would refuse with 400 or 422 is bad usage here (exit 2), said before anything is sent.
+    let limits = idem_store::Limits::default();
+    let checked = match &args.command {
+        KvCommand::Get { key }
+        | KvCommand::Put { key, .. }
+        | KvCommand::Delete { key, .. }
+        | KvCommand::Update { key, .. } => limits.check_key(key),
+        KvCommand::Counter { key, dedupe_id, .. } => limits.check_counter(key, dedupe_id.as_deref()),
+        KvCommand::Set { key, add, remove, dedupe_id } => limits.check_set_change(
+            key,
+            &idem_store::SetChange { add: add.clone(), remove: remove.clone(), dedupe_id: dedupe_id.clone() },
+        ),
+        KvCommand::List { .. } => Ok(()),
+    };
+    checked.map_err(|e| Error::Config(e.to_string()))?;
     let base = server_url("--url", &args.url)?;
     let token = match &args.token_file {
         Some(p) => Some(

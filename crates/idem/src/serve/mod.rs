@@ -137,8 +137,18 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         .client_send_timeout(config.client_send_timeout)
         .run(stop)
         .await;
+    match served {
+        Ok(idem_server::Ending::GraceExpired) => {
+            tracing::warn!("the shutdown grace ran out: requests still in flight were closed")
+        }
+        Ok(idem_server::Ending::Forced) => tracing::warn!("requests still in flight were closed at the second signal"),
+        _ => {}
+    }
     store.close().await;
     tracing::info!("store flushed; bye");
+    // A stop that was asked for exits 0 even when it cut requests (a service manager would otherwise mark the
+    // unit failed for doing what it was told); the warning above says so, and a cut keyed request is safe to
+    // send again: its record's lease decides what a retry gets.
     served.map(|_| ()).map_err(Error::Io)
 }
 

@@ -190,6 +190,8 @@ async fn a_second_sigterm_ends_the_grace_at_once() {
     server.wait_for_log("shutting down", 1, Duration::from_secs(5));
     let second = std::time::Instant::now();
     assert!(kill("-TERM").success());
+    // The log says that requests were cut; a stop asked for still exits 0 (as service managers expect).
+    server.wait_for_log("requests still in flight were closed at the second signal", 1, Duration::from_secs(5));
     let status = server.terminate_wait();
     assert!(second.elapsed() < Duration::from_secs(5), "waited {:?} after the second signal", second.elapsed());
     assert!(status.success(), "exit status {status:?}");
@@ -281,6 +283,22 @@ async fn kv_counter_and_set_commands() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("409"), "{err}");
     assert_eq!(run(&["set", "tags"]).0, 2, "a set change needs --add or --remove");
+    // What the server would refuse is bad usage, said before anything is sent (exit 2, one line).
+    for (args, said) in [
+        (&["counter", "balance", "1", "--dedupe-id", ""][..], "invalid dedupe id"),
+        (&["set", "tags", "--add", ""][..], "invalid set member"),
+        (&["set", "tags", "--add", "a", "--dedupe-id", &"i".repeat(256)][..], "invalid dedupe id"),
+        (&["get", ""][..], "key"),
+        (&["put", &"k".repeat(1025), "v"][..], "key"),
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(said) && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+    }
+    assert_eq!(run(&["get", "balance"]).1, "-2", "a refused command changed the counter");
+    // A TAB is a key's own byte (only NUL is refused, as `kv get --help` says).
+    assert_eq!(run(&["put", "a\tb", "tab"]).0, 0);
+    assert_eq!(run(&["get", "a\tb"]).1, "tab");
 }
 
 #[tokio::test]
