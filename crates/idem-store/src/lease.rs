@@ -98,6 +98,12 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
         self.sent
     }
 
+    /// When the renewal in flight was sent, or `None` when none is: a holder that bounds its waits by a time
+    /// of its own counts from here.
+    pub fn renewal_sent(&self) -> Option<Instant> {
+        self.in_flight.as_ref().map(|(sent, _)| *sent)
+    }
+
     /// Why the lease is lost, or `None` while it is held.
     pub fn lost(&self) -> Option<Lost> {
         self.lost

@@ -381,12 +381,28 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
 
 /// Waits for the keeper's renewal in flight ([`LeaseKeeper::await_renewal`]), but not past the outage limit: a
 /// renewal the store holds unanswered (a locked SQLite file, a server stopped with SIGSTOP) would otherwise
-/// hold the run's end for the store's own timeout. False when the lease is lost or the wait was given up.
+/// hold the run's end for the store's own timeout. A renewal unanswered for a whole limit since it was sent is
+/// an outage that outlasted it, as for any operation ([`patient`]): while commands run, the keeper's renewals
+/// may be the only operations the store is sent, and the outage must count from them, not from the client's
+/// own response timeout failing one. False when the lease is lost or the wait was given up.
 pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
+    let sent = heartbeat.renewal_sent().unwrap_or_else(Instant::now);
     tokio::select! {
         renewed = heartbeat.await_renewal(held) => renewed,
         () = ctx.outage.until_exceeded() => false,
+        () = tokio::time::sleep_until(sent + ctx.outage.limit) => unanswered(ctx, sent),
     }
+}
+
+/// A lease write sent at `sent` had no answer within the outage limit: reported as an unavailable write (the
+/// outage began no later than `sent`, so it outlasted the limit). Always false: the wait is given up.
+fn unanswered<S>(ctx: &Ctx<S>, sent: Instant) -> bool {
+    let e = StoreError::unavailable(format!(
+        "a lease renewal had no answer within --store-outage-limit {}",
+        humanize(ctx.outage.limit)
+    ));
+    ctx.outage.unavailable(&e, sent, true);
+    false
 }
 
 /// The fence before a step that needs the lease (starting a command, renaming an output into place), riding
@@ -396,9 +412,15 @@ pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heart
 pub(super) async fn fence<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
     let mut tries = 0u32;
     loop {
+        // The renewal in flight first, bounded from when it was sent; then the fence's own renewal, from now.
+        if !await_renewal(ctx, held, heartbeat).await && ctx.outage.exceeded() {
+            return false;
+        }
+        let sent = Instant::now();
         let fenced = tokio::select! {
             fenced = heartbeat.fence(held) => fenced,
             () = ctx.outage.until_exceeded() => return false,
+            () = tokio::time::sleep_until(sent + ctx.outage.limit) => return unanswered(ctx, sent),
         };
         if fenced {
             return true;

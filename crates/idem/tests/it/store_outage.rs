@@ -25,6 +25,16 @@ fn job(n: usize) -> tempfile::TempDir {
     dir
 }
 
+/// [`job`] with a slower command: it logs its start to `started.log`, sleeps `secs` (a decimal, as `sleep`
+/// takes it), then writes its output and its line in `executions.log`.
+fn slow_job(n: usize, secs: &str) -> tempfile::TempDir {
+    let dir = job(n);
+    let script =
+        format!("echo \"$1\" >> started.log; sleep {secs}; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n");
+    std::fs::write(dir.path().join("work.sh"), script).unwrap();
+    dir
+}
+
 /// `idem run` of the job on `store` with `--jobs 4`, standard error to `name`.err.
 fn runner(dir: &Path, store: &str, extra: &[&str], name: &str) -> Child {
     let extra: Vec<&str> = ["--jobs", "4"].into_iter().chain(extra.iter().copied()).collect();
@@ -184,21 +194,29 @@ fn an_outage_longer_than_the_limit_ends_the_run_with_75_and_a_rerun_finishes_wit
 /// timeout (about 13 s). Thawed, a rerun with `--retries 0` finishes every item, none executed twice.
 #[test]
 fn a_redis_frozen_longer_than_the_limit_ends_the_run_about_the_limit_into_the_freeze() {
-    const N: usize = 12;
+    frozen_redis_ends_the_run_near_the_limit(12, &[], Duration::from_millis(800));
+}
+
+/// As above with `--lease 3s` and the freeze later in the pair's commands: every item ahead is claimed, so
+/// the lease keeper's renewals are all the store is sent. Such an outage counted only from the Redis client's
+/// own 10 s response timeout failing one (the run ended 12.6 s into the freeze); a renewal unanswered for the
+/// limit now counts as any operation does.
+#[test]
+fn a_redis_frozen_while_only_lease_renewals_are_sent_ends_the_run_near_the_limit() {
+    frozen_redis_ends_the_run_near_the_limit(20, &["--lease", "3s"], Duration::from_millis(1500));
+}
+
+/// `n` items of 2 s with `--jobs 2` and a 2 s limit, `extra` flags; Redis frozen `into` after the fourth start.
+fn frozen_redis_ends_the_run_near_the_limit(n: usize, extra: &[&str], into: Duration) {
     let Some(redis) = Redis::start_with(true) else { return };
     let url = redis_url(&redis);
-    let dir = job(N);
-    std::fs::write(
-        dir.path().join("work.sh"),
-        "echo \"$1\" >> started.log; sleep 2; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
-    )
-    .unwrap();
-    let extra = ["--jobs", "2", "--store-outage-limit", "2s"];
-    let child = runner_with(dir.path(), &url, &extra, "first");
+    let dir = slow_job(n, "2");
+    let flags: Vec<&str> = ["--jobs", "2", "--store-outage-limit", "2s"].iter().chain(extra).copied().collect();
+    let child = runner_with(dir.path(), &url, &flags, "first");
     // Frozen in the middle of the second pair of commands: they exit 0 during the freeze.
     let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
     wait_for("4 commands started", Duration::from_secs(60), || started().lines().count() >= 4);
-    std::thread::sleep(Duration::from_millis(800));
+    std::thread::sleep(into);
     redis.freeze();
     let frozen = Instant::now();
     let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
@@ -214,7 +232,7 @@ fn a_redis_frozen_longer_than_the_limit_ends_the_run_about_the_limit_into_the_fr
     let rerun = runner(dir.path(), &url, &["--retries", "0"], "second");
     let (code, err) = finish(dir.path(), rerun, "second", Duration::from_secs(120));
     assert_eq!(code, 0, "{err}");
-    each_once_and_in_place(dir.path(), N, &err);
+    each_once_and_in_place(dir.path(), n, &err);
 }
 
 /// A runner started while its store is down waits for it, as one that met the outage later would: the store
@@ -289,12 +307,7 @@ fn a_run_on_a_tls_port_named_redis_plain_exits_2_at_once() {
 #[test]
 fn a_sqlite_ledger_locked_longer_than_the_lease_starts_nothing_twice_across_two_runners() {
     const N: usize = 8;
-    let dir = job(N);
-    std::fs::write(
-        dir.path().join("work.sh"),
-        "echo \"$1\" >> started.log; sleep 2; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
-    )
-    .unwrap();
+    let dir = slow_job(N, "2");
     let db = dir.path().join("ledger.db");
     let store = format!("sqlite:{}", db.display());
     let extra = ["--lease", "1s"];
@@ -344,12 +357,7 @@ fn claims_ahead_given_up_in_an_outage_past_the_limit_spend_no_attempt() {
     const N: usize = 8;
     let Some(mut redis) = Redis::start_with(true) else { return };
     let url = redis_url(&redis);
-    let dir = job(N);
-    std::fs::write(
-        dir.path().join("work.sh"),
-        "echo \"$1\" >> started.log; sleep 3; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
-    )
-    .unwrap();
+    let dir = slow_job(N, "3");
     let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
     let extra = ["--jobs", "2", "--retries", "0", "--lease", "1s", "--store-outage-limit", "1s"];
     let child = runner_with(dir.path(), &url, &extra, "first");
@@ -389,12 +397,7 @@ fn commands_finished_in_an_outage_past_the_limit_are_recorded_by_the_rerun_not_r
     const N: usize = 4;
     let Some(mut redis) = Redis::start_with(true) else { return };
     let url = redis_url(&redis);
-    let dir = job(N);
-    std::fs::write(
-        dir.path().join("work.sh"),
-        "echo \"$1\" >> started.log; sleep 2.5; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
-    )
-    .unwrap();
+    let dir = slow_job(N, "2.5");
     let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
     // The commands end after a third of the lease, so the fence before the rename must renew it, and before
     // four fifths, so no command is stopped for want of a renewal.
@@ -434,12 +437,7 @@ fn commands_finished_in_an_outage_past_the_limit_are_recorded_by_the_rerun_not_r
 #[test]
 fn a_sqlite_ledger_locked_longer_than_the_limit_ends_the_run_with_75() {
     const N: usize = 6;
-    let dir = job(N);
-    std::fs::write(
-        dir.path().join("work.sh"),
-        "echo \"$1\" >> started.log; sleep 2; echo \"$1\" > \"$2\"; echo \"$1\" >> executions.log\n",
-    )
-    .unwrap();
+    let dir = slow_job(N, "2");
     let db = dir.path().join("ledger.db");
     let store = format!("sqlite:{}", db.display());
     let extra = ["--jobs", "2", "--store-outage-limit", "2s"];
