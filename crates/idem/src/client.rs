@@ -12,8 +12,9 @@ use reqwest::{Method, StatusCode, header};
 
 use crate::error::Error;
 
-/// Connection flags shared by every `idem kv` command.
+/// Connection flags shared by every `idem kv` command (listed after each command's own options).
 #[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct KvArgs {
     /// Base URL of the server; without a scheme, http:// (as curl does: 127.0.0.1:8080).
     #[arg(long, global = true, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
@@ -30,6 +31,7 @@ pub struct KvArgs {
 /// HTTPS flags of the clients (`idem kv`, `idem send`), named as curl names them. Certificate verification has
 /// no off switch.
 #[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct TlsArgs {
     /// For https:// URLs: trust only the CA certificates in this PEM file instead of the system's trust store.
     #[arg(long, global = true, env = "IDEM_CACERT", value_name = "FILE")]

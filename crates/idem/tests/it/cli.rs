@@ -152,6 +152,10 @@ fn kv_arguments_have_help() {
             let (name, help) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
             assert!(!help.trim().is_empty(), "kv {command}: {name} has no help:\n{out}");
         }
+        // The command's own options first, the connection flags shared by every command apart after them.
+        let (own, shared) = out.split_once("Options:").unwrap().1.split_once("\nConnection:\n").unwrap();
+        assert!(!own.contains("--url") && !own.contains("--cacert"), "kv {command}:\n{out}");
+        assert!(shared.contains("--url") && shared.contains("--token-file") && shared.contains("--cert-key"));
     }
 }
 
