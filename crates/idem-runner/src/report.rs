@@ -18,6 +18,8 @@ pub(crate) struct ItemReport<'a> {
     /// `store_unavailable`, `would_run`. `failed` with attempts left: not retried because the run stopped (the summary counts it
     /// not done; a rerun retries it).
     pub status: &'a str,
+    /// The item's attempts counted across runs where this run ended it `done`, `failed` or `poison`; 0 where
+    /// it did not (`skipped`, `checked`, `adopted`, `done_elsewhere`, `would_run`, and the not-done statuses).
     pub attempts: u32,
     pub last_error: Option<&'a str>,
     pub sha256: Option<&'a str>,

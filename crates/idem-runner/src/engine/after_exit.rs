@@ -322,41 +322,60 @@ pub(super) async fn pause_until<S>(ctx: &Ctx<S>, until: tokio::time::Instant) {
     }
 }
 
+/// What [`noted_output`] found of an attempt that may have ended unrecorded.
+pub(super) enum Noted {
+    /// The noted output is in place with its digest (moved there from the temporary path if it was left there);
+    /// the note's path, to remove once the item is recorded done.
+    Found(output::Digest256, std::path::PathBuf),
+    /// No note: the attempt did not end unrecorded here (it crashed, was interrupted, or the job has no output).
+    None,
+    /// A note, but nothing it can vouch for: why, for the item's error. The note and the attempt's temporary
+    /// file are removed: the item runs again if it has attempts left.
+    Unusable(String),
+}
+
 /// The output an attempt that ended unrecorded left behind, noted with its digest
 /// ([`output::unrecorded_path`]): at the final path (its runner put it in place, then gave up waiting for the
 /// store to record it), or at that attempt's temporary path (the store was unreachable before the rename: it is
-/// renamed into place now). `None` when there is no note, or nothing with the noted digest: the note is then
-/// removed, and the item runs again. The caller holds the item (its lease, or the previous holder is gone and
-/// the entry write that follows is fenced on that holder's entry).
-pub(super) async fn noted_output<S>(
-    ctx: &Ctx<S>,
-    output: &Path,
-    previous: &(String, u32),
-) -> Option<(output::Digest256, std::path::PathBuf)> {
+/// renamed into place now). The caller holds the item (its lease, or the previous holder is gone and the entry
+/// write that follows is fenced on that holder's entry).
+pub(super) async fn noted_output<S>(ctx: &Ctx<S>, output: &Path, previous: &(String, u32)) -> Noted {
     if !ctx.cfg.has_output() {
         // No output, no note: an attempt that ended unrecorded runs again (with the same IDEM_KEY).
-        return None;
+        return Noted::None;
     }
     let note = output::unrecorded_path(output, &previous.0, previous.1);
     let temp = output::temp_path(output, &previous.0, previous.1);
     let (path, read, renamer) = (output.to_owned(), note.clone(), Arc::clone(&ctx.renamer));
-    let digest = tokio::task::spawn_blocking(move || {
-        let digest = output::read_unrecorded(&read)?;
-        if output::matches(&path, &digest).is_ok() {
-            return Some(digest);
+    let found = tokio::task::spawn_blocking(move || {
+        if !read.exists() {
+            return Ok(None);
         }
-        output::matches(&temp, &digest).ok()?;
-        renamer.rename_into_place(&temp, &path).ok()?;
-        output::matches(&path, &digest).ok().map(|()| digest)
+        let Some(digest) = output::read_unrecorded(&read) else {
+            return Err("its note does not hold a digest".to_owned());
+        };
+        if output::matches(&path, &digest).is_ok() {
+            return Ok(Some(digest));
+        }
+        match output::matches(&temp, &digest) {
+            Ok(()) => {}
+            Err(output::Invalid::Missing) => return Err("the output it noted is gone".to_owned()),
+            Err(e) => return Err(format!("the output it noted changed: {e}")),
+        }
+        let moved = renamer
+            .rename_into_place(&temp, &path)
+            .and_then(|()| output::matches(&path, &digest).map_err(|e| std::io::Error::other(e.to_string())));
+        moved.map(|()| Some(digest)).map_err(|e| format!("its noted output could not be put in place: {e}"))
     })
     .await
-    .ok()
-    .flatten();
-    match digest {
-        Some(digest) => Some((digest, note)),
-        None => {
+    .unwrap_or_else(|e| Err(format!("reading its note failed: {e}")));
+    match found {
+        Ok(Some(digest)) => Noted::Found(digest, note),
+        Ok(None) => Noted::None,
+        Err(why) => {
             let _ = tokio::fs::remove_file(&note).await;
-            None
+            let _ = tokio::fs::remove_file(output::temp_path(output, &previous.0, previous.1)).await;
+            Noted::Unusable(format!("attempt {} exited 0 but was left unrecorded, and {why}", previous.1))
         }
     }
 }
@@ -369,7 +388,7 @@ pub(super) async fn adopt_unrecorded<S: Store>(
     output: &Path,
     previous: &(String, u32),
 ) -> Option<Result<Step, ItemError>> {
-    let (digest, note) = noted_output(ctx, output, previous).await?;
+    let Noted::Found(digest, note) = noted_output(ctx, output, previous).await else { return None };
     let write = held.done(&digest.sha256, digest.size, now_ms(), 0);
     let (done, _) = tokio::join!(
         ledger::apply(ctx, Waiting::Unstarted, write),

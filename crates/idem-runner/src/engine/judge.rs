@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_core::ledger::{Entry, Keys, Plan};
 use idem_store::{Precondition, Store, Ttl};
 
-use super::after_exit::noted_output;
+use super::after_exit::{Noted, noted_output};
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{ItemRun, Prefetched, Step};
@@ -330,21 +330,29 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             // Its last attempt finished but was left unrecorded (its runner gave up waiting for the store, and
             // noted the output's digest): recorded done now, rather than failed as a crash. Its holder is gone
             // (checked above), and the write is fenced on its entry.
+            let mut error = last_error.clone();
             if let (Some(g), Some(over @ Entry::Running { owner, attempt, .. })) = (generation, &entry)
                 && !ctx.cfg.dry_run
-                && let Some((digest, note)) = noted_output(ctx, &run.output, &(owner.clone(), *attempt)).await
             {
-                let write = idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
-                return match ledger::apply(ctx, Waiting::Unstarted, write).await {
-                    Ok(_) => {
-                        let _ = tokio::fs::remove_file(&note).await;
-                        Ok(Step::End(Final::Adopted { digest }))
+                match noted_output(ctx, &run.output, &(owner.clone(), *attempt)).await {
+                    Noted::Found(digest, note) => {
+                        let write =
+                            idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
+                        return match ledger::apply(ctx, Waiting::Unstarted, write).await {
+                            Ok(_) => {
+                                let _ = tokio::fs::remove_file(&note).await;
+                                Ok(Step::End(Final::Adopted { digest }))
+                            }
+                            Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
+                            Err(e) => Err(ItemError::LedgerWrite(e)),
+                        };
                     }
-                    Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
-                    Err(e) => Err(ItemError::LedgerWrite(e)),
-                };
+                    // Not a crash: say what became of the output it finished.
+                    Noted::Unusable(why) => error = why,
+                    Noted::None => {}
+                }
             }
-            Final::Failed { attempts: *attempts, error: last_error.clone() }
+            Final::Failed { attempts: *attempts, error }
         }
         _ if ctx.cfg.dry_run => Final::WouldRun,
         // Running in another runner: claimed over only once that runner counts as gone.

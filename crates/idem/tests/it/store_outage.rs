@@ -6,7 +6,7 @@
 //! with O_APPEND, so executions are counted exactly.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -424,6 +424,69 @@ fn commands_finished_in_an_outage_past_the_limit_are_recorded_by_the_rerun_not_r
         .filter(|name| !name.ends_with(".json"))
         .collect();
     assert!(leftovers.is_empty(), "temporary files or notes left behind: {leftovers:?}");
+}
+
+/// A rerun that finds an attempt's note but nothing it can vouch for (the noted output deleted, changed, the
+/// note garbled) with no attempts left fails the item saying so, not "crashed", and removes the note and the
+/// temporary file (before, both stayed until a later claim, and the error said the command crashed though it
+/// exited 0); with an attempt more, those items run once again and the untouched one is recorded from its note.
+#[test]
+fn a_note_whose_output_is_gone_or_changed_fails_the_item_saying_so_and_leaves_nothing() {
+    const N: usize = 4;
+    let Some(mut redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let dir = slow_job(N, "2.5");
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    let extra = ["--retries", "0", "--lease", "6s", "--store-outage-limit", "1s"];
+    let child = runner(dir.path(), &url, &extra, "first");
+    wait_for("4 commands started", Duration::from_secs(60), || started().lines().count() >= N);
+    redis.kill();
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    assert_eq!(code, 75, "{err}");
+    assert_eq!(executions(dir.path()).len(), N, "the commands did not finish in the outage: nothing to test\n{err}");
+    redis.start_again();
+    let out = dir.path().join("out");
+    let named = |id: &str, suffix: &str| -> PathBuf {
+        let prefix = format!(".{id}.json.");
+        let found = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path()).find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with(&prefix) && name.ends_with(suffix)
+        });
+        found.unwrap_or_else(|| panic!("no {suffix} for item {id}"))
+    };
+    std::fs::remove_file(named("1", ".idem-tmp")).unwrap();
+    std::fs::write(named("2", ".idem-unrecorded"), "garbage\n").unwrap();
+    let changed = named("3", ".idem-tmp");
+    std::fs::write(&changed, "3 changed\n").unwrap();
+
+    let (code, err) =
+        finish(dir.path(), runner(dir.path(), &url, &extra, "second"), "second", Duration::from_secs(120));
+    assert_eq!(code, 1, "{err}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("second.json")).unwrap()).unwrap();
+    let items = report["items"].as_array().unwrap();
+    let of = |id: &str| items.iter().find(|i| i["id"] == id).unwrap_or_else(|| panic!("{id} not in {report}"));
+    for (id, why) in [("1", "the output it noted is gone"), ("2", "its note does not hold a digest"), ("3", "changed")]
+    {
+        let error = of(id)["last_error"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(of(id)["status"], "failed", "{id}: {report}");
+        assert!(error.contains("exited 0 but was left unrecorded") && error.contains(why), "{id}: {error}");
+    }
+    assert_eq!(of("4")["status"], "adopted", "{report}");
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.ends_with(".json"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files or notes left behind: {leftovers:?}");
+
+    let more = ["--retries", "1", "--lease", "6s"];
+    let (code, err) = finish(dir.path(), runner(dir.path(), &url, &more, "third"), "third", Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    let ran = executions(dir.path());
+    let twice: BTreeMap<String, usize> =
+        [("1", 2), ("2", 2), ("3", 2), ("4", 1)].map(|(i, n)| (i.to_owned(), n)).into();
+    assert_eq!(ran, twice, "{err}");
 }
 
 /// `--store-outage-limit` applies to a SQLite ledger another connection keeps locked (a backup, a stray
