@@ -272,6 +272,19 @@ pub fn adopt(keys: &Keys, sha256: &str, size: u64, now_ms: u64, item_sha256: Opt
     }
 }
 
+/// Gives back a count that landed after its holder gave up waiting for its answer (the store unavailable past
+/// the run's limit, or a stop), its command never started: the entry `prior` the count replaced again (or
+/// none), fenced on `generation`, the counted entry's as a later run reads it. Without it that attempt would
+/// count as a crash (with no retries left: failed without ever running).
+pub fn uncount(keys: &Keys, generation: Generation, prior: Option<&Entry>) -> Write {
+    let key = keys.entry.clone();
+    let precondition = Precondition::Generation(generation);
+    match prior {
+        Some(prior) => Write { key, op: WriteOp::Put { value: prior.encode(), ttl: Ttl::Clear }, precondition },
+        None => Write { key, op: WriteOp::Delete, precondition },
+    }
+}
+
 /// The write that records done an output the attempt of entry `over` (read with generation `generation`)
 /// left behind unrecorded (its runner gave up waiting for the store; the output verified against the digest it
 /// noted): fenced on that generation, so it is refused if anyone claimed the item over meanwhile. Its attempts
@@ -501,6 +514,12 @@ impl Held {
     /// not be given back) leaves the entry untouched: no attempt spent, nothing said to have run.
     pub fn count(&self) -> Write {
         self.claim.entry_write()
+    }
+
+    /// The entry as read before the claim, which [`Held::count`] replaces (`None`: there was none). A holder
+    /// whose count went unanswered as its run gave up keeps it (beside the output) for [`uncount`].
+    pub fn prior(&self) -> Option<&Entry> {
+        self.claim.prev.as_ref().map(|(_, e)| e)
     }
 
     /// Records the generation the store gave [`Held::count`].

@@ -173,6 +173,59 @@ pub fn read_unrecorded(note: &Path) -> Option<Digest256> {
     well_formed.then(|| Some(Digest256 { sha256: sha256.to_owned(), size: size.parse().ok()? }))?
 }
 
+/// The note an attempt leaves beside its output when its count went unanswered as the run gave up (the store
+/// unavailable past the limit, or the operator's stop), its command never started:
+/// `.<file name>.idem-uncounted`, holding the attempt's owner and number and the entry the count replaced. A
+/// count may land long after its answer was given up (a server stopped with SIGSTOP answers at SIGCONT); the
+/// next run that finds the entry counted by that very attempt, its holder gone, puts the entry back.
+pub fn uncounted_path(output: &Path) -> PathBuf {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    output.with_file_name(format!(".{name}.idem-uncounted"))
+}
+
+/// What a note of [`uncounted_path`] says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Uncounted {
+    /// The owner token of the attempt whose count went unanswered.
+    pub owner: String,
+    /// Its number.
+    pub attempt: u32,
+    /// The entry its count replaced (`None`: there was none).
+    pub prior: Option<idem_core::ledger::Entry>,
+}
+
+/// Writes the note of [`uncounted_path`] (`OWNER ATTEMPT`, then the prior entry's JSON or `absent`), fsynced
+/// with its directory (blocking I/O).
+///
+/// # Errors
+/// The I/O error of the write or an fsync.
+pub fn write_uncounted(note: &Path, uncounted: &Uncounted) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(note)?;
+    writeln!(file, "{} {}", uncounted.owner, uncounted.attempt)?;
+    match &uncounted.prior {
+        Some(prior) => file.write_all(&prior.encode())?,
+        None => file.write_all(b"absent")?,
+    }
+    file.sync_all()?;
+    match note.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Reads the note of [`uncounted_path`]: `None` when there is none or it does not parse (blocking I/O).
+pub fn read_uncounted(note: &Path) -> Option<Uncounted> {
+    let text = std::fs::read_to_string(note).ok()?;
+    let (head, prior) = text.split_once('\n')?;
+    let (owner, attempt) = head.split_once(' ')?;
+    let prior = match prior.trim() {
+        "absent" => None,
+        json => Some(idem_core::ledger::Entry::decode(json.as_bytes()).ok()?),
+    };
+    Some(Uncounted { owner: owner.to_owned(), attempt: attempt.parse().ok()?, prior })
+}
+
 /// Makes the contents of `temp` durable (fsync) before it is renamed into place (blocking I/O).
 ///
 /// # Errors

@@ -68,6 +68,8 @@ pub struct LeaseKeeper<'a, S> {
     /// The renewal in flight and when it was sent.
     in_flight: Option<(Instant, Renewal<'a>)>,
     lost: Option<Lost>,
+    /// When the first renewal the store did not take (unavailable) since the last accepted one was sent.
+    failing_since: Option<Instant>,
     /// A renewal still unanswered when the lease lapses is kept for the next [`LeaseKeeper::await_renewal`] instead of
     /// dropped ([`LeaseKeeper::keeping_late_answers`]).
     keep_late: bool,
@@ -77,7 +79,16 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     /// The keeper of a lease of `length` last set by a write sent at `sent` (a claim made ahead may be a while
     /// old: its first renewal is due a third of the lease after `sent`, not after now).
     pub fn new(store: &'a S, length: Duration, sent: Instant) -> Self {
-        Self { store, length, sent, due: sent + length / 3, in_flight: None, lost: None, keep_late: false }
+        Self {
+            store,
+            length,
+            sent,
+            due: sent + length / 3,
+            in_flight: None,
+            lost: None,
+            failing_since: None,
+            keep_late: false,
+        }
     }
 
     /// This keeper keeps a renewal that is still unanswered when the lease lapses: the loss is reported
@@ -104,6 +115,13 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
         self.in_flight.as_ref().map(|(sent, _)| *sent)
     }
 
+    /// When the first renewal the store did not take since the last accepted one was sent (an
+    /// [`Error::is_unavailable`] answer, the client's own timeout included), or `None`: a holder that bounds
+    /// its waits for the store counts the outage from there, not from when that answer came.
+    pub fn unavailable_since(&self) -> Option<Instant> {
+        self.failing_since
+    }
+
     /// Why the lease is lost, or `None` while it is held.
     pub fn lost(&self) -> Option<Lost> {
         self.lost
@@ -121,6 +139,7 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
     pub fn restart(&mut self, sent: Instant) {
         self.in_flight = None;
         self.lost = None;
+        self.failing_since = None;
         self.sent = sent;
         self.due = sent + self.length / 3;
     }
@@ -199,7 +218,11 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
                     self.lost = Some(Lost::Refused);
                     return false;
                 }
-                _ => return false,
+                Err(e) => {
+                    self.failed(sent, &e);
+                    return false;
+                }
+                Ok(None) => return false,
             }
         }
         false
@@ -264,6 +287,7 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
             }
             Err(e) => {
                 tracing::warn!(key = %lease.renewal().key, error = %e, "lease renewal failed; retrying while the lease lasts");
+                self.failed(sent, &e);
                 self.retry_or_lapse();
             }
         }
@@ -277,7 +301,15 @@ impl<'a, S: crate::Store + Sync> LeaseKeeper<'a, S> {
         }
     }
 
+    /// A renewal sent at `sent` was answered with `e`: an outage of the store began no later than `sent`.
+    fn failed(&mut self, sent: Instant, e: &Error) {
+        if e.is_unavailable() {
+            self.failing_since.get_or_insert(sent);
+        }
+    }
+
     fn renewed<R: Renewable>(&mut self, lease: &mut R, sent: Instant, generation: Generation) {
+        self.failing_since = None;
         lease.renewed(generation);
         self.sent = sent;
         self.due = sent + self.length / 3;

@@ -356,7 +356,14 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         Ledger::Other(s) => idem_runner::run_checked(s.clone(), checked, stop).await,
     };
     signals.abort();
-    ledger.close().await;
+    if result.as_ref().is_ok_and(|s| s.store_unavailable) {
+        // The store stayed unavailable past the limit: closing it (a Redis connection's last commands, a
+        // SQLite checkpoint behind another connection's lock) would wait out the client's own timeout for
+        // nothing, as every write the run depends on was answered or given up already.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), ledger.close()).await;
+    } else {
+        ledger.close().await;
+    }
     let summary = result.map_err(runner_error)?;
     if let Some(why) = &summary.refused {
         crate::error::sayln!("idem: {why}");

@@ -1,6 +1,7 @@
 //! Claiming an item and waiting: for a slot while the claim is held, for another runner's holder to finish,
 //! and giving back a claim whose command never started.
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use idem_store::{Error as StoreError, Store};
 use super::Ctx;
 use super::consume::Room;
 use super::ledger::{self, Waiting};
-use crate::ItemError;
+use crate::{ItemError, output};
 use idem_store::LeaseKeeper;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can
@@ -65,15 +66,22 @@ pub(super) enum Counted {
 
 /// Counts the attempt just before its command starts ([`Held::count`]), riding out an outage like every
 /// ledger write. `Err` when the store stayed unavailable past the limit or the operator stopped the run while
-/// it waited: the lease is left to lapse, and the entry is as it was unless the count landed unanswered.
+/// it waited: the lease is left to lapse, and the entry is as it was unless the count landed unanswered; for
+/// that case a note beside `output` ([`output::uncounted_path`]) lets the next run give the count back.
 pub(super) async fn count<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
+    output: &Path,
 ) -> Result<Counted, ItemError> {
     match ledger::apply(ctx, Waiting::Unstarted, held.count()).await {
         Ok(Some(g)) => {
             held.counted(g);
+            if ctx.cfg.has_output() {
+                // A note of an earlier count that went unanswered says nothing any more: that count can no longer
+                // land (it was fenced on a generation this one moved past), or it did and was given back.
+                let _ = tokio::fs::remove_file(output::uncounted_path(output)).await;
+            }
             Ok(Counted::Yes)
         }
         Ok(None) => Err(ItemError::NoGeneration),
@@ -82,7 +90,23 @@ pub(super) async fn count<S: Store>(
             let _ = ledger::apply(ctx, Waiting::Unstarted, held.release()).await;
             Ok(Counted::Changed)
         }
-        Err(e) => Err(ItemError::LedgerWrite(e)),
+        Err(e) => {
+            if e.is_unavailable() && ctx.cfg.has_output() {
+                // Given up unanswered: the count may still land (a server stopped with SIGSTOP takes it at
+                // SIGCONT, after this run ended), counting an attempt whose command never started.
+                let note = output::uncounted_path(output);
+                let uncounted = output::Uncounted {
+                    owner: ctx.owner.clone(),
+                    attempt: held.attempt(),
+                    prior: held.prior().cloned(),
+                };
+                let written = tokio::task::spawn_blocking(move || output::write_uncounted(&note, &uncounted)).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!(key = %held.keys().entry(), "cannot note an unanswered count: if it landed, the attempt counts");
+                }
+            }
+            Err(ItemError::LedgerWrite(e))
+        }
     }
 }
 

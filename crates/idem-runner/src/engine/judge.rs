@@ -219,6 +219,43 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &Keys) -> Result<bool, ItemEr
     Ok(lease.is_none() && matches!(watch, idem_core::record::Watch::Lapsed(_)))
 }
 
+/// An entry counted by an attempt whose runner gave up waiting for the count's answer (the store unavailable
+/// past the limit, or a stop), noted beside the output ([`output::uncounted_path`]): that count landed late,
+/// and the command never started. Once that runner's lease is gone the entry goes back to what the count
+/// replaced ([`idem_core::ledger::uncount`], fenced on the counted entry), and the item is judged again: the
+/// attempt is not spent. `None` when there is no such note for this entry's attempt.
+async fn uncount_noted<S: Store>(
+    ctx: &Ctx<S>,
+    run: &ItemRun<'_>,
+    generation: idem_store::Generation,
+    owner: &str,
+    attempt: u32,
+) -> Result<Option<Step>, ItemError> {
+    let note = output::uncounted_path(&run.output);
+    let read = note.clone();
+    let Ok(Some(noted)) = tokio::task::spawn_blocking(move || output::read_uncounted(&read)).await else {
+        return Ok(None);
+    };
+    if noted.owner != owner || noted.attempt != attempt {
+        // Another attempt's count: that one did not land, or the item moved on since.
+        return Ok(None);
+    }
+    if !holder_gone(ctx, &run.keys).await? {
+        return Ok(Some(Step::WaitForHolder));
+    }
+    let write = idem_core::ledger::uncount(&run.keys, generation, noted.prior.as_ref());
+    match ledger::apply(ctx, Waiting::Unstarted, write).await {
+        Ok(_) => {
+            tracing::info!(item = %run.item.id, attempt, "an attempt counted after its runner gave up waiting for the count never started: not counted");
+            let _ = tokio::fs::remove_file(&note).await;
+            Ok(Some(Step::Judge))
+        }
+        // Claimed or recorded meanwhile: judged again from what is there now.
+        Err(e) if e.is_precondition_failed() => Ok(Some(Step::Judge)),
+        Err(e) => Err(ItemError::LedgerWrite(e)),
+    }
+}
+
 /// Whether the store takes this runner's writes promptly now: a holder that wrote nothing while the store
 /// could not take writes is not gone. A SQLite ledger locked by another connection (a stray `sqlite3` shell, a
 /// backup holding a write transaction) still answers reads in WAL mode, so watching by reads alone would see
@@ -264,6 +301,13 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         }
         None => (None, None),
     };
+    if let (Some(g), Some(Entry::Running { owner, attempt, .. })) = (generation, &entry)
+        && ctx.cfg.has_output()
+        && !ctx.cfg.dry_run
+        && let Some(step) = uncount_noted(ctx, run, g, owner, *attempt).await?
+    {
+        return Ok(step);
+    }
     if let Some(recorded) = entry.as_ref().and_then(Entry::item_sha256)
         && recorded != run.text_sha256
         && let Some(fin) = reused(ctx, item, &mut run.text_warned)

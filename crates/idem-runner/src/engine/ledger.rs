@@ -387,11 +387,19 @@ pub(super) async fn recover<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: 
 /// own response timeout failing one. False when the lease is lost or the wait was given up.
 pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &mut LeaseKeeper<'_, S>) -> bool {
     let sent = heartbeat.renewal_sent().unwrap_or_else(Instant::now);
-    tokio::select! {
+    let renewed = tokio::select! {
         renewed = heartbeat.await_renewal(held) => renewed,
         () = ctx.outage.until_exceeded() => false,
-        () = tokio::time::sleep_until(sent + ctx.outage.limit) => unanswered(ctx, sent),
+        () = tokio::time::sleep_until(sent + ctx.outage.limit) => return unanswered(ctx, sent),
+    };
+    // Renewals the store did not take count from when the first was sent: one failed by the client's own
+    // response timeout (10 s for Redis) reported only as its answer came would start the outage that much
+    // late, and the run ended up to twice the limit into it (a freeze with --lease 3s and a 10 s limit: 20.6 s).
+    if let Some(since) = heartbeat.unavailable_since() {
+        let e = StoreError::unavailable("a lease renewal was not taken");
+        ctx.outage.unavailable(&e, since, true);
     }
+    renewed
 }
 
 /// A lease write sent at `sent` had no answer within the outage limit: reported as an unavailable write (the

@@ -170,7 +170,7 @@ async fn claim_and_run<'a, S: Store>(
         let _ = unclaim(ctx, &held).await;
         return Ok(not_started());
     }
-    match count(ctx, &mut held, &mut heartbeat).await? {
+    match count(ctx, &mut held, &mut heartbeat, &run.output).await? {
         Counted::Yes => {}
         Counted::Changed => return Ok(Step::Judge),
     }

@@ -194,7 +194,7 @@ fn an_outage_longer_than_the_limit_ends_the_run_with_75_and_a_rerun_finishes_wit
 /// timeout (about 13 s). Thawed, a rerun with `--retries 0` finishes every item, none executed twice.
 #[test]
 fn a_redis_frozen_longer_than_the_limit_ends_the_run_about_the_limit_into_the_freeze() {
-    frozen_redis_ends_the_run_near_the_limit(12, &[], Duration::from_millis(800));
+    frozen_redis_ends_the_run_near_the_limit(12, &[], Duration::from_millis(800), 2);
 }
 
 /// As above with `--lease 3s` and the freeze later in the pair's commands: every item ahead is claimed, so
@@ -203,15 +203,26 @@ fn a_redis_frozen_longer_than_the_limit_ends_the_run_about_the_limit_into_the_fr
 /// limit now counts as any operation does.
 #[test]
 fn a_redis_frozen_while_only_lease_renewals_are_sent_ends_the_run_near_the_limit() {
-    frozen_redis_ends_the_run_near_the_limit(20, &["--lease", "3s"], Duration::from_millis(1500));
+    frozen_redis_ends_the_run_near_the_limit(20, &["--lease", "3s"], Duration::from_millis(1500), 2);
 }
 
-/// `n` items of 2 s with `--jobs 2` and a 2 s limit, `extra` flags; Redis frozen `into` after the fourth start.
-fn frozen_redis_ends_the_run_near_the_limit(n: usize, extra: &[&str], into: Duration) {
+/// As above with a 10 s limit, as long as the Redis client's own response timeout: renewals failed by that
+/// timeout were counted as an outage only from their answer, not from when they were sent, and the run ended
+/// 20.6 s into the freeze (twice the limit); now within 4 s after the limit.
+#[test]
+fn a_redis_frozen_with_a_limit_as_long_as_the_clients_timeout_ends_the_run_near_the_limit() {
+    frozen_redis_ends_the_run_near_the_limit(20, &["--lease", "3s"], Duration::from_millis(1500), 10);
+}
+
+/// `n` items of 2 s with `--jobs 2` and a limit of `limit` seconds, `extra` flags; Redis frozen `into` after
+/// the fourth start. The run must end within 6 s after the limit.
+fn frozen_redis_ends_the_run_near_the_limit(n: usize, extra: &[&str], into: Duration, limit: u64) {
     let Some(redis) = Redis::start_with(true) else { return };
     let url = redis_url(&redis);
     let dir = slow_job(n, "2");
-    let flags: Vec<&str> = ["--jobs", "2", "--store-outage-limit", "2s"].iter().chain(extra).copied().collect();
+    let limit_flag = format!("{limit}s");
+    let flags: Vec<&str> =
+        ["--jobs", "2", "--store-outage-limit", &limit_flag].iter().chain(extra).copied().collect();
     let child = runner_with(dir.path(), &url, &flags, "first");
     // Frozen in the middle of the second pair of commands: they exit 0 during the freeze.
     let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
@@ -225,7 +236,10 @@ fn frozen_redis_ends_the_run_near_the_limit(n: usize, extra: &[&str], into: Dura
     let first = statuses(dir.path(), "first");
     eprintln!("first run ended {took:?} into the freeze; report: {first:?}\n{err}");
     assert_eq!(code, 75, "{err}");
-    assert!(took < Duration::from_secs(8), "the run ended {took:?} into the freeze, with a limit of 2 s\n{err}");
+    assert!(
+        took < Duration::from_secs(limit + 6),
+        "the run ended {took:?} into the freeze, with a limit of {limit} s\n{err}"
+    );
     assert_eq!(first.get("failed"), None, "an item failed for the freeze: {first:?}");
     // No retries: the commands that exited 0 during the freeze were noted, not discarded (a discarded one would
     // be a crashed attempt: failed).
@@ -386,6 +400,39 @@ fn claims_ahead_given_up_in_an_outage_past_the_limit_spend_no_attempt() {
     }
     let ran = executions(dir.path());
     assert!(ran.values().all(|c| *c == 1), "executed twice: {ran:?}\n{err}");
+}
+
+/// A count sent to a Redis stopped with SIGSTOP lands when it continues, after the run gave up on its answer
+/// (exit 75): the entry then counts an attempt whose command never started. Here with `--jobs 1`: item 2 is
+/// claimed ahead while item 1 runs, the store freezes, item 1 exits and item 2's count (its lease fresh, so no
+/// fence renewal goes first) is the write left unanswered past the limit. The rerun with `--retries 0` must
+/// run item 2, not report it "failed after 1 attempt: crashed" as it did before the holder noted the count.
+#[test]
+fn a_count_that_lands_after_the_run_gave_up_on_it_spends_no_attempt() {
+    const N: usize = 3;
+    let Some(redis) = Redis::start_with(true) else { return };
+    let url = redis_url(&redis);
+    let dir = slow_job(N, "1");
+    let started = || std::fs::read_to_string(dir.path().join("started.log")).unwrap_or_default();
+    let extra = ["--jobs", "1", "--lease", "6s", "--store-outage-limit", "2s"];
+    let child = runner_with(dir.path(), &url, &extra, "first");
+    wait_for("item 1 started", Duration::from_secs(60), || !started().is_empty());
+    // Item 2's claim ahead lands at once; item 1 exits 1 s after its start, during the freeze.
+    std::thread::sleep(Duration::from_millis(300));
+    redis.freeze();
+    let (code, err) = finish(dir.path(), child, "first", Duration::from_secs(60));
+    redis.thaw();
+    assert_eq!(code, 75, "{err}");
+    assert_eq!(started().lines().count(), 1, "more than item 1 started: the test proved nothing\n{err}");
+    // The queued count (and item 1's done write) are taken as the server continues.
+    std::thread::sleep(Duration::from_millis(300));
+    let rerun: Vec<&str> = ["--jobs", "1", "--lease", "6s", "--retries", "0"].to_vec();
+    let (code, err) =
+        finish(dir.path(), runner_with(dir.path(), &url, &rerun, "second"), "second", Duration::from_secs(120));
+    let second = report_items(dir.path(), "second");
+    eprintln!("second run: {second:?}\n{err}");
+    assert_eq!(code, 0, "{second:?}\n{err}");
+    each_once_and_in_place(dir.path(), N, &err);
 }
 
 /// Commands that finish while the store is out past the limit: their outputs are verified but cannot be put in
