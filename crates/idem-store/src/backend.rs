@@ -12,11 +12,15 @@ use bytes::Bytes;
 
 use crate::{Error, SetChange};
 
-/// Decodes a set value: a JSON array of strings.
+/// Decodes a set value: a JSON array of strings, its `[` the first byte.
 ///
 /// # Errors
-/// [`Error::WrongType`] when the bytes are not such an array.
+/// [`Error::WrongType`] when the bytes are not such an array (leading whitespace included: Redis's script
+/// takes a value for an array by its first byte, and every backend must agree on what is a set).
 pub fn decode_set(value: &[u8]) -> Result<BTreeSet<String>, Error> {
+    if value.first() != Some(&b'[') {
+        return Err(Error::WrongType { expected: "set" });
+    }
     serde_json::from_slice::<Vec<String>>(value)
         .map(|v| v.into_iter().collect())
         .map_err(|_| Error::WrongType { expected: "set" })

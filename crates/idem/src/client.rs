@@ -118,11 +118,13 @@ enum KvCommand {
     },
     /// Add and remove members of the set under KEY in one atomic step on the server (a JSON array of strings,
     /// kept sorted; a set left empty is deleted); prints its generation after the change (0: now empty).
+    // One of --add and --remove (or both) is required: a group, so that usage and the error name both.
+    #[command(group(clap::ArgGroup::new("change").required(true).multiple(true).args(["add", "remove"])))]
     Set {
         /// The set's key.
         key: String,
         /// A member to add (repeatable).
-        #[arg(long, value_name = "MEMBER", required_unless_present = "remove")]
+        #[arg(long, value_name = "MEMBER")]
         add: Vec<String>,
         /// A member to remove (repeatable).
         #[arg(long, value_name = "MEMBER")]
@@ -284,10 +286,12 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
     // What the server would refuse with 400 or 422 is bad usage here (exit 2), said before anything is sent.
     let limits = idem_store::Limits::default();
     let checked = match &args.command {
-        KvCommand::Get { key }
-        | KvCommand::Put { key, .. }
-        | KvCommand::Delete { key, .. }
-        | KvCommand::Update { key, .. } => limits.check_key(key),
+        KvCommand::Get { key } | KvCommand::Put { key, .. } | KvCommand::Delete { key, .. } => limits.check_key(key),
+        // The array it keeps is the set `kv set` changes: its members take the same limits.
+        KvCommand::Update { key, set_add, .. } => limits.check_set_change(
+            key,
+            &idem_store::SetChange { add: set_add.clone(), remove: Vec::new(), dedupe_id: None },
+        ),
         KvCommand::Counter { key, dedupe_id, .. } => limits.check_counter(key, dedupe_id.as_deref()),
         KvCommand::Set { key, add, remove, dedupe_id } => limits.check_set_change(
             key,

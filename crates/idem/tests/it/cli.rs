@@ -286,12 +286,16 @@ async fn kv_counter_and_set_commands() {
     let (code, _, err) = run(&["set", "balance", "--add", "x"]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("409"), "{err}");
-    assert_eq!(run(&["set", "tags"]).0, 2, "a set change needs --add or --remove");
+    let (code, _, err) = run(&["set", "tags"]);
+    assert_eq!(code, 2, "a set change needs --add or --remove: {err}");
+    assert!(err.contains("--add <MEMBER>|--remove <MEMBER>"), "the error names both ways: {err}");
     // What the server would refuse is bad usage, said before anything is sent (exit 2, one line).
     for (args, said) in [
         (&["counter", "balance", "1", "--dedupe-id", ""][..], "invalid dedupe id"),
         (&["set", "tags", "--add", ""][..], "invalid set member"),
         (&["set", "tags", "--add", "a", "--dedupe-id", &"i".repeat(256)][..], "invalid dedupe id"),
+        (&["update", "tags", "--set-add", ""][..], "invalid set member"),
+        (&["update", "tags", "--set-add", "a", "--set-add", &"m".repeat(256)][..], "invalid set member"),
         (&["get", ""][..], "key"),
         (&["put", &"k".repeat(1025), "v"][..], "key"),
     ] {
