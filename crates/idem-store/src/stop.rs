@@ -77,9 +77,10 @@ impl Stop {
     }
 
     /// Turns signals into requests until the level is [`ABORT`]: each SIGINT asks for the next level, SIGTERM
-    /// (and, for [`Sigterm::Aborts`], SIGHUP) as `sigterm` says. `said` is called with the new level after each request a signal made, to tell the
-    /// operator what happens now (and how to make it happen sooner). A level reached otherwise ([`Stop::drain`]
-    /// from the program) counts: the next signal then aborts.
+    /// (and, for [`Sigterm::Aborts`], SIGHUP) as `sigterm` says. `said` is called with the new level before
+    /// each request a signal makes (so what the request sets off is logged after it), to tell the operator what
+    /// happens now (and how to make it happen sooner). A level reached otherwise ([`Stop::drain`] from the
+    /// program) counts: the next signal then aborts.
     ///
     /// The handlers are installed by this call, not when the returned watch is first polled: a signal that
     /// comes between the call and the watch's first turn (a service manager stopping a process that just said it
@@ -93,6 +94,8 @@ impl Stop {
         mut said: F,
     ) -> std::io::Result<impl std::future::Future<Output = ()> + use<F>> {
         use tokio::signal::unix::{SignalKind, signal};
+        // Taken even when ignored at start (as a shell without job control starts `cmd &`): a script that sends
+        // SIGINT to a background run asks it to drain, the documented way to stop a consumer gently.
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         // A server keeps SIGHUP for reloading (its own handler); `nohup` asked for a hang-up to be ignored.
@@ -103,30 +106,32 @@ impl Stop {
         let stop = self.clone();
         Ok(async move {
             while stop.level() < ABORT {
-                let hung_up = async {
-                    match hup.as_mut() {
-                        Some(hup) => hup.recv().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let level = tokio::select! {
-                    _ = int.recv() => stop.request(),
-                    _ = hung_up => {
-                        stop.abort();
-                        ABORT
-                    }
-                    _ = term.recv() => match sigterm {
-                        Sigterm::LikeSigint => stop.request(),
-                        Sigterm::Aborts => {
-                            stop.abort();
-                            ABORT
-                        }
-                    },
+                // Whether the signal aborts at once; otherwise it asks for the next level.
+                let aborts = tokio::select! {
+                    _ = int.recv() => false,
+                    _ = received(hup.as_mut()) => true,
+                    _ = term.recv() => sigterm == Sigterm::Aborts,
                     () = stop.reached(ABORT) => break,
                 };
+                let level = if aborts || stop.level() >= DRAIN { ABORT } else { DRAIN };
+                // Said before it is asked for: what the stop makes happen (a server saying which requests it
+                // closed) is then logged after the operator was told why.
                 said(level);
+                if level == ABORT {
+                    stop.abort();
+                } else {
+                    stop.drain();
+                }
             }
         })
+    }
+}
+
+/// The next delivery of a signal listened for; never when it is not (`None`).
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
     }
 }
 
