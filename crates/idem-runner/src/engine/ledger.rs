@@ -73,6 +73,29 @@ impl Outage {
         self.since.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
+    /// When an operation sent at `sent` counts as unanswered: a limit after the current outage began, or after
+    /// `sent` when none is ongoing. An operation retried during an outage must not get a whole limit of its
+    /// own: with a limit longer than the client's own response timeout (10 s for Redis), the retry sent after
+    /// the first timeout waited out a second one, and the run ended up to twice the limit into the outage.
+    fn deadline(&self, sent: Instant) -> Instant {
+        let since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        since.map_or(sent, |(began, _)| began.min(sent)) + self.limit
+    }
+
+    /// A lease renewal sent at `sent` was accepted: a write the store took, so an outage that began before it
+    /// was sent is over. (The keeper's renewals do not go through [`patient`]; without this, an outage begun by
+    /// a renewal that failed would stay open while only renewals were answered, and a later operation would be
+    /// given up at once, its deadline counted from that old beginning.)
+    fn renewal_answered(&self, sent: Instant) {
+        let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((began, _)) = *since
+            && began <= sent
+        {
+            *since = None;
+            tracing::warn!("the ledger store answers again after {:.1}s", began.elapsed().as_secs_f64());
+        }
+    }
+
     /// The store answered an operation (a `write` or a read). True when that ended an outage. A read does not
     /// end an outage in which a write was refused: a SQLite file locked by another connection still serves reads
     /// (WAL mode) while every write waits, and the limit must still apply to that.
@@ -175,7 +198,7 @@ where
         // up at once, as the limit applies to it too; an answer already there is still taken.
         let answer = tokio::select! {
             biased;
-            answer = tokio::time::timeout(ctx.outage.limit, op()) => match answer {
+            answer = tokio::time::timeout_at(ctx.outage.deadline(sent), op()) => match answer {
                 Ok(answer) => answer,
                 Err(_) => Err(StoreError::unavailable(format!(
                     "no answer within --store-outage-limit {}",
@@ -202,7 +225,12 @@ where
                 // Not served for a while (an outage ended, or an operation waited longer than a renewal
                 // period: a locked SQLite file blocks rather than fails): no holder could renew either, so
                 // every watch starts again and each holder gets a lease to take its lease again.
-                let ended = other.is_ok() && ctx.outage.answered(write);
+                // A refused precondition is the store's answer too: it takes operations again.
+                let answered = match &other {
+                    Ok(_) => true,
+                    Err(e) => e.is_precondition_failed(),
+                };
+                let ended = answered && ctx.outage.answered(write);
                 if ended || began.elapsed() > ctx.cfg.lease / 3 {
                     ctx.unwatch_all();
                 }
@@ -390,7 +418,7 @@ pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heart
     let renewed = tokio::select! {
         renewed = heartbeat.await_renewal(held) => renewed,
         () = ctx.outage.until_exceeded() => false,
-        () = tokio::time::sleep_until(sent + ctx.outage.limit) => return unanswered(ctx, sent),
+        () = tokio::time::sleep_until(ctx.outage.deadline(sent)) => return unanswered(ctx, sent),
     };
     // Renewals the store did not take count from when the first was sent: one failed by the client's own
     // response timeout (10 s for Redis) reported only as its answer came would start the outage that much
@@ -398,6 +426,8 @@ pub(super) async fn await_renewal<S: Store>(ctx: &Ctx<S>, held: &mut Held, heart
     if let Some(since) = heartbeat.unavailable_since() {
         let e = StoreError::unavailable("a lease renewal was not taken");
         ctx.outage.unavailable(&e, since, true);
+    } else if renewed {
+        ctx.outage.renewal_answered(heartbeat.sent());
     }
     renewed
 }
@@ -428,7 +458,7 @@ pub(super) async fn fence<S: Store>(ctx: &Ctx<S>, held: &mut Held, heartbeat: &m
         let fenced = tokio::select! {
             fenced = heartbeat.fence(held) => fenced,
             () = ctx.outage.until_exceeded() => return false,
-            () = tokio::time::sleep_until(sent + ctx.outage.limit) => return unanswered(ctx, sent),
+            () = tokio::time::sleep_until(ctx.outage.deadline(sent)) => return unanswered(ctx, sent),
         };
         if fenced {
             return true;
