@@ -66,16 +66,23 @@ async fn a_lapsed_lease_is_taken_over_and_the_late_completion_is_fenced_off() {
     // Once a retry has seen the record unchanged for a whole lease, the next one takes the key over and
     // executes (B).
     let started = Instant::now();
-    let second = loop {
+    let second = 'retries: loop {
         assert!(started.elapsed() < Duration::from_secs(10), "the dead holder was never taken over");
         let attempt = tokio::spawn(app.clone().oneshot(request("/slow/3000")));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if counts.executions() == 2 {
-            // Only A was cut off; B renews normally (A's hung renewal now fails its fence).
-            stall.store(false, Ordering::SeqCst);
-            break attempt;
+        // Each retry either is told to wait (409) or takes the key over and starts executing; which one is
+        // seen by watching both, not after a fixed pause (on a loaded machine a takeover could start after it,
+        // and finish 201 where the test expected the 409 of a retry told to wait).
+        while !attempt.is_finished() {
+            if counts.executions() == 2 {
+                // Only A was cut off; B renews normally (A's hung renewal now fails its fence).
+                stall.store(false, Ordering::SeqCst);
+                break 'retries attempt;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        assert_eq!(counts.executions(), 1, "a retry executed without being seen to start");
         assert_eq!(attempt.await.unwrap().unwrap().status(), StatusCode::CONFLICT);
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // A finishes first; its completion must not overwrite B's claim.
     let a = first.await.unwrap().unwrap();
