@@ -155,9 +155,14 @@ pub fn unrecorded_path(output: &Path, owner: &str, attempt: u32) -> PathBuf {
 /// # Errors
 /// The I/O error of the write or an fsync.
 pub fn write_unrecorded(note: &Path, digest: &Digest256) -> std::io::Result<()> {
+    write_note(note, format!("{} {}\n", digest.sha256, digest.size).as_bytes())
+}
+
+/// Writes `contents` to `note` and fsyncs it and its directory, so a note survives a crash as the output does.
+fn write_note(note: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut file = std::fs::File::create(note)?;
-    writeln!(file, "{} {}", digest.sha256, digest.size)?;
+    file.write_all(contents)?;
     file.sync_all()?;
     match note.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(dir) => std::fs::File::open(dir)?.sync_all(),
@@ -200,18 +205,12 @@ pub struct Uncounted {
 /// # Errors
 /// The I/O error of the write or an fsync.
 pub fn write_uncounted(note: &Path, uncounted: &Uncounted) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut file = std::fs::File::create(note)?;
-    writeln!(file, "{} {}", uncounted.owner, uncounted.attempt)?;
+    let mut contents = format!("{} {}\n", uncounted.owner, uncounted.attempt).into_bytes();
     match &uncounted.prior {
-        Some(prior) => file.write_all(&prior.encode())?,
-        None => file.write_all(b"absent")?,
+        Some(prior) => contents.extend_from_slice(&prior.encode()),
+        None => contents.extend_from_slice(b"absent"),
     }
-    file.sync_all()?;
-    match note.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(dir) => std::fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
-    }
+    write_note(note, &contents)
 }
 
 /// Reads the note of [`uncounted_path`]: `None` when there is none or it does not parse (blocking I/O).
