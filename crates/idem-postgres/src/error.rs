@@ -43,6 +43,24 @@ pub enum Error {
     /// (`any`, `read-only`, `prefer-standby`, …) would refuse them all.
     #[error("target_session_attrs={0:?}: idem only writes, use read-write (the default) or leave it out")]
     TargetSessionAttrs(String),
+    /// `synchronous_standbys=all` was asked for and the primary's commits do not wait for every standby.
+    #[error(
+        "synchronous_standbys=all: a commit waits for {waited} of {standbys} standbys ({setting}); set \
+         synchronous_standby_names = 'ANY {standbys} (every standby's application_name)' and synchronous_commit = on \
+         on the primary (and on each standby, for after a failover)"
+    )]
+    NotSynchronous {
+        /// Standbys that could be promoted: the URL's hosts after the first, or the primary's connected
+        /// standbys when more.
+        standbys: u32,
+        /// Standbys a commit waits for.
+        waited: u32,
+        /// The primary's `synchronous_commit` and `synchronous_standby_names`.
+        setting: String,
+    },
+    /// `synchronous_standbys` has a value other than `all`.
+    #[error("synchronous_standbys={0:?}: the one value is all (every standby must acknowledge each commit)")]
+    InvalidSynchronous(String),
     /// Creating or migrating the schema failed.
     #[error("cannot migrate schema {schema}")]
     Migrate {

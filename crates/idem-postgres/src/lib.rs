@@ -24,6 +24,7 @@
 
 mod connect;
 mod error;
+mod replication;
 mod schema;
 mod store;
 mod tls;

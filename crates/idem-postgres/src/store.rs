@@ -32,11 +32,14 @@ struct Inner {
     limits: Limits,
     sql: Sql,
     sweeper: tokio::task::JoinHandle<()>,
+    /// Reads the replication setting again and warns when a commit stops waiting for every standby.
+    replication: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.sweeper.abort();
+        self.replication.abort();
     }
 }
 
@@ -219,12 +222,19 @@ impl PostgresStore {
     /// the certificate must name the host); `sslrootcert=PATH` is a PEM file of trusted roots, the platform's
     /// store when absent (or `system`).
     ///
+    /// `synchronous_standbys=all` refuses a primary whose commits do not wait for every standby (the hosts
+    /// after the first, and any the primary has connected): `synchronous_commit` `on` or `remote_apply` and
+    /// `synchronous_standby_names` asking for that many (`ANY n (…)`), so that no failover or switchover can
+    /// promote a standby without an acknowledged commit. Without it such a primary is warned about at
+    /// start-up and when its setting changes, with the `idem_store_replicas_unwaited` gauge.
+    ///
     /// # Errors
     /// [`Error::InvalidUrl`], [`Error::InvalidSslMode`], [`Error::TargetSessionAttrs`], [`Error::ClientCertificate`],
     /// [`Error::TlsFiles`], [`Error::Tls`], [`Error::InvalidSchema`], [`Error::Server`] when the server refuses the
     /// connection or cannot be reached (or no host is read-write), [`Error::ConnectTimeout`] when no host
     /// answers within the connect timeout, [`Error::Connect`] for other pool failures,
-    /// [`Error::Handshake`] when the TLS handshake fails, [`Error::Migrate`], [`Error::SchemaTooNew`].
+    /// [`Error::Handshake`] when the TLS handshake fails, [`Error::Migrate`], [`Error::SchemaTooNew`],
+    /// [`Error::NotSynchronous`] under `synchronous_standbys=all`.
     pub async fn connect(url: &str, schema: &str, limits: Limits) -> Result<Self, Error> {
         match Self::connect_with(url, schema, limits, true).await? {
             Some(store) => Ok(store),
@@ -311,7 +321,19 @@ impl PostgresStore {
             }
         }
         migrate(&mut client, schema).await?;
+        // The hosts besides the primary are the standbys idem would fail over to.
+        let listed = hosts.saturating_sub(1);
+        let coverage = crate::replication::coverage(&client, listed).await.map_err(Error::Server)?;
+        if tls.synchronous_all && coverage.unwaited() > 0 {
+            return Err(Error::NotSynchronous {
+                standbys: coverage.standbys,
+                waited: coverage.waited,
+                setting: coverage.setting,
+            });
+        }
+        crate::replication::judge(&coverage);
         drop(client);
+        let replication = crate::replication::watch(pool.clone(), listed, coverage);
         let sql = Sql::new(schema);
         let sweeper = {
             let sweeps = [sql.sweep_kv.clone(), sql.sweep_dedupe.clone(), sql.sweep_set_dedupe.clone()];
@@ -340,7 +362,7 @@ impl PostgresStore {
                 }
             })
         };
-        Ok(Some(Self { inner: Arc::new(Inner { pool, limits, sql, sweeper }) }))
+        Ok(Some(Self { inner: Arc::new(Inner { pool, limits, sql, sweeper, replication }) }))
     }
 }
 

@@ -61,20 +61,24 @@ pub(crate) struct Parsed {
     pub(crate) url: String,
     pub(crate) mode: SslMode,
     pub(crate) root_cert: Option<PathBuf>,
+    /// `synchronous_standbys=all`: every standby must acknowledge each commit ([`crate::replication`]).
+    pub(crate) synchronous_all: bool,
 }
 
-/// Takes `sslmode` and `sslrootcert` out of a `postgres://` URL's query string (the last of each wins, as in
+/// Takes `sslmode`, `sslrootcert` and idem's `synchronous_standbys` out of a `postgres://` URL's query string (the last of each wins, as in
 /// libpq), percent-decoded, and refuses a `target_session_attrs` other than `read-write`.
 ///
 /// # Errors
 /// [`Error::InvalidSslMode`] for a mode libpq does not know (`allow` is refused too: it prefers plain text);
-/// [`Error::TargetSessionAttrs`].
+/// [`Error::TargetSessionAttrs`]; [`Error::InvalidSynchronous`].
 pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, q),
-        None => return Ok(Parsed { url: url.to_owned(), mode: SslMode::Prefer, root_cert: None }),
+        None => {
+            return Ok(Parsed { url: url.to_owned(), mode: SslMode::Prefer, root_cert: None, synchronous_all: false });
+        }
     };
-    let (mut mode, mut root_cert) = (SslMode::Prefer, None);
+    let (mut mode, mut root_cert, mut synchronous_all) = (SslMode::Prefer, None, false);
     let mut rest = Vec::new();
     for param in query.split('&') {
         let (k, v) = param.split_once('=').unwrap_or((param, ""));
@@ -84,12 +88,15 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
             "sslrootcert" => root_cert = Some(value()),
             "sslcert" | "sslkey" | "sslpassword" => return Err(Error::ClientCertificate(k.to_owned())),
             "target_session_attrs" if value() != "read-write" => return Err(Error::TargetSessionAttrs(value())),
+            // idem's own: tokio-postgres would refuse a parameter it does not know.
+            "synchronous_standbys" if value() == "all" => synchronous_all = true,
+            "synchronous_standbys" => return Err(Error::InvalidSynchronous(value())),
             _ => rest.push(param),
         }
     }
     let url = if rest.is_empty() { base.to_owned() } else { format!("{base}?{}", rest.join("&")) };
     let root_cert = root_cert.filter(|r| r != "system").map(PathBuf::from);
-    Ok(Parsed { url, mode, root_cert })
+    Ok(Parsed { url, mode, root_cert, synchronous_all })
 }
 
 impl Parsed {

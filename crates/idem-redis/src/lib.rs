@@ -22,6 +22,7 @@
 
 mod conn;
 mod store;
+mod topology;
 mod url;
 
 pub use store::{Error, RedisStore};

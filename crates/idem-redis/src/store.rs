@@ -11,6 +11,7 @@ use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, Script, Value};
 
 use crate::conn::{Conn, SentinelConn};
+use crate::topology::{Source, Topology};
 use crate::url::{Target, Wait};
 
 /// How often the key index is walked to drop members whose value expired.
@@ -56,6 +57,11 @@ pub enum Error {
     /// key of the store.
     #[error("key prefix {0:?}: on a Redis Cluster the prefix is the keys' hash tag and may not contain braces")]
     InvalidPrefix(String),
+    /// No Sentinel knows a master of the URL's name (each that answered said "No such master with that name"):
+    /// a misspelt name, not a failover in progress (then the Sentinels know the name and, for a moment, no
+    /// master to give for it: [`Error::Connect`], unavailable).
+    #[error("no Sentinel monitors a master named {0:?} (SENTINEL MASTERS lists the names)")]
+    NoSuchMaster(String),
     /// `#insecure`, the redis crate's switch for unverified TLS: idem has no such switch.
     #[error("#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA")]
     Insecure,
@@ -81,9 +87,7 @@ impl Error {
     /// succeed. A bad URL, a refused login or a failed TLS handshake is false.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Error::Connect(e) => {
-                e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped()
-            }
+            Error::Connect(e) => redis_err(e.clone()).is_unavailable(),
             Error::Store(e) => e.is_unavailable(),
             _ => false,
         }
@@ -134,6 +138,8 @@ struct Inner {
     /// hash tag of every key and each script's keys share one slot.
     prefix: String,
     wait: Option<Wait>,
+    /// The master's replicas as the failover manager knows them (`wait_replicas=all` waits for each).
+    topology: Topology,
     scripts: Scripts,
     sweeper: tokio::task::JoinHandle<()>,
 }
@@ -332,7 +338,7 @@ impl RedisStore {
         let parsed = crate::url::parse(url)?;
         let tls = parsed.tls;
         let timeout = Some(Duration::from_secs(5));
-        let (conn, writes, prefix) = match parsed.target {
+        let (conn, writes, prefix, source) = match parsed.target {
             Target::Single(client) => {
                 // One plain connection first, so an unreachable server fails start-up at once; the manager
                 // below would keep retrying, which is what we want later, not now.
@@ -346,15 +352,27 @@ impl RedisStore {
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_with_config(client, config).await.map_err(Error::Connect)?;
-                (Conn::Single(conn), None, prefix.to_owned())
+                (Conn::Single(conn), None, prefix.to_owned(), Source::Single)
             }
-            Target::Sentinel(builder, db) => {
+            Target::Sentinel(builder, db, sentinels) => {
                 let client = builder.build().map_err(Error::InvalidUrl)?;
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(timeout)
                     .set_response_timeout(Some(Duration::from_secs(10)));
-                let conn = SentinelConn::connect(client, config, db).await.map_err(|e| connect_error(e, tls))?;
-                (Conn::Sentinel(conn), None, prefix.to_owned())
+                let mut sentinels = sentinels;
+                let conn = match SentinelConn::connect(client, config, db).await {
+                    Ok(conn) => conn,
+                    // Mid-failover the Sentinels name no master for a moment (the old one is down, the new one
+                    // not yet promoted): an outage. A name no Sentinel knows is a mistake in the URL.
+                    Err(e) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
+                        return Err(match sentinels.knows_master().await {
+                            Some(false) => Error::NoSuchMaster(sentinels.master().to_owned()),
+                            _ => Error::Connect(e),
+                        });
+                    }
+                    Err(e) => return Err(connect_error(e, tls)),
+                };
+                (Conn::Sentinel(conn), None, prefix.to_owned(), Source::Sentinel(sentinels))
             }
             Target::Cluster(spec) => {
                 if prefix.contains(['{', '}']) {
@@ -377,9 +395,17 @@ impl RedisStore {
                 // that ran nothing (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) itself.
                 let once = client(Some(0))?;
                 let writes = once.get_async_connection().await.map_err(|e| connect_error(e, tls))?;
-                (Conn::Cluster(reads), Some((Conn::Cluster(writes), once)), format!("{{{prefix}}}"))
+                let prefix = format!("{{{prefix}}}");
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(format!("{prefix}generation"))
+                    .query_async(&mut Conn::Cluster(reads.clone()))
+                    .await
+                    .map_err(Error::Connect)?;
+                (Conn::Cluster(reads), Some((Conn::Cluster(writes), once)), prefix, Source::Cluster { slot })
             }
         };
+        let topology = Topology::start(source, conn.clone(), parsed.wait).await.map_err(Error::Connect)?;
         let scripts = Scripts::new();
         let sweeper = {
             let (mut conn, prefix, script) = (conn.clone(), prefix.to_owned(), scripts.sweep.clone());
@@ -416,7 +442,8 @@ impl RedisStore {
             None => (conn.clone(), None),
         };
         let writes = std::sync::Mutex::new(writes);
-        let inner = Inner { conn, writes, cluster_writes, limits, prefix, wait: parsed.wait, scripts, sweeper };
+        let inner =
+            Inner { conn, writes, cluster_writes, limits, prefix, wait: parsed.wait, topology, scripts, sweeper };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -466,8 +493,10 @@ impl RedisStore {
                 p.cmd("ASKING");
             }
             p.add_command(cmd.clone());
-            if let Some(w) = self.inner.wait {
-                p.cmd("WAIT").arg(w.replicas).arg(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX));
+            // Read at each send: a replica added or a failover since the last try changes it.
+            let wait = self.inner.wait.map(|w| (w, self.inner.topology.waited(w))).filter(|(_, n)| *n > 0);
+            if let Some((w, n)) = wait {
+                p.cmd("WAIT").arg(n).arg(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX));
             }
             let replies = match (&redirect, &mut conn) {
                 (Some((host, port, _)), Conn::Cluster(c)) => {
@@ -510,14 +539,10 @@ impl RedisStore {
                 Ok(Value::Array(replies)) => {
                     let mut replies = replies.into_iter().skip(usize::from(asking));
                     let reply = replies.next().ok_or_else(|| unexpected("no reply to a write"))?;
-                    if let Some(w) = self.inner.wait {
+                    if let Some((w, wanted)) = wait {
                         let acked = int(&replies.next().ok_or_else(|| unexpected("no reply to WAIT"))?)?;
-                        if acked < i64::from(w.replicas) {
-                            return Err(StoreError::unavailable(ReplicasMissing {
-                                wanted: w.replicas,
-                                acked,
-                                timeout: w.timeout,
-                            }));
+                        if acked < i64::from(wanted) {
+                            return Err(StoreError::unavailable(ReplicasMissing { wanted, acked, timeout: w.timeout }));
                         }
                     }
                     return Ok(reply);

@@ -20,16 +20,27 @@ const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// acknowledgements than `replicas` fail the operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Wait {
-    pub(crate) replicas: u32,
+    pub(crate) replicas: Replicas,
     pub(crate) timeout: Duration,
+}
+
+/// How many replicas a write waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    /// `wait_replicas=N`, N > 0.
+    Count(u32),
+    /// `wait_replicas=all`: every replica the Sentinels or the Cluster know for the store's master, down or
+    /// cut off ones included ([`crate::topology`]).
+    All,
 }
 
 /// Where the store's data lives, parsed from its URL.
 pub(crate) enum Target {
     /// One server: the redis crate's client for it.
     Single(redis::Client),
-    /// A master named by Sentinels, and the database number.
-    Sentinel(redis::sentinel::SentinelClientBuilder, i64),
+    /// A master named by Sentinels, the database number, and a client for each Sentinel (asked for the
+    /// master's replicas) with the master's name.
+    Sentinel(Box<redis::sentinel::SentinelClientBuilder>, i64, crate::topology::Sentinels),
     /// A Cluster, from its seed nodes.
     Cluster(ClusterSpec),
 }
@@ -152,6 +163,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
     let (mut replicas, mut timeout) = (None, None);
     let (mut sentinel_user, mut sentinel_password) = (None, None);
     let mut rest = Vec::new();
+    let mut seen = Vec::new();
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = param.split_once('=').unwrap_or((param, ""));
         // Judged decoded, as reported: `c%61cert` is `cacert`.
@@ -160,10 +172,28 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
         let invalid = |why: &'static str| Error::InvalidParameter { name: name.clone().into_owned(), why };
         match name.as_ref() {
             "cacert" => cacert = Some(value),
+            // Given twice, which one applies would be a guess: refused.
+            "wait_replicas" | "wait_timeout_ms" if seen.contains(&name) => {
+                return Err(invalid("one value, given once"));
+            }
             "wait_replicas" => {
-                replicas = Some(value.parse::<u32>().map_err(|_| invalid("a number of replicas, 0 or more"))?)
+                seen.push(name.clone());
+                replicas = Some(match value.as_str() {
+                    "all" if kind == Kind::Single => {
+                        return Err(invalid(
+                            "a number of replicas on a redis:// URL (all needs redis+sentinel:// or \
+                             redis+cluster://, whose Sentinels or Cluster know every replica)",
+                        ));
+                    }
+                    "all" => Replicas::All,
+                    n => match n.parse::<u32>() {
+                        Ok(n) => Replicas::Count(n),
+                        Err(_) => return Err(invalid("all, or a number of replicas, 0 or more")),
+                    },
+                });
             }
             "wait_timeout_ms" => {
+                seen.push(name.clone());
                 let ms = value.parse::<u64>().ok().filter(|ms| *ms > 0);
                 timeout = Some(Duration::from_millis(ms.ok_or_else(|| invalid("milliseconds, 1 or more"))?));
             }
@@ -178,8 +208,9 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
     if timeout.is_some() && replicas.is_none() {
         return Err(Error::InvalidParameter { name: "wait_timeout_ms".into(), why: "needs wait_replicas" });
     }
-    let wait =
-        replicas.filter(|n| *n > 0).map(|replicas| Wait { replicas, timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT) });
+    let wait = replicas
+        .filter(|r| *r != Replicas::Count(0))
+        .map(|replicas| Wait { replicas, timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT) });
     let root_cert = match cacert {
         None => None,
         Some(_) if !tls => return Err(Error::CaCertWithoutTls),
@@ -238,6 +269,14 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
                     Some(db) => db.parse::<i64>().map_err(|_| Error::InvalidHost(format!("/{db}")))?,
                 };
                 let sentinels: Vec<_> = hosts(host_list, SENTINEL_PORT)?.into_iter().map(addr).collect();
+                let topology = crate::topology::Sentinels::new(
+                    &sentinels,
+                    &master,
+                    (sentinel_user.as_deref(), sentinel_password.as_deref()),
+                    root_cert.as_ref().map(|_| certificates()),
+                    protocol,
+                )
+                .map_err(Error::InvalidUrl)?;
                 let mut b = redis::sentinel::SentinelClientBuilder::new(
                     sentinels,
                     master,
@@ -266,7 +305,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
                             .set_client_to_sentinel_certificates(certificates());
                     }
                 }
-                Target::Sentinel(b, db)
+                Target::Sentinel(Box::new(b), db, topology)
             } else {
                 if !path.is_empty() {
                     // A Cluster has database 0 only.
@@ -311,12 +350,22 @@ mod tests {
     #[test]
     fn wait_parameters_are_checked() {
         let p = parse("redis://h:1?wait_replicas=1").unwrap();
-        assert_eq!(p.wait, Some(Wait { replicas: 1, timeout: DEFAULT_WAIT_TIMEOUT }));
+        assert_eq!(p.wait, Some(Wait { replicas: Replicas::Count(1), timeout: DEFAULT_WAIT_TIMEOUT }));
         let p = parse("redis+cluster://h:1,h:2?wait_replicas=2&wait_timeout_ms=250").unwrap();
-        assert_eq!(p.wait, Some(Wait { replicas: 2, timeout: Duration::from_millis(250) }));
+        assert_eq!(p.wait, Some(Wait { replicas: Replicas::Count(2), timeout: Duration::from_millis(250) }));
         assert_eq!(parse("redis://h:1?wait_replicas=0").unwrap().wait, None);
+        let p = parse("redis+sentinel://s:1/m?wait_replicas=all").unwrap();
+        assert_eq!(p.wait, Some(Wait { replicas: Replicas::All, timeout: DEFAULT_WAIT_TIMEOUT }));
+        assert_eq!(
+            parse("redis+cluster://h:1?wait_replicas=all").unwrap().wait.map(|w| w.replicas),
+            Some(Replicas::All)
+        );
         for (url, name) in [
             ("redis://h:1?wait_replicas=-1", "wait_replicas"),
+            ("redis://h:1?wait_replicas=all", "wait_replicas"),
+            ("redis+sentinel://s:1/m?wait_replicas=every", "wait_replicas"),
+            ("redis+cluster://h:1?wait_replicas=1&wait_replicas=2", "wait_replicas"),
+            ("redis+cluster://h:1?wait_replicas=1&wait_timeout_ms=5&wait_timeout_ms=6", "wait_timeout_ms"),
             ("redis://h:1?wait_replicas=1&wait_timeout_ms=0", "wait_timeout_ms"),
             ("redis://h:1?wait_timeout_ms=5", "wait_timeout_ms"),
         ] {
@@ -327,7 +376,7 @@ mod tests {
     #[test]
     fn sentinel_and_cluster_urls_parse() {
         let p = parse("redis+sentinel://:pw@s1:1,s2/mymaster/2?sentinel_password=x").unwrap();
-        assert!(matches!(p.target, Target::Sentinel(_, 2)) && !p.tls);
+        assert!(matches!(p.target, Target::Sentinel(_, 2, _)) && !p.tls);
         assert!(parse("rediss+sentinel://s1/m").unwrap().tls);
         assert!(matches!(parse("redis+sentinel://s1:1"), Err(Error::NoMasterName)));
         assert!(matches!(parse("redis+cluster://a:1,b:2").unwrap().target, Target::Cluster(_)));

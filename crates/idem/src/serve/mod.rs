@@ -35,7 +35,9 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         ),
         None => None,
     };
-    let store = AnyStore::open(&config.store_url, &config.namespace, config.limits).await?;
+    // A store unavailable for now (a failover in progress, a primary restarting) is not a reason to stay down:
+    // requests get 503 with Retry-After until it opens.
+    let store = AnyStore::open_or_keep_trying(&config.store_url, &config.namespace, config.limits).await?;
     let local = listener.local_addr()?;
     let mut kv_config = ServerConfig::new();
     if let Some(t) = &config.auth_token {

@@ -1,0 +1,287 @@
+//! The replicas of the store's master as the failover manager knows them: the Sentinels' list for the master
+//! (`SENTINEL REPLICAS`), the Cluster's node table (`CLUSTER NODES`, the replicas of the master serving the
+//! store's slot), and on one server the replicas it has connected (`INFO replication`).
+//!
+//! Why the failover manager's list and not the master's connected replicas: a replica cut off from the master
+//! (a partition, a hung machine) can still be promoted, and a write it never acknowledged is then lost.
+//! `wait_replicas=all` waits for every replica of that list, so a write acknowledged to idem is on whichever
+//! replica is promoted, through a crash, a switchover with the old master alive (`SENTINEL FAILOVER`,
+//! `CLUSTER FAILOVER [FORCE|TAKEOVER]`) or a partition: a replica promoted stops acknowledging the old master,
+//! so every write the old master takes after that is refused (503), never acknowledged. A replica the list
+//! holds that is down makes every write wait out `wait_timeout_ms` and fail, until it is back or removed
+//! (`SENTINEL RESET`, `CLUSTER FORGET`): durability chosen over availability, as PostgreSQL's synchronous
+//! replication chooses.
+//!
+//! The count is read every [`EVERY`] and kept between reads; a read that fails keeps the last count.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, Value};
+
+use crate::conn::Conn;
+use crate::url::{Replicas, Wait};
+
+/// How often the replicas are counted again.
+pub(crate) const EVERY: Duration = Duration::from_secs(1);
+/// How long one Sentinel or node may take to answer a count.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A client for each Sentinel of a `redis+sentinel://` URL (with its connection once made), and the master's
+/// name.
+pub(crate) struct Sentinels {
+    clients: Vec<(redis::Client, Option<redis::aio::MultiplexedConnection>)>,
+    master: String,
+}
+
+impl Sentinels {
+    /// Clients for `addrs` with the Sentinels' own credentials (`sentinel_username`, `sentinel_password`) and
+    /// TLS settings.
+    pub(crate) fn new(
+        addrs: &[ConnectionAddr],
+        master: &str,
+        (user, password): (Option<&str>, Option<&str>),
+        certificates: Option<redis::TlsCertificates>,
+        protocol: redis::ProtocolVersion,
+    ) -> RedisResult<Self> {
+        let clients = addrs
+            .iter()
+            .map(|addr| {
+                let mut settings = redis::RedisConnectionInfo::default().set_protocol(protocol);
+                if let Some(u) = user {
+                    settings = settings.set_username(u);
+                }
+                if let Some(p) = password {
+                    settings = settings.set_password(p);
+                }
+                let info = addr.clone().into_connection_info()?.set_redis_settings(settings);
+                let client = match &certificates {
+                    Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
+                    None => redis::Client::open(info),
+                };
+                client.map(|c| (c, None))
+            })
+            .collect::<RedisResult<_>>()?;
+        Ok(Self { clients, master: master.to_owned() })
+    }
+
+    /// The master's name.
+    pub(crate) fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// Whether the Sentinels monitor a master of this name: `Some(false)` when every Sentinel that answered
+    /// said it has no such master, `None` when none answered.
+    pub(crate) async fn knows_master(&mut self) -> Option<bool> {
+        let mut known = None;
+        for (client, cached) in &mut self.clients {
+            let master = &self.master;
+            let ask = async {
+                let mut conn = match cached.take() {
+                    Some(c) => c,
+                    None => client.get_multiplexed_async_connection_with_config(&ask_config()).await?,
+                };
+                let r = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(&mut conn).await;
+                *cached = Some(conn);
+                r
+            };
+            match tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
+                Ok(Ok(_)) => return Some(true),
+                Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {
+                    known = Some(false)
+                }
+                _ => {}
+            }
+        }
+        known
+    }
+
+    /// The most replicas any Sentinel that answers lists for the master (Sentinels may differ for a moment
+    /// after a change; the larger view is the safe one). `None` when none answers.
+    async fn count(&mut self) -> Option<u32> {
+        let mut most = None;
+        for (client, cached) in &mut self.clients {
+            let master = &self.master;
+            let ask = async {
+                let mut conn = match cached.take() {
+                    Some(c) => c,
+                    None => client.get_multiplexed_async_connection_with_config(&ask_config()).await?,
+                };
+                let r = redis::cmd("SENTINEL").arg("REPLICAS").arg(master).query_async::<Value>(&mut conn).await;
+                // A connection that answered is kept for the next count; one that failed is made anew.
+                if r.is_ok() {
+                    *cached = Some(conn);
+                }
+                r
+            };
+            if let Ok(Ok(Value::Array(replicas))) = tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
+                let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
+                most = Some(most.map_or(n, |m: u32| m.max(n)));
+            }
+        }
+        most
+    }
+}
+
+/// One Sentinel's or node's connection: an answer within [`ASK_TIMEOUT`].
+fn ask_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(ASK_TIMEOUT))
+        .set_response_timeout(Some(ASK_TIMEOUT))
+}
+
+/// Where the count comes from.
+pub(crate) enum Source {
+    /// One server: the replicas it has connected.
+    Single,
+    /// The Sentinels' list, and the replicas the master has connected (a replica attached a moment ago that
+    /// the Sentinels have not seen yet could otherwise answer a `WAIT` in a known replica's place).
+    Sentinel(Sentinels),
+    /// The Cluster's node table, for the master serving `slot`.
+    Cluster { slot: u16 },
+}
+
+/// The replicas counted, shared by the store's writes and the task that keeps the count.
+#[derive(Clone)]
+pub(crate) struct Topology {
+    known: Arc<AtomicU32>,
+}
+
+impl Topology {
+    /// Counts once now (a store that waits for every replica cannot write before it knows them), then keeps
+    /// counting every [`EVERY`] on a task of its own, which ends when the returned value's last clone is dropped.
+    /// `conn` reaches the master (Sentinel, one server) or any node (Cluster).
+    pub(crate) async fn start(source: Source, conn: Conn, wait: Option<Wait>) -> RedisResult<Self> {
+        let (mut source, mut conn) = (source, conn);
+        let first = count(&mut source, &mut conn).await?;
+        let topology = Self { known: Arc::new(AtomicU32::new(first)) };
+        judge(first, None, wait);
+        let weak = Arc::downgrade(&topology.known);
+        // Only `wait_replicas=all` needs a fresh count; for the warning a slower one will do.
+        let every = if wait.is_some_and(|w| w.replicas == Replicas::All) { EVERY } else { EVERY * 10 };
+        tokio::spawn(async move {
+            let mut last = first;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(known) = weak.upgrade() else { return };
+                // A count that failed keeps the last one: the replicas did not go away because a Sentinel
+                // did not answer.
+                if let Ok(n) = count(&mut source, &mut conn).await {
+                    known.store(n, Ordering::Relaxed);
+                    if n != last {
+                        judge(n, Some(last), wait);
+                        last = n;
+                    }
+                }
+            }
+        });
+        Ok(topology)
+    }
+
+    /// The replicas a write waits for under `wait`: the number asked for, or every replica known.
+    pub(crate) fn waited(&self, wait: Wait) -> u32 {
+        match wait.replicas {
+            Replicas::Count(n) => n,
+            Replicas::All => self.known.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Logs the count, warns when writes are acknowledged without some replica (a failover to it can lose them),
+/// and sets the `idem_store_replicas_unwaited` gauge to how many replicas a write does not wait for.
+fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
+    let waited = match wait.map(|w| w.replicas) {
+        None => 0,
+        Some(Replicas::Count(n)) => n,
+        Some(Replicas::All) => known,
+    };
+    let unwaited = known.saturating_sub(waited);
+    metrics::gauge!("idem_store_replicas_unwaited").set(f64::from(unwaited));
+    if let Some(before) = before {
+        tracing::info!(replicas = known, before, "the Redis master's replicas changed");
+    }
+    if unwaited > 0 {
+        tracing::warn!(
+            replicas = known,
+            waited,
+            "the Redis master has {known} replicas and a write waits for {waited} (wait_replicas): a failover to a \
+             replica that lacks a write loses it, a switchover with the old master alive (SENTINEL FAILOVER, \
+             CLUSTER FAILOVER) included; wait_replicas=all waits for every replica"
+        );
+    }
+}
+
+/// The replicas of the master, by `source`.
+async fn count(source: &mut Source, conn: &mut Conn) -> RedisResult<u32> {
+    match source {
+        Source::Single => connected(conn).await,
+        Source::Sentinel(sentinels) => {
+            let listed = sentinels.count().await;
+            let connected = connected(conn).await.ok();
+            match (listed, connected) {
+                (None, None) => Err(redis::RedisError::from((
+                    redis::ErrorKind::MasterNameNotFoundBySentinel,
+                    "no Sentinel answered SENTINEL REPLICAS",
+                ))),
+                (a, b) => Ok(a.unwrap_or(0).max(b.unwrap_or(0))),
+            }
+        }
+        Source::Cluster { slot } => {
+            let nodes: String =
+                tokio::time::timeout(ASK_TIMEOUT * 2, redis::cmd("CLUSTER").arg("NODES").query_async(conn))
+                    .await
+                    .map_err(|_| redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+            Ok(cluster_replicas(&nodes, *slot))
+        }
+    }
+}
+
+/// `connected_slaves` of the master's `INFO replication`.
+async fn connected<C: ConnectionLike>(conn: &mut C) -> RedisResult<u32> {
+    let info: String = tokio::time::timeout(ASK_TIMEOUT * 2, redis::cmd("INFO").arg("replication").query_async(conn))
+        .await
+        .map_err(|_| redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+    Ok(info.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.parse().ok()).unwrap_or(0))
+}
+
+/// The replicas `CLUSTER NODES` lists for the master that serves `slot`, failed ones included. 0 when no
+/// master serves it (mid-failover: the next count finds the new one).
+fn cluster_replicas(nodes: &str, slot: u16) -> u32 {
+    // <id> <ip:port@bus> <flags> <master id or -> <ping> <pong> <epoch> <link> <slot ranges…>
+    let rows: Vec<Vec<&str>> =
+        nodes.lines().map(|l| l.split_whitespace().collect()).filter(|f: &Vec<&str>| f.len() >= 8).collect();
+    let serves = |f: &Vec<&str>| {
+        f.iter().skip(8).any(|r| {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+        })
+    };
+    let Some(master) = rows.iter().find(|f| f[2].contains("master") && serves(f)).map(|f| f[0]) else {
+        return 0;
+    };
+    let n = rows.iter().filter(|f| f[3] == master).count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_replicas_are_those_of_the_slots_master_failed_ones_included() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+r1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+r2 127.0.0.1:7004@17004 slave,fail a1 0 0 1 disconnected
+r3 127.0.0.1:7005@17005 slave a2 0 0 2 connected
+old 127.0.0.1:7006@17006 master,fail - 0 0 0 disconnected
+";
+        assert_eq!(cluster_replicas(nodes, 0), 2);
+        assert_eq!(cluster_replicas(nodes, 5460), 2);
+        assert_eq!(cluster_replicas(nodes, 6000), 1);
+        assert_eq!(cluster_replicas(nodes, 16000), 0);
+    }
+}
