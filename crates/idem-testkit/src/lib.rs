@@ -21,7 +21,8 @@ use std::time::Duration;
 
 mod ha;
 
-pub use ha::{PostgresHa, RedisCluster, RedisSentinel, Replication, SENTINEL_MASTER};
+pub use ha::partition::{Cut, Relay};
+pub use ha::{ClusterFailover, PostgresHa, RedisCluster, RedisSentinel, Replication, SENTINEL_MASTER};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
