@@ -356,8 +356,21 @@ pub struct Preset {
 /// The preset called `name`: `standard-webhooks` (key `webhook-id`, else `svix-id`), `github` (hook id and
 /// delivery GUID joined: one delivery at two hooks is two keys), `stripe` (body `/id`, ignoring
 /// `/pending_webhooks`, which changes between attempts), `slack` (body `/event_id`; a signed request without
-/// one, such as the `url_verification` challenge, passes through) or `shopify` (`X-Shopify-Webhook-Id`, the
-/// same on every attempt of one delivery).
+/// one, such as the `url_verification` challenge, passes through) or `shopify` (`X-Shopify-Topic` joined
+/// with `X-Shopify-Event-Id`, else `X-Shopify-Webhook-Id`).
+///
+/// `shopify` keys on the event, as Shopify's guide to ignoring duplicates says
+/// (<https://shopify.dev/docs/apps/build/webhooks/ignore-duplicates>: the same `X-Shopify-Event-Id` on more
+/// than one webhook indicates a duplicate), not on `X-Shopify-Webhook-Id`, which names one delivery: a copy
+/// of the event under a new webhook id, such as the delivery to a second subscription of the same topic, is a
+/// duplicate, replayed (or waited for while the first runs) and not executed, as long as it is sent to the
+/// same path with a body that compares equal. Subscriptions asking for different fields send different bodies,
+/// and the second gets 422; a route that must run once per subscription keys on
+/// `header:x-shopify-webhook-id` itself. The topic is joined so that one event id under two topics would be
+/// two deliveries, never a 422 that Shopify retries for hours; every duplicate Shopify describes has the same
+/// topic. A delivery without the event id (from an integration older than the header, or a relay that drops
+/// it) is keyed on its webhook id, as this preset keyed before, rather than refused: a 400 would be retried
+/// until Shopify gave up on a subscription that worked, while the webhook id still makes its retries replays.
 ///
 /// # Errors
 /// [`RouteError::Unknown`] for another name.
@@ -384,7 +397,11 @@ pub fn preset(name: &str) -> Result<Preset, RouteError> {
                 Scheme::Slack,
             )
         }
-        "shopify" => (&["header:x-shopify-webhook-id"], &["header:x-shopify-hmac-sha256"], Scheme::Shopify),
+        "shopify" => (
+            &["header:x-shopify-topic+header:x-shopify-event-id", "header:x-shopify-webhook-id"],
+            &["header:x-shopify-hmac-sha256"],
+            Scheme::Shopify,
+        ),
         _ => {
             return Err(RouteError::Unknown {
                 what: "preset",
@@ -564,7 +581,8 @@ mod tests {
         assert_eq!(slack.key[0].to_string(), "json:/event_id");
         let shopify = preset("shopify").unwrap();
         assert_eq!((shopify.scheme, shopify.missing_key), (Scheme::Shopify, MissingKey::Refuse));
-        assert_eq!(shopify.key[0].to_string(), "header:x-shopify-webhook-id");
+        let keys: Vec<String> = shopify.key.iter().map(ToString::to_string).collect();
+        assert_eq!(keys, ["header:x-shopify-topic+header:x-shopify-event-id", "header:x-shopify-webhook-id"]);
         assert!(preset("mux").is_err());
     }
 

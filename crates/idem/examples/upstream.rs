@@ -16,7 +16,7 @@
 //! `POST /fail-first/{n}` (500 for the first n executions of a delivery, then 201),
 //! `GET /executions` (the counts, with how often each delivery executed).
 //! Every POST/PATCH counts as one execution when it starts, under its delivery: the forwarded
-//! `Idempotency-Key`, else a webhook's `webhook-id` / `svix-id` / `X-Shopify-Webhook-Id`, else
+//! `Idempotency-Key`, else a webhook's `webhook-id` / `svix-id` / `X-Shopify-Event-Id` / `X-Shopify-Webhook-Id`, else
 //! `X-GitHub-Hook-ID` + `X-GitHub-Delivery`, else the JSON body's `id` (Stripe) or `event_id` (Slack).
 
 use std::collections::BTreeMap;
@@ -78,6 +78,7 @@ fn delivery(headers: &HeaderMap, body: &str) -> Option<String> {
     let named = text("idempotency-key")
         .or_else(|| text("webhook-id"))
         .or_else(|| text("svix-id"))
+        .or_else(|| text("x-shopify-event-id"))
         .or_else(|| text("x-shopify-webhook-id"));
     named.or_else(|| match (text("x-github-hook-id"), text("x-github-delivery")) {
         (Some(hook), Some(guid)) => Some(format!("{hook}+{guid}")),

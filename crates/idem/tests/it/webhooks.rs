@@ -63,7 +63,8 @@ struct Hooks {
 impl Hooks {
     /// Routes: `/orders` and `/slow` (Standard Webhooks preset, each its own route), `/fail-first` (the preset),
     /// `/status` (signed, keyed by `webhook-id`, ignoring `/attempts`), `/headers` (GitHub preset), `/big`
-    /// (Stripe preset), `/status/200/slack` and `/status/200/shopify` (those presets).
+    /// (Stripe preset), `/status/200/slack` and `/status/200/shopify` (those presets), `/status/201/shopify`
+    /// (the Shopify preset keyed on `X-Shopify-Webhook-Id` instead: once per subscription).
     async fn start(backend: &Backend) -> Hooks {
         let (up, counts) = start_upstream().await;
         let dir = tempfile::tempdir().unwrap();
@@ -89,6 +90,11 @@ impl Hooks {
             std::fs::write(&file, format!("{secret}\n")).unwrap();
             config.push_str(&format!("[[route]]\npath = {path:?}\npreset = {preset:?}\nsecret_file = {file:?}\n"));
         }
+        config.push_str(&format!(
+            "[[route]]\npath = \"/status/201/shopify\"\nname = \"shopify-each\"\npreset = \"shopify\"\nsecret_file = \
+             {:?}\nkey = [\"header:x-shopify-webhook-id\"]\n",
+            dir.path().join("shopify")
+        ));
         let config_file = dir.path().join("idem.toml");
         std::fs::write(&config_file, config).unwrap();
         let (store, postgres) = match backend {
@@ -212,7 +218,8 @@ fn stripe(timestamp: i64, body: &str) -> Vec<(String, String)> {
     vec![("stripe-signature".into(), format!("t={t},v1={}", hmac_hex(STRIPE_SECRET, &[&t, ".", body])))]
 }
 
-/// A Shopify delivery's headers: `X-Shopify-Hmac-Sha256`, base64 HMAC-SHA256 of the body under the secret.
+/// A Shopify delivery's headers without an event id (`orders/create`): `X-Shopify-Hmac-Sha256`, base64
+/// HMAC-SHA256 of the body under the secret.
 fn shopify(id: &str, secret: &str, body: &str) -> Vec<(String, String)> {
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
     mac.update(body.as_bytes());
@@ -221,6 +228,19 @@ fn shopify(id: &str, secret: &str, body: &str) -> Vec<(String, String)> {
         ("x-shopify-topic".into(), "orders/create".into()),
         ("x-shopify-hmac-sha256".into(), base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())),
     ]
+}
+
+/// A Shopify delivery of event `event` on `topic` as webhook `id`, signed with the route's secret.
+fn shopify_event(event: &str, topic: &str, id: &str, body: &str) -> Vec<(String, String)> {
+    let mut headers = shopify(id, SHOPIFY_SECRET, body);
+    headers.retain(|(name, _)| name != "x-shopify-topic");
+    headers.push(("x-shopify-topic".into(), topic.into()));
+    headers.push(("x-shopify-event-id".into(), event.into()));
+    headers
+}
+
+fn shopify_id() -> String {
+    format!("b54557e4-bdd9-4b37-8a5f-{:012x}", rand::random::<u64>() >> 16)
 }
 
 /// Slack's `X-Slack-Request-Timestamp` and `X-Slack-Signature`, made by `slack_sdk`'s `SignatureVerifier`.
@@ -688,8 +708,8 @@ async fn slack_retries_and_shopify_redeliveries_execute_once_and_unsigned_ones_n
         assert_eq!(hooks.counts.executions(), before + 2);
         assert_eq!(hooks.route_records().await, records);
 
-        // Shopify keeps X-Shopify-Webhook-Id across the attempts of one delivery.
-        let id = format!("b54557e4-bdd9-4b37-8a5f-{:012x}", rand::random::<u64>() >> 16);
+        // Without X-Shopify-Event-Id the preset keys on X-Shopify-Webhook-Id, kept across a delivery's attempts.
+        let id = shopify_id();
         let order = r#"{"id":820982911946154508,"email":"jon@example.com","total_price":"9.00"}"#;
         for _ in 0..3 {
             let answer = hooks.send("/status/200/shopify", &shopify(&id, SHOPIFY_SECRET, order), order).await;
@@ -699,6 +719,50 @@ async fn slack_retries_and_shopify_redeliveries_execute_once_and_unsigned_ones_n
         let forged = hooks.send("/status/200/shopify", &shopify(&id, "not-the-secret", order), order).await;
         assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(hooks.counts.executions_of(&id), 1);
+        hooks.finish().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_shopify_event_under_new_webhook_ids_executes_once_and_the_copies_are_replays() {
+    // Shopify's guide to ignoring duplicates: the same X-Shopify-Event-Id on more than one webhook is a duplicate.
+    // A retry sent under a new X-Shopify-Webhook-Id and the delivery to a second subscription of the topic both
+    // carry the event's id under a webhook id of their own.
+    for backend in Backend::all() {
+        let hooks = Hooks::start(&backend).await;
+        let event = shopify_id();
+        let order = r#"{"id":820982911946154508,"email":"jon@example.com","total_price":"9.00"}"#;
+        let (first, retry, second_subscription) = (shopify_id(), shopify_id(), shopify_id());
+        for (n, id) in [&first, &retry, &second_subscription].into_iter().enumerate() {
+            let headers = shopify_event(&event, "orders/create", id, order);
+            let answer = hooks.send("/status/200/shopify", &headers, order).await;
+            assert_eq!(answer.status(), StatusCode::OK, "delivery {n}");
+            let replayed = answer.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap().to_owned());
+            assert_eq!(replayed.as_deref(), (n > 0).then_some("true"), "delivery {n}");
+        }
+        assert_eq!(hooks.counts.executions_of(&event), 1);
+        assert_eq!(hooks.metric("idem_route_duplicates_replayed_total", &["route=\"shopify\""]).await, 2);
+        // The same event id under another topic is another delivery, not a 422.
+        let refund = r#"{"id":509562969,"order_id":820982911946154508}"#;
+        let headers = shopify_event(&event, "refunds/create", &shopify_id(), refund);
+        let answer = hooks.send("/status/200/shopify", &headers, refund).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert!(!answer.headers().contains_key("idempotent-replayed"));
+        assert_eq!(hooks.counts.executions_of(&event), 2);
+        // A subscription asking for other fields sends another body under the event's id: 422, not executed.
+        let fewer = r#"{"id":820982911946154508}"#;
+        let headers = shopify_event(&event, "orders/create", &shopify_id(), fewer);
+        let answer = hooks.send("/status/200/shopify", &headers, fewer).await;
+        assert_eq!(answer.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(hooks.counts.executions_of(&event), 2);
+        // A route keyed on X-Shopify-Webhook-Id runs once per subscription and replays each one's attempts.
+        for (n, id) in [&first, &second_subscription, &second_subscription].into_iter().enumerate() {
+            let headers = shopify_event(&event, "orders/create", id, order);
+            let answer = hooks.send("/status/201/shopify", &headers, order).await;
+            assert_eq!(answer.status(), StatusCode::CREATED, "delivery {n}");
+            assert_eq!(answer.headers().contains_key("idempotent-replayed"), n == 2, "delivery {n}");
+        }
+        assert_eq!(hooks.counts.executions_of(&event), 4);
         hooks.finish().await;
     }
 }
