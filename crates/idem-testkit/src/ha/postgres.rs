@@ -17,8 +17,9 @@ pub enum Replication {
     /// acknowledged once one standby (the first connected) flushed it too. With two standbys, once that one
     /// is promoted the other becomes synchronous and acknowledges commits the promoted one never sees.
     Synchronous,
-    /// `synchronous_standby_names = 'ANY n (s1, …, sn)'`, n the number of standbys: a commit is acknowledged
-    /// once every standby flushed it.
+    /// `synchronous_standby_names = 'ANY n (s0, s1, …, sn)'`, n the number of standbys: a commit is
+    /// acknowledged once every standby flushed it. The list names every server (`s0` is the primary as
+    /// started), so that a promoted standby asks the same of the standbys it gets (a server is never its own).
     AllStandbys,
 }
 
@@ -80,7 +81,7 @@ fn sync_names(replication: Replication, standbys: usize) -> String {
         Replication::Asynchronous => String::new(),
         Replication::Synchronous => "*".to_owned(),
         Replication::AllStandbys => {
-            let names: Vec<String> = (1..=standbys).map(|i| format!("s{i}")).collect();
+            let names: Vec<String> = (0..=standbys).map(|i| format!("s{i}")).collect();
             format!("ANY {standbys} ({})", names.join(", "))
         }
     }
@@ -133,16 +134,24 @@ impl PostgresHa {
         )
         .unwrap();
         let primary_port = free_port();
-        let extra = ["-c".to_owned(), format!("synchronous_standby_names={}", sync_names(replication, standbys))];
+        // In postgresql.auto.conf, not on the command line: the standbys' base backups copy it, so a promoted
+        // standby asks the same of its own standbys at once.
+        let names = sync_names(replication, standbys);
+        append_conf(&primary_data, owner, &format!("synchronous_standby_names = '{names}'\n"));
         let primary = Proc::spawn(
-            postgres_cmd(&bin, owner, &primary_data, primary_port, &extra),
+            postgres_cmd(&bin, owner, &primary_data, primary_port, &[]),
             "database system is ready to accept connections",
             "the primary PostgreSQL",
             false,
         );
-        let mut servers = vec![Server { port: primary_port, data: primary_data, proc: primary, link: None }];
+        // The primary's relay is unused until it is rebuilt as a standby ([`PostgresHa::rejoin`]).
+        let link = Some(Relay::start(free_port(), primary_port));
+        let mut servers = vec![Server { port: primary_port, data: primary_data, proc: primary, link }];
         for i in 1..=standbys {
-            servers.push(standby(&bin, owner, dir.path(), i, primary_port));
+            let data = dir.path().join(format!("standby{i}"));
+            let (port, link) = (free_port(), Relay::start(free_port(), primary_port));
+            let proc = standby(&bin, owner, &data, i, (port, primary_port, link.port));
+            servers.push(Server { port, data, proc, link: Some(link) });
         }
         let standby_ports: Vec<u16> = servers[1..].iter().map(|s| s.port).collect();
         let ha = Self {
@@ -216,20 +225,50 @@ impl PostgresHa {
 
     /// A switchover as an operator makes it: the standby on `port` promoted while the old primary still runs
     /// and takes commits, the old primary stopped `grace` later (fast shutdown: clients disconnected, a
-    /// shutdown checkpoint), and the other standbys pointed at the new primary (their links retargeted; one
-    /// that received WAL the new primary never had cannot follow it and stays behind, as it would in life).
-    /// Returns the old primary's port.
+    /// shutdown checkpoint), then every other server rebuilt as a standby of the new primary
+    /// ([`PostgresHa::rejoin`]). Returns the old primary's port.
     ///
     /// # Panics
-    /// As [`PostgresHa::promote_standby`].
+    /// As [`PostgresHa::promote_standby`] and [`PostgresHa::rejoin`].
     pub fn switchover(&mut self, port: u16, grace: Duration) -> u16 {
         let old = self.primary_now;
         self.promote_standby(port);
         // The operator's delay before fencing the old primary; the window in which it takes commits alone.
         std::thread::sleep(grace);
         self.stop_server(old);
-        self.repoint(port);
+        self.rejoin();
         old
+    }
+
+    /// Makes every server but the primary now a standby of it again, as an operator rebuilding the set after
+    /// a failover: each stopped (fast shutdown) if it runs, its data replaced by a base backup of the primary
+    /// (a standby that received WAL the new primary never had cannot follow it, nor can the old primary), and
+    /// started streaming through its relay, pointed at the primary and healed. Waits until every one streams,
+    /// so that `ANY n` commits can complete again.
+    ///
+    /// # Panics
+    /// When a base backup or a start fails, or they do not all stream within a minute.
+    pub fn rejoin(&mut self) {
+        let primary = self.primary_now;
+        for i in 0..self.servers.len() {
+            let s = &mut self.servers[i];
+            if s.port == primary {
+                continue;
+            }
+            s.proc.stop("-INT", Duration::from_secs(10));
+            let _ = std::fs::remove_dir_all(&s.data);
+            let link = s.link.as_ref().map_or(primary, |l| {
+                l.heal();
+                l.retarget(primary);
+                l.port
+            });
+            s.proc = standby(&self.bin, self.owner, &s.data, i, (s.port, primary, link));
+        }
+        let n = (self.servers.len() - 1).to_string();
+        wait_until("every other server streaming from the new primary", || {
+            let sql = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
+            (self.psql(primary, sql)? == n).then_some(())
+        });
     }
 
     /// Stops the server on `port` with a fast shutdown (SIGINT; SIGKILL after 10 s).
@@ -240,21 +279,11 @@ impl PostgresHa {
         self.server(port).proc.stop("-INT", Duration::from_secs(10));
     }
 
-    /// Points every standby's link at the server on `primary` (and heals the links).
-    pub fn repoint(&self, primary: u16) {
-        for s in &self.servers {
-            if let (Some(link), true) = (&s.link, s.port != primary) {
-                link.heal();
-                link.retarget(primary);
-            }
-        }
-    }
-
     /// Cuts every standby but `keep` (their ports) off from the primary: their links refuse and close. The
     /// clients (idem, through the multi-host URL) still reach every server. [`PostgresHa::heal`] restores them.
     pub fn partition(&self, keep: &[u16]) {
         for s in &self.servers {
-            if let (Some(link), false) = (&s.link, keep.contains(&s.port)) {
+            if let (Some(link), false) = (&s.link, keep.contains(&s.port) || s.port == self.primary_now) {
                 link.cut(Cut::All);
             }
         }
@@ -311,39 +340,44 @@ impl PostgresHa {
     }
 }
 
-/// Standby `i` (named `s{i}`): a base backup of the primary on `primary`, started streaming from it through a
-/// relay of its own.
-fn standby(bin: &Path, owner: Option<(u32, u32)>, dir: &Path, i: usize, primary: u16) -> Server {
-    let data = dir.join(format!("standby{i}"));
+/// Appends `line` to `data`'s postgresql.auto.conf (a later line wins over an earlier one).
+fn append_conf(data: &Path, owner: Option<(u32, u32)>, line: &str) {
+    let file = data.join("postgresql.auto.conf");
+    let mut auto = std::fs::read_to_string(&file).unwrap_or_default();
+    auto.push_str(line);
+    std::fs::write(&file, auto).unwrap();
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&file, Some(uid), Some(gid)).unwrap();
+    }
+}
+
+/// Server `i` (named `s{i}`) made a standby in `data` (which must not exist): a base backup of the primary on
+/// `primary`, started on `port` streaming from it through the relay on `link`. `ports` is (port, primary,
+/// link).
+fn standby(bin: &Path, owner: Option<(u32, u32)>, data: &Path, i: usize, ports: (u16, u16, u16)) -> Proc {
+    let (port, primary, link) = ports;
     let mut basebackup = pg_command(bin, owner, "pg_basebackup");
-    basebackup.args(["-h", "127.0.0.1", "-p", &primary.to_string(), "-U", "postgres", "-D"]).arg(&data).args([
+    basebackup.args(["-h", "127.0.0.1", "-p", &primary.to_string(), "-U", "postgres", "-D"]).arg(data).args([
         "-X",
         "stream",
         "--checkpoint=fast",
         "--no-sync",
     ]);
     run(basebackup, "pg_basebackup");
-    let link = Relay::start(free_port(), primary);
-    // What `pg_basebackup -R` writes, with the standby's name (for synchronous_standby_names) and its relay.
-    let conninfo = format!("host=127.0.0.1 port={} user=postgres application_name=s{i}", link.port);
-    let mut auto = std::fs::read_to_string(data.join("postgresql.auto.conf")).unwrap_or_default();
-    auto.push_str(&format!("primary_conninfo = '{conninfo}'\n"));
-    std::fs::write(data.join("postgresql.auto.conf"), auto).unwrap();
+    // What `pg_basebackup -R` writes, with the standby's name (for synchronous_standby_names) and its relay;
+    // after the primary's own primary_conninfo when it was a standby once, so this one wins.
+    let conninfo = format!("host=127.0.0.1 port={link} user=postgres application_name=s{i}");
+    append_conf(data, owner, &format!("primary_conninfo = '{conninfo}'\n"));
     std::fs::write(data.join("standby.signal"), "").unwrap();
     if let Some((uid, gid)) = owner {
-        for f in ["postgresql.auto.conf", "standby.signal"] {
-            std::os::unix::fs::chown(data.join(f), Some(uid), Some(gid)).unwrap();
-        }
+        std::os::unix::fs::chown(data.join("standby.signal"), Some(uid), Some(gid)).unwrap();
     }
-    let port = free_port();
-    // No synchronous_standby_names here: once promoted a standby has no standby of its own to wait for.
-    let proc = Proc::spawn(
-        postgres_cmd(bin, owner, &data, port, &[]),
+    Proc::spawn(
+        postgres_cmd(bin, owner, data, port, &[]),
         "ready to accept read-only connections",
         "a standby PostgreSQL",
         false,
-    );
-    Server { port, data, proc, link: Some(link) }
+    )
 }
 
 impl Drop for PostgresHa {

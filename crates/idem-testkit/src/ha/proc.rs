@@ -38,7 +38,8 @@ impl Proc {
     /// SIGKILL to the whole process group, then reaps the leader.
     pub(crate) fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+            let _ =
+                Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).stderr(Stdio::null()).status();
             let _ = child.kill();
             let _ = child.wait();
         }
