@@ -5,9 +5,12 @@
 #   cluster  a Redis Cluster of 3 masters + 3 replicas (redis+cluster://)
 #   wait0    one primary with one replica, no WAIT (redis://)
 #   wait1    the same primary and replica, wait_replicas=1 (WAIT 1 after every write)
+#   all1     a primary with one replica under a Sentinel, wait_replicas=all (the durable setting: WAIT 1)
+#   all2     a primary with two replicas under a Sentinel, wait_replicas=all (WAIT 2)
 # Reports, per case, requests/s and CPU per request (idem plus every redis-server of the case, utime + stime
-# from /proc, the figure that does not move with the load of other jobs), and the ratios cluster/single and
-# wait1/wait0. Rounds alternate the cases so machine noise hits all of them.
+# from /proc, the figure that does not move with the load of other jobs), and the ratios cluster/single,
+# wait1/wait0 and all2/all1 (the cost of the durable setting with two replicas against one). Rounds alternate
+# the cases so machine noise hits all of them.
 #
 #   scripts/bench-ha.sh                                  # builds idem and the example upstream (release)
 #   IDEM=target/release/idem UPSTREAM=target/release/examples/upstream DURATION=10 ROUNDS=3 scripts/bench-ha.sh
@@ -71,7 +74,7 @@ redis_node() {
   until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 }
 
-log "starting one node, a primary with a replica, and a 6-node Cluster"
+log "starting one node, a primary with a replica, two Sentinel sets (one and two replicas), and a 6-node Cluster"
 single_port=$(free_port)
 single_pids=$(redis_node "$single_port")
 primary_port=$(free_port)
@@ -89,6 +92,27 @@ redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --clu
 for p in "${cluster_ports[@]}"; do
   until redis-cli -p "$p" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
 done
+# A primary with $2 replicas and one Sentinel (quorum 1: nothing fails over here, it only names the master and
+# lists the replicas) under master name $1; prints "sentinel-port pids".
+sentinel_set() {
+  local name=$1 replicas=$2 primary sentinel p set_pids
+  primary=$(free_port)
+  set_pids=$(redis_node "$primary")
+  for _ in $(seq "$replicas"); do
+    p=$(free_port)
+    set_pids="$set_pids $(redis_node "$p" --replicaof 127.0.0.1 "$primary")"
+    until redis-cli -p "$p" info replication | grep -q master_link_status:up; do sleep 0.1; done
+  done
+  sentinel=$(free_port)
+  printf 'port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 1\n' "$sentinel" "$work" "$name" "$primary" \
+    >"$work/sentinel-$name.conf"
+  redis-server "$work/sentinel-$name.conf" --sentinel >"$work/sentinel-$name.log" 2>&1 &
+  echo $! >>"$work/pids"
+  until [[ $(redis-cli -p "$sentinel" sentinel replicas "$name" 2>/dev/null | grep -c '^name$') == "$replicas" ]]; do sleep 0.1; done
+  echo "$sentinel $set_pids"
+}
+read -r all1_sentinel all1_pids <<<"$(sentinel_set one 1)"
+read -r all2_sentinel all2_pids <<<"$(sentinel_set two 2)"
 cluster_url="redis+cluster://$(printf '127.0.0.1:%s,' "${cluster_ports[@]}")"
 cluster_url=${cluster_url%,}
 
@@ -97,11 +121,15 @@ url[single]="redis://127.0.0.1:$single_port"
 url[cluster]=$cluster_url
 url[wait0]="redis://127.0.0.1:$primary_port"
 url[wait1]="redis://127.0.0.1:$primary_port?wait_replicas=1&wait_timeout_ms=1000"
+url[all1]="redis+sentinel://127.0.0.1:$all1_sentinel/one?wait_replicas=all&wait_timeout_ms=1000"
+url[all2]="redis+sentinel://127.0.0.1:$all2_sentinel/two?wait_replicas=all&wait_timeout_ms=1000"
 redis_pids[single]=$single_pids
 redis_pids[cluster]=$cluster_pids
 redis_pids[wait0]=$repl_pids
 redis_pids[wait1]=$repl_pids
-cases=(single cluster wait0 wait1)
+redis_pids[all1]=$all1_pids
+redis_pids[all2]=$all2_pids
+cases=(single cluster wait0 wait1 all1 all2)
 
 up_port=$(free_port)
 "$UPSTREAM" --listen "127.0.0.1:$up_port" >"$work/upstream.log" 2>&1 &
@@ -161,9 +189,9 @@ for workload in kv first; do
   done
 done
 echo
-echo "| workload | cluster / single req/s | cluster / single CPU per request | wait1 / wait0 req/s | wait1 / wait0 CPU per request |"
-echo "|---|---:|---:|---:|---:|"
+echo "| workload | cluster / single req/s | cluster / single CPU per request | wait1 / wait0 req/s | wait1 / wait0 CPU per request | all2 / all1 req/s | all2 / all1 CPU per request |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 for workload in kv first; do
   r() { awk -v a="$(avg "$1" "$workload" "$3")" -v b="$(avg "$2" "$workload" "$3")" 'BEGIN { printf "%.2f", a / b }'; }
-  echo "| $workload | $(r cluster single 3) | $(r cluster single 4) | $(r wait1 wait0 3) | $(r wait1 wait0 4) |"
+  echo "| $workload | $(r cluster single 3) | $(r cluster single 4) | $(r wait1 wait0 3) | $(r wait1 wait0 4) | $(r all2 all1 3) | $(r all2 all1 4) |"
 done

@@ -103,9 +103,10 @@ pub(crate) fn watch(pool: Pool, listed: u32, first: Coverage) -> tokio::task::Jo
                 return;
             }
             let Ok(client) = pool.get().await else { continue };
-            if let Ok(now) = coverage(&client, listed).await
-                && now != last
-            {
+            let Ok(now) = coverage(&client, listed).await else { continue };
+            // Set at each read, not only on a change: a recorder installed after the first still shows it.
+            metrics::gauge!("idem_store_replicas_unwaited").set(f64::from(now.unwaited()));
+            if now != last {
                 tracing::info!(setting = %now.setting, standbys = now.standbys, "the PostgreSQL replication setting changed");
                 judge(&now);
                 last = now;

@@ -168,12 +168,21 @@ fn redis_err(e: redis::RedisError) -> StoreError {
             // The Sentinels name no reachable master: the old one is down and none is promoted yet.
             | redis::ErrorKind::MasterNameNotFoundBySentinel
             | redis::ErrorKind::ClusterConnectionNotFound
-    ) || ran_nothing(&e);
+    ) || ran_nothing(&e)
+        // A `WAIT` released because its node became a replica (a switchover took the master away while the
+        // write waited for its replicas): the write ran and may or may not survive.
+        || said(&e, "UNBLOCKED");
     if failover || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::unavailable(e)
     } else {
         StoreError::backend(e)
     }
+}
+
+/// Whether the server answered `code` (an error code the redis crate has no kind for), to a command or to one
+/// of a pipeline's.
+fn said(e: &redis::RedisError, code: &str) -> bool {
+    e.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == code))
 }
 
 fn unexpected(what: &str) -> StoreError {

@@ -1,18 +1,25 @@
-//! The replicas of the store's master as the failover manager knows them: the Sentinels' list for the master
-//! (`SENTINEL REPLICAS`), the Cluster's node table (`CLUSTER NODES`, the replicas of the master serving the
-//! store's slot), and on one server the replicas it has connected (`INFO replication`).
+//! The replicas of the store's master that a failover could promote, as the failover manager knows them: the
+//! Sentinels' list for the master (`SENTINEL REPLICAS`), the Cluster's node table (`CLUSTER NODES`, the
+//! replicas of the master serving the store's slot), and on one server, which has no failover manager, the
+//! replicas it has connected (`INFO replication`).
 //!
 //! Why the failover manager's list and not the master's connected replicas: a replica cut off from the master
-//! (a partition, a hung machine) can still be promoted, and a write it never acknowledged is then lost.
+//! (a partition between the two) can still be promoted, and a write it never acknowledged is then lost.
 //! `wait_replicas=all` waits for every replica of that list, so a write acknowledged to idem is on whichever
 //! replica is promoted, through a crash, a switchover with the old master alive (`SENTINEL FAILOVER`,
 //! `CLUSTER FAILOVER [FORCE|TAKEOVER]`) or a partition: a replica promoted stops acknowledging the old master,
-//! so every write the old master takes after that is refused (503), never acknowledged. A replica the list
-//! holds that is down makes every write wait out `wait_timeout_ms` and fail, until it is back or removed
-//! (`SENTINEL RESET`, `CLUSTER FORGET`): durability chosen over availability, as PostgreSQL's synchronous
-//! replication chooses.
+//! so every write the old master takes after that is refused (503), never acknowledged.
 //!
-//! The count is read every [`EVERY`] and kept between reads; a read that fails keeps the last count.
+//! A replica the failover manager itself judges down (the Sentinels' `s_down`, the Cluster's `fail`) is not
+//! counted: the manager cannot promote it while it is down (a Sentinel promotes only a replica it reaches, the
+//! Cluster's masters vote only for one they reach), and it catches up from the master before it is
+//! promotable again (Sentinel passes over a replica whose link to the master was down for long; both prefer
+//! the highest replication offset). Counting it would refuse every write after each crash failover (the
+//! Sentinels keep the dead master in the list as a replica) until it came back. A replica that is only slow
+//! is counted: writes wait up to `wait_timeout_ms` and fail (503) until it catches up or is judged down.
+//!
+//! The count is read every [`EVERY`] (every 10 s when only the warning needs it) and kept between reads; a
+//! read that fails keeps the last count.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -98,8 +105,9 @@ impl Sentinels {
         known
     }
 
-    /// The most replicas any Sentinel that answers lists for the master (Sentinels may differ for a moment
-    /// after a change; the larger view is the safe one). `None` when none answers.
+    /// The most replicas not judged down (`s_down`, `o_down`) that any Sentinel that answers lists for the
+    /// master (Sentinels may differ for a moment after a change; the larger view is the safe one). `None` when
+    /// none answers.
     async fn count(&mut self) -> Option<u32> {
         let mut most = None;
         for (client, cached) in &mut self.clients {
@@ -117,7 +125,8 @@ impl Sentinels {
                 r
             };
             if let Ok(Ok(Value::Array(replicas))) = tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
-                let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
+                let up = replicas.iter().filter(|r| !sentinel_judged_down(r)).count();
+                let n = u32::try_from(up).unwrap_or(u32::MAX);
                 most = Some(most.map_or(n, |m: u32| m.max(n)));
             }
         }
@@ -132,12 +141,30 @@ fn ask_config() -> redis::AsyncConnectionConfig {
         .set_response_timeout(Some(ASK_TIMEOUT))
 }
 
+/// Whether a replica of `SENTINEL REPLICAS` (its fields and values, as an array in RESP2 or a map in RESP3)
+/// has `s_down` or `o_down` among its `flags`.
+fn sentinel_judged_down(replica: &Value) -> bool {
+    let fields: Vec<(&Value, &Value)> = match replica {
+        Value::Array(a) => a.chunks(2).filter_map(|kv| Some((kv.first()?, kv.get(1)?))).collect(),
+        Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
+        _ => return false,
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    };
+    fields
+        .iter()
+        .find(|(k, _)| text(k) == "flags")
+        .is_some_and(|(_, v)| text(v).split(',').any(|f| f == "s_down" || f == "o_down"))
+}
+
 /// Where the count comes from.
 pub(crate) enum Source {
     /// One server: the replicas it has connected.
     Single,
-    /// The Sentinels' list, and the replicas the master has connected (a replica attached a moment ago that
-    /// the Sentinels have not seen yet could otherwise answer a `WAIT` in a known replica's place).
+    /// The Sentinels' list.
     Sentinel(Sentinels),
     /// The Cluster's node table, for the master serving `slot`.
     Cluster { slot: u16 },
@@ -170,6 +197,8 @@ impl Topology {
                 // did not answer.
                 if let Ok(n) = count(&mut source, &mut conn).await {
                     known.store(n, Ordering::Relaxed);
+                    // Set at each count, not only on a change: a recorder installed after the first still shows it.
+                    gauge(n, wait);
                     if n != last {
                         judge(n, Some(last), wait);
                         last = n;
@@ -192,13 +221,7 @@ impl Topology {
 /// Logs the count, warns when writes are acknowledged without some replica (a failover to it can lose them),
 /// and sets the `idem_store_replicas_unwaited` gauge to how many replicas a write does not wait for.
 fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
-    let waited = match wait.map(|w| w.replicas) {
-        None => 0,
-        Some(Replicas::Count(n)) => n,
-        Some(Replicas::All) => known,
-    };
-    let unwaited = known.saturating_sub(waited);
-    metrics::gauge!("idem_store_replicas_unwaited").set(f64::from(unwaited));
+    let (waited, unwaited) = gauge(known, wait);
     if let Some(before) = before {
         tracing::info!(replicas = known, before, "the Redis master's replicas changed");
     }
@@ -213,21 +236,29 @@ fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
     }
 }
 
+/// Sets the `idem_store_replicas_unwaited` gauge for `known` replicas; the replicas a write waits for and
+/// those it does not.
+fn gauge(known: u32, wait: Option<Wait>) -> (u32, u32) {
+    let waited = match wait.map(|w| w.replicas) {
+        None => 0,
+        Some(Replicas::Count(n)) => n,
+        Some(Replicas::All) => known,
+    };
+    let unwaited = known.saturating_sub(waited);
+    metrics::gauge!("idem_store_replicas_unwaited").set(f64::from(unwaited));
+    (waited, unwaited)
+}
+
 /// The replicas of the master, by `source`.
 async fn count(source: &mut Source, conn: &mut Conn) -> RedisResult<u32> {
     match source {
         Source::Single => connected(conn).await,
-        Source::Sentinel(sentinels) => {
-            let listed = sentinels.count().await;
-            let connected = connected(conn).await.ok();
-            match (listed, connected) {
-                (None, None) => Err(redis::RedisError::from((
-                    redis::ErrorKind::MasterNameNotFoundBySentinel,
-                    "no Sentinel answered SENTINEL REPLICAS",
-                ))),
-                (a, b) => Ok(a.unwrap_or(0).max(b.unwrap_or(0))),
-            }
-        }
+        Source::Sentinel(sentinels) => sentinels.count().await.ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "no Sentinel answered SENTINEL REPLICAS",
+            ))
+        }),
         Source::Cluster { slot } => {
             let nodes: String =
                 tokio::time::timeout(ASK_TIMEOUT * 2, redis::cmd("CLUSTER").arg("NODES").query_async(conn))
@@ -246,8 +277,9 @@ async fn connected<C: ConnectionLike>(conn: &mut C) -> RedisResult<u32> {
     Ok(info.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.parse().ok()).unwrap_or(0))
 }
 
-/// The replicas `CLUSTER NODES` lists for the master that serves `slot`, failed ones included. 0 when no
-/// master serves it (mid-failover: the next count finds the new one).
+/// The replicas `CLUSTER NODES` lists for the master that serves `slot`, less those the Cluster judged failed
+/// (`fail`; a node only suspected, `fail?`, counts). 0 when no master serves it (mid-failover: the next count
+/// finds the new one).
 fn cluster_replicas(nodes: &str, slot: u16) -> u32 {
     // <id> <ip:port@bus> <flags> <master id or -> <ping> <pong> <epoch> <link> <slot ranges…>
     let rows: Vec<Vec<&str>> =
@@ -261,7 +293,7 @@ fn cluster_replicas(nodes: &str, slot: u16) -> u32 {
     let Some(master) = rows.iter().find(|f| f[2].contains("master") && serves(f)).map(|f| f[0]) else {
         return 0;
     };
-    let n = rows.iter().filter(|f| f[3] == master).count();
+    let n = rows.iter().filter(|f| f[3] == master && !f[2].split(',').any(|flag| flag == "fail")).count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -270,18 +302,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_replicas_are_those_of_the_slots_master_failed_ones_included() {
+    fn cluster_replicas_are_those_of_the_slots_master_less_failed_ones() {
         let nodes = "\
 a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
 a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
 r1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
-r2 127.0.0.1:7004@17004 slave,fail a1 0 0 1 disconnected
+r2 127.0.0.1:7004@17004 slave,fail? a1 0 0 1 disconnected
 r3 127.0.0.1:7005@17005 slave a2 0 0 2 connected
+r4 127.0.0.1:7007@17007 slave,fail a1 0 0 1 disconnected
 old 127.0.0.1:7006@17006 master,fail - 0 0 0 disconnected
 ";
         assert_eq!(cluster_replicas(nodes, 0), 2);
         assert_eq!(cluster_replicas(nodes, 5460), 2);
         assert_eq!(cluster_replicas(nodes, 6000), 1);
         assert_eq!(cluster_replicas(nodes, 16000), 0);
+    }
+
+    #[test]
+    fn sentinel_replicas_judged_down_are_told_apart_in_resp2_and_resp3() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = |flags: &str| Value::Array(vec![bulk("name"), bulk("127.0.0.1:1"), bulk("flags"), bulk(flags)]);
+        assert!(!sentinel_judged_down(&resp2("slave")));
+        assert!(sentinel_judged_down(&resp2("s_down,slave")));
+        assert!(sentinel_judged_down(&resp2("slave,s_down,disconnected")));
+        assert!(!sentinel_judged_down(&resp2("slave,disconnected")));
+        let resp3 = Value::Map(vec![(bulk("flags"), bulk("s_down,slave"))]);
+        assert!(sentinel_judged_down(&resp3));
     }
 }

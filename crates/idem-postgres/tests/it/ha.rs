@@ -77,6 +77,9 @@ async fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() 
         ha.kill_primary();
         std::thread::sleep(Duration::from_millis(300));
         ha.promote();
+        // The promoted standby asks for a synchronous standby of its own (the setting is the same on every
+        // server): its commits wait until the old primary is rebuilt as one, as an operator would.
+        ha.rejoin();
     })
     .await;
     eprintln!("{tally:?}");

@@ -8,6 +8,7 @@ mod generations;
 mod ha;
 mod migrations;
 mod shutdown;
+mod switchover;
 mod tls;
 
 /// `IDEM_TEST_POSTGRES_URL`, or `None` (printed) when unset; unset under `IDEM_TEST_REQUIRE_BACKENDS` fails.

@@ -70,7 +70,7 @@ async fn wait_counting_fewer_replicas_than_asked_is_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_failover_with_wait_loses_no_acknowledged_write() {
     let Some(set) = RedisSentinel::start() else { return };
-    let store = RedisStore::connect(&set.url("wait_replicas=1&wait_timeout_ms=500"), &prefix(), Limits::default())
+    let store = RedisStore::connect(&set.url("wait_replicas=all&wait_timeout_ms=500"), &prefix(), Limits::default())
         .await
         .unwrap_or_else(|e| panic!("connect: {}", error_chain(&e)));
     let set = Arc::new(Mutex::new(set));
@@ -103,7 +103,7 @@ async fn a_sentinel_failover_with_wait_loses_no_acknowledged_write() {
 async fn a_cluster_failover_with_wait_loses_no_acknowledged_write() {
     let Some(cluster) = RedisCluster::start() else { return };
     let prefix = prefix();
-    let store = RedisStore::connect(&cluster.url("wait_replicas=1&wait_timeout_ms=500"), &prefix, Limits::default())
+    let store = RedisStore::connect(&cluster.url("wait_replicas=all&wait_timeout_ms=500"), &prefix, Limits::default())
         .await
         .unwrap_or_else(|e| panic!("connect: {}", error_chain(&e)));
     // The store's keys share the hash tag {prefix}: its master is the one to kill.

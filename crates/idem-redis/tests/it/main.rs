@@ -5,4 +5,5 @@
 
 mod conformance;
 mod ha;
+mod switchover;
 mod tls;

@@ -35,6 +35,9 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         ),
         None => None,
     };
+    // Before the store opens: what it reports while opening (the replicas a write does not wait for) must reach
+    // /metrics.
+    idem_server::install_recorder();
     // A store unavailable for now (a failover in progress, a primary restarting) is not a reason to stay down:
     // requests get 503 with Retry-After until it opens.
     let store = AnyStore::open_or_keep_trying(&config.store_url, &config.namespace, config.limits).await?;

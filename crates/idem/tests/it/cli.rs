@@ -38,12 +38,19 @@ fn bad_store_urls_and_flags_exit_2_with_one_line() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap().to_string();
     for (args, needle) in [
-        (vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
+        // Refused settings (an unreachable store is an outage, answered 503: `an_unreachable_store_is_served_as_503`).
+        (
+            vec!["--store", "postgres://alice:hunter2@127.0.0.1:1/db?sslmode=verify"],
+            "postgres://alice:***@127.0.0.1:1/db",
+        ),
         (vec!["--store", "postgres://alice:hunter2@127.0.0.1:5432/db?sslmode=nonsense"], "alice:***@"),
-        (vec!["--store", "redis://:hunter2@127.0.0.1:1"], "redis://:***@127.0.0.1:1"),
+        (vec!["--store", "redis://:hunter2@127.0.0.1:1?wait_replicas=x"], "redis://:***@127.0.0.1:1"),
         // A password holding `@`, and one in the query string.
-        (vec!["--store", "postgres://alice:hun@ter2hunter2@127.0.0.1:1/db"], "postgres://alice:***@127.0.0.1:1/db"),
-        (vec!["--store", "postgres://alice@127.0.0.1:1/db?sslmode=disable&password=hunter2"], "password=***"),
+        (
+            vec!["--store", "postgres://alice:hun@ter2hunter2@127.0.0.1:1/db?target_session_attrs=any"],
+            "postgres://alice:***@127.0.0.1:1/db",
+        ),
+        (vec!["--store", "postgres://alice@127.0.0.1:1/db?sslmode=allow&password=hunter2"], "password=***"),
         (vec!["--store", "redis://alice:hunter2@[::1"], "cannot open store"),
         (vec!["--store", "ftp://x"], "unknown scheme"),
         (vec!["--store", "sqlite:"], "names no file"),
@@ -64,6 +71,22 @@ fn bad_store_urls_and_flags_exit_2_with_one_line() {
         assert!(!err.contains("hunter2"), "password leaked: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: not one line: {err}");
         assert!(!std::path::Path::new("/tmp/idem-never-created").exists(), "a refused start created its database");
+    }
+}
+
+/// A store that cannot be reached when `idem serve` starts is an outage, not a mistake: the server listens and
+/// answers 503 with `Retry-After` until it opens (it exited 2 before, and a server started during a failover
+/// stayed down), and its log names the store with the password hidden.
+#[tokio::test]
+async fn an_unreachable_store_is_served_as_503() {
+    for store in ["redis://:hunter2@127.0.0.1:1", "postgres://alice:hunter2@127.0.0.1:1/db"] {
+        let s = Server::start(&["--listen", "127.0.0.1:0", "--store", store], &[]);
+        let r = client().put(format!("{}/v1/kv/k", s.url)).body("v").send().await.unwrap();
+        assert_eq!(r.status(), 503, "{store}");
+        assert!(r.headers().contains_key("retry-after"), "{store}: {:?}", r.headers());
+        let log = s.wait_for_log("answering 503 until it opens", 1, Duration::from_secs(10));
+        assert!(log.contains(":***@127.0.0.1:1") && !log.contains("hunter2"), "{log}");
+        assert_eq!(s.terminate_wait().code(), Some(0), "{store}");
     }
 }
 

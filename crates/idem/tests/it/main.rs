@@ -16,6 +16,7 @@ mod proxy_tls;
 mod proxy_wire;
 mod queues;
 mod readme;
+mod replication;
 mod run;
 mod run_named;
 mod run_pipe;

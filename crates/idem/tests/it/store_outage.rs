@@ -592,3 +592,47 @@ fn a_sqlite_ledger_locked_longer_than_the_limit_ends_the_run_with_75() {
     assert_eq!(code, 0, "{err}");
     each_once_and_in_place(dir.path(), N, &err);
 }
+
+/// Sentinels that name no master (the master and its one replica down: flagged down, nobody to promote) are
+/// an outage, as a failover in progress is, not a bad URL: `idem once` exits 75 with nothing run, `idem run`
+/// waits for the store up to `--store-outage-limit` and exits 75, `idem serve` answers 503. All three exited 2
+/// ("Master with given name not found") before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_naming_no_master_are_an_outage_for_once_run_and_serve() {
+    let Some(mut set) = idem_testkit::RedisSentinel::start_with_replicas(1) else { return };
+    let url = set.url("");
+    let replica = set.replica_ports[0];
+    set.kill(replica);
+    set.kill_primary();
+    let dir = job(3);
+    let ran = dir.path().join("ran");
+    let once = || {
+        let out = Command::new(BIN)
+            .args(["once", "--store", &url, "--name", "j", "--every", "1h", "--", "touch", ran.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // Until the Sentinels flag the master down they name it and the connection is refused; either way 75.
+    wait_for("the Sentinels to name no master", Duration::from_secs(30), || {
+        let (code, stderr) = once();
+        assert_eq!(code, Some(75), "{stderr}");
+        assert!(stderr.contains("nothing ran"), "{stderr}");
+        stderr.to_lowercase().contains("master with given name not found")
+    });
+    assert!(!ran.exists(), "the command ran");
+    let started = Instant::now();
+    let (code, err) = finish(
+        dir.path(),
+        runner(dir.path(), &url, &["--store-outage-limit", "2s"], "run"),
+        "run",
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 75, "{err}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "gave up before the limit: {err}");
+    assert_eq!(executions(dir.path()).len(), 0, "{err}");
+    let s = crate::common::Server::start(&["--listen", "127.0.0.1:0", "--store", &url], &[]);
+    let r = crate::common::client().put(format!("{}/v1/kv/k", s.url)).body("v").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"), "{:?}", r.headers());
+}

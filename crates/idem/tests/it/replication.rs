@@ -1,0 +1,46 @@
+//! A replication setting that can lose acknowledged writes in a failover is said at start-up: `idem serve` on a
+//! Sentinel set with two replicas and `wait_replicas=1`, or on a PostgreSQL primary whose commits wait for one
+//! standby of two, logs a warning naming the durable setting and reports the replicas a write does not wait for
+//! in the `idem_store_replicas_unwaited` gauge; with the durable setting the gauge is 0 and nothing is logged.
+
+use std::time::Duration;
+
+use idem_testkit::{PostgresHa, RedisSentinel, Replication};
+
+use crate::common::{Server, client};
+
+/// The gauge's value on `/metrics` of the server at `url`.
+async fn unwaited(url: &str) -> String {
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("idem_store_replicas_unwaited "))
+        .unwrap_or_else(|| panic!("no idem_store_replicas_unwaited in:\n{text}"))
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_below_the_replica_count_is_warned_about_and_gauged() {
+    let Some(set) = RedisSentinel::start_with_replicas(2) else { return };
+    let weak = Server::start(&["--store", &set.url("wait_replicas=1")], &[]);
+    let log = weak.wait_for_log("has 2 replicas and a write waits for 1", 1, Duration::from_secs(10));
+    assert!(log.contains("wait_replicas=all"), "{log}");
+    assert_eq!(unwaited(&weak.url).await, "1");
+    let durable = Server::start(&["--store", &set.url("wait_replicas=all")], &[]);
+    assert_eq!(unwaited(&durable.url).await, "0");
+    let put = client().put(format!("{}/v1/kv/k", durable.url)).body("v").send().await.unwrap();
+    assert_eq!(put.status(), 201);
+    assert!(!durable.log.0.lock().unwrap().contains("a write waits for"), "{}", durable.log.0.lock().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_waiting_for_one_standby_of_two_is_warned_about_and_gauged() {
+    let Some(ha) = PostgresHa::start_with(Replication::Synchronous, 2) else { return };
+    let s = Server::start(&["--store", &ha.url("")], &[]);
+    let log = s.wait_for_log("a commit waits for 1 of 2 PostgreSQL standbys", 1, Duration::from_secs(10));
+    assert!(log.contains("ANY 2"), "{log}");
+    assert_eq!(unwaited(&s.url).await, "1");
+    let (code, _, err) =
+        crate::common::idem(&["serve", "--listen", "127.0.0.1:0", "--store", &ha.url("synchronous_standbys=all")], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("synchronous_standbys=all: a commit waits for 1 of 2 standbys"), "{err}");
+}
