@@ -26,6 +26,8 @@ pub struct StoreEnv {
     pub tmpfs: bool,
     /// The durable setting of a highly available backend (see [`setting`]).
     pub durable: bool,
+    /// The setting without `durable`.
+    pub lax: crate::Lax,
     _scratch: tempfile::TempDir,
 }
 
@@ -39,16 +41,20 @@ enum Server {
     RedisCluster(Box<idem_testkit::RedisCluster>),
 }
 
-/// The replication setting of a highly available `backend`, as the report names it: with `durable`,
-/// synchronous replication (PostgreSQL: `synchronous_standby_names = '*'`, a commit acknowledged once the standby
-/// flushed it) or `wait_replicas=1` (Redis: each write acknowledged once a replica has it); without, the
-/// asynchronous defaults. Empty for the other backends.
-pub fn setting(backend: Backend, durable: bool) -> &'static str {
-    match (backend, durable) {
-        (Backend::PostgresHa, true) => "synchronous replication",
-        (Backend::PostgresHa, false) => "asynchronous replication",
-        (Backend::RedisSentinel | Backend::RedisCluster, true) => "wait_replicas=1",
-        (Backend::RedisSentinel | Backend::RedisCluster, false) => "no wait_replicas",
+/// The replication setting of a highly available `backend` (a primary and two replicas or standbys), as the
+/// report names it: with `durable`, every standby synchronous (PostgreSQL: `synchronous_standby_names = 'ANY 2
+/// (s0, s1, s2)'` and idem's `synchronous_standbys=all`) or `wait_replicas=all` (Redis: each write
+/// acknowledged once every replica has it); without, `lax`: one standby or replica (`'*'`, FIRST 1;
+/// `wait_replicas=1`) or none (asynchronous). Empty for the other backends.
+pub fn setting(backend: Backend, durable: bool, lax: crate::Lax) -> &'static str {
+    use crate::Lax;
+    match (backend, durable, lax) {
+        (Backend::PostgresHa, true, _) => "synchronous_standbys=all (ANY 2)",
+        (Backend::PostgresHa, false, Lax::One) => "synchronous_standby_names='*' (FIRST 1)",
+        (Backend::PostgresHa, false, Lax::None) => "asynchronous replication",
+        (Backend::RedisSentinel | Backend::RedisCluster, true, _) => "wait_replicas=all",
+        (Backend::RedisSentinel | Backend::RedisCluster, false, Lax::One) => "wait_replicas=1",
+        (Backend::RedisSentinel | Backend::RedisCluster, false, Lax::None) => "no wait_replicas",
         _ => "",
     }
 }
@@ -79,12 +85,20 @@ impl StoreEnv {
     /// that do not see each other, a Cluster that does not reach `cluster_state:ok` within a minute).
     ///
     /// The highly available backends take `durable` (see [`setting`]); the others ignore it.
-    pub async fn start(backend: Backend, want_tmpfs: bool, durable: bool) -> Result<Self, Error> {
+    pub async fn start(backend: Backend, want_tmpfs: bool, durable: bool, lax: crate::Lax) -> Result<Self, Error> {
         let scratch = tempfile::tempdir().map_err(|e| Error::io("making a scratch directory", e))?;
         let dir = scratch.path().join("data");
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("making the data directory", e))?;
-        let mut env =
-            Self { backend, server: Server::None, link: None, dir, tmpfs: false, durable: false, _scratch: scratch };
+        let mut env = Self {
+            backend,
+            server: Server::None,
+            link: None,
+            dir,
+            tmpfs: false,
+            durable: false,
+            lax,
+            _scratch: scratch,
+        };
         match backend {
             Backend::Sqlite => env.tmpfs = want_tmpfs && mount_tmpfs(&env.dir),
             Backend::Postgres => {
@@ -104,26 +118,26 @@ impl StoreEnv {
                 env.server = Server::Redis(Box::new(redis));
             }
             Backend::PostgresHa => {
-                let replication = if durable {
-                    idem_testkit::Replication::Synchronous
-                } else {
-                    idem_testkit::Replication::Asynchronous
+                let replication = match (durable, lax) {
+                    (true, _) => idem_testkit::Replication::AllStandbys,
+                    (false, crate::Lax::One) => idem_testkit::Replication::Synchronous,
+                    (false, crate::Lax::None) => idem_testkit::Replication::Asynchronous,
                 };
-                let ha = blocking(move || idem_testkit::PostgresHa::start(replication))
+                let ha = blocking(move || idem_testkit::PostgresHa::start_with(replication, 2))
                     .await
                     .map_err(Error::Setup)?
                     .ok_or_else(|| Error::Setup("no PostgreSQL server programs to start one with".into()))?;
                 env.server = Server::PostgresHa(Box::new(ha));
             }
             Backend::RedisSentinel => {
-                let set = blocking(idem_testkit::RedisSentinel::start)
+                let set = blocking(|| idem_testkit::RedisSentinel::start_with_replicas(2))
                     .await
                     .map_err(Error::Setup)?
                     .ok_or_else(|| Error::Setup("no redis-server program to start one with".into()))?;
                 env.server = Server::RedisSentinel(Box::new(set));
             }
             Backend::RedisCluster => {
-                let cluster = blocking(idem_testkit::RedisCluster::start)
+                let cluster = blocking(|| idem_testkit::RedisCluster::start_with_replicas(2))
                     .await
                     .map_err(Error::Setup)?
                     .ok_or_else(|| Error::Setup("no redis-server program to start one with".into()))?;
@@ -142,21 +156,27 @@ impl StoreEnv {
             Server::Postgres(_) => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             Server::Redis(r) => format!("rediss://127.0.0.1:{port}?cacert={}", r.pki.ca.display()),
             // Both hosts, the primary first: after the failover idem finds the promoted standby by itself.
-            Server::PostgresHa(ha) => ha.url("connect_timeout=2"),
-            Server::RedisSentinel(set) => set.url(if self.durable { "wait_replicas=1" } else { "" }),
-            Server::RedisCluster(cluster) => cluster.url(if self.durable { "wait_replicas=1" } else { "" }),
+            Server::PostgresHa(ha) => {
+                ha.url(if self.durable { "connect_timeout=2&synchronous_standbys=all" } else { "connect_timeout=2" })
+            }
+            Server::RedisSentinel(set) => set.url(self.redis_wait()),
+            Server::RedisCluster(cluster) => cluster.url(self.redis_wait()),
         }
     }
 
-    /// The failover of a highly available backend, as a machine's crash and its supervisor would make it; what
-    /// was done with its timings, or what failed. PostgreSQL: the primary killed (SIGKILL to the postmaster
-    /// and every backend), the standby promoted (`pg_ctl promote`) 1 s later (a failure detector's delay).
-    /// Sentinel: the master killed (SIGKILL), the Sentinels' election awaited, then the old master started
-    /// again, empty, and synced as a replica of the new one (so `WAIT 1` can be met again). Cluster: the master
-    /// serving `tag`'s slot (the hash tag of the workload's keys, e.g. `{idem:}`) killed, its replica's
-    /// promotion awaited, the old master restarted as a replica. `None` on the other backends. Once per run: a
-    /// second failover would kill the replica the first one restarted.
-    pub async fn failover(&mut self, tag: &str) -> Option<Result<String, String>> {
+    /// The `wait_replicas` of the Redis URL for the setting.
+    fn redis_wait(&self) -> &'static str {
+        match (self.durable, self.lax) {
+            (true, _) => "wait_replicas=all",
+            (false, crate::Lax::One) => "wait_replicas=1",
+            (false, crate::Lax::None) => "",
+        }
+    }
+
+    /// A fault of a highly available backend ([`crate::hafaults`]): what was done with its timings, or what
+    /// failed. On a Cluster it acts on the master serving `tag`'s slot (the hash tag of the workload's keys,
+    /// e.g. `{idem:}`). `None` on the other backends, and for a partition on a Cluster.
+    pub async fn ha_fault(&mut self, tag: &str, plan: crate::hafaults::Plan) -> Option<Result<String, String>> {
         if !self.backend.is_ha() {
             return None;
         }
@@ -164,31 +184,11 @@ impl StoreEnv {
         let tag = tag.to_owned();
         let done = blocking(move || {
             let mut server = server;
-            let t0 = std::time::Instant::now();
-            let ms = |t: std::time::Instant| t.elapsed().as_millis();
             let detail = match &mut server {
-                Server::PostgresHa(ha) => {
-                    ha.kill_primary();
-                    std::thread::sleep(Duration::from_secs(1));
-                    ha.promote();
-                    format!("primary killed; standby promoted and writable {} ms later", ms(t0))
-                }
-                Server::RedisSentinel(set) => {
-                    set.kill_primary();
-                    set.wait_failover();
-                    let elected = ms(t0);
-                    set.restart_old_primary();
-                    format!("master killed; replica elected master {elected} ms later; old master in sync as a replica at {} ms", ms(t0))
-                }
-                Server::RedisCluster(cluster) => {
-                    let master = cluster.master_of(&tag);
-                    cluster.kill(master);
-                    cluster.wait_failover(&tag, master);
-                    let elected = ms(t0);
-                    cluster.restart(master);
-                    format!("master {master} of {tag} killed; replica promoted {elected} ms later; old master in sync as a replica at {} ms", ms(t0))
-                }
-                _ => String::new(),
+                Server::PostgresHa(ha) => Some(crate::hafaults::postgres(ha, plan)),
+                Server::RedisSentinel(set) => Some(crate::hafaults::sentinel(set, plan)),
+                Server::RedisCluster(cluster) => crate::hafaults::cluster(cluster, &tag, plan),
+                _ => None,
             };
             (server, detail)
         })
@@ -196,7 +196,7 @@ impl StoreEnv {
         match done {
             Ok((server, detail)) => {
                 self.server = server;
-                Some(Ok(detail))
+                detail.map(Ok)
             }
             // The test kit gave up (and its servers went with the panic): the run goes on without a store and
             // its checker reports what that does.

@@ -9,10 +9,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
+use crate::HaFault;
 use crate::backend::StoreEnv;
 use crate::faultproxy::{FaultProxy, Mode};
+use crate::hafaults::Plan;
 use crate::history::{Clock, Fault};
 use crate::procs::{Serve, signal};
+use idem_testkit::ClusterFailover;
 
 /// A kind of fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +44,6 @@ pub enum Kind {
     UpstreamNetDelay,
     /// The SQLite tmpfs filled to the last byte for a while.
     DiskFull,
-    /// A highly available backend's primary killed (SIGKILL) and its standby or replica promoted in its place
-    /// ([`StoreEnv::failover`]); once per run ([`failover_once`]). It excuses nothing: a key or item executed
-    /// again across it is an anomaly, and counted as a loss of the replication setting.
-    Failover,
 }
 
 impl Kind {
@@ -58,7 +57,6 @@ impl Kind {
             Kind::StoreNetDrop | Kind::UpstreamNetDrop => "net-drop",
             Kind::StoreNetDelay | Kind::UpstreamNetDelay => "net-delay",
             Kind::DiskFull => "disk-full",
-            Kind::Failover => "failover",
         }
     }
 }
@@ -130,13 +128,14 @@ pub async fn nemesis(
     }
 }
 
-/// The one failover of a run on a highly available backend: at `at`, or at an instant drawn from `seed`
-/// between a quarter and half of `duration`, unless `stop` is set first; returns once it has healed (the
-/// promoted primary serves, and on Redis the old one is back as its replica).
-pub async fn failover_once(
+/// The one fault of a run on a highly available backend: `plan`'s kind at `at`, or at an instant drawn from
+/// `seed` between a quarter and half of `duration`, unless `stop` is set first; returns once it has healed (a
+/// promoted primary serves, and the others are its replicas or standbys again).
+pub async fn ha_fault_once(
     seed: u64,
     at: Option<Duration>,
     duration: Duration,
+    plan: Plan,
     targets: Targets,
     clock: Clock,
     stop: tokio::sync::watch::Receiver<bool>,
@@ -149,13 +148,57 @@ pub async fn failover_once(
         () = tokio::time::sleep(wait) => {}
         _ = stop.wait_for(|s| *s) => return,
     }
+    // On a Cluster the master acted on is the one serving the workload's keys: their hash tag is the
+    // namespace (the runner's batch `b{n}`, idem serve's default `idem`).
+    let tag = match &targets.runners {
+        Some(r) => format!("{{b{}:}}", r.lock().unwrap_or_else(|e| e.into_inner()).batch),
+        None => "{idem:}".to_owned(),
+    };
     let start = clock.now();
-    if let Some((target, detail)) = inject(Kind::Failover, &targets, &mut rng).await {
-        clock.fault(Fault { kind: Kind::Failover.name().into(), target, start_us: start, end_us: clock.now(), detail });
+    let mut store = targets.store.lock().await;
+    let detail = match store.ha_fault(&tag, plan).await {
+        None => return,
+        Some(Ok(detail)) => detail,
+        Some(Err(why)) => {
+            eprintln!("idem-verify: the {} failed: {why}", plan.kind.name());
+            format!("failed: {why}")
+        }
+    };
+    clock.fault(Fault {
+        kind: plan.kind.name().into(),
+        target: "store primary".into(),
+        start_us: start,
+        end_us: clock.now(),
+        detail,
+    });
+}
+
+/// The fault of a run on a highly available backend: `forced`, or drawn from `seed` and the workload (so the
+/// three workloads of one seed meet different faults), with its numbers. A Cluster draws no partition.
+pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
+    let salt = match opts.workload {
+        crate::Workload::Kv => 1,
+        crate::Workload::Proxy => 2,
+        crate::Workload::Runner => 3,
+    };
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6861_6661_756c_7400 ^ salt);
+    let kinds: Vec<HaFault> = HaFault::ALL
+        .into_iter()
+        .filter(|k| *k != HaFault::Partition || opts.backend != crate::Backend::RedisCluster)
+        .collect();
+    let drawn = kinds[rng.random_range(0..kinds.len())];
+    let cluster =
+        [ClusterFailover::Coordinated, ClusterFailover::Force, ClusterFailover::Takeover][rng.random_range(0..3)];
+    Plan {
+        kind: opts.ha_fault.unwrap_or(drawn),
+        replica: rng.random_range(0..2),
+        lag_ms: rng.random_range(1500..=4000),
+        hold_ms: rng.random_range(1000..=3000),
+        cluster,
     }
 }
 
-/// The nemesis of a run: on a highly available backend its one failover ([`failover_once`]), elsewhere
+/// The nemesis of a run: on a highly available backend its one fault ([`ha_fault_once`]), elsewhere
 /// [`nemesis`] with `kinds`; nothing without `opts.faults`.
 pub fn spawn(
     opts: &crate::Options,
@@ -169,7 +212,8 @@ pub fn spawn(
         return tokio::spawn(async {});
     }
     if opts.backend.is_ha() {
-        tokio::spawn(failover_once(opts.seed, opts.failover_at, opts.duration, targets, clock, stop))
+        let plan = ha_plan(opts.seed, opts);
+        tokio::spawn(ha_fault_once(opts.seed, opts.failover_at, opts.duration, plan, targets, clock, stop))
     } else {
         tokio::spawn(nemesis(opts.seed, kinds, targets, clock, gap, stop))
     }
@@ -259,22 +303,6 @@ async fn inject(kind: Kind, t: &Targets, rng: &mut StdRng) -> Option<(String, St
                 tokio::time::sleep(span).await;
                 link.set(Mode::Pass);
                 Some((target.into(), format!("{} ms per chunk for {} ms", delay.as_millis(), span.as_millis())))
-            }
-        }
-        Kind::Failover => {
-            // On a Cluster the master to kill is the one serving the workload's keys: their hash tag is the
-            // namespace (the runner's batch `b{n}`, idem serve's default `idem`).
-            let tag = match &t.runners {
-                Some(r) => format!("{{b{}:}}", r.lock().unwrap_or_else(|e| e.into_inner()).batch),
-                None => "{idem:}".to_owned(),
-            };
-            let mut store = t.store.lock().await;
-            match store.failover(&tag).await? {
-                Ok(detail) => Some(("store primary".into(), detail)),
-                Err(why) => {
-                    eprintln!("idem-verify: the failover failed: {why}");
-                    Some(("store primary".into(), format!("failed: {why}")))
-                }
             }
         }
         Kind::DiskFull => {

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod faultproxy;
 pub mod faults;
+pub mod hafaults;
 pub mod history;
 pub mod kv;
 pub mod procs;
@@ -53,10 +54,65 @@ impl Backend {
         }
     }
 
-    /// Whether it is a highly available setup, whose one fault is a failover (see [`faults::Kind::Failover`]).
+    /// Whether it is a highly available setup, whose one fault is one of [`HaFault`].
     pub fn is_ha(self) -> bool {
         matches!(self, Backend::PostgresHa | Backend::RedisSentinel | Backend::RedisCluster)
     }
+}
+
+/// A fault of a highly available backend (one a run, drawn from the seed unless `--ha-fault` names it). None
+/// excuses anything: a write acknowledged and then missing, or an execution repeated, is an anomaly and a
+/// counted loss of the replication setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum HaFault {
+    /// The primary killed (SIGKILL) and a replica or standby promoted in its place.
+    Failover,
+    /// A switchover by command with the old primary alive: `SENTINEL FAILOVER`, `CLUSTER FAILOVER`
+    /// (coordinated, `FORCE` or `TAKEOVER`), `pg_ctl promote` of a standby with the old primary stopped after
+    /// a while.
+    Switchover,
+    /// A replica or standby frozen (SIGSTOP) for a while, then the primary killed and the other promoted.
+    ReplicaLag,
+    /// A replica or standby stopped for a while, then a switchover to the other.
+    ReplicaStop,
+    /// The old primary and one replica or standby cut off from the other (and the Sentinels) while idem still
+    /// reaches them; the other promoted; healed after a while (PostgreSQL: the old primary stopped). Not on a
+    /// Cluster.
+    Partition,
+}
+
+impl HaFault {
+    /// The name in the history and the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            HaFault::Failover => "failover",
+            HaFault::Switchover => "switchover",
+            HaFault::ReplicaLag => "replica-lag",
+            HaFault::ReplicaStop => "replica-stop",
+            HaFault::Partition => "partition",
+        }
+    }
+
+    /// Every one, in the order the seed draws from.
+    pub const ALL: [HaFault; 5] =
+        [HaFault::Failover, HaFault::Switchover, HaFault::ReplicaLag, HaFault::ReplicaStop, HaFault::Partition];
+
+    /// Whether `kind` (a fault's name in a history) is one of these.
+    pub fn is_ha(kind: &str) -> bool {
+        Self::ALL.iter().any(|f| f.name() == kind)
+    }
+}
+
+/// The replication setting of a highly available backend without the durable one (`--no-durable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lax {
+    /// One replica or standby: Redis `wait_replicas=1`, PostgreSQL `synchronous_standby_names = '*'` (FIRST 1).
+    #[default]
+    One,
+    /// None: no `wait_replicas`, asynchronous PostgreSQL replication.
+    None,
 }
 
 /// The workload.
@@ -95,10 +151,15 @@ pub struct Options {
     pub planted_bug: Option<String>,
     /// Concurrent clients (KV, proxy) or items (runner).
     pub clients: usize,
-    /// On the highly available backends, the durable setting: synchronous replication (PostgreSQL) or
-    /// `wait_replicas=1` (Redis). Without it a write the old primary acknowledged may be lost in the failover;
-    /// the report counts such losses (as anomalies, and on a line of their own). Ignored on the others.
+    /// On the highly available backends, the durable setting: every standby synchronous (PostgreSQL `ANY 2
+    /// (…)` with `synchronous_standbys=all`) or `wait_replicas=all` (Redis). Without it ([`Options::lax`]) a
+    /// write the old primary acknowledged may be lost in a failover; the report counts such losses (as
+    /// anomalies, and on a line of their own). Ignored on the others.
     pub durable: bool,
+    /// Without `durable`: which weaker setting.
+    pub lax: Lax,
+    /// On the highly available backends, the fault; `None`: drawn from the seed (and the workload).
+    pub ha_fault: Option<HaFault>,
     /// On the highly available backends, when the failover starts (from the start of the run); `None`: drawn
     /// from the seed between a quarter and half of `duration`.
     pub failover_at: Option<Duration>,
@@ -235,7 +296,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     summary.seconds = started.elapsed().as_secs_f64();
     if opts.backend.is_ha() {
-        summary.setting = Some(backend::setting(opts.backend, opts.durable).to_owned());
+        summary.setting = Some(backend::setting(opts.backend, opts.durable, opts.lax).to_owned());
     }
     let json = serde_json::to_string_pretty(&summary).unwrap_or_default();
     let _ = std::fs::write(opts.out.join("summary.json"), json);

@@ -7,14 +7,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_verify::{Backend, Options, Workload};
+use idem_verify::{Backend, HaFault, Lax, Options, Workload};
 
 /// Record histories of real concurrent operations against idem under injected faults, and check them.
 #[derive(Parser, Debug)]
 #[command(name = "idem-verify")]
 struct Cli {
     /// Backends to run on (repeatable; default sqlite, postgres and redis). The highly available ones
-    /// (postgres-ha, redis-sentinel, redis-cluster) run with one fault: a failover of their primary.
+    /// (postgres-ha, redis-sentinel, redis-cluster: a primary and two replicas or standbys) run with one
+    /// fault of theirs (--ha-fault).
     #[arg(long, value_enum)]
     backend: Vec<Backend>,
     /// Workloads to run (repeatable; default all three).
@@ -29,12 +30,19 @@ struct Cli {
     /// Run without faults.
     #[arg(long)]
     no_faults: bool,
-    /// On the highly available backends: without the durable setting (asynchronous replication on
-    /// postgres-ha, no wait_replicas on Redis). What the failover loses is then counted as losses (and
-    /// anomalies).
-    #[arg(long)]
-    no_durable: bool,
-    /// On the highly available backends: when the failover starts, e.g. `20s` (default: drawn from the seed
+    /// On the highly available backends: without the durable setting (every standby synchronous on
+    /// postgres-ha, wait_replicas=all on Redis), but with one (`one`, the default: FIRST 1 '*' on postgres-ha,
+    /// wait_replicas=1 on Redis) or none (`none`: asynchronous, no wait_replicas). What the fault loses is
+    /// then counted as losses (and anomalies).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "one")]
+    no_durable: Option<Lax>,
+    /// On the highly available backends: the fault (default: drawn from the seed and the workload):
+    /// failover (primary killed), switchover (by command, old primary alive), replica-lag (a replica frozen,
+    /// then a failover), replica-stop (a replica stopped, then a switchover), partition (old primary and one
+    /// replica cut off from the rest; not on redis-cluster).
+    #[arg(long, value_enum)]
+    ha_fault: Option<HaFault>,
+    /// On the highly available backends: when the fault starts, e.g. `20s` (default: drawn from the seed
     /// between a quarter and half of --duration).
     #[arg(long, value_parser = humantime::parse_duration)]
     failover_at: Option<Duration>,
@@ -156,7 +164,9 @@ async fn verify(cli: Cli) -> ExitCode {
                 out: out.join(format!("{}-{}", format!("{workload:?}").to_lowercase(), backend.name())),
                 planted_bug: cli.planted_bug.clone(),
                 clients: cli.clients.unwrap_or(default_clients),
-                durable: !cli.no_durable,
+                durable: cli.no_durable.is_none(),
+                lax: cli.no_durable.unwrap_or_default(),
+                ha_fault: cli.ha_fault,
                 failover_at: cli.failover_at,
             };
             match idem_verify::run(&opts).await {

@@ -152,7 +152,10 @@ fn rerun_flags(opts: &Options) -> String {
     }
     if opts.backend.is_ha() {
         if !opts.durable {
-            flags.push("--no-durable".into());
+            flags.push(format!("--no-durable {}", if opts.lax == crate::Lax::One { "one" } else { "none" }));
+        }
+        if let Some(f) = opts.ha_fault {
+            flags.push(format!("--ha-fault {}", f.name()));
         }
         flags.push(format!("--duration {}s --clients {}", opts.duration.as_secs(), opts.clients));
         if let Some(at) = opts.failover_at {

@@ -67,7 +67,7 @@ struct Shared {
 /// When the store or `idem serve` cannot be started.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let clock = Clock::new();
-    let store = StoreEnv::start(opts.backend, opts.faults, opts.durable).await?;
+    let store = StoreEnv::start(opts.backend, opts.faults, opts.durable, opts.lax).await?;
     let args = vec!["--store".to_owned(), store.url("kv")];
     let serve = Serve::start(&opts.idem, &args, &crate::idem_env(opts), &opts.out.join("idem-serve.log")).await?;
     let shared = Arc::new(Shared {
@@ -170,7 +170,7 @@ fn summarize(opts: &Options, clock: &Clock, mut ops: Vec<KvOp>) -> Summary {
 fn kv_losses(opts: &Options, faults: &[crate::history::Fault], anomalies: &[crate::Anomaly]) -> BTreeMap<String, u64> {
     let mut losses = BTreeMap::new();
     if opts.backend.is_ha() {
-        let failover = faults.iter().any(|f| f.kind == "failover");
+        let failover = faults.iter().any(|f| crate::HaFault::is_ha(&f.kind));
         let n = if failover { anomalies.iter().filter(|a| a.kind == "not linearizable").count() } else { 0 };
         losses.insert("acknowledged writes missing".to_owned(), n as u64);
     }

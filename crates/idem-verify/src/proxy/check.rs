@@ -28,12 +28,12 @@ use crate::{Anomaly, Options, Summary};
 /// Whether `f` can make a proxy lose a lease: anything but a fault on the upstream link or a failover (whose
 /// runs hold keys under a lease longer than the switch, [`super::HA_LEASE`]).
 fn costs_a_lease(f: &Fault) -> bool {
-    f.target != "upstream link" && f.kind != "failover"
+    f.target != "upstream link" && !crate::HaFault::is_ha(&f.kind)
 }
 
 /// The failover that came between two executions of a key starting at `prev` and `next`, if any.
 fn failover_between(faults: &[Fault], prev: Micros, next: Micros) -> Option<&Fault> {
-    faults.iter().find(|f| f.kind == "failover" && f.start_us <= next && prev <= f.end_us)
+    faults.iter().find(|f| crate::HaFault::is_ha(&f.kind) && f.start_us <= next && prev <= f.end_us)
 }
 
 /// Whether a fault that can cost a lease came while `e` ran or was being completed (its upstream time, then 3 s).
@@ -290,6 +290,8 @@ mod tests {
             planted_bug: None,
             clients: 1,
             durable: false,
+            lax: crate::Lax::One,
+            ha_fault: None,
             failover_at: None,
         }
     }

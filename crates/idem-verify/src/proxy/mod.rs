@@ -81,7 +81,7 @@ struct Shared {
 /// When the store, the upstream or a proxy cannot be started.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let clock = Clock::new();
-    let store = StoreEnv::start(opts.backend, opts.faults, opts.durable).await?;
+    let store = StoreEnv::start(opts.backend, opts.faults, opts.durable, opts.lax).await?;
     let up = upstream::start(clock.clone(), &opts.out.join("upstream.jsonl")).await?;
     let link = Arc::new(FaultProxy::start(up.addr).await.map_err(|e| Error::io("upstream proxy", e))?);
     let count = if opts.backend == Backend::Sqlite { 1 } else { 2 };

@@ -40,7 +40,7 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
     // Shown even when nothing exited: the figure must be 0.
     notes.insert("runner exits".into(), 0);
     notes.insert("items failed".into(), 0);
-    let failover = faults.iter().any(|f| f.kind == "failover");
+    let failover = faults.iter().any(|f| crate::HaFault::is_ha(&f.kind));
     let mut losses: BTreeMap<String, u64> = BTreeMap::new();
     if opts.backend.is_ha() {
         // Shown even when nothing was lost: the figure must be 0 with the durable setting.
@@ -399,6 +399,8 @@ mod tests {
             planted_bug: None,
             clients: 2,
             durable: false,
+            lax: crate::Lax::One,
+            ha_fault: None,
             failover_at: None,
         };
         let s = summarize(&opts, &clock, wall0, &[batch]);

@@ -81,7 +81,7 @@ pub struct Exit {
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     let clock = Clock::new();
     let wall0 = wall_ms();
-    let store = StoreEnv::start(opts.backend, false, opts.durable).await?;
+    let store = StoreEnv::start(opts.backend, false, opts.durable, opts.lax).await?;
     let ledger = store.url("ledger");
     let store = Arc::new(tokio::sync::Mutex::new(store));
     let runners: Runners = Arc::default();

@@ -16,7 +16,7 @@ mod workloads;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use idem_verify::{Backend, Error, Options, Summary, Workload};
+use idem_verify::{Backend, Error, HaFault, Lax, Options, Summary, Workload};
 
 /// One run at a time in this binary.
 static TURN: Mutex<()> = Mutex::new(());
@@ -43,6 +43,19 @@ fn run_durable(
     planted: Option<&str>,
     durable: bool,
 ) -> Option<(Summary, tempfile::TempDir)> {
+    run_ha(backend, workload, seconds, seed, planted, durable, None)
+}
+
+/// [`run_durable`] with the fault of a highly available backend named (`Options::ha_fault`).
+fn run_ha(
+    backend: Backend,
+    workload: Workload,
+    seconds: u64,
+    seed: u64,
+    planted: Option<&str>,
+    durable: bool,
+    ha_fault: Option<HaFault>,
+) -> Option<(Summary, tempfile::TempDir)> {
     let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let idem = match planted {
         Some(_) => planted::idem_with_planted_bugs(),
@@ -66,6 +79,8 @@ fn run_durable(
             Workload::Runner => 24,
         },
         durable,
+        lax: Lax::One,
+        ha_fault,
         failover_at: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
