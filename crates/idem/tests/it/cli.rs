@@ -86,6 +86,8 @@ async fn an_unreachable_store_is_served_as_503() {
         assert!(r.headers().contains_key("retry-after"), "{store}: {:?}", r.headers());
         let log = s.wait_for_log("answering 503 until it opens", 1, Duration::from_secs(10));
         assert!(log.contains(":***@127.0.0.1:1") && !log.contains("hunter2"), "{log}");
+        // A stop asked for drains as usual with the store never opened.
+        std::process::Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
         assert_eq!(s.terminate_wait().code(), Some(0), "{store}");
     }
 }
