@@ -8,16 +8,22 @@
 #                     [-- other idem-verify flags, e.g. --planted-bug kv-precondition, --no-durable]
 #
 # Default: every backend and workload for 20 s each (about 4 minutes); --long: 30 minutes in all, shared out.
-# The highly available backends (ha: all three) run the failover fault instead of the others: their primary
-# killed with SIGKILL mid-run, the standby or replica promoted. Durable setting by default (synchronous
-# replication, wait_replicas=1: 0 anomalies expected); -- --no-durable counts what the failover loses.
+# The highly available backends (ha: all three; a primary and two replicas or standbys) run one fault of theirs
+# instead of the others, drawn from the seed and the workload (or -- --ha-fault K): failover (primary killed,
+# a replica promoted), switchover (SENTINEL FAILOVER / CLUSTER FAILOVER [FORCE|TAKEOVER] / pg_ctl promote with
+# the old primary alive, stopped 1-3 s later), replica-lag (a replica frozen, then a failover), replica-stop
+# (a replica stopped, then a switchover), partition (old primary and one replica cut off from the other
+# replica and the Sentinels while idem reaches them, the other promoted, healed; not on redis-cluster).
+# Durable setting by default (wait_replicas=all; PostgreSQL ANY 2 with synchronous_standbys=all: 0 anomalies
+# expected); -- --no-durable [one|none] (wait_replicas=1 / FIRST 1 '*', or none / asynchronous) counts what
+# the faults lose.
 # Exit status: 0 nothing found, 1 an anomaly was found (the failure page's path is printed), 2 bad usage or a
 # run that could not be set up (or checked nothing). The harness's own flags: scripts/verify.sh -- --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 backend=all workload=all seed="" long=0 extra=()
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 # Bad usage is exit 2 (1 means an anomaly was found), so `${2:?}` (exit 1) is not used.
 value() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "verify.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do

@@ -95,6 +95,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The faults a history records, one line each: kind, span (seconds into the run) and what was done with its
+/// timings; so the report names the fault of a highly available run without opening the history.
+fn ha_faults(history: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(history).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("type").and_then(|t| t.as_str()) == Some("fault"))
+        .map(|v| {
+            let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+            let us = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as f64 / 1e6;
+            format!("{} {:.1}..{:.1} s: {}", s("kind"), us("start_us"), us("end_us"), s("detail"))
+        })
+        .collect()
+}
+
 /// SIGTERM (`timeout`, a CI runner giving up); never, where it cannot be watched.
 async fn terminated() {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -177,6 +192,11 @@ async fn verify(cli: Cli) -> ExitCode {
                 }
                 Ok(summary) => {
                     println!("{}", summary.line());
+                    if backend.is_ha() {
+                        for fault in ha_faults(&summary.history) {
+                            println!("  FAULT {fault}");
+                        }
+                    }
                     if !summary.losses.is_empty() {
                         let losses: Vec<String> = summary.losses.iter().map(|(k, n)| format!("{k} {n}")).collect();
                         println!("  LOSSES ({}): {}", summary.setting.as_deref().unwrap_or(""), losses.join(", "));

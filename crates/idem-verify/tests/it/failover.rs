@@ -1,6 +1,8 @@
-//! The failover fault through the checker (CI-sized): the proxy workload on a Redis primary and two replicas
-//! under three Sentinels, with `wait_replicas=all`, the master killed (SIGKILL) mid-run and a replica elected
-//! in its place. Every acknowledged claim and outcome survives, so nothing may be found and nothing counted lost;
+//! The faults of the highly available backends through the checker (CI-sized, 10 s each, the durable
+//! setting): the proxy workload on a Redis primary and two replicas under three Sentinels, with
+//! `wait_replicas=all`, the master killed (SIGKILL) mid-run and a replica elected in its place; then one run
+//! of each other fault (switchover, replica-lag, replica-stop, partition) on one of the setups. Every
+//! acknowledged write, claim and outcome survives, so nothing may be found and nothing counted lost;
 //! requests during the switch are answered 503 and then served. (That a loss is reported as an anomaly and
 //! counted is proven on planted histories: `idem-verify`'s `proxy::check` tests. RELIABILITY.md has the
 //! longer runs of all three setups, with and without the durable setting.)
@@ -40,4 +42,53 @@ fn proxy_redis_sentinel_failover_with_wait_loses_nothing() {
         "{}",
         s.line()
     );
+}
+
+/// Runs `workload` on `backend` for 10 s with the durable setting and `fault` as its one fault, and asserts
+/// that the fault was made (not failed), something was checked, and nothing was found or lost.
+fn durable_run_loses_nothing(backend: Backend, workload: Workload, fault: HaFault, seed: u64) {
+    let Some((s, dir)) = run_ha(backend, workload, 10, seed, None, true, Some(fault)) else { return };
+    if !s.anomalies.is_empty() {
+        let _ = dir.keep();
+    }
+    assert_eq!(s.faults.get(fault.name()), Some(&1), "{}: no {} was made", s.line(), fault.name());
+    let history = std::fs::read_to_string(&s.history).unwrap();
+    assert!(!history.contains("\"detail\":\"failed"), "the fault itself failed: {}", s.history.display());
+    assert!(s.histories > 0 && s.operations > 0, "{}: nothing was checked", s.line());
+    assert!(
+        s.anomalies.is_empty() && s.losses.values().sum::<u64>() == 0,
+        "{}\n{:#?}\nfailure page: {:?}\nhistory: {}",
+        s.line(),
+        s.anomalies,
+        s.failure_page,
+        s.history.display()
+    );
+}
+
+/// Issue 39's case: `SENTINEL FAILOVER` with the old master alive and a second replica that still answers
+/// `WAIT 1` for it. With `wait_replicas=all` the old master's writes after the promotion are refused.
+#[test]
+fn kv_redis_sentinel_switchover_with_wait_all_loses_nothing() {
+    durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Switchover, 11);
+}
+
+/// A standby frozen, then the primary killed and the other standby promoted: `ANY 2` held the commits while
+/// the frozen one lagged, so none was acknowledged that the promoted one lacks.
+#[test]
+fn proxy_postgres_ha_replica_lag_loses_nothing() {
+    durable_run_loses_nothing(Backend::PostgresHa, Workload::Proxy, HaFault::ReplicaLag, 12);
+}
+
+/// A replica stopped, then `CLUSTER FAILOVER FORCE` to the other with the old master alive.
+#[test]
+fn kv_redis_cluster_replica_stop_loses_nothing() {
+    durable_run_loses_nothing(Backend::RedisCluster, Workload::Kv, HaFault::ReplicaStop, 13);
+}
+
+/// The old primary and one standby cut off from the other standby, which is promoted while idem still
+/// writes to the old primary: `ANY 2` keeps the cut-off standby in every commit, so the old primary's commits
+/// wait and none is acknowledged.
+#[test]
+fn kv_postgres_ha_partition_loses_nothing() {
+    durable_run_loses_nothing(Backend::PostgresHa, Workload::Kv, HaFault::Partition, 14);
 }
