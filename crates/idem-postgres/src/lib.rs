@@ -26,6 +26,7 @@ mod connect;
 mod error;
 mod replication;
 mod schema;
+mod sql;
 mod store;
 mod tls;
 

@@ -21,8 +21,10 @@
 //! ```
 
 mod conn;
+mod error;
 mod store;
 mod topology;
 mod url;
 
-pub use store::{Error, RedisStore};
+pub use error::Error;
+pub use store::RedisStore;

@@ -11,88 +11,12 @@ use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, Script, Value};
 
 use crate::conn::{Conn, SentinelConn};
+use crate::error::{Error, ReplicasMissing, connect_error, ran_nothing, redis_err};
 use crate::topology::{Source, Topology};
 use crate::url::{Target, Wait};
 
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
-
-/// Errors connecting to Redis. Operations on a connected store return [`idem_store::Error`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The URL is not a Redis URL.
-    #[error("invalid Redis URL")]
-    InvalidUrl(#[source] redis::RedisError),
-    /// The `cacert` file cannot be read or holds no PEM certificate.
-    #[error(transparent)]
-    CaCert(idem_tls::Error),
-    /// A query parameter neither idem (`cacert`, `wait_replicas`, `wait_timeout_ms`, and on Sentinel URLs
-    /// `sentinel_username`, `sentinel_password`) nor the redis crate (`protocol`) reads from a TCP URL (the
-    /// crate ignores `db`, `user` and `pass` there: the database goes in the path, the user and password before
-    /// the host). Refused rather than ignored: a setting the user believes in must not be dropped
-    /// silently (`ssl_cert_reqs=none`, say, would not switch certificate checks off).
-    #[error(
-        "unknown Redis URL parameter {0:?}: idem knows cacert=FILE, wait_replicas=N, wait_timeout_ms=MS, \
-         protocol=resp2|resp3 and on redis+sentinel:// URLs sentinel_username and sentinel_password (the database \
-         number goes in the path: redis://HOST:PORT/2)"
-    )]
-    UnknownParameter(String),
-    /// A parameter idem knows has a value it cannot take (`why` says what it takes).
-    #[error("Redis URL parameter {name}: expected {why}")]
-    InvalidParameter {
-        /// The parameter.
-        name: String,
-        /// What it takes.
-        why: &'static str,
-    },
-    /// A host of a Sentinel or Cluster URL is not `host`, `host:port` or `[v6]:port`, or its path is not a
-    /// master name and database number.
-    #[error("invalid host or path {0:?} in a Redis URL")]
-    InvalidHost(String),
-    /// A `redis+sentinel://` URL without the master's name (`redis+sentinel://HOST:26379/MASTER`).
-    #[error("a redis+sentinel:// URL names the master after the hosts: redis+sentinel://HOST:26379,HOST:26379/MASTER")]
-    NoMasterName,
-    /// A key prefix with `{` or `}` on a Cluster, where idem puts the prefix in braces as the hash tag of every
-    /// key of the store.
-    #[error("key prefix {0:?}: on a Redis Cluster the prefix is the keys' hash tag and may not contain braces")]
-    InvalidPrefix(String),
-    /// No Sentinel knows a master of the URL's name (each that answered said "No such master with that name"):
-    /// a misspelt name, not a failover in progress (then the Sentinels know the name and, for a moment, no
-    /// master to give for it: [`Error::Connect`], unavailable).
-    #[error("no Sentinel monitors a master named {0:?} (SENTINEL MASTERS lists the names)")]
-    NoSuchMaster(String),
-    /// `#insecure`, the redis crate's switch for unverified TLS: idem has no such switch.
-    #[error("#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA")]
-    Insecure,
-    /// The TLS handshake with the server failed: its certificate was refused (the message says why: unknown
-    /// issuer, expired, host name mismatch) or the server does not speak TLS.
-    #[error("TLS to the Redis server failed: {0}")]
-    Handshake(String),
-    /// `cacert` was given on a `redis://` URL, which never uses TLS.
-    #[error("cacert needs a rediss:// URL; redis:// does not use TLS")]
-    CaCertWithoutTls,
-    /// The server (or no Sentinel, or no Cluster node) could not be reached or did not answer in time (the
-    /// cause is the source).
-    #[error("cannot connect")]
-    Connect(#[source] redis::RedisError),
-    /// An operation failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-impl Error {
-    /// True when the server could not be reached for now ([`Error::Connect`] for a refused, reset or dropped
-    /// connection or no answer in time; a store operation that found it unavailable): trying again later may
-    /// succeed. A bad URL, a refused login or a failed TLS handshake is false.
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            Error::Connect(e) => redis_err(e.clone()).is_unavailable(),
-            Error::Store(e) => e.is_unavailable(),
-            _ => false,
-        }
-    }
-}
 
 struct Scripts {
     put: Script,
@@ -156,35 +80,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// Connection trouble is `Unavailable` (503, retry later); anything else Redis said is `Backend`. A failover
-/// in progress is connection trouble too: a demoted master's `READONLY`, a Cluster's `CLUSTERDOWN`,
-/// `MASTERDOWN` or `TRYAGAIN`, a server still `LOADING` its data, Sentinels that name no reachable master, a
-/// Cluster node the client has no connection to yet.
-fn redis_err(e: redis::RedisError) -> StoreError {
-    use redis::ServerErrorKind as K;
-    let failover = matches!(
-        e.kind(),
-        redis::ErrorKind::Server(K::ReadOnly | K::ClusterDown | K::MasterDown | K::TryAgain | K::BusyLoading)
-            // The Sentinels name no reachable master: the old one is down and none is promoted yet.
-            | redis::ErrorKind::MasterNameNotFoundBySentinel
-            | redis::ErrorKind::ClusterConnectionNotFound
-    ) || ran_nothing(&e)
-        // A `WAIT` released because its node became a replica (a switchover took the master away while the
-        // write waited for its replicas): the write ran and may or may not survive.
-        || said(&e, "UNBLOCKED");
-    if failover || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-        StoreError::unavailable(e)
-    } else {
-        StoreError::backend(e)
-    }
-}
-
-/// Whether the server answered `code` (an error code the redis crate has no kind for), to a command or to one
-/// of a pipeline's.
-fn said(e: &redis::RedisError, code: &str) -> bool {
-    e.clone().into_server_errors().is_some_and(|errors| errors.iter().any(|(_, s)| s.code() == code))
-}
-
 fn unexpected(what: &str) -> StoreError {
     StoreError::backend(format!("unexpected reply from a Redis script: {what}"))
 }
@@ -230,85 +125,11 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
 /// How often a write refused by a Cluster without running is sent again (50 ms, 100 ms, … apart: 2.75 s in all).
 const REFUSALS: u64 = 10;
 
-/// Whether a Cluster refused a command without running it (so sending it again cannot apply it twice).
-fn ran_nothing(e: &redis::RedisError) -> bool {
-    use redis::ServerErrorKind as K;
-    matches!(
-        e.kind(),
-        redis::ErrorKind::Server(K::Moved | K::Ask | K::TryAgain | K::ClusterDown | K::MasterDown | K::ReadOnly)
-            // No connection to the node the slot map names: nothing was sent.
-            | redis::ErrorKind::ClusterConnectionNotFound
-    )
-}
-
 /// `EVALSHA` of `script` with `keys`; the caller adds the arguments.
 fn evalsha(script: &Script, keys: &[String]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
     cmd
-}
-
-/// `WAIT` counted fewer replicas than `wait_replicas` asks for.
-#[derive(Debug)]
-struct ReplicasMissing {
-    wanted: u32,
-    acked: i64,
-    timeout: Duration,
-}
-
-impl std::fmt::Display for ReplicasMissing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} of {} replicas acknowledged the write within {} ms (wait_replicas); it is applied on the master but \
-             could be lost in a failover",
-            self.acked,
-            self.wanted,
-            self.timeout.as_millis()
-        )
-    }
-}
-
-impl std::error::Error for ReplicasMissing {}
-
-/// The kind of the I/O error behind `e`, if that is what it is (the redis crate keeps it in an `Arc`).
-fn io_error_kind(e: &redis::RedisError) -> Option<std::io::ErrorKind> {
-    let source = std::error::Error::source(e)?;
-    let inner = match source.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
-        Some(shared) => &**shared as &(dyn std::error::Error + 'static),
-        None => source,
-    };
-    inner.downcast_ref::<std::io::Error>().map(std::io::Error::kind)
-}
-
-/// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
-/// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
-/// command and waits for the rest of the line, so the handshake never ends).
-fn connect_error(e: redis::RedisError, tls: bool) -> Error {
-    if let Some(refused) = idem_tls::rustls_error_in(&e) {
-        let hints = idem_tls::Hints {
-            peer: "Redis server",
-            trust: "cacert=FILE in the URL",
-            client_cert: "idem does not send client certificates to Redis",
-            plaintext: "is this a plain Redis port? then use redis://",
-        };
-        return Error::Handshake(idem_tls::describe(refused, hints));
-    }
-    if !tls && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset) {
-        return Error::Handshake(
-            "the server reset the connection: is this a TLS port? then use rediss:// (with cacert=FILE for a \
-             private CA)"
-                .into(),
-        );
-    }
-    if tls && e.is_timeout() {
-        return Error::Handshake(
-            "no TLS answer within 5s: is this a plain Redis port? (it never answers a TLS handshake; use redis:// \
-             or the server's tls-port)"
-                .into(),
-        );
-    }
-    Error::Connect(e)
 }
 
 impl RedisStore {
