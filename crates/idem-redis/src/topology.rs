@@ -10,13 +10,13 @@
 //! `CLUSTER FAILOVER [FORCE|TAKEOVER]`) or a partition: a replica promoted stops acknowledging the old master,
 //! so every write the old master takes after that is refused (503), never acknowledged.
 //!
-//! A replica the failover manager itself judges down (the Sentinels' `s_down`, the Cluster's `fail`) is not
-//! counted: the manager cannot promote it while it is down (a Sentinel promotes only a replica it reaches, the
-//! Cluster's masters vote only for one they reach), and it catches up from the master before it is
-//! promotable again (Sentinel passes over a replica whose link to the master was down for long; both prefer
-//! the highest replication offset). Counting it would refuse every write after each crash failover (the
-//! Sentinels keep the dead master in the list as a replica) until it came back. A replica that is only slow
-//! is counted: writes wait up to `wait_timeout_ms` and fail (503) until it catches up or is judged down.
+//! A replica the failover manager judges down (the Sentinels' `s_down`, the Cluster's `fail`) is counted
+//! too: a replica that was only frozen comes back, and a Sentinel promotes it after a crash of the master if
+//! its `replica-priority` ranks it first, whatever it missed (a break-it round lost 19,862 of 45,502
+//! acknowledged writes when down replicas were left out). So writes are refused while any listed replica cannot
+//! acknowledge them, until it is back or removed from the list (`SENTINEL RESET`, `CLUSTER FORGET`): after a
+//! crash failover under Sentinel that includes the dead master, which the Sentinels keep as a replica of the
+//! new one. Durability chosen over availability, as PostgreSQL's synchronous replication chooses.
 //!
 //! The count is read every [`EVERY`] (every 10 s when only the warning needs it) and kept between reads; a
 //! read that fails keeps the last count.
@@ -105,9 +105,8 @@ impl Sentinels {
         known
     }
 
-    /// The most replicas not judged down (`s_down`, `o_down`) that any Sentinel that answers lists for the
-    /// master (Sentinels may differ for a moment after a change; the larger view is the safe one). `None` when
-    /// none answers.
+    /// The most replicas any Sentinel that answers lists for the master, down ones included (Sentinels may
+    /// differ for a moment after a change; the larger view is the safe one). `None` when none answers.
     async fn count(&mut self) -> Option<u32> {
         let mut most = None;
         for (client, cached) in &mut self.clients {
@@ -125,8 +124,7 @@ impl Sentinels {
                 r
             };
             if let Ok(Ok(Value::Array(replicas))) = tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
-                let up = replicas.iter().filter(|r| !sentinel_judged_down(r)).count();
-                let n = u32::try_from(up).unwrap_or(u32::MAX);
+                let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
                 most = Some(most.map_or(n, |m: u32| m.max(n)));
             }
         }
@@ -139,25 +137,6 @@ fn ask_config() -> redis::AsyncConnectionConfig {
     redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(ASK_TIMEOUT))
         .set_response_timeout(Some(ASK_TIMEOUT))
-}
-
-/// Whether a replica of `SENTINEL REPLICAS` (its fields and values, as an array in RESP2 or a map in RESP3)
-/// has `s_down` or `o_down` among its `flags`.
-fn sentinel_judged_down(replica: &Value) -> bool {
-    let fields: Vec<(&Value, &Value)> = match replica {
-        Value::Array(a) => a.chunks(2).filter_map(|kv| Some((kv.first()?, kv.get(1)?))).collect(),
-        Value::Map(m) => m.iter().map(|(k, v)| (k, v)).collect(),
-        _ => return false,
-    };
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        _ => String::new(),
-    };
-    fields
-        .iter()
-        .find(|(k, _)| text(k) == "flags")
-        .is_some_and(|(_, v)| text(v).split(',').any(|f| f == "s_down" || f == "o_down"))
 }
 
 /// Where the count comes from.
@@ -225,6 +204,16 @@ fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
     if let Some(before) = before {
         tracing::info!(replicas = known, before, "the Redis master's replicas changed");
     }
+    if let Some(Replicas::Count(n)) = wait.map(|w| w.replicas)
+        && n > known
+    {
+        tracing::warn!(
+            replicas = known,
+            waited = n,
+            "a write waits for {n} replicas (wait_replicas) and the Redis master has {known}: every write fails \
+             with 503 until more replicas are attached; wait_replicas=all waits for the replicas there are"
+        );
+    }
     if unwaited > 0 {
         tracing::warn!(
             replicas = known,
@@ -277,9 +266,8 @@ async fn connected<C: ConnectionLike>(conn: &mut C) -> RedisResult<u32> {
     Ok(info.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.parse().ok()).unwrap_or(0))
 }
 
-/// The replicas `CLUSTER NODES` lists for the master that serves `slot`, less those the Cluster judged failed
-/// (`fail`; a node only suspected, `fail?`, counts). 0 when no master serves it (mid-failover: the next count
-/// finds the new one).
+/// The replicas `CLUSTER NODES` lists for the master that serves `slot`, failed ones included. 0 when no
+/// master serves it (mid-failover: the next count finds the new one).
 fn cluster_replicas(nodes: &str, slot: u16) -> u32 {
     // <id> <ip:port@bus> <flags> <master id or -> <ping> <pong> <epoch> <link> <slot ranges…>
     let rows: Vec<Vec<&str>> =
@@ -293,7 +281,7 @@ fn cluster_replicas(nodes: &str, slot: u16) -> u32 {
     let Some(master) = rows.iter().find(|f| f[2].contains("master") && serves(f)).map(|f| f[0]) else {
         return 0;
     };
-    let n = rows.iter().filter(|f| f[3] == master && !f[2].split(',').any(|flag| flag == "fail")).count();
+    let n = rows.iter().filter(|f| f[3] == master).count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -302,7 +290,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_replicas_are_those_of_the_slots_master_less_failed_ones() {
+    fn cluster_replicas_are_those_of_the_slots_master_failed_ones_included() {
         let nodes = "\
 a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
 a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
@@ -312,21 +300,9 @@ r3 127.0.0.1:7005@17005 slave a2 0 0 2 connected
 r4 127.0.0.1:7007@17007 slave,fail a1 0 0 1 disconnected
 old 127.0.0.1:7006@17006 master,fail - 0 0 0 disconnected
 ";
-        assert_eq!(cluster_replicas(nodes, 0), 2);
-        assert_eq!(cluster_replicas(nodes, 5460), 2);
+        assert_eq!(cluster_replicas(nodes, 0), 3);
+        assert_eq!(cluster_replicas(nodes, 5460), 3);
         assert_eq!(cluster_replicas(nodes, 6000), 1);
         assert_eq!(cluster_replicas(nodes, 16000), 0);
-    }
-
-    #[test]
-    fn sentinel_replicas_judged_down_are_told_apart_in_resp2_and_resp3() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let resp2 = |flags: &str| Value::Array(vec![bulk("name"), bulk("127.0.0.1:1"), bulk("flags"), bulk(flags)]);
-        assert!(!sentinel_judged_down(&resp2("slave")));
-        assert!(sentinel_judged_down(&resp2("s_down,slave")));
-        assert!(sentinel_judged_down(&resp2("slave,s_down,disconnected")));
-        assert!(!sentinel_judged_down(&resp2("slave,disconnected")));
-        let resp3 = Value::Map(vec![(bulk("flags"), bulk("s_down,slave"))]);
-        assert!(sentinel_judged_down(&resp3));
     }
 }

@@ -174,7 +174,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
             "cacert" => cacert = Some(value),
             // Given twice, which one applies would be a guess: refused.
             "wait_replicas" | "wait_timeout_ms" if seen.contains(&name) => {
-                return Err(invalid("one value, given once"));
+                return Err(invalid("a single value (it was given twice)"));
             }
             "wait_replicas" => {
                 seen.push(name.clone());
