@@ -181,12 +181,15 @@ pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
         crate::Workload::Proxy => 2,
         crate::Workload::Runner => 3,
     };
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x6861_6661_756c_7400 ^ salt);
+    let backend = opts.backend as u64;
+    let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ 0x6861_6661_756c_7400 ^ (salt << 8) ^ (backend << 16)));
     let kinds: Vec<HaFault> = HaFault::ALL
         .into_iter()
         .filter(|k| *k != HaFault::Partition || opts.backend != crate::Backend::RedisCluster)
         .collect();
-    let drawn = kinds[rng.random_range(0..kinds.len())];
+    // The kind from a hash of its own: seeds that differ in a few bits drew the first kind in 7 of 9 runs.
+    let pick = splitmix64(seed.wrapping_add(salt.wrapping_mul(0x9e37_79b9)).wrapping_add(backend << 32));
+    let drawn = kinds[usize::try_from(pick % kinds.len() as u64).unwrap_or(0)];
     let cluster =
         [ClusterFailover::Coordinated, ClusterFailover::Force, ClusterFailover::Takeover][rng.random_range(0..3)];
     Plan {
@@ -217,6 +220,14 @@ pub fn spawn(
     } else {
         tokio::spawn(nemesis(opts.seed, kinds, targets, clock, gap, stop))
     }
+}
+
+/// SplitMix64's finaliser: every bit of `x` moves every bit of the result.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn between(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {

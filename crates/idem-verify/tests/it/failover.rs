@@ -66,8 +66,12 @@ fn durable_run_loses_nothing(backend: Backend, workload: Workload, fault: HaFaul
 }
 
 /// Issue 39's case: `SENTINEL FAILOVER` with the old master alive and a second replica that still answers
-/// `WAIT 1` for it. With `wait_replicas=all` the old master's writes after the promotion are refused.
+/// `WAIT 1` for it. With `wait_replicas=all` the old master's writes after the promotion are refused (503),
+/// but Redis applied them before `WAIT`, and the old master serves reads of them until the Sentinels demote
+/// it (about 11 s), then they are gone: a key read with a value the store then lost (RELIABILITY.md, "Two
+/// replicas"; 1 key with this seed). Open: ignored until the store stops reading from a deposed master.
 #[test]
+#[ignore = "open (issue 39): a deposed Sentinel master serves reads of writes it then loses; run with --ignored"]
 fn kv_redis_sentinel_switchover_with_wait_all_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Switchover, 11);
 }
@@ -91,4 +95,14 @@ fn kv_redis_cluster_replica_stop_loses_nothing() {
 #[test]
 fn kv_postgres_ha_partition_loses_nothing() {
     durable_run_loses_nothing(Backend::PostgresHa, Workload::Kv, HaFault::Partition, 14);
+}
+
+/// Regression run of seed 1 (RELIABILITY.md, "Two replicas"): the Sentinel master and one replica cut off
+/// from the other replica and the Sentinels. With `wait_replicas=all` idem stopped counting the replica the
+/// Sentinels judged down, so `WAIT 1` (then `WAIT 0`) on the old master was met by that very replica, and the
+/// writes it acknowledged went with the demotion (4, then 2 keys). Open: ignored until the store counts it.
+#[test]
+#[ignore = "open (issue 39): wait_replicas=all loses writes in a Sentinel partition; run with --ignored"]
+fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
+    durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Partition, 1);
 }
