@@ -36,7 +36,7 @@ impl Connect for PerHost {
                     Ok(Ok((client, connection))) => {
                         let task = tokio::spawn(async move {
                             if let Err(e) = connection.await {
-                                tracing::warn!(error = %e, "PostgreSQL connection ended");
+                                tracing::warn!(error = %idem_store::error_chain(&e), "PostgreSQL connection ended");
                             }
                         });
                         return Ok((client, task));

@@ -46,8 +46,8 @@ pub enum Error {
     /// `synchronous_standbys=all` was asked for and the primary's commits do not wait for every standby.
     #[error(
         "synchronous_standbys=all: a commit waits for {waited} of {standbys} standbys ({setting}); set \
-         synchronous_standby_names = 'ANY {standbys} (every standby's application_name)' and synchronous_commit = on \
-         on the primary (and on each standby, for after a failover)"
+         synchronous_standby_names = 'ANY {standbys} (every server's application_name)' and synchronous_commit = on \
+         on the primary and on each standby (for after a failover)"
     )]
     NotSynchronous {
         /// Standbys that could be promoted: the URL's hosts after the first, or the primary's connected

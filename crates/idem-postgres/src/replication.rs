@@ -31,6 +31,11 @@ pub(crate) struct Coverage {
     pub(crate) waited: u32,
     /// `synchronous_commit` and `synchronous_standby_names` as the server shows them.
     pub(crate) setting: String,
+    /// Connected standbys the primary counts as synchronous now (`pg_stat_replication.sync_state` `sync` or
+    /// `quorum`): fewer than `waited` and every commit waits. `u32::MAX` when the role may not see it.
+    pub(crate) acknowledging: u32,
+    /// The connected standbys' `application_name`s, for the warning.
+    pub(crate) names: String,
 }
 
 impl Coverage {
@@ -58,26 +63,51 @@ pub(crate) fn required(names: &str) -> u32 {
 
 /// Reads what the primary `client` is connected to waits for, with `listed` standbys named in the URL.
 pub(crate) async fn coverage(client: &Client, listed: u32) -> Result<Coverage, tokio_postgres::Error> {
+    // Without pg_read_all_stats (or pg_monitor) a role sees pg_stat_replication's rows but NULL in most
+    // columns: then the standbys acknowledging now are unknown, and nothing is said about them.
     let row = client
         .query_one(
             "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), \
-             (SELECT count(*) FROM pg_stat_replication WHERE state <> 'backup')",
+             (SELECT count(*) FROM pg_stat_replication WHERE state IS DISTINCT FROM 'backup'), \
+             (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')), \
+             (SELECT count(*) FROM pg_stat_replication WHERE state IS NULL), \
+             (SELECT coalesce(string_agg(application_name, ', ' ORDER BY application_name), '') \
+              FROM pg_stat_replication WHERE state IS DISTINCT FROM 'backup')",
             &[],
         )
         .await?;
-    let (commit, names, connected): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+    let (commit, names, connected, acknowledging, hidden, apps): (String, String, i64, i64, i64, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+    let acknowledging = if hidden > 0 { u32::MAX } else { u32::try_from(acknowledging).unwrap_or(u32::MAX) };
     let standbys = listed.max(u32::try_from(connected).unwrap_or(u32::MAX));
     let waited = if matches!(commit.as_str(), "on" | "remote_apply") { required(&names) } else { 0 };
     Ok(Coverage {
         standbys,
         waited,
         setting: format!("synchronous_commit={commit}, synchronous_standby_names='{names}'"),
+        acknowledging,
+        names: apps,
     })
 }
 
-/// Logs a commit that does not wait for every standby and sets the gauge.
+/// Logs a commit that does not wait for every standby, or that cannot complete, and sets the gauge.
 pub(crate) fn judge(c: &Coverage) {
     metrics::gauge!("idem_store_replicas_unwaited").set(f64::from(c.unwaited()));
+    if c.acknowledging < c.waited {
+        // The names in synchronous_standby_names must be the standbys' application_name (pg_basebackup -R
+        // writes none, and every standby then calls itself walreceiver): otherwise no standby counts and every
+        // commit waits for ever, which looks like a hung store.
+        tracing::warn!(
+            setting = %c.setting,
+            connected = %c.names,
+            "commits wait: synchronous_standby_names asks for {} standbys and {} connected standbys count as \
+             synchronous (connected: {}); writes stall until enough standbys whose application_name is one of the \
+             names stream (set application_name in each standby's primary_conninfo, or its cluster_name)",
+            c.waited,
+            c.acknowledging,
+            if c.names.is_empty() { "none" } else { c.names.as_str() }
+        );
+    }
     if c.unwaited() > 0 {
         tracing::warn!(
             standbys = c.standbys,
@@ -85,7 +115,8 @@ pub(crate) fn judge(c: &Coverage) {
             setting = %c.setting,
             "a commit waits for {} of {} PostgreSQL standbys: promoting one it did not wait for (a failover, or \
              pg_ctl promote with the old primary still running) loses acknowledged writes; \
-             synchronous_standby_names = 'ANY {} (…)' naming every standby, with synchronous_commit = on, waits for all",
+             synchronous_standby_names = 'ANY {} (…)' naming every server's application_name, with \
+             synchronous_commit = on, waits for all",
             c.waited,
             c.standbys,
             c.standbys

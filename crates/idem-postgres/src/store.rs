@@ -208,7 +208,6 @@ impl PostgresStore {
                 return Ok(None);
             }
         }
-        migrate(&mut client, schema).await?;
         // The hosts besides the primary are the standbys idem would fail over to.
         let listed = hosts.saturating_sub(1);
         let coverage = crate::replication::coverage(&client, listed).await.map_err(Error::Server)?;
@@ -220,6 +219,7 @@ impl PostgresStore {
             });
         }
         crate::replication::judge(&coverage);
+        migrate(&mut client, schema).await?;
         drop(client);
         let replication = crate::replication::watch(pool.clone(), listed, coverage);
         let sql = Sql::new(schema);

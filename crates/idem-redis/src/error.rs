@@ -99,7 +99,10 @@ pub(crate) fn redis_err(e: redis::RedisError) -> StoreError {
     ) || ran_nothing(&e)
         // A `WAIT` released because its node became a replica (a switchover took the master away while the
         // write waited for its replicas): the write ran and may or may not survive.
-        || said(&e, "UNBLOCKED");
+        || said(&e, "UNBLOCKED")
+        // The master's own floor of replicas (`min-replicas-to-write`) is not met: it ran nothing, and will
+        // once a replica is back.
+        || said(&e, "NOREPLICAS");
     if failover || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::unavailable(e)
     } else {

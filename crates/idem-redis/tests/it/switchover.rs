@@ -148,3 +148,19 @@ async fn a_cluster_failover_force_with_two_replicas_and_wait_all_loses_no_acknow
         tally.lost
     );
 }
+
+/// A master whose own floor of replicas (`min-replicas-to-write`) is not met refuses writes with `NOREPLICAS`:
+/// that is the store away for now (503, `idem once` exit 75, `idem run` waits), not a store failure (it was a
+/// 500 `store-failed`, and exit 2 from `idem once`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_short_of_its_min_replicas_to_write_is_unavailable() {
+    let Some(set) = RedisSentinel::start_with_replicas(1) else { return };
+    let store = RedisStore::connect(&set.url(""), &prefix(), Limits::default()).await.unwrap();
+    let master = redis::Client::open(format!("redis://127.0.0.1:{}", set.master_port())).unwrap();
+    let mut admin = master.get_multiplexed_async_connection().await.unwrap();
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("min-replicas-to-write").arg(2).query_async(&mut admin).await.unwrap();
+    let err = store.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{}", error_chain(&err));
+    assert!(error_chain(&err).contains("NOREPLICAS"), "{}", error_chain(&err));
+}

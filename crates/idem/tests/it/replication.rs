@@ -44,3 +44,30 @@ async fn a_primary_waiting_for_one_standby_of_two_is_warned_about_and_gauged() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("synchronous_standbys=all: a commit waits for 1 of 2 standbys"), "{err}");
 }
+
+/// `synchronous_standby_names` naming no connected standby (the names must be the standbys'
+/// `application_name`; `pg_basebackup -R` writes none, so every standby calls itself `walreceiver`): every
+/// commit waits for ever, and idem says so at start-up instead of hanging without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_names_that_match_no_standby_are_said_at_start_up() {
+    let Some(ha) = PostgresHa::start_with(Replication::AllStandbys, 2) else { return };
+    let url = ha.url("");
+    // The schema exists first (migrating it would wait too, after the warning).
+    drop(Server::start(&["--store", &url], &[]));
+    let primary = format!("postgres://postgres@127.0.0.1:{}/postgres", ha.primary_port);
+    let (admin, connection) = tokio_postgres::connect(&primary, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    admin.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'ANY 2 (nosuch1, nosuch2)'").await.unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    // The reload is asynchronous: wait until the primary counts no standby as synchronous.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let sql = "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')";
+    while admin.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) > 0 {
+        assert!(std::time::Instant::now() < deadline, "the new synchronous_standby_names never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = Server::start(&["--store", &url], &[]);
+    let log = s.wait_for_log("commits wait", 1, Duration::from_secs(10));
+    assert!(log.contains("asks for 2 standbys and 0 connected standbys count as synchronous"), "{log}");
+    assert!(log.contains("s1, s2"), "the connected standbys' names: {log}");
+}
