@@ -100,9 +100,10 @@ fn kv_postgres_ha_partition_loses_nothing() {
 /// Regression run of seed 1 (RELIABILITY.md, "Two replicas"): the Sentinel master and one replica cut off
 /// from the other replica and the Sentinels. With `wait_replicas=all` idem stopped counting the replica the
 /// Sentinels judged down, so `WAIT 1` (then `WAIT 0`) on the old master was met by that very replica, and the
-/// writes it acknowledged went with the demotion (4, then 2 keys). Open: ignored until the store counts it.
+/// writes it acknowledged went with the demotion (4, then 2 keys; fixed by counting every listed replica).
+/// Still open: the old master serves reads of the writes it refused (503) until it is demoted (1 key).
 #[test]
-#[ignore = "open (issue 39): wait_replicas=all loses writes in a Sentinel partition; run with --ignored"]
+#[ignore = "open (issue 39): a deposed Sentinel master serves reads of writes it then loses; run with --ignored"]
 fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Partition, 1);
 }
