@@ -15,6 +15,13 @@ use crate::error::{Error, ReplicasMissing, connect_error, ran_nothing, redis_err
 use crate::topology::{Source, Topology};
 use crate::url::{Target, Wait};
 
+/// What [`RedisStore::send`] sends: a write, or a read confirmed by a write to the barrier key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Write,
+    Read,
+}
+
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -311,6 +318,28 @@ impl RedisStore {
     /// the `WAIT` goes in the same pipeline, on the same connection, so it counts the replicas that have this
     /// write: fewer than asked for within the timeout is an error, not a success.
     async fn write(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+        self.send(script, cmd, Sent::Write).await
+    }
+
+    /// Runs the read `cmd` (an `EVALSHA` of `script`). Under `wait_replicas` a read is confirmed as a write is:
+    /// a write to the store's barrier key (`INCR`) follows it in the pipeline, then `WAIT`, so the replicas have
+    /// everything the master held when it read, and a read never returns a write the replicas lack (one that
+    /// got 503 for want of replicas stays on the master until a switchover discards it: a reader shown it
+    /// would see a value that then vanishes). Without `wait_replicas`, one command on the read connection.
+    async fn read(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+        if self.inner.wait.is_some_and(|w| self.inner.topology.waited(w) > 0) {
+            return self.send(script, cmd, Sent::Read).await;
+        }
+        match cmd.query_async::<Value>(&mut self.conn()).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut self.conn()).await.map_err(redis_err)?;
+                cmd.query_async::<Value>(&mut self.conn()).await.map_err(redis_err)
+            }
+            other => other.map_err(redis_err),
+        }
+    }
+
+    async fn send(&self, script: &Script, cmd: &Cmd, sent: Sent) -> Result<Value, StoreError> {
         let mut conn = self.writes();
         let mut loaded = false;
         let mut refusals = 0;
@@ -323,6 +352,9 @@ impl RedisStore {
                 p.cmd("ASKING");
             }
             p.add_command(cmd.clone());
+            if sent == Sent::Read {
+                p.cmd("INCR").arg(format!("{}barrier", self.inner.prefix));
+            }
             // Read at each send: a replica added or a failover since the last try changes it.
             let wait = self.inner.wait.map(|w| (w, self.inner.topology.waited(w))).filter(|(_, n)| *n > 0);
             if let Some((w, n)) = wait {
@@ -369,6 +401,9 @@ impl RedisStore {
                 Ok(Value::Array(replies)) => {
                     let mut replies = replies.into_iter().skip(usize::from(asking));
                     let reply = replies.next().ok_or_else(|| unexpected("no reply to a write"))?;
+                    if sent == Sent::Read {
+                        replies.next().ok_or_else(|| unexpected("no reply to the read barrier"))?;
+                    }
                     if let Some((w, wanted)) = wait {
                         let acked = int(&replies.next().ok_or_else(|| unexpected("no reply to WAIT"))?)?;
                         if acked < i64::from(wanted) {
@@ -396,8 +431,8 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
         self.inner.limits.check_key(key)?;
-        let r: Value =
-            self.inner.scripts.get.key(self.value_key(key)).invoke_async(&mut self.conn()).await.map_err(redis_err)?;
+        let script = &self.inner.scripts.get;
+        let r = self.read(script, &evalsha(script, &[self.value_key(key)])).await?;
         let mut r = array(r)?.into_iter();
         let (Some(v), Some(g), Some(e)) = (r.next(), r.next(), r.next()) else { return Ok(None) };
         let g = generation(int(&g)?).ok_or_else(|| unexpected("negative generation"))?;
@@ -449,18 +484,10 @@ impl Store for RedisStore {
             Some(c) => format!("({c}"),
             None => format!("[{prefix}"),
         };
-        let r: Value = self
-            .inner
-            .scripts
-            .list
-            .key(self.index_key())
-            .arg(format!("{}k:", self.inner.prefix))
-            .arg(start)
-            .arg(limit + 1)
-            .arg(prefix)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(redis_err)?;
+        let script = &self.inner.scripts.list;
+        let mut cmd = evalsha(script, &[self.index_key()]);
+        cmd.arg(format!("{}k:", self.inner.prefix)).arg(start).arg(limit + 1).arg(prefix);
+        let r = self.read(script, &cmd).await?;
         let flat = array(r)?;
         let mut items = Vec::with_capacity(flat.len() / 3);
         let mut it = flat.into_iter();

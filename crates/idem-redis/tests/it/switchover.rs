@@ -164,3 +164,32 @@ async fn a_master_short_of_its_min_replicas_to_write_is_unavailable() {
     assert!(matches!(err, StoreError::Unavailable { .. }), "{}", error_chain(&err));
     assert!(error_chain(&err).contains("NOREPLICAS"), "{}", error_chain(&err));
 }
+
+/// Under `wait_replicas=all` a read is confirmed as a write is: with the one replica frozen, a read gets 503
+/// rather than a value the replica may lack (a write refused for want of replicas stays on the master, and a
+/// switchover then discards it: a reader shown it saw a value that vanished, found by the checker's
+/// `switchover` and `partition` faults). Without `wait_replicas`, reads are not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_wait_all_a_read_the_replicas_cannot_confirm_is_unavailable() {
+    let Some(set) = RedisSentinel::start_with_replicas(1) else { return };
+    let prefix = prefix();
+    let all = RedisStore::connect(&set.url("wait_replicas=all&wait_timeout_ms=200"), &prefix, Limits::default())
+        .await
+        .unwrap();
+    let plain = RedisStore::connect(&set.url(""), &prefix, Limits::default()).await.unwrap();
+    all.put("k", "v".into(), Precondition::Absent, Ttl::Keep).await.unwrap();
+    assert_eq!(all.get("k").await.unwrap().map(|v| v.value().clone()), Some("v".into()));
+    let replica = set.replica_ports[0];
+    set.freeze(replica);
+    let read = all.get("k").await;
+    let listed = all.list("", None, 10).await;
+    let unwaited = plain.get("k").await;
+    set.thaw(replica);
+    let err = read.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(error_chain(&err).contains("0 of 1 replicas acknowledged"), "{}", error_chain(&err));
+    assert!(matches!(listed, Err(StoreError::Unavailable { .. })), "{listed:?}");
+    assert!(unwaited.unwrap().is_some(), "a store without wait_replicas reads as before");
+    set.wait_in_sync(replica);
+    assert!(all.get("k").await.unwrap().is_some());
+}

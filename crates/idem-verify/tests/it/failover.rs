@@ -69,9 +69,9 @@ fn durable_run_loses_nothing(backend: Backend, workload: Workload, fault: HaFaul
 /// `WAIT 1` for it. With `wait_replicas=all` the old master's writes after the promotion are refused (503),
 /// but Redis applied them before `WAIT`, and the old master serves reads of them until the Sentinels demote
 /// it (about 11 s), then they are gone: a key read with a value the store then lost (RELIABILITY.md, "Two
-/// replicas"; 1 key with this seed). Open: ignored until the store stops reading from a deposed master.
+/// replicas"; 1 key with this seed). Fixed by confirming each read as a write is (a barrier write and `WAIT`
+/// after it): a read the replicas cannot vouch for is a 503.
 #[test]
-#[ignore = "open (issue 39): a deposed Sentinel master serves reads of writes it then loses; run with --ignored"]
 fn kv_redis_sentinel_switchover_with_wait_all_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Switchover, 11);
 }
@@ -101,9 +101,9 @@ fn kv_postgres_ha_partition_loses_nothing() {
 /// from the other replica and the Sentinels. With `wait_replicas=all` idem stopped counting the replica the
 /// Sentinels judged down, so `WAIT 1` (then `WAIT 0`) on the old master was met by that very replica, and the
 /// writes it acknowledged went with the demotion (4, then 2 keys; fixed by counting every listed replica).
-/// Still open: the old master serves reads of the writes it refused (503) until it is demoted (1 key).
+/// Then the old master served reads of the writes it refused (503) until it was demoted (1 key): fixed by
+/// the read barrier, as above.
 #[test]
-#[ignore = "open (issue 39): a deposed Sentinel master serves reads of writes it then loses; run with --ignored"]
 fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Partition, 1);
 }
