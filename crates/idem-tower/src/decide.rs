@@ -45,11 +45,11 @@ pub(crate) async fn decide<St: Store>(
             match claim(store, config, record_key, fingerprint, None).await {
                 Ok(lease) => return Ok(lease),
                 Err(e) if e.is_precondition_failed() => continue,
-                Err(e) => return Err(Box::new(store_unavailable(&e))),
+                Err(e) => return Err(Box::new(unavailable(config, &e))),
             }
         }
         let token = config.replay_cache.as_ref().map(|c| c.token());
-        let current = store.get(record_key.as_str()).await.map_err(|e| Box::new(store_unavailable(&e)))?;
+        let current = store.get(record_key.as_str()).await.map_err(|e| Box::new(unavailable(config, &e)))?;
         let record = match current.as_ref().map(|v| Record::decode(v.value())).transpose() {
             Ok(record) => record,
             Err(e) => {
@@ -92,7 +92,7 @@ pub(crate) async fn decide<St: Store>(
                             }
                             // Renewed, finished or released in the meantime: judge what is there now.
                             Err(e) if e.is_precondition_failed() => continue,
-                            Err(e) => return Err(Box::new(store_unavailable(&e))),
+                            Err(e) => return Err(Box::new(unavailable(config, &e))),
                         }
                     }
                     // `Retry-After: 1` all the same: the holder most likely finishes soon, and the watch goes on
@@ -118,7 +118,7 @@ pub(crate) async fn decide<St: Store>(
                         continue;
                     }
                     Err(e) if e.is_precondition_failed() => in_flight(),
-                    Err(e) => store_unavailable(&e),
+                    Err(e) => unavailable(config, &e),
                 }
             }
         };
@@ -129,6 +129,18 @@ pub(crate) async fn decide<St: Store>(
 fn observe(config: &Config, key: &RecordKey, record: &Record, generation: Generation) -> Watch {
     let mut seen = config.observations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     seen.observe(key, record, generation, config.lease, std::time::Instant::now())
+}
+
+/// The 503 for a store error. A store this process could not use also clears its watches of in-flight
+/// records (`Observations::clear`): their holders could not renew their leases either, so each gets a whole
+/// lease again from the first read answered after, as the runner's watches do. Without it a holder whose
+/// outcome write was refused through a switchover was taken over, and its request executed a second time
+/// (the checker's proxy workload on redis-sentinel, seed 424242101, `--ha-fault switchover`).
+fn unavailable(config: &Config, e: &StoreError) -> Response<Body> {
+    if e.is_unavailable() {
+        config.observations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+    store_unavailable(e)
 }
 
 fn forget(config: &Config, key: &RecordKey) {
