@@ -1,9 +1,10 @@
 //! The store under test: an SQLite directory (on a small tmpfs where the machine allows, for the disk-full
 //! fault), or a throw-away PostgreSQL or Redis server the harness starts on ports of its own (from
 //! `idem-testkit`) behind a [`FaultProxy`], so it can restart the server and break the link, or one of the
-//! test kit's highly available setups (a PostgreSQL primary with a streaming standby, a Redis primary and
-//! replica under three Sentinels, a six-node Redis Cluster), reached directly by their multi-host URLs, whose
-//! fault is a failover ([`StoreEnv::failover`]). The machine's own servers are never touched.
+//! test kit's highly available setups (a PostgreSQL primary with two streaming standbys, a Redis primary and
+//! two replicas under three Sentinels, a nine-node Redis Cluster), reached directly by their multi-host URLs, whose
+//! faults are a failover, a switchover, a lagging or stopped replica and a partition ([`StoreEnv::ha_fault`]).
+//! The machine's own servers are never touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
