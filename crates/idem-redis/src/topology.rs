@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, Value};
 
 use crate::conn::Conn;
@@ -39,7 +40,7 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 /// A client for each Sentinel of a `redis+sentinel://` URL (with its connection once made), and the master's
 /// name.
 pub(crate) struct Sentinels {
-    clients: Vec<(redis::Client, Option<redis::aio::MultiplexedConnection>)>,
+    clients: Vec<(redis::Client, Option<MultiplexedConnection>)>,
     master: String,
 }
 
@@ -84,22 +85,12 @@ impl Sentinels {
     pub(crate) async fn knows_master(&mut self) -> Option<bool> {
         let mut known = None;
         for (client, cached) in &mut self.clients {
-            let master = &self.master;
-            let ask = async {
-                let mut conn = match cached.take() {
-                    Some(c) => c,
-                    None => client.get_multiplexed_async_connection_with_config(&ask_config()).await?,
-                };
-                let r = redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Value>(&mut conn).await;
-                *cached = Some(conn);
-                r
-            };
-            match tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
-                Ok(Ok(_)) => return Some(true),
-                Ok(Err(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {
+            match ask(client, cached, redis::cmd("SENTINEL").arg("MASTER").arg(&self.master)).await {
+                Ok(_) => return Some(true),
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {
                     known = Some(false)
                 }
-                _ => {}
+                Err(_) => {}
             }
         }
         known
@@ -110,26 +101,38 @@ impl Sentinels {
     async fn count(&mut self) -> Option<u32> {
         let mut most = None;
         for (client, cached) in &mut self.clients {
-            let master = &self.master;
-            let ask = async {
-                let mut conn = match cached.take() {
-                    Some(c) => c,
-                    None => client.get_multiplexed_async_connection_with_config(&ask_config()).await?,
-                };
-                let r = redis::cmd("SENTINEL").arg("REPLICAS").arg(master).query_async::<Value>(&mut conn).await;
-                // A connection that answered is kept for the next count; one that failed is made anew.
-                if r.is_ok() {
-                    *cached = Some(conn);
-                }
-                r
-            };
-            if let Ok(Ok(Value::Array(replicas))) = tokio::time::timeout(ASK_TIMEOUT * 2, ask).await {
+            if let Ok(Value::Array(replicas)) =
+                ask(client, cached, redis::cmd("SENTINEL").arg("REPLICAS").arg(&self.master)).await
+            {
                 let n = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
                 most = Some(most.map_or(n, |m: u32| m.max(n)));
             }
         }
         most
     }
+}
+
+/// `cmd` to one Sentinel within twice [`ASK_TIMEOUT`], on its `cached` connection or a new one. A connection
+/// that answered, even with an error, is kept for the next question; one that failed is made anew.
+async fn ask(
+    client: &redis::Client,
+    cached: &mut Option<MultiplexedConnection>,
+    cmd: &redis::Cmd,
+) -> RedisResult<Value> {
+    let asked = async {
+        let mut conn = match cached.take() {
+            Some(c) => c,
+            None => client.get_multiplexed_async_connection_with_config(&ask_config()).await?,
+        };
+        let r = cmd.query_async::<Value>(&mut conn).await;
+        if r.as_ref().map_or_else(|e| matches!(e.kind(), redis::ErrorKind::Server(_)), |_| true) {
+            *cached = Some(conn);
+        }
+        r
+    };
+    tokio::time::timeout(ASK_TIMEOUT * 2, asked)
+        .await
+        .unwrap_or_else(|_| Err(redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))))
 }
 
 /// One Sentinel's or node's connection: an answer within [`ASK_TIMEOUT`].
