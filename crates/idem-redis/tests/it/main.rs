@@ -7,3 +7,20 @@ mod conformance;
 mod ha;
 mod switchover;
 mod tls;
+
+/// Prints what a run through a failover counted and asserts every acknowledged write is present.
+pub(crate) fn assert_none_lost(tally: &idem_store::conformance::FailoverTally) {
+    eprintln!(
+        "acknowledged {}, present {}, lost {}, unavailable {}",
+        tally.acknowledged,
+        tally.present,
+        tally.lost.len(),
+        tally.unavailable
+    );
+    assert_eq!(
+        (tally.present, tally.lost.len()),
+        (tally.acknowledged, 0),
+        "acknowledged writes lost: {:?}",
+        tally.lost
+    );
+}
