@@ -1,4 +1,10 @@
+use std::time::Duration;
+
+use idem_store::{Generation, Precondition, Renewable, Ttl};
+
 use super::*;
+use crate::ledger::RetryLimit;
+use crate::{Write, WriteOp};
 
 const LIMIT: RetryLimit = RetryLimit { max_attempts: 3 };
 const LEASE: Duration = Duration::from_secs(10);
