@@ -13,7 +13,8 @@
 # a replica promoted), switchover (SENTINEL FAILOVER / CLUSTER FAILOVER [FORCE|TAKEOVER] / pg_ctl promote with
 # the old primary alive, stopped 1-3 s later), replica-lag (a replica frozen, then a failover), replica-stop
 # (a replica stopped, then a switchover), partition (old primary and one replica cut off from the other
-# replica and the Sentinels while idem reaches them, the other promoted, healed; not on redis-cluster).
+# replica and the Sentinels, or on redis-cluster the other masters, while idem reaches them; the other
+# promoted, healed).
 # Durable setting by default (wait_replicas=all; PostgreSQL ANY 2 with synchronous_standbys=all: 0 anomalies
 # expected); -- --no-durable [one|none] (wait_replicas=1 / FIRST 1 '*', or none / asynchronous) counts what
 # the faults lose.
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 backend=all workload=all seed="" long=0 extra=()
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 # Bad usage is exit 2 (1 means an anomaly was found), so `${2:?}` (exit 1) is not used.
 value() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "verify.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do

@@ -176,7 +176,7 @@ impl StoreEnv {
 
     /// A fault of a highly available backend ([`crate::hafaults`]): what was done with its timings, or what
     /// failed. On a Cluster it acts on the master serving `tag`'s slot (the hash tag of the workload's keys,
-    /// e.g. `{idem:}`). `None` on the other backends, and for a partition on a Cluster.
+    /// e.g. `{idem:}`). `None` on the other backends.
     pub async fn ha_fault(&mut self, tag: &str, plan: crate::hafaults::Plan) -> Option<Result<String, String>> {
         if !self.backend.is_ha() {
             return None;

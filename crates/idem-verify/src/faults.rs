@@ -174,7 +174,7 @@ pub async fn ha_fault_once(
 }
 
 /// The fault of a run on a highly available backend: `forced`, or drawn from `seed` and the workload (so the
-/// three workloads of one seed meet different faults), with its numbers. A Cluster draws no partition.
+/// three workloads of one seed meet different faults), with its numbers.
 pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
     let salt = match opts.workload {
         crate::Workload::Kv => 1,
@@ -183,10 +183,7 @@ pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
     };
     let backend = opts.backend as u64;
     let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ 0x6861_6661_756c_7400 ^ (salt << 8) ^ (backend << 16)));
-    let kinds: Vec<HaFault> = HaFault::ALL
-        .into_iter()
-        .filter(|k| *k != HaFault::Partition || opts.backend != crate::Backend::RedisCluster)
-        .collect();
+    let kinds = HaFault::ALL;
     // The kind from a hash of its own: seeds that differ in a few bits drew the first kind in 7 of 9 runs.
     let pick = splitmix64(seed.wrapping_add(salt.wrapping_mul(0x9e37_79b9)).wrapping_add(backend << 32));
     let drawn = kinds[usize::try_from(pick % kinds.len() as u64).unwrap_or(0)];

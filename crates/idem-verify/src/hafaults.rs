@@ -117,7 +117,7 @@ pub fn sentinel(set: &mut RedisSentinel, p: Plan) -> String {
 }
 
 /// A fault on the master serving `tag`'s slot of a Cluster with two replicas per master; what was done.
-/// `None` for a partition, which the test kit cannot make on a Cluster.
+/// `None` when that master has no replica to act on.
 pub fn cluster(cluster: &mut RedisCluster, tag: &str, p: Plan) -> Option<String> {
     let t0 = Instant::now();
     let old = cluster.master_of(tag);
@@ -168,7 +168,25 @@ pub fn cluster(cluster: &mut RedisCluster, tag: &str, p: Plan) -> Option<String>
                 ms(t0)
             )
         }
-        HaFault::Partition => return None,
+        HaFault::Partition => {
+            cluster.partition(tag, &[r]);
+            // Both are asserted, not assumed: a cut that did not take would leave the old master in
+            // `cluster_state:ok` and no replica elected, and the kit gives up after a minute (a failed fault).
+            cluster.wait_cut_off(old);
+            let cut = ms(t0);
+            let new = cluster.wait_new_master(tag, old);
+            let elected = ms(t0);
+            sleep(Duration::from_millis(p.hold_ms));
+            cluster.heal();
+            let healed = ms(t0);
+            cluster.wait_settled();
+            format!(
+                "master {old} of {tag} and replica {r} cut off from replica {other} and the other masters (bus \
+                 and replication; idem reaches all); {old} in cluster_state:fail at {cut} ms; {new} elected at \
+                 {elected} ms; healed at {healed} ms; {old} and {r} replicas of {new} in sync at {} ms",
+                ms(t0)
+            )
+        }
     })
 }
 

@@ -76,9 +76,10 @@ pub enum HaFault {
     ReplicaLag,
     /// A replica or standby stopped for a while, then a switchover to the other.
     ReplicaStop,
-    /// The old primary and one replica or standby cut off from the other (and the Sentinels) while idem still
-    /// reaches them; the other promoted; healed after a while (PostgreSQL: the old primary stopped). Not on a
-    /// Cluster.
+    /// The old primary and one replica or standby cut off from the other (and the Sentinels, or on a Cluster
+    /// the other masters: bus and replication) while idem still reaches them; the other promoted (on a Cluster
+    /// by the majority on its own, after the node timeout); healed after a while (PostgreSQL: the old primary
+    /// stopped).
     Partition,
 }
 

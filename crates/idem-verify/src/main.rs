@@ -39,7 +39,8 @@ struct Cli {
     /// On the highly available backends: the fault (default: drawn from the seed and the workload):
     /// failover (primary killed), switchover (by command, old primary alive), replica-lag (a replica frozen,
     /// then a failover), replica-stop (a replica stopped, then a switchover), partition (old primary and one
-    /// replica cut off from the rest; not on redis-cluster).
+    /// replica cut off from the rest: the other replica and the Sentinels, or on redis-cluster the other
+    /// masters).
     #[arg(long, value_enum)]
     ha_fault: Option<HaFault>,
     /// On the highly available backends: when the fault starts, e.g. `20s` (default: drawn from the seed

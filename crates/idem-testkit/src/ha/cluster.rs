@@ -1,8 +1,11 @@
 //! [`RedisCluster`]: three Redis masters with one or two replicas each.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
+use super::partition::{Cut, Relay, node_ip};
 use super::{Proc, cli, redis_cli, redis_node, redis_program, wait_until};
 use crate::free_port;
 
@@ -19,41 +22,74 @@ pub enum ClusterFailover {
     Takeover,
 }
 
-/// A Redis Cluster on free ports of 127.0.0.1 (at most 55535, as each node's cluster bus listens on its port +
-/// 10000): three masters with one replica each (six nodes, [`RedisCluster::start`]) or two (nine,
-/// [`RedisCluster::start_with_replicas`]), made by `redis-cli --cluster create … --cluster-replicas N`, a node
-/// judged failed after 2 s, no persistence. Stopped on drop.
+/// A Redis Cluster on free ports (at most 55535) of 127.0.0.1: three masters with one replica each (six nodes,
+/// [`RedisCluster::start`]) or two (nine, [`RedisCluster::start_with_replicas`]), made by `redis-cli --cluster
+/// create … --cluster-replicas N`, a node judged failed after 2 s, no persistence. Stopped on drop.
+///
+/// As in [`super::RedisSentinel`], each node listens on ports of its own (client and cluster bus, `cluster-port`)
+/// behind a [`Relay`] on each of its public ports, which it announces (`cluster-announce-port`,
+/// `cluster-announce-bus-port`), and connects to the others from an address of its own (`bind-source-addr`
+/// 127.0.0.(10 + i)): replication and the cluster bus go through the relays and come from the node's address,
+/// so [`RedisCluster::partition`] can cut the links between nodes and leave those of clients (from 127.0.0.1)
+/// whole.
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// The nodes' ports.
+    /// The nodes' (public) ports.
     pub ports: Vec<u16>,
-    nodes: Vec<Proc>,
+    nodes: Vec<Node>,
     program: PathBuf,
     cli: PathBuf,
     dir: tempfile::TempDir,
+    /// The nodes on the minority side of the partition in force ([`RedisCluster::partition`]), if any.
+    cut_off: Mutex<Vec<u16>>,
 }
 
-/// A Cluster node on `port`; its node table (`nodes-PORT.conf`) in `dir` survives a restart, so a restarted
-/// node rejoins as what the Cluster made it meanwhile.
-fn cluster_node(program: &Path, port: u16, dir: &Path) -> Proc {
-    let conf = format!("nodes-{port}.conf");
-    let rdb = format!("dump-{port}.rdb");
-    redis_node(
-        program,
-        port,
-        dir,
-        &["--cluster-enabled", "yes", "--cluster-config-file", &conf, "--cluster-node-timeout", "2000"]
-            .into_iter()
-            .chain(["--dbfilename", &rdb])
-            .collect::<Vec<_>>(),
-    )
+/// One Cluster node: its process, the ports it listens on, and the relays on its public ports.
+#[derive(Debug)]
+struct Node {
+    addr: NodeAddr,
+    proc: Proc,
+    relay: Relay,
+    bus_relay: Relay,
 }
 
-/// A free port whose cluster bus port (+10000) is free too.
+/// Where a node listens and what it announces.
+#[derive(Clone, Copy, Debug)]
+struct NodeAddr {
+    /// The client port it announces (its relay's).
+    port: u16,
+    /// The cluster bus port it announces (its relay's).
+    bus: u16,
+    /// The client port it listens on.
+    hidden: u16,
+    /// The cluster bus port it listens on.
+    hidden_bus: u16,
+    /// The address it connects from.
+    ip: IpAddr,
+}
+
+/// A Cluster node at `a`; its node table (`nodes-PORT.conf`) in `dir` survives a restart, so a restarted node
+/// rejoins as what the Cluster made it meanwhile.
+fn cluster_node(program: &Path, a: NodeAddr, dir: &Path) -> Proc {
+    let conf = format!("nodes-{}.conf", a.port);
+    let rdb = format!("dump-{}.rdb", a.port);
+    let (port, bus, hidden_bus, ip) =
+        (a.port.to_string(), a.bus.to_string(), a.hidden_bus.to_string(), a.ip.to_string());
+    let args = [
+        ["--cluster-enabled", "yes", "--cluster-config-file", &conf, "--cluster-node-timeout", "2000"].as_slice(),
+        &["--cluster-port", &hidden_bus, "--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", &port],
+        &["--cluster-announce-bus-port", &bus, "--bind-source-addr", &ip, "--protected-mode", "no"],
+        &["--dbfilename", &rdb],
+    ]
+    .concat();
+    redis_node(program, a.hidden, dir, &args)
+}
+
+/// A free port of 127.0.0.1, at most 55535, not among `taken`.
 fn cluster_port(taken: &[u16]) -> u16 {
     loop {
         let port = free_port();
-        if port <= 55535 && !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+        if port <= 55535 && !taken.contains(&port) {
             return port;
         }
     }
@@ -81,12 +117,21 @@ impl RedisCluster {
         let program = redis_program()?;
         let cli_program = redis_cli()?;
         let dir = tempfile::tempdir().unwrap();
-        let mut ports = Vec::new();
-        for _ in 0..3 * (1 + replicas) {
-            ports.push(cluster_port(&ports));
+        let mut taken = Vec::new();
+        let mut nodes = Vec::new();
+        for i in 0..3 * (1 + replicas) {
+            let mut port = || {
+                let p = cluster_port(&taken);
+                taken.push(p);
+                p
+            };
+            let addr = NodeAddr { port: port(), bus: port(), hidden: port(), hidden_bus: port(), ip: node_ip(i) };
+            let proc = cluster_node(&program, addr, dir.path());
+            let (relay, bus_relay) = (Relay::start(addr.port, addr.hidden), Relay::start(addr.bus, addr.hidden_bus));
+            nodes.push(Node { addr, proc, relay, bus_relay });
         }
-        let nodes = ports.iter().map(|port| cluster_node(&program, *port, dir.path())).collect();
-        let cluster = Self { ports, nodes, program, cli: cli_program, dir };
+        let ports = nodes.iter().map(|n| n.addr.port).collect();
+        let cluster = Self { ports, nodes, program, cli: cli_program, dir, cut_off: Mutex::default() };
         let addrs: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new(&cluster.cli)
             .arg("--cluster")
@@ -104,7 +149,7 @@ impl RedisCluster {
     /// Waits until every live node says `cluster_state:ok` and every replica's link to its master is up.
     fn wait_ok(&self) {
         for (i, port) in self.ports.iter().enumerate() {
-            if !self.nodes[i].answers() {
+            if !self.nodes[i].proc.answers() {
                 continue;
             }
             wait_until("every cluster node in state ok", || {
@@ -134,37 +179,33 @@ impl RedisCluster {
 
     /// [`RedisCluster::master_of`], or the node table when no live master serves the slot (mid-failover).
     fn try_master_of(&self, key: &str) -> Result<u16, String> {
-        let slot = self.ask(&["CLUSTER", "KEYSLOT", key]);
-        // A test kit's failure is a panic that says what the server answered.
-        let slot: u16 = slot.parse().unwrap_or_else(|_| panic!("CLUSTER KEYSLOT answered {slot:?}"));
+        let slot = self.slot(key);
         let nodes = self.ask(&["CLUSTER", "NODES"]);
-        for line in nodes.lines() {
-            // <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot ranges…>
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
-                continue;
-            }
-            let serves = f[8..].iter().any(|r| {
-                let (a, b) = r.split_once('-').unwrap_or((r, r));
-                matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
-            });
-            // `ip:port@bus`: a line whose address does not parse is skipped like any other it cannot use, and
-            // the caller gets the whole `CLUSTER NODES` answer to show.
-            let port = f[1].split('@').next().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok());
-            if let (true, Some(port)) = (serves, port) {
-                return Ok(port);
-            }
-        }
-        Err(nodes)
+        serving(&nodes, slot).ok_or(nodes)
     }
 
+    /// `key`'s hash slot.
+    fn slot(&self, key: &str) -> u16 {
+        let slot = self.ask(&["CLUSTER", "KEYSLOT", key]);
+        // A test kit's failure is a panic that says what the server answered.
+        slot.parse().unwrap_or_else(|_| panic!("CLUSTER KEYSLOT answered {slot:?}"))
+    }
+
+    /// `args` asked of the first live node that answers, one cut off by [`RedisCluster::partition`] last (its
+    /// view is the minority's).
     fn ask(&self, args: &[&str]) -> String {
-        self.ports
-            .iter()
-            .zip(&self.nodes)
-            .filter(|(_, n)| n.answers())
-            .find_map(|(port, _)| cli(&self.cli, *port, args))
+        let cut_off = self.cut_off();
+        let live = self.nodes.iter().filter(|n| n.proc.answers());
+        let (whole, cut): (Vec<&Node>, Vec<&Node>) = live.partition(|n| !cut_off.contains(&n.addr.port));
+        whole
+            .into_iter()
+            .chain(cut)
+            .find_map(|n| cli(&self.cli, n.addr.port, args))
             .unwrap_or_else(|| panic!("no live cluster node answers {args:?}"))
+    }
+
+    fn cut_off(&self) -> Vec<u16> {
+        self.cut_off.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Kills the node on `port` (SIGKILL).
@@ -172,8 +213,8 @@ impl RedisCluster {
     /// # Panics
     /// When no node of this cluster has that port.
     pub fn kill(&mut self, port: u16) {
-        let i = self.ports.iter().position(|p| *p == port).expect("a node of this cluster");
-        self.nodes[i].kill9();
+        let i = self.index(port);
+        self.nodes[i].proc.kill9();
     }
 
     /// Starts the killed node on `port` again, as its machine coming back would: it rejoins as a replica of
@@ -183,8 +224,8 @@ impl RedisCluster {
     /// # Panics
     /// When no node of this cluster has that port, or it does not rejoin within a minute.
     pub fn restart(&mut self, port: u16) {
-        let i = self.ports.iter().position(|p| *p == port).expect("a node of this cluster");
-        self.nodes[i] = cluster_node(&self.program, port, self.dir.path());
+        let i = self.index(port);
+        self.nodes[i].proc = cluster_node(&self.program, self.nodes[i].addr, self.dir.path());
         self.wait_ok();
     }
 
@@ -196,7 +237,7 @@ impl RedisCluster {
     pub fn wait_failover(&self, key: &str, old: u16) {
         wait_until("a replica promoted in the killed master's place", || {
             let ok =
-                self.ports.iter().zip(&self.nodes).filter(|(_, n)| n.answers()).all(|(p, _)| {
+                self.ports.iter().zip(&self.nodes).filter(|(_, n)| n.proc.answers()).all(|(p, _)| {
                     cli(&self.cli, *p, &["CLUSTER", "INFO"]).is_some_and(|i| i.contains("cluster_state:ok"))
                 });
             (ok && self.try_master_of(key).is_ok_and(|m| m != old)).then_some(())
@@ -209,8 +250,7 @@ impl RedisCluster {
         nodes
             .lines()
             .filter_map(|line| {
-                let f: Vec<&str> = line.split_whitespace().collect();
-                let port = f.get(1)?.split('@').next()?.rsplit_once(':')?.1.parse().ok()?;
+                let (f, port) = node_line(line)?;
                 Some((port, (*f.first()?).to_owned(), (*f.get(2)?).to_owned(), (*f.get(3)?).to_owned()))
             })
             .collect()
@@ -236,7 +276,7 @@ impl RedisCluster {
     /// # Panics
     /// When no node of this cluster has that port.
     pub fn freeze(&self, port: u16) {
-        self.nodes[self.index(port)].signal("-STOP");
+        self.nodes[self.index(port)].proc.signal("-STOP");
     }
 
     /// Continues the node on `port` after [`RedisCluster::freeze`].
@@ -244,7 +284,7 @@ impl RedisCluster {
     /// # Panics
     /// When no node of this cluster has that port.
     pub fn thaw(&self, port: u16) {
-        self.nodes[self.index(port)].signal("-CONT");
+        self.nodes[self.index(port)].proc.signal("-CONT");
     }
 
     /// A switchover with the old master alive: `CLUSTER FAILOVER [FORCE|TAKEOVER]` sent to the replica on
@@ -263,7 +303,8 @@ impl RedisCluster {
         let old = self.table().into_iter().find(|(p, ..)| *p == replica).map(|(.., of)| of);
         let answer = cli(&self.cli, replica, &args);
         assert_eq!(answer.as_deref(), Some("OK"), "{args:?} answered {answer:?}");
-        let live: Vec<u16> = self.ports.iter().zip(&self.nodes).filter(|(_, n)| n.answers()).map(|(p, _)| *p).collect();
+        let live: Vec<u16> =
+            self.ports.iter().zip(&self.nodes).filter(|(_, n)| n.proc.answers()).map(|(p, _)| *p).collect();
         wait_until("the replica serving as master, seen by every node, the cluster ok", || {
             let all = live.iter().all(|p| {
                 let nodes = cli(&self.cli, *p, &["CLUSTER", "NODES"]).unwrap_or_default();
@@ -282,4 +323,135 @@ impl RedisCluster {
             (all && demoted).then_some(())
         });
     }
+
+    /// Cuts the master serving `key`'s slot, with the replicas `keep` (their ports), off from every other node,
+    /// both ways: replication and the cluster bus; clients (from 127.0.0.1) still reach every node. The other
+    /// masters judge it failed after the node timeout (2 s) and a replica on their side is elected in its
+    /// place, while the old master, reaching no majority of masters, says `cluster_state:fail` and refuses
+    /// commands from then on ([`RedisCluster::wait_cut_off`], [`RedisCluster::wait_new_master`]).
+    /// [`RedisCluster::heal`] restores every link. Returns the old master's port.
+    ///
+    /// # Panics
+    /// When no live node answers, or `keep` names no node of this cluster.
+    pub fn partition(&self, key: &str, keep: &[u16]) -> u16 {
+        let master = self.master_of(key);
+        for port in keep {
+            self.index(*port);
+        }
+        let side = |n: &Node| n.addr.port == master || keep.contains(&n.addr.port);
+        let ours: Vec<IpAddr> = self.nodes.iter().filter(|n| side(n)).map(|n| n.addr.ip).collect();
+        let theirs: Vec<IpAddr> = self.nodes.iter().filter(|n| !side(n)).map(|n| n.addr.ip).collect();
+        for n in &self.nodes {
+            let cut = Cut::From(if side(n) { theirs.clone() } else { ours.clone() });
+            n.relay.cut(cut.clone());
+            n.bus_relay.cut(cut);
+        }
+        *self.cut_off.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            self.nodes.iter().filter(|n| side(n)).map(|n| n.addr.port).collect();
+        master
+    }
+
+    /// Waits until the node on `port` says `cluster_state:fail`: cut off, it reaches no majority of masters.
+    ///
+    /// # Panics
+    /// When it does not within a minute.
+    pub fn wait_cut_off(&self, port: u16) {
+        wait_until("the cut-off node saying cluster_state:fail", || {
+            cli(&self.cli, port, &["CLUSTER", "INFO"])?.contains("cluster_state:fail").then_some(())
+        });
+    }
+
+    /// Waits until every live node outside the partition's minority side says `cluster_state:ok` and names
+    /// one master other than `old` for `key`'s slot; returns that master's port.
+    ///
+    /// # Panics
+    /// When that does not happen within a minute.
+    pub fn wait_new_master(&self, key: &str, old: u16) -> u16 {
+        let slot = self.slot(key);
+        let cut_off = self.cut_off();
+        let majority: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|n| n.proc.answers() && !cut_off.contains(&n.addr.port))
+            .map(|n| n.addr.port)
+            .collect();
+        wait_until("a new master for the slot, named by every node of the majority", || {
+            let named: Vec<Option<u16>> = majority
+                .iter()
+                .map(|p| {
+                    let ok = cli(&self.cli, *p, &["CLUSTER", "INFO"])?.contains("cluster_state:ok");
+                    ok.then(|| serving(&cli(&self.cli, *p, &["CLUSTER", "NODES"])?, slot)).flatten()
+                })
+                .collect();
+            let new = named.first().copied().flatten().filter(|n| *n != old)?;
+            named.iter().all(|n| *n == Some(new)).then_some(new)
+        })
+    }
+
+    /// Restores every link a [`RedisCluster::partition`] cut; [`RedisCluster::wait_settled`] waits for the
+    /// Cluster to agree again.
+    pub fn heal(&self) {
+        for n in &self.nodes {
+            n.relay.heal();
+            n.bus_relay.heal();
+        }
+        self.cut_off.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+
+    /// Waits until every live node says `cluster_state:ok`, every one names the same masters (an old master
+    /// back from a partition has learnt of its successor and become its replica), and every replica's link to
+    /// its master is up.
+    ///
+    /// # Panics
+    /// When that does not happen within a minute.
+    pub fn wait_settled(&self) {
+        let live: Vec<u16> = self.nodes.iter().filter(|n| n.proc.answers()).map(|n| n.addr.port).collect();
+        wait_until("every node naming the same masters", || {
+            let views: Vec<Vec<u16>> = live
+                .iter()
+                .map(|p| {
+                    let ok = cli(&self.cli, *p, &["CLUSTER", "INFO"])?.contains("cluster_state:ok");
+                    ok.then(|| Some(masters(&cli(&self.cli, *p, &["CLUSTER", "NODES"])?))).flatten()
+                })
+                .collect::<Option<_>>()?;
+            views.windows(2).all(|w| w[0] == w[1]).then_some(())
+        });
+        self.wait_ok();
+    }
+}
+
+/// The fields of a `CLUSTER NODES` line: `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link>
+/// <slot ranges…>`, and the port.
+fn node_line(line: &str) -> Option<(Vec<&str>, u16)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // `ip:port@bus`: a line whose address does not parse is skipped like any other that cannot be used.
+    let port = f.get(1)?.split('@').next()?.rsplit_once(':')?.1.parse().ok()?;
+    Some((f, port))
+}
+
+/// The port of the master `nodes` (a `CLUSTER NODES` answer) names for `slot`, not judged failed.
+fn serving(nodes: &str, slot: u16) -> Option<u16> {
+    nodes.lines().filter_map(node_line).find_map(|(f, port)| {
+        if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+            return None;
+        }
+        let serves = f[8..].iter().any(|r| {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+        });
+        serves.then_some(port)
+    })
+}
+
+/// The ports of the masters serving slots that `nodes` (a `CLUSTER NODES` answer) names, not judged failed,
+/// in order.
+fn masters(nodes: &str) -> Vec<u16> {
+    let mut ports: Vec<u16> = nodes
+        .lines()
+        .filter_map(node_line)
+        .filter(|(f, _)| f.len() >= 9 && f[2].contains("master") && !f[2].contains("fail"))
+        .map(|(_, port)| port)
+        .collect();
+    ports.sort_unstable();
+    ports
 }

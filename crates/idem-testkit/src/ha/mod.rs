@@ -3,7 +3,8 @@
 //! ([`RedisSentinel`]), and a Redis Cluster of three masters with one or two replicas each ([`RedisCluster`]).
 //! Besides crashes, they make what an operator or a network does to a live primary: a switchover with the old
 //! primary still running, a replica frozen (SIGSTOP) or stopped, and a partition of the old primary from its
-//! replicas and Sentinels while clients still reach it (through the kit's relays, [`partition`]). Every
+//! replicas and Sentinels, or a Cluster master from its replicas and the other masters, while clients still
+//! reach it (through the kit's relays, [`partition`]). Every
 //! process is stopped when its value is dropped.
 
 mod cluster;

@@ -7,7 +7,7 @@
 //! counted is proven on planted histories: `idem-verify`'s `proxy::check` tests. RELIABILITY.md has the
 //! longer runs of all three setups, with and without the durable setting.)
 
-use idem_verify::{Backend, HaFault, Workload};
+use idem_verify::{Backend, HaFault, Summary, Workload};
 
 use crate::run_ha;
 
@@ -45,14 +45,20 @@ fn proxy_redis_sentinel_failover_with_wait_loses_nothing() {
 }
 
 /// Runs `workload` on `backend` for 10 s with the durable setting and `fault` as its one fault, and asserts
-/// that the fault was made (not failed), something was checked, and nothing was found or lost.
-fn durable_run_loses_nothing(backend: Backend, workload: Workload, fault: HaFault, seed: u64) {
-    let Some((s, dir)) = run_ha(backend, workload, 10, seed, None, true, Some(fault)) else { return };
+/// that the fault was made (not failed), something was checked, and nothing was found or lost; the summary and
+/// what the history says the fault did (its `detail`), `None` when the backend's programs are missing.
+fn durable_run_loses_nothing(
+    backend: Backend,
+    workload: Workload,
+    fault: HaFault,
+    seed: u64,
+) -> Option<(Summary, String)> {
+    let (s, dir) = run_ha(backend, workload, 10, seed, None, true, Some(fault))?;
+    let history = std::fs::read_to_string(&s.history).unwrap();
     if !s.anomalies.is_empty() {
         let _ = dir.keep();
     }
     assert_eq!(s.faults.get(fault.name()), Some(&1), "{}: no {} was made", s.line(), fault.name());
-    let history = std::fs::read_to_string(&s.history).unwrap();
     assert!(!history.contains("\"detail\":\"failed"), "the fault itself failed: {}", s.history.display());
     assert!(s.histories > 0 && s.operations > 0, "{}: nothing was checked", s.line());
     assert!(
@@ -63,6 +69,13 @@ fn durable_run_loses_nothing(backend: Backend, workload: Workload, fault: HaFaul
         s.failure_page,
         s.history.display()
     );
+    let detail = history
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "fault" && v["kind"] == fault.name())
+        .and_then(|v| v["detail"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {} in {}", fault.name(), s.history.display()));
+    Some((s, detail))
 }
 
 /// Issue 39's case: `SENTINEL FAILOVER` with the old master alive and a second replica that still answers
@@ -116,4 +129,24 @@ fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
 #[test]
 fn proxy_redis_sentinel_switchover_executes_nothing_twice() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Proxy, HaFault::Switchover, 424242101);
+}
+
+/// The Cluster's master of the workload's slot and one of its replicas cut off from the other replica and
+/// the other two masters (cluster bus and replication) while idem still reaches every node: the majority
+/// judges the old master failed after the node timeout and elects the other replica. With `wait_replicas=all`
+/// the old master's writes and reads wait for the cut-off replica and are refused (503), so none is
+/// acknowledged that the new master lacks. The fault is asserted, not assumed: the test kit waits until the
+/// old master says `cluster_state:fail` (it reaches no majority: the cut took) and the majority names a new
+/// master for the slot, else the fault fails and so does this test.
+#[test]
+fn kv_redis_cluster_partition_loses_nothing() {
+    let Some((s, fault)) = durable_run_loses_nothing(Backend::RedisCluster, Workload::Kv, HaFault::Partition, 15)
+    else {
+        return;
+    };
+    assert!(
+        fault.contains("in cluster_state:fail at") && fault.contains("elected at"),
+        "the partition did not cut the old master off and elect another: {fault}"
+    );
+    assert!(s.answers.get("503").copied().unwrap_or(0) > 0, "{}: no request saw the partition", s.line());
 }
