@@ -75,7 +75,7 @@ pub async fn claim_outputs<S: Store>(
     if output_path.is_empty() {
         return Ok(None);
     }
-    let host = crate::engine::host_name();
+    let host = crate::supervise::host_name();
     let key = outputs_key(&host, output_path);
     if let Some(v) = store.get(&key).await? {
         let owner = String::from_utf8_lossy(v.value()).into_owned();
@@ -131,7 +131,7 @@ pub async fn job_exists<S: Store>(store: &S, job: &str) -> Result<bool, Error> {
 /// [`Error::Store`].
 pub async fn note_job<S: Store>(store: &S, job: &str, record: &JobRecord, dry_run: bool) -> Result<Vec<String>, Error> {
     let mut changes = Vec::new();
-    let record = &JobRecord { host: crate::engine::host_name(), ..record.clone() };
+    let record = &JobRecord { host: crate::supervise::host_name(), ..record.clone() };
     // An unreadable record is replaced: it only serves these warnings. One written by another host is not
     // compared: runners on several machines may differ in paths (each its own disk) by design, and alternating
     // runs would warn every time.
@@ -196,7 +196,7 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
             match &entry {
                 Entry::Done { owner, .. } => {
                     out.done += 1;
-                    let host = crate::engine::owner_host(owner).unwrap_or(owner.as_str());
+                    let host = crate::supervise::owner_host(owner).unwrap_or(owner.as_str());
                     *out.done_by_host.entry(host.to_owned()).or_default() += 1;
                 }
                 Entry::Running { .. } => out.running += 1,

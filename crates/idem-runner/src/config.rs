@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Error, ItemFormat, QueueUrl};
+use crate::{Error, ItemFormat, ItemReader, QueueUrl};
 
 /// What to do when an item turns poison in this run (the same error fingerprint twice). An item an earlier run
 /// found poison is skipped either way: it is a known fact, not a new failure.
@@ -218,7 +218,7 @@ impl RunConfig {
         if self.dry_run {
             return Ok(None);
         }
-        crate::engine::check_program(&self.command[0])
+        crate::supervise::check_program(&self.command[0])
     }
 
     /// [`RunConfig::check`], then every item of the file: readable, with an id, and with an output path no
@@ -229,11 +229,22 @@ impl RunConfig {
     /// [`Error::Config`], [`Error::ReadItems`], [`Error::BadItem`], [`Error::DuplicateOutput`].
     pub fn checked(mut self) -> Result<CheckedConfig, Error> {
         let program = self.check_settings()?;
-        let total = crate::engine::precheck(&self)?;
+        let total = precheck(&self)?;
         if !self.dry_run {
-            self.jobs = crate::engine::jobs_within_descriptor_limit(self.jobs);
+            self.jobs = crate::supervise::jobs_within_descriptor_limit(self.jobs);
         }
         Ok(CheckedConfig { cfg: self, total, program, source: None })
+    }
+
+    /// How this run reads its queue: at most twice `--jobs` messages taken ahead (`--jobs` commands running
+    /// and as many claimed ahead, as with a file).
+    pub(crate) fn source_config(&self) -> crate::queue::SourceConfig {
+        crate::queue::SourceConfig {
+            prefetch: self.jobs.saturating_mul(2),
+            until_empty: self.until_empty,
+            format: self.format,
+            id_field: self.id_field.clone(),
+        }
     }
 
     /// True when the items are read once as they come (a stream or a queue), not checked whole before the run.
@@ -298,7 +309,7 @@ impl CheckedConfig {
     /// [`Error::Queue`].
     pub async fn connect(&mut self) -> Result<(), Error> {
         if let (Some(url), None) = (&self.cfg.queue, &self.source) {
-            self.source = Some(crate::queue::Source::connect(url, crate::queue::SourceConfig::of(&self.cfg)).await?);
+            self.source = Some(crate::queue::Source::connect(url, self.cfg.source_config()).await?);
         }
         Ok(())
     }
@@ -402,6 +413,36 @@ fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result
     Ok(())
 }
 
+/// Checks every item of a regular file (ids, duplicate outputs) before anything runs; returns how many there
+/// are. A stream or a queue can be read only once: its items are checked as they arrive.
+fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
+    use sha2::Digest as _;
+    if cfg.streamed() {
+        return Ok(0);
+    }
+    let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
+    let mut total = 0;
+    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
+        let item = item?;
+        total += 1;
+        let output = cfg.unique_path(&item.id);
+        // 128 bits of SHA-256 per path instead of the path itself keeps a million items in ~40 MiB; two paths
+        // colliding by chance is far less likely than a disk error.
+        let digest = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        if let Some(first) = seen.insert(u128::from_le_bytes(key), item.line) {
+            return Err(Error::DuplicateOutput {
+                path: cfg.items.clone(),
+                first,
+                second: item.line,
+                output: output.display().to_string(),
+            });
+        }
+    }
+    Ok(total)
+}
+
 /// The job's name in the ledger: the first 12 hex digits of the SHA-256 of the output template, so two jobs
 /// writing different outputs never share ledger entries, and the same job finds its entries on every rerun.
 /// The template is normalised first (`./out//{id}.json` is `out/{id}.json`), so two spellings of one job share
@@ -420,7 +461,26 @@ pub fn job_id(output_template: &str) -> String {
 /// # Errors
 /// [`Error::Config`] naming the rule.
 pub fn check_job_name(name: &str) -> Result<(), Error> {
-    crate::once::check_name(name)
+    check_name(name)
+}
+
+/// A job name is 1 to 100 characters of ASCII letters, digits, `.`, `_` and `-`, not starting with `.` or
+/// `-`: it is part of store keys and of the messages cron mails.
+///
+/// # Errors
+/// [`Error::Config`] naming the rule.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with(['.', '-'])
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "--name {name:?}: use 1 to 100 ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'"
+        )))
+    }
 }
 
 /// The directory all of a template's outputs share: its path up to the first component holding a

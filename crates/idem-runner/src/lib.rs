@@ -47,15 +47,18 @@ mod progress;
 mod queue;
 mod report;
 mod shown;
-mod watchdog;
+mod summary;
+mod supervise;
 
 pub use admin::{JobRecord, LedgerStatus, claim_outputs, forget, job_exists, job_record, note_job, status};
 pub use config::{
     CheckedConfig, OnPoison, ProgressMode, RunConfig, check_job_name, default_ledger_path, job_id, output_root,
 };
-pub use engine::{FailedItem, OutOfAttempts, RunStatus, Stop, Summary, owner_token, run, run_checked};
+pub use engine::{Stop, run, run_checked};
 pub use error::Error;
 use error::ItemError;
 pub use items::{Item, ItemFormat, ItemReader, is_stream, short_hash};
 pub use queue::QueueUrl;
 pub use shown::natural_cmp;
+pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
+pub use supervise::owner_token;

@@ -181,7 +181,7 @@ pub fn read_unrecorded(note: &Path) -> Option<Digest256> {
 /// The note an attempt leaves beside its output when its count went unanswered as the run gave up (the store
 /// unavailable past the limit, or the operator's stop), its command never started:
 /// `.<file name>.idem-uncounted`, holding the attempt's owner and number and the entry the count replaced. A
-/// count may land long after its answer was given up (a server stopped with SIGSTOP answers at SIGCONT); the
+/// count may land long after its answer was given up (a stopped server answers once it is continued); the
 /// next run that finds the entry counted by that very attempt, its holder gone, puts the entry back.
 pub fn uncounted_path(output: &Path) -> PathBuf {
     let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

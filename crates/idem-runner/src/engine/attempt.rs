@@ -3,70 +3,19 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use idem_core::ledger::Held;
+use idem_store::LeaseKeeper;
 use idem_store::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::step::{Attempt, describe, failed};
 use super::{Ctx, after_exit, ledger};
 use crate::Item;
 use crate::output;
-use crate::watchdog::Watchdog;
-use idem_store::LeaseKeeper;
-
-/// A command's process group as the watchdog knows it: listed when made, unlisted when dropped.
-pub(crate) struct Watched<'a> {
-    watchdog: Option<&'a Watchdog>,
-    pgid: Option<u32>,
-}
-
-impl<'a> Watched<'a> {
-    pub(crate) fn new(watchdog: Option<&'a Watchdog>, pgid: Option<u32>) -> Self {
-        if let (Some(w), Some(p)) = (watchdog, pgid) {
-            w.started(p);
-        }
-        Self { watchdog, pgid }
-    }
-}
-
-impl Drop for Watched<'_> {
-    fn drop(&mut self) {
-        if let (Some(w), Some(p)) = (self.watchdog, self.pgid) {
-            w.ended(p);
-        }
-    }
-}
-
-/// Resolves when `rx` sees a new value; never without a watchdog (or once it is gone).
-pub(crate) async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
-    if let Some(rx) = rx
-        && rx.changed().await.is_ok()
-    {
-        return;
-    }
-    std::future::pending().await
-}
-
-/// Sends `signal` to the process group `pgid` (the command's: SIGSTOP, SIGCONT).
-pub(crate) fn signal_group(pgid: Option<u32>, signal: rustix::process::Signal) {
-    if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-        let _ = rustix::process::kill_process_group(pid, signal);
-    }
-}
-
-/// Kills the command and everything it started (its process group), then reaps it.
-pub(crate) async fn kill_group(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-        // The child leads its own group (`process_group(0)`), so this also reaches the shell's children,
-        // which would otherwise outlive it and keep writing.
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-    let _ = child.kill().await;
-}
+use crate::supervise::{self, Event, Freeze, Group, OnLapse};
 
 /// How long an attempt keeps trying to start its command while the runner is short of file descriptors or
 /// processes, before it counts as the item's failure (a limit too low for even one command must end the run).
@@ -77,29 +26,6 @@ fn runner_short_of_resources(e: &std::io::Error) -> bool {
     use rustix::io::Errno;
     Errno::from_io_error(e).is_some_and(|n| [Errno::MFILE, Errno::NFILE, Errno::AGAIN, Errno::NOMEM].contains(&n))
 }
-
-/// Keeps only the tail of a child's standard error: the last line is what the fingerprint needs.
-const STDERR_TAIL: usize = 8 * 1024;
-
-/// Keeps the last bytes of a command's standard error in `tail` (shared, so they can be taken before EOF).
-async fn read_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<std::sync::Mutex<Vec<u8>>>) {
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stderr.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
-        tail.extend_from_slice(&buf[..n]);
-        if tail.len() > 2 * STDERR_TAIL {
-            let excess = tail.len() - STDERR_TAIL;
-            tail.drain(..excess);
-        }
-    }
-}
-
-/// How long standard error may stay open after the command exited: a background process it started can hold
-/// the pipe for ever, and the runner must not wait on it outside its timeout and heartbeat.
-const STDERR_GRACE: Duration = Duration::from_millis(500);
 
 /// `arg` with its placeholders replaced, and each escape `{{WORD}}` made the literal `{WORD}`
 /// ([`crate::config::expand`]).
@@ -149,13 +75,12 @@ pub(super) async fn attempt<S: Store>(
     if std::fs::symlink_metadata(&temp).is_ok() {
         let _ = std::fs::remove_file(&temp);
     }
-    let child = match spawn(ctx, held, heartbeat, item, &temp).await {
-        Ok(child) => child,
+    // Listed with the watchdog from now until this attempt returns, on every path.
+    let mut group = match spawn(ctx, held, heartbeat, item, &temp).await {
+        Ok(group) => group,
         Err(ended) => return ended,
     };
-    // Listed with the watchdog from now until this attempt returns, on every path.
-    let _watched = Watched::new(ctx.watchdog.as_ref(), child.id());
-    if let Err(ended) = wait(ctx, held, heartbeat, item, child, &temp).await {
+    if let Err(ended) = wait(ctx, held, heartbeat, item, &mut group, &temp).await {
         return ended;
     }
     // The command is over: its slot goes to the next item while this output is verified, fsynced and renamed
@@ -195,15 +120,14 @@ async fn without_output<S: Store>(
             }
         }
     }
-    let child = match spawn(ctx, held, heartbeat, item, Path::new("")).await {
-        Ok(child) => child,
+    let mut group = match spawn(ctx, held, heartbeat, item, Path::new("")).await {
+        Ok(group) => group,
         Err(ended) => return ended,
     };
-    let watched = Watched::new(ctx.watchdog.as_ref(), child.id());
-    if let Err(ended) = wait(ctx, held, heartbeat, item, child, Path::new("")).await {
+    if let Err(ended) = wait(ctx, held, heartbeat, item, &mut group, Path::new("")).await {
         return ended;
     }
-    drop(watched);
+    drop(group);
     *permit = None;
     if ctx.cfg.check.is_some() {
         match check(ctx, held, heartbeat, item, key.as_str()).await {
@@ -235,13 +159,13 @@ async fn check<S: Store>(
 /// Starts the item's command writing to `temp`: the program found in `PATH` at the start (looked up again
 /// if it is gone), retried while the runner is short of descriptors or processes. `Err` is how the attempt
 /// ended without a command running.
-async fn spawn<S: Store>(
-    ctx: &Ctx<S>,
+async fn spawn<'c, S: Store>(
+    ctx: &'c Ctx<S>,
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
     temp: &Path,
-) -> Result<tokio::process::Child, Attempt> {
+) -> Result<Group<'c>, Attempt> {
     let key = match idem_core::derive_key(ctx.cfg.idempotency_prefix(), &item.id, item.raw.as_bytes()) {
         Ok(k) => k,
         Err(e) => return Err(failed("cannot derive the idempotency key", e.to_string().into_bytes())),
@@ -273,10 +197,7 @@ async fn spawn<S: Store>(
             .env("IDEM_ATTEMPT", &attempt_no)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            // Its own process group: a terminal's Ctrl-C reaches the runner only, which decides what to do.
-            .process_group(0)
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         cmd
     };
     let cannot_start = |e: std::io::Error| Err(failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()));
@@ -284,8 +205,8 @@ async fn spawn<S: Store>(
     let mut backoff = Duration::from_millis(20);
     let patience = Instant::now() + SPAWN_PATIENCE;
     loop {
-        match cmd.spawn() {
-            Ok(c) => return Ok(c),
+        match Group::spawn(&mut cmd, ctx.watchdog.as_ref()) {
+            Ok(group) => return Ok(group),
             // The runner is short of file descriptors or processes (other commands hold them): not the item's
             // fault, so it must not count towards poison. Keep the slot (which also keeps one command fewer
             // running) and the claim, and try again as commands finish.
@@ -310,7 +231,7 @@ async fn spawn<S: Store>(
             Err(e) if ctx.program.is_some() && !runner_short_of_resources(&e) => {
                 tracing::debug!("cannot start {}: {e}; looking it up in PATH again", argv[0]);
                 cmd = command(None);
-                return cmd.spawn().or_else(cannot_start);
+                return Group::spawn(&mut cmd, ctx.watchdog.as_ref()).or_else(cannot_start);
             }
             Err(e) => return cannot_start(e),
         }
@@ -324,10 +245,10 @@ async fn wait<S: Store>(
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
-    mut child: tokio::process::Child,
+    group: &mut Group<'_>,
     temp: &Path,
 ) -> Result<(), Attempt> {
-    if let Some(mut stdin) = child.stdin.take() {
+    if let Some(mut stdin) = group.child().stdin.take() {
         let mut input = item.raw.clone().into_bytes();
         input.push(b'\n');
         // A command that never reads its input closes the pipe; that is not an error.
@@ -335,120 +256,45 @@ async fn wait<S: Store>(
             let _ = stdin.write_all(&input).await;
         });
     }
-    let tail = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let stderr_task = child.stderr.take().map(|s| tokio::spawn(read_tail(s, Arc::clone(&tail))));
-    let stderr = || async {
-        if let Some(mut task) = stderr_task
-            && tokio::time::timeout(STDERR_GRACE, &mut task).await.is_err()
-        {
-            task.abort();
-        }
-        std::mem::take(&mut *tail.lock().unwrap_or_else(|p| p.into_inner()))
-    };
-    let deadline = ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t);
-    let lease = heartbeat.length();
-    // The command is stopped (SIGSTOP to its process group) this long before its lease would lapse with no
-    // renewal accepted: past that instant another runner may take the item over, and the two commands must
-    // not run side by side. It goes on (SIGCONT) once a renewal is accepted, or the lease was taken again.
-    let margin = (lease / 5).clamp(Duration::from_millis(200), Duration::from_secs(2));
-    let mut frozen = false;
-    // The watchdog stops the command when this runner stops beating (paused): when it beats again, the command
-    // goes on if its lease is still valid (else it stays stopped, and the lapse is handled as any other). The
-    // watchdog may act on ticks it read just before the heartbeat that ended the pause, so the SIGCONT is sent
-    // again a quiet limit later.
-    let mut resumed = ctx.watchdog.as_ref().map(Watchdog::resumed);
-    let quiet = crate::watchdog::quiet_for(lease);
-    let mut cont_again: Option<tokio::time::Instant> = None;
-    // Kept: once the command has been reaped, `child.id()` is gone, but its group may live on.
-    let pgid = child.id();
-    // The lease is renewed beside the wait (not inside an arm of it), so a slow ledger never delays noticing
-    // the command's exit, its timeout or a second Ctrl-C.
-    // The deadline follows the keeper's latest accepted renewal, read when it is needed: renewals are
-    // accepted inside `until_lost` below, which does not resolve on them, so a deadline worked out at the top
-    // of a turn goes stale and would stop a command whose lease was just renewed.
-    let doubtful = |sent: tokio::time::Instant| sent + lease - margin;
-    let status = loop {
-        if frozen && ctx.outage.exceeded() {
-            // Stopped for its lease, and the store stayed unavailable past the limit: the run ends, and the
-            // command may not go on without a lease (another runner may take the item once the store is back).
-            kill_group(&mut child).await;
-            let _ = tokio::fs::remove_file(temp).await;
-            return Err(Attempt::Abandoned);
-        }
-        let due = doubtful(heartbeat.sent());
-        if frozen && tokio::time::Instant::now() < due {
-            tracing::warn!(item = %item.id, "lease renewed: the command goes on (SIGCONT)");
-            signal_group(pgid, rustix::process::Signal::CONT);
-            frozen = false;
-        }
-        if let Some(at) = cont_again
-            && tokio::time::Instant::now() >= at
-        {
-            cont_again = None;
-            if !frozen {
-                signal_group(pgid, rustix::process::Signal::CONT);
-            }
-        }
-        // Frozen, look every 50 ms whether a renewal was accepted meanwhile.
-        let wake = if frozen { tokio::time::Instant::now() + Duration::from_millis(50) } else { due };
-        let wake = cont_again.map_or(wake, |at| at.min(wake));
-        tokio::select! {
-            status = child.wait() => break status,
-            () = changed(&mut resumed) => {
-                if !frozen && tokio::time::Instant::now() < doubtful(heartbeat.sent()) {
-                    tracing::debug!(item = %item.id, "the runner beats again: the command goes on (SIGCONT)");
-                    signal_group(pgid, rustix::process::Signal::CONT);
-                    cont_again = Some(tokio::time::Instant::now() + quiet);
-                }
-            }
+    let stderr = supervise::Bytes::read(group.child().stderr.take());
+    // The command is stopped this long before its lease would lapse with no renewal accepted: past that
+    // instant another runner may take the item over, and the two commands must not run side by side. It goes
+    // on once a renewal is accepted, or the lease was taken again.
+    let margin = (heartbeat.length() / 5).clamp(Duration::from_millis(200), Duration::from_secs(2));
+    // Stopped for its lease, and the store stayed unavailable past the limit: the run ends, and the command
+    // may not go on without a lease (another runner may take the item once the store is back).
+    let give_up = || ctx.outage.exceeded();
+    let mut watch = supervise::Watch {
+        label: &item.id,
+        on_lapse: OnLapse::Freeze(Freeze {
+            margin,
+            stopped: &ctx.counters.stopped,
+            give_up: &give_up,
             // The planted bug "runner-fence", its other half: a lost lease never noticed while the command runs.
-            _ = heartbeat.until_lost(held), if !idem_core::planted("runner-fence") => {
-                // No renewal accepted for a whole lease (the store unavailable, or this runner paused), or a
-                // renewal refused: the command stays stopped until the lease is ours again, if nobody took the
-                // item over meanwhile.
-                if !frozen {
-                    ctx.counters.stopped.fetch_add(1, Ordering::Relaxed);
-                    signal_group(pgid, rustix::process::Signal::STOP);
-                    frozen = true;
-                }
-                if !ledger::recover(ctx, held, heartbeat).await {
-                    tracing::debug!(item = %item.id, "the lease was lost while the command ran, and not taken again");
-                    kill_group(&mut child).await;
-                    let _ = tokio::fs::remove_file(temp).await;
-                    return Err(if ctx.outage.exceeded() { Attempt::Abandoned } else { Attempt::Lost });
-                }
-            }
-            () = tokio::time::sleep_until(wake) => {
-                if !frozen && tokio::time::Instant::now() >= doubtful(heartbeat.sent()) {
-                    ctx.counters.stopped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        item = %item.id,
-                        "no lease renewal accepted for {:.1}s of a {:.0}s lease: the command is stopped (SIGSTOP) \
-                         until one is",
-                        heartbeat.sent().elapsed().as_secs_f64(),
-                        lease.as_secs_f64()
-                    );
-                    signal_group(pgid, rustix::process::Signal::STOP);
-                    frozen = true;
-                }
-            }
-            () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                kill_group(&mut child).await;
-                let _ = tokio::fs::remove_file(temp).await;
-                return Err(failed("timeout", Vec::new()));
-            }
-            () = ctx.stop.reached(2) => {
-                kill_group(&mut child).await;
-                let _ = tokio::fs::remove_file(temp).await;
-                return Err(Attempt::Interrupted);
-            }
-        }
+            notice_loss: !idem_core::planted("runner-fence"),
+        }),
+        deadline: ctx.cfg.timeout.map(|t| tokio::time::Instant::now() + t),
+        interrupt: std::pin::pin!(ctx.stop.reached(2)),
     };
-    if frozen {
-        // The command exited just before it was stopped; what it left running in its group goes on.
-        signal_group(pgid, rustix::process::Signal::CONT);
-    }
-    let stderr = stderr().await;
+    let status = loop {
+        let ended = match group.watch(heartbeat, held, &mut watch).await {
+            Event::Exited(status) => break status,
+            Event::Lost(_) => {
+                if ledger::recover(ctx, held, heartbeat).await {
+                    continue;
+                }
+                tracing::debug!(item = %item.id, "the lease was lost while the command ran, and not taken again");
+                group.kill().await;
+                if ctx.outage.exceeded() { Attempt::Abandoned } else { Attempt::Lost }
+            }
+            Event::GaveUp => Attempt::Abandoned,
+            Event::TimedOut => failed("timeout", Vec::new()),
+            Event::Interrupted => Attempt::Interrupted,
+        };
+        let _ = tokio::fs::remove_file(temp).await;
+        return Err(ended);
+    };
+    let stderr = stderr.take().await;
     let status = match status {
         Ok(s) => s,
         Err(e) => return Err(failed("cannot wait for the command", e.to_string().into_bytes())),

@@ -92,8 +92,8 @@ pub(super) async fn count<S: Store>(
         }
         Err(e) => {
             if e.is_unavailable() && ctx.cfg.has_output() {
-                // Given up unanswered: the count may still land (a server stopped with SIGSTOP takes it at
-                // SIGCONT, after this run ended), counting an attempt whose command never started.
+                // Given up unanswered: the count may still land (a stopped server takes it once it is
+                // continued, after this run ended), counting an attempt whose command never started.
                 let note = output::uncounted_path(output);
                 let uncounted = output::Uncounted {
                     owner: ctx.owner.clone(),

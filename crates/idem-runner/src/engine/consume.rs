@@ -22,7 +22,7 @@ use super::outcome::{Final, record};
 use super::process::process;
 use super::turns::Turn;
 use super::{Ctx, ItemTask};
-use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source, SourceConfig};
+use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source};
 use crate::{Error, Item, ItemError, Summary};
 
 /// The place one message takes among those the run holds (a permit of the feeder's room), until its task
@@ -222,7 +222,7 @@ pub(super) async fn run_queue<S: Store + Clone + 'static>(
     let limit = ctx.cfg.jobs.saturating_mul(2);
     let source = match source {
         Some(connected) => connected,
-        None => Source::connect(url, SourceConfig::of(&ctx.cfg)).await?,
+        None => Source::connect(url, ctx.cfg.source_config()).await?,
     };
     let room = Arc::new(Semaphore::new(limit));
     // Up to eight times the run's own room of messages set aside: a few killed consumers' worth.

@@ -77,7 +77,7 @@ fn elsewhere<S>(ctx: &Ctx<S>, owner: &str) -> Option<String> {
     if ctx.cfg.require_local_output {
         return None;
     }
-    let (theirs, ours) = (super::owner_host(owner)?, super::owner_host(&ctx.owner)?);
+    let (theirs, ours) = (crate::supervise::owner_host(owner)?, crate::supervise::owner_host(&ctx.owner)?);
     (theirs != ours).then(|| theirs.to_owned())
 }
 

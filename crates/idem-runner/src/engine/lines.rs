@@ -1,7 +1,7 @@
 //! Items from a file or a stream (`-`, a pipe, a FIFO), read in chunks of [`CHUNK`]: a chunk's done items are
 //! judged at once ([`judge_done`]), the others become item tasks, at most a window of them at a time.
 //!
-//! A regular file was checked whole before the run ([`precheck`](super::precheck)): ids, and no two items
+//! A regular file was checked whole before the run ([`RunConfig::checked`](crate::RunConfig::checked)): ids, and no two items
 //! with one output path. A stream can be read only once, so a thread reads it beside the run and checks each
 //! item as it arrives; a repeated output path is refused as soon as it is seen, from a set of 64 bits per item
 //! (the first 8 bytes of the SHA-256 of its output path), not the items: about 16 MiB for a million lines.

@@ -4,8 +4,8 @@
 //! what the item needs), [`claim`] (the lease and the entry, then a slot), [`attempt`] (spawn the command and
 //! wait for it), [`after_exit`] (output checks, fsync, fence, rename; then record the attempt in the ledger), and
 //! [`process`], which drives them per item as a loop over [`process::Step`]; [`outcome`] counts how each item
-//! ended and [`summary`] says what the run did. [`Stop`] is the operator's Ctrl-C, [`program`] what is checked
-//! of the command and the machine before the run.
+//! ended and [`summary`] says what the run did. [`Stop`] is the operator's Ctrl-C. The command itself is
+//! spawned and watched by [`crate::supervise`].
 
 mod after_exit;
 mod attempt;
@@ -16,9 +16,7 @@ mod ledger;
 mod lines;
 mod outcome;
 mod process;
-mod program;
 mod step;
-mod summary;
 mod turns;
 mod verify;
 
@@ -36,18 +34,12 @@ use tokio::task::JoinSet;
 use crate::output::{self, Checks};
 use crate::progress::{Counters, Progress};
 use crate::report::Report;
-use crate::watchdog::Watchdog;
-use crate::{CheckedConfig, Error, Item, ItemError, ItemReader, RunConfig};
+use crate::supervise::{Watchdog, host_name, owner_token};
+use crate::{CheckedConfig, Error, Item, ItemError, RunConfig, Summary};
 
 use outcome::{Final, record};
-pub(crate) use program::jobs_within_descriptor_limit;
 
-pub(crate) use attempt::{Watched, changed, kill_group, signal_group};
 pub use idem_store::Stop;
-pub(crate) use program::owner_host;
-pub use program::owner_token;
-pub(crate) use program::{check_program, host_name};
-pub use summary::{FailedItem, OutOfAttempts, RunStatus, Summary};
 
 /// What every item of one run shares: the ledger, the settings and the run's shared state. Made once by
 /// [`run_checked`] ([`Ctx::new`]) and shared by the item tasks behind an `Arc`.
@@ -172,36 +164,6 @@ pub(super) fn now_ms() -> u64 {
     system_time_to_millis(SystemTime::now())
 }
 
-/// Checks every item of a regular file (ids, duplicate outputs) before anything runs; returns how many there
-/// are. A stream or a queue can be read only once: its items are checked as they arrive.
-pub(crate) fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
-    use sha2::Digest as _;
-    if cfg.streamed() {
-        return Ok(0);
-    }
-    let mut seen: std::collections::HashMap<u128, u64> = std::collections::HashMap::new();
-    let mut total = 0;
-    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
-        let item = item?;
-        total += 1;
-        let output = cfg.unique_path(&item.id);
-        // 128 bits of SHA-256 per path instead of the path itself keeps a million items in ~40 MiB; two paths
-        // colliding by chance is far less likely than a disk error.
-        let digest = sha2::Sha256::digest(output.as_os_str().as_encoded_bytes());
-        let mut key = [0u8; 16];
-        key.copy_from_slice(&digest[..16]);
-        if let Some(first) = seen.insert(u128::from_le_bytes(key), item.line) {
-            return Err(Error::DuplicateOutput {
-                path: cfg.items.clone(),
-                first,
-                second: item.line,
-                output: output.display().to_string(),
-            });
-        }
-    }
-    Ok(total)
-}
-
 /// Runs `cfg` against the ledger in `store` until every item is done, a poison item halts it, or `stop` is
 /// requested.
 ///
@@ -234,7 +196,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     let counters = Arc::new(Counters::default());
     let known = (!cfg.streamed()).then_some(total);
     let progress = Progress::start(cfg.progress, known, counters.clone(), cfg.dry_run);
-    let watchdog = if cfg.dry_run { None } else { Watchdog::start(Some(crate::watchdog::quiet_for(cfg.lease))) };
+    let watchdog = if cfg.dry_run { None } else { Watchdog::for_lease(cfg.lease) };
     let ctx = Arc::new(Ctx::new(store, cfg, stop, report, counters, watchdog, program));
     let mut set = JoinSet::new();
     let mut summary = Summary {

@@ -59,7 +59,7 @@ impl OnceConfig {
         let Some(program) = self.command.first() else {
             return Err(Error::Config("no command: give it after --".into()));
         };
-        crate::engine::check_program(program)?;
+        crate::supervise::check_program(program)?;
         if self.lease < idem_store::MIN_TTL || self.lease > idem_store::MAX_TTL {
             return Err(Error::Config("--lease must be from 1s to 365 days (it is a store TTL)".into()));
         }
@@ -75,24 +75,7 @@ impl OnceConfig {
     }
 }
 
-/// A job name is 1 to 100 characters of ASCII letters, digits, `.`, `_` and `-`, not starting with `.` or
-/// `-`: it is part of store keys and of the messages cron mails.
-///
-/// # Errors
-/// [`Error::Config`] naming the rule.
-pub fn check_name(name: &str) -> Result<(), Error> {
-    let ok = !name.is_empty()
-        && name.len() <= 100
-        && !name.starts_with(['.', '-'])
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "--name {name:?}: use 1 to 100 ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'"
-        )))
-    }
-}
+pub use crate::config::check_name;
 
 /// The default store of `idem once`: the SQLite file `idem/once.db` in the user's state directory
 /// (`$XDG_STATE_HOME`, else `$HOME/.local/state`, as the XDG base directory specification says), so every

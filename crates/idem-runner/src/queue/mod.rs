@@ -283,19 +283,6 @@ impl std::fmt::Debug for Source {
     }
 }
 
-impl SourceConfig {
-    /// How a run of `cfg` reads its queue: at most twice `--jobs` messages taken ahead (`--jobs` commands
-    /// running and as many claimed ahead, as with a file).
-    pub(crate) fn of(cfg: &crate::RunConfig) -> Self {
-        SourceConfig {
-            prefetch: cfg.jobs.saturating_mul(2),
-            until_empty: cfg.until_empty,
-            format: cfg.format,
-            id_field: cfg.id_field.clone(),
-        }
-    }
-}
-
 impl Source {
     /// Connects and starts consuming.
     ///

@@ -119,6 +119,11 @@ impl Watchdog {
         }
     }
 
+    /// [`Watchdog::start`] with the `quiet` limit of leases of `lease` ([`quiet_for`]).
+    pub(crate) fn for_lease(lease: Duration) -> Option<Self> {
+        Self::start(Some(quiet_for(lease)))
+    }
+
     /// A command leading process group `pgid` started.
     pub(crate) fn started(&self, pgid: u32) {
         send(&self.pipe, &format!("+ {pgid}"));
