@@ -1,6 +1,7 @@
 //! The harness in CI: a short run of every workload on every backend under faults finds nothing, and each
-//! planted bug is caught. One test binary; the runs take turns (each starts its own servers and idem
-//! processes, and two at once on 2 cores would stretch the timings the faults are planned around).
+//! planted bug is caught. One test binary; at most two runs at a time ([`RUNS`]; each starts its own servers
+//! and idem processes). A run mostly waits (on a failover manager's timers, a lease, a paused process), so two
+//! at once halve the binary's time; more would stretch the timings the faults are planned around on 2 cores.
 //!
 //! PostgreSQL and Redis runs start throw-away servers (`idem-testkit`) and skip with a printed reason when
 //! their programs are missing, unless `IDEM_TEST_REQUIRE_BACKENDS` is set. The `idem` binary must be built
@@ -13,13 +14,38 @@ mod failover;
 mod planted;
 mod workloads;
 
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use idem_verify::{Backend, Error, HaFault, Lax, Options, Summary, Workload};
 
-/// One run at a time in this binary.
-static TURN: Mutex<()> = Mutex::new(());
+/// Runs under way in this binary, at most [`MAX_RUNS`]; [`Turn`] waits for a place.
+static RUNS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+/// How many runs may be under way at once.
+const MAX_RUNS: usize = 2;
+
+/// A place among the [`MAX_RUNS`] runs, given back on drop.
+struct Turn;
+
+impl Turn {
+    fn take() -> Self {
+        let (count, freed) = &RUNS;
+        let mut n = count.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *n >= MAX_RUNS {
+            n = freed.wait(n).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *n += 1;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNS;
+        *count.lock().unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
+        freed.notify_one();
+    }
+}
 
 /// Runs `workload` on `backend` for `seconds` with faults (and `planted`, a planted bug), on a runtime of its
 /// own; `None` when the backend's server programs are missing (skipped with a printed reason). The history,
@@ -56,11 +82,12 @@ fn run_ha(
     durable: bool,
     ha_fault: Option<HaFault>,
 ) -> Option<(Summary, tempfile::TempDir)> {
-    let _turn = TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Built before taking a place: the first planted-bug test may build that idem for minutes.
     let idem = match planted {
         Some(_) => planted::idem_with_planted_bugs(),
         None => idem_verify::procs::idem_next_to_me().unwrap_or_else(|e| panic!("{e}")),
     };
+    let _turn = Turn::take();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
     let opts = Options {
