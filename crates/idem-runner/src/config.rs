@@ -15,6 +15,18 @@ pub enum OnPoison {
     Skip,
 }
 
+/// What makes an item done, decided once from the configuration ([`RunConfig::done_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DoneBy {
+    /// An output file per item (`--output`): the ledger says done and the file has the recorded SHA-256.
+    Output,
+    /// No output file; `--check` says whether an item's effect is there, before its command and after it, and
+    /// the ledger records it done.
+    Check,
+    /// No output file and no check: the ledger says done.
+    Ledger,
+}
+
 /// How progress is shown on standard error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProgressMode {
@@ -270,13 +282,29 @@ impl RunConfig {
 
     /// True when the job writes an output file per item ([`RunConfig::output`] is not empty).
     pub fn has_output(&self) -> bool {
-        !self.output.is_empty()
+        self.done_by() == DoneBy::Output
+    }
+
+    /// What makes an item of this job done: its output file when [`RunConfig::output`] is not empty, else
+    /// `--check` when given, else the ledger alone.
+    pub fn done_by(&self) -> DoneBy {
+        match (self.output.is_empty(), &self.check) {
+            (false, _) => DoneBy::Output,
+            (true, Some(_)) => DoneBy::Check,
+            (true, None) => DoneBy::Ledger,
+        }
+    }
+
+    /// The output path of item `id` when the job has output files ([`DoneBy::Output`]); `None` otherwise, so no
+    /// file is ever looked at for it.
+    pub(crate) fn output_of(&self, id: &str) -> Option<PathBuf> {
+        (self.done_by() == DoneBy::Output).then(|| self.output_path(id))
     }
 
     /// What no two items of one run may share: the output path, or without outputs the id (two items with one
     /// id share one ledger entry).
     pub(crate) fn unique_path(&self, id: &str) -> PathBuf {
-        if self.has_output() { self.output_path(id) } else { PathBuf::from(id) }
+        self.output_of(id).unwrap_or_else(|| PathBuf::from(id))
     }
 
     /// The output path of item `id`.

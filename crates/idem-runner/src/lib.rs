@@ -52,7 +52,7 @@ mod supervise;
 
 pub use admin::{JobRecord, LedgerStatus, claim_outputs, forget, job_exists, job_record, note_job, status};
 pub use config::{
-    CheckedConfig, OnPoison, ProgressMode, RunConfig, check_job_name, default_ledger_path, job_id, output_root,
+    CheckedConfig, DoneBy, OnPoison, ProgressMode, RunConfig, check_job_name, default_ledger_path, job_id, output_root,
 };
 pub use engine::{Stop, run, run_checked};
 pub use error::Error;

@@ -86,7 +86,7 @@ pub(super) async fn finish<S: Store>(
     if !idem_core::planted("runner-fence") && !ledger::fence(ctx, held, heartbeat).await {
         let unreachable = ctx.outage.exceeded() || (ctx.stop.level() >= 2 && ctx.outage.ongoing());
         tracing::debug!(unreachable, "the fence before the rename failed");
-        if unreachable && ctx.cfg.has_output() && keep_unrecorded(ctx, held, temp, output, &digest).await {
+        if unreachable && keep_unrecorded(ctx, held, temp, output, &digest).await {
             // Not taken over: the store stayed unreachable past the limit (or the operator stopped the run during
             // an outage), so the lease could not be renewed.
             // The verified output stays at its temporary path with a note of its digest, for the next holder
@@ -237,10 +237,11 @@ async fn record_done<S: Store>(
             Ok(Step::Judge)
         }
         Err(e) => {
-            if e.is_unavailable() && ctx.cfg.has_output() {
+            if e.is_unavailable()
+                && let Some(output) = ctx.cfg.output_of(&item.id)
+            {
                 // The run gave up waiting for the store: leave the digest beside the output, for the
                 // next holder to record it done instead of running the item again.
-                let output = ctx.cfg.output_path(&item.id);
                 let note = output::unrecorded_path(&output, &ctx.owner, held.attempt());
                 let noted = digest.clone();
                 let written = tokio::task::spawn_blocking(move || output::write_unrecorded(&note, &noted)).await;
@@ -339,11 +340,11 @@ pub(super) enum Noted {
 /// store to record it), or at that attempt's temporary path (the store was unreachable before the rename: it is
 /// renamed into place now). The caller holds the item (its lease, or the previous holder is gone and the entry
 /// write that follows is fenced on that holder's entry).
-pub(super) async fn noted_output<S>(ctx: &Ctx<S>, output: &Path, previous: &(String, u32)) -> Noted {
-    if !ctx.cfg.has_output() {
+pub(super) async fn noted_output<S>(ctx: &Ctx<S>, output: Option<&Path>, previous: &(String, u32)) -> Noted {
+    let Some(output) = output else {
         // No output, no note: an attempt that ended unrecorded runs again (with the same IDEM_KEY).
         return Noted::None;
-    }
+    };
     let note = output::unrecorded_path(output, &previous.0, previous.1);
     let temp = output::temp_path(output, &previous.0, previous.1);
     let (path, read, renamer) = (output.to_owned(), note.clone(), Arc::clone(&ctx.renamer));
@@ -385,7 +386,7 @@ pub(super) async fn noted_output<S>(ctx: &Ctx<S>, output: &Path, previous: &(Str
 pub(super) async fn adopt_unrecorded<S: Store>(
     ctx: &Ctx<S>,
     held: &Held,
-    output: &Path,
+    output: Option<&Path>,
     previous: &(String, u32),
 ) -> Option<Result<Step, ItemError>> {
     let Noted::Found(digest, note) = noted_output(ctx, output, previous).await else { return None };

@@ -55,12 +55,12 @@ pub(super) async fn attempt<S: Store>(
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
     item: &Item,
-    output: &Path,
+    output: Option<&Path>,
     permit: &mut Option<tokio::sync::SemaphorePermit<'_>>,
 ) -> Attempt {
-    if !ctx.cfg.has_output() {
+    let Some(output) = output else {
         return without_output(ctx, held, heartbeat, item, permit).await;
-    }
+    };
     let temp = output::temp_path(output, &ctx.owner, held.attempt());
     // Inline, not on the blocking pool: a stat of an existing directory and a lookup of a file that is
     // usually absent take microseconds, less than the thread hand-off would.
@@ -104,7 +104,8 @@ async fn without_output<S: Store>(
         Ok(k) => k,
         Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
     };
-    if ctx.cfg.check.is_some() {
+    let checked = ctx.cfg.done_by() == crate::DoneBy::Check;
+    if checked {
         match check(ctx, held, heartbeat, item, key.as_str()).await {
             Ok(true) => {
                 // Done elsewhere already (a runner died after the effect, or another tool did it): no command runs.
@@ -129,7 +130,7 @@ async fn without_output<S: Store>(
     }
     drop(group);
     *permit = None;
-    if ctx.cfg.check.is_some() {
+    if checked {
         match check(ctx, held, heartbeat, item, key.as_str()).await {
             Ok(true) => {}
             Ok(false) => return failed("check exit 1 after the command exited 0", Vec::new()),

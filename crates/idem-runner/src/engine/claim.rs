@@ -72,12 +72,12 @@ pub(super) async fn count<S: Store>(
     ctx: &Ctx<S>,
     held: &mut Held,
     heartbeat: &mut LeaseKeeper<'_, S>,
-    output: &Path,
+    output: Option<&Path>,
 ) -> Result<Counted, ItemError> {
     match ledger::apply(ctx, Waiting::Unstarted, held.count()).await {
         Ok(Some(g)) => {
             held.counted(g);
-            if ctx.cfg.has_output() {
+            if let Some(output) = output {
                 // A note of an earlier count that went unanswered says nothing any more: that count can no longer
                 // land (it was fenced on a generation this one moved past), or it did and was given back.
                 let _ = tokio::fs::remove_file(output::uncounted_path(output)).await;
@@ -91,7 +91,9 @@ pub(super) async fn count<S: Store>(
             Ok(Counted::Changed)
         }
         Err(e) => {
-            if e.is_unavailable() && ctx.cfg.has_output() {
+            if e.is_unavailable()
+                && let Some(output) = output
+            {
                 // Given up unanswered: the count may still land (a stopped server takes it once it is
                 // continued, after this run ended), counting an attempt whose command never started.
                 let note = output::uncounted_path(output);

@@ -39,7 +39,7 @@ async fn check_done<S: Store>(
     values: &[Option<idem_store::Versioned>],
 ) -> Vec<Option<Digest256>> {
     let none = || vec![None; chunk.len()];
-    let checks: Vec<Option<(std::path::PathBuf, Digest256)>> = values
+    let checks: Vec<Option<(Option<std::path::PathBuf>, Digest256)>> = values
         .iter()
         .zip(chunk)
         .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
@@ -47,23 +47,23 @@ async fn check_done<S: Store>(
             Entry::Done { item_sha256: Some(recorded), .. } if recorded != crate::items::text_sha256(&item.raw) => None,
             // Done on another host: judged one by one, where it is counted as such.
             Entry::Done { owner, .. } if elsewhere(ctx, &owner).is_some() => None,
-            Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_path(&item.id), Digest256 { sha256, size })),
+            Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_of(&item.id), Digest256 { sha256, size })),
             _ => None,
         })
         .collect();
-    if !ctx.cfg.has_output() {
-        // No file to look at: recorded done is done.
+    if checks.iter().all(|c| c.as_ref().is_none_or(|(path, _)| path.is_none())) {
+        // No file to look at (none done, or a job without output files, where recorded done is done).
         return checks.into_iter().map(|c| c.map(|(_, digest)| digest)).collect();
-    }
-    if checks.iter().all(Option::is_none) {
-        return none();
     }
     tokio::task::spawn_blocking(move || {
         checks
             .into_iter()
             .map(|check| {
                 let (path, digest) = check?;
-                output::matches(&path, &digest).ok().map(|()| digest)
+                match path {
+                    Some(path) => output::matches(&path, &digest).ok().map(|()| digest),
+                    None => Some(digest),
+                }
             })
             .collect()
     })
@@ -119,16 +119,16 @@ pub(super) fn dry_reason(
 async fn output_state<S: Store>(
     ctx: &Ctx<S>,
     plan: &Plan,
-    output: &Path,
+    output: Option<&Path>,
 ) -> Result<Option<Result<Digest256, Invalid>>, ItemError> {
-    if !ctx.cfg.has_output() {
+    let Some(output) = output else {
         // Without output files, done is what the ledger recorded and nothing is adopted: a new item runs.
         return Ok(match plan {
             Plan::New => Some(Err(Invalid::Missing)),
             Plan::CheckDone { sha256, size } => Some(Ok(Digest256 { sha256: sha256.clone(), size: *size })),
             _ => None,
         });
-    }
+    };
     Ok(match plan {
         Plan::New => {
             let (path, checks) = (output.to_owned(), ctx.checks.clone());
@@ -227,11 +227,12 @@ async fn holder_gone<S: Store>(ctx: &Ctx<S>, keys: &Keys) -> Result<bool, ItemEr
 async fn uncount_noted<S: Store>(
     ctx: &Ctx<S>,
     run: &ItemRun<'_>,
+    output: &Path,
     generation: idem_store::Generation,
     owner: &str,
     attempt: u32,
 ) -> Result<Option<Step>, ItemError> {
-    let note = output::uncounted_path(&run.output);
+    let note = output::uncounted_path(output);
     let read = note.clone();
     let Ok(Some(noted)) = tokio::task::spawn_blocking(move || output::read_uncounted(&read)).await else {
         return Ok(None);
@@ -302,9 +303,9 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
         None => (None, None),
     };
     if let (Some(g), Some(Entry::Running { owner, attempt, .. })) = (generation, &entry)
-        && ctx.cfg.has_output()
+        && let Some(output) = run.output.as_deref()
         && !ctx.cfg.dry_run
-        && let Some(step) = uncount_noted(ctx, run, g, owner, *attempt).await?
+        && let Some(step) = uncount_noted(ctx, run, output, g, owner, *attempt).await?
     {
         return Ok(step);
     }
@@ -330,7 +331,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
     {
         return Ok(Step::WaitForHolder);
     }
-    let out_state = output_state(ctx, &plan, &run.output).await?;
+    let out_state = output_state(ctx, &plan, run.output.as_deref()).await?;
     if ctx.cfg.dry_run {
         let unit = out_state.as_ref().map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone));
         // A running entry is only held while its lease lives: a crashed or interrupted holder's is not.
@@ -378,7 +379,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             if let (Some(g), Some(over @ Entry::Running { owner, attempt, .. })) = (generation, &entry)
                 && !ctx.cfg.dry_run
             {
-                match noted_output(ctx, &run.output, &(owner.clone(), *attempt)).await {
+                match noted_output(ctx, run.output.as_deref(), &(owner.clone(), *attempt)).await {
                     Noted::Found(digest, note) => {
                         let write =
                             idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
@@ -451,7 +452,7 @@ mod tests {
         let mut run = ItemRun {
             item,
             keys: Keys::new(&ctx.job, &item.id),
-            output: ctx.cfg.output_path(&item.id),
+            output: ctx.cfg.output_of(&item.id),
             prefetched: None,
             waiting: false,
             text_sha256: crate::items::text_sha256(&item.raw),

@@ -149,7 +149,7 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
         }
     };
     if let Some(report) = &ctx.report {
-        let output = ctx.cfg.output_path(&item.id);
+        let output = ctx.cfg.output_of(&item.id);
         report.lock().unwrap_or_else(|p| p.into_inner()).item(&ItemReport {
             id: &item.id,
             line: item.line,
@@ -157,9 +157,9 @@ pub(super) fn record_final(ctx: &Ctx<impl Store>, summary: &mut Summary, item: &
             attempts,
             last_error: error.as_deref(),
             // A job without output files has no digest to show (the ledger keeps that of nothing).
-            sha256: digest.filter(|_| ctx.cfg.has_output()).map(|d| d.sha256.as_str()),
+            sha256: digest.filter(|_| output.is_some()).map(|d| d.sha256.as_str()),
             duration_ms: duration.map(|d| d.as_millis() as u64),
-            output: &output.display().to_string(),
+            output: &output.map(|o| o.display().to_string()).unwrap_or_default(),
             host,
         })?;
     }

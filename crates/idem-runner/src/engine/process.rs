@@ -32,7 +32,7 @@ pub(super) async fn process<S: Store>(
     let mut run = ItemRun {
         item,
         keys: Keys::new(&ctx.job, &item.id),
-        output: ctx.cfg.output_path(&item.id),
+        output: ctx.cfg.output_of(&item.id),
         prefetched,
         waiting: false,
         text_sha256: crate::items::text_sha256(&item.raw),
@@ -141,7 +141,7 @@ async fn claim_and_run<'a, S: Store>(
         ctx.counters.waiting.fetch_sub(1, Ordering::Relaxed);
     }
     if let Some(previous) = &previous
-        && let Some(adopted) = adopt_unrecorded(ctx, &held, &run.output, previous).await
+        && let Some(adopted) = adopt_unrecorded(ctx, &held, run.output.as_deref(), previous).await
     {
         drop(ahead);
         return adopted;
@@ -170,18 +170,18 @@ async fn claim_and_run<'a, S: Store>(
         let _ = unclaim(ctx, &held).await;
         return Ok(not_started());
     }
-    match count(ctx, &mut held, &mut heartbeat, &run.output).await? {
+    match count(ctx, &mut held, &mut heartbeat, run.output.as_deref()).await? {
         Counted::Yes => {}
         Counted::Changed => return Ok(Step::Judge),
     }
-    if let Some((owner, attempt)) = previous {
+    if let (Some((owner, attempt)), Some(output)) = (previous, &run.output) {
         // The previous holder crashed, lost its lease or was interrupted: its temporary file is ours to remove.
-        let _ = tokio::fs::remove_file(output::temp_path(&run.output, &owner, attempt)).await;
+        let _ = tokio::fs::remove_file(output::temp_path(output, &owner, attempt)).await;
     }
     ctx.executions.fetch_add(1, Ordering::Relaxed);
     ctx.counters.running.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let outcome = attempt(ctx, &mut held, &mut heartbeat, run.item, &run.output, &mut run.permit).await;
+    let outcome = attempt(ctx, &mut held, &mut heartbeat, run.item, run.output.as_deref(), &mut run.permit).await;
     ctx.counters.running.fetch_sub(1, Ordering::Relaxed);
     // A renewal still in flight is answered first: the release below is fenced on its generation.
     ledger::await_renewal(ctx, &mut held, &mut heartbeat).await;

@@ -37,8 +37,9 @@ pub(super) struct ItemRun<'a> {
     pub(super) item: &'a Item,
     /// Its ledger keys.
     pub(super) keys: Keys,
-    /// Its final output path.
-    pub(super) output: PathBuf,
+    /// Its final output path; `None` for a job without output files ([`crate::DoneBy`]), whose items no file
+    /// handling ever reaches.
+    pub(super) output: Option<PathBuf>,
     /// Its entry read ahead with its chunk, used by the first judgement.
     pub(super) prefetched: Prefetched,
     /// Counted in the progress's `waiting` (another runner holds it), until it is claimed or ends.
