@@ -48,10 +48,10 @@ fn serve_fn<S: HttpService>(service: S) -> ServeFn {
 /// What a server serves.
 enum Routes {
     /// The KV API on the main listener.
-    Kv(ServeFn),
+    Kv(axum::Router),
     /// The proxy on the main listener; the KV API, records, /metrics and /healthz on the admin one; `drain`
     /// waits for the layer's executions whose clients hung up.
-    Proxy { main: ServeFn, admin: (TcpListener, ServeFn), drain: Box<dyn FnOnce() -> Drain + Send> },
+    Proxy { main: ServeFn, admin: (TcpListener, axum::Router), drain: Box<dyn FnOnce() -> Drain + Send> },
 }
 
 /// A configured server, ready to [`Server::run`].
@@ -66,7 +66,7 @@ pub struct Server {
 impl Server {
     /// The KV API ([`crate::app`]) over `store` on `listener`.
     pub fn kv<S: Store>(listener: TcpListener, store: S, config: ServerConfig) -> Self {
-        Self::with(listener, Routes::Kv(serve_fn(crate::app(store, config))))
+        Self::with(listener, Routes::Kv(crate::app(store, config)))
     }
 
     /// The reverse proxy ([`crate::proxy`]) under `layer` on `listener`, and on `admin` the KV API over the
@@ -84,15 +84,26 @@ impl Server {
         let kv = crate::app(InvalidatingStore::new(store, layer.clone()), config);
         let drained = layer.clone();
         let drain = Box::new(move || Box::pin(async move { drained.drain().await }) as Drain);
-        Self::with(
-            listener,
-            Routes::Proxy { main: serve_fn(crate::proxy(layer, upstream)), admin: (admin, serve_fn(kv)), drain },
-        )
+        Self::with(listener, Routes::Proxy { main: serve_fn(crate::proxy(layer, upstream)), admin: (admin, kv), drain })
     }
 
     fn with(listener: TcpListener, routes: Routes) -> Self {
         let timeouts = ClientTimeouts::from(DEFAULT_CLIENT_IDLE_TIMEOUT);
         Self { listener, routes, tls: None, timeouts, grace: DEFAULT_SHUTDOWN_GRACE }
+    }
+
+    /// Adds `routes` (the operator's pages, say) to the listener of the KV API: the admin listener of a proxy,
+    /// the main listener otherwise. They are served beside the KV API, with the listener's TLS settings, but
+    /// not behind its bearer token: `routes` guard themselves. Their paths must not be the KV API's, and they
+    /// must have no fallback of their own (the KV API's answers unknown paths).
+    pub fn admin_routes(mut self, routes: axum::Router) -> Self {
+        self.routes = match self.routes {
+            Routes::Kv(kv) => Routes::Kv(kv.merge(routes)),
+            Routes::Proxy { main, admin: (listener, kv), drain } => {
+                Routes::Proxy { main, admin: (listener, kv.merge(routes)), drain }
+            }
+        };
+        self
     }
 
     /// Serves HTTPS on every listener with the configuration in `slot` (swapped on SIGHUP by its owner, for
@@ -135,9 +146,9 @@ impl Server {
             serve(listener, tls.clone(), timeouts, Box::pin(async move { stop.reached(idem_store::stop::DRAIN).await }))
         };
         let serving: Serving = match routes {
-            Routes::Kv(serve) => serve_on(serve, listener),
+            Routes::Kv(kv) => serve_on(serve_fn(kv), listener),
             Routes::Proxy { main, admin: (admin, kv), drain } => {
-                let (main, admin) = (serve_on(main, listener), serve_on(kv, admin));
+                let (main, admin) = (serve_on(main, listener), serve_on(serve_fn(kv), admin));
                 Box::pin(async move {
                     let (a, b) = tokio::join!(main, admin);
                     drain().await;

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+pub mod browser;
 mod ha;
 
 pub use ha::partition::{Cut, Relay};

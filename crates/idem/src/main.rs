@@ -11,6 +11,7 @@ mod bench;
 mod check;
 mod client;
 mod error;
+mod explain;
 mod key;
 mod ledger;
 mod once;
@@ -64,6 +65,12 @@ enum Command {
     /// keys, scope, errors, expiry) and print a conformance report. Sends real writes: asks first unless
     /// --yes. Exit 0: no probe failed; 1: one did; 2: bad usage or not confirmed (nothing sent).
     Check(check::CheckArgs),
+    /// Show everything the store knows about one idempotency record (key), work item (item) or cron slot
+    /// (slot), as text or --format json: the data of its page under /ui/. Exit 0; 3: nothing stored there.
+    Explain(explain::ExplainArgs),
+    /// The operator's actions of the pages under /ui/, from a shell: release a record, forget a failed or
+    /// poison item. Exit 0; 3: nothing to act on; 4: the record changed, or the item is not failed or poison.
+    Admin(explain::AdminArgs),
 }
 
 fn main() {
@@ -108,6 +115,8 @@ fn main() {
             Command::Once(args) => std::process::exit(once::run(args).await?),
             // The exit status says whether a probe failed (documented in `idem check --help`).
             Command::Check(args) => std::process::exit(check::run(args).await?),
+            Command::Explain(args) => std::process::exit(explain::explain(args).await?),
+            Command::Admin(args) => std::process::exit(explain::admin(args).await?),
         }
     });
     if let Err(e) = result {

@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// File holding the bearer token every KV request must present.
     #[arg(long, env = "IDEM_AUTH_TOKEN_FILE")]
     auth_token_file: Option<PathBuf>,
+    /// File holding the admin token: the operator's pages under /ui/ ask for it once (a session cookie
+    /// follows), the JSON endpoints under /v1/admin/ take it as a bearer token; their actions (release a
+    /// record, forget a poison item) need it or a client certificate (--tls-client-ca).
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Allow a non-loopback listener without TLS (TLS is terminated in front of idem) and the KV API on one
     /// without --auth-token-file or --tls-client-ca (env: 1/0, true/false, yes/no, on/off).
     #[arg(long, env = "IDEM_INSECURE", action = clap::ArgAction::SetTrue,
@@ -148,6 +153,7 @@ struct FileConfig {
     namespace: Option<String>,
     max_value_bytes: Option<usize>,
     auth_token_file: Option<PathBuf>,
+    admin_token_file: Option<PathBuf>,
     insecure: Option<bool>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -184,6 +190,13 @@ pub struct ServeConfig {
     pub(super) namespace: String,
     pub(super) limits: Limits,
     pub(super) auth_token: Option<String>,
+    /// The admin token of the pages and /v1/admin/ (`--admin-token-file`).
+    pub(super) admin_token: Option<String>,
+    /// Whether every connection presents a trusted client certificate (`--tls-client-ca`).
+    pub(super) client_cert: bool,
+    /// Whether /ui/ and /v1/admin/ are served: not on a non-loopback listener that has neither an admin
+    /// token nor client certificates.
+    pub(super) admin_pages: bool,
     /// The files and the configuration read from them at start-up.
     pub(super) tls: Option<(TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
     pub(super) proxy: Option<ProxyConfig>,
@@ -370,12 +383,12 @@ fn resolve_proxy(args: ProxyArgs, file: &mut FileConfig) -> Result<Option<ProxyC
     }))
 }
 
-fn read_token(path: &Path) -> Result<String, Error> {
+fn read_token(path: &Path, flag: &str) -> Result<String, Error> {
     let token = std::fs::read_to_string(path)
-        .map_err(|e| Error::Config(format!("cannot read --auth-token-file {}: {e}", path.display())))?;
+        .map_err(|e| Error::Config(format!("cannot read --{flag} {}: {e}", path.display())))?;
     let token = token.trim().to_owned();
     if token.is_empty() {
-        return Err(Error::Config(format!("--auth-token-file {} is empty", path.display())));
+        return Err(Error::Config(format!("--{flag} {} is empty", path.display())));
     }
     Ok(token)
 }
@@ -430,7 +443,10 @@ impl ServeArgs {
         if max_value_bytes == 0 {
             return Err(Error::Config("--max-value-bytes must be at least 1".into()));
         }
-        let auth_token = self.auth_token_file.or(file.auth_token_file).map(|p| read_token(&p)).transpose()?;
+        let auth_token =
+            self.auth_token_file.or(file.auth_token_file).map(|p| read_token(&p, "auth-token-file")).transpose()?;
+        let admin_token =
+            self.admin_token_file.or(file.admin_token_file).map(|p| read_token(&p, "admin-token-file")).transpose()?;
         let insecure = self.insecure || file.insecure.unwrap_or(false);
         let tls_files = match (self.tls_cert.or(file.tls_cert), self.tls_key.or(file.tls_key)) {
             (Some(cert), Some(key)) => {
@@ -478,6 +494,14 @@ impl ServeArgs {
                  --auth-token-file or --tls-client-ca)"
             ));
         }
+        // The pages show stored answers: on a listener others can reach, only to an admin.
+        let admin_pages = kv_listen.ip().is_loopback() || admin_token.is_some() || client_auth;
+        if !admin_pages {
+            warnings.push(format!(
+                "not serving /ui/ and /v1/admin/ on non-loopback {kv_listen}: give --admin-token-file or \
+                 --tls-client-ca"
+            ));
+        }
         let client_idle_timeout = duration(
             "client-idle-timeout",
             self.client_idle_timeout.or(file.client_idle_timeout),
@@ -503,6 +527,9 @@ impl ServeArgs {
             namespace,
             limits: Limits::default().with_max_value_bytes(max_value_bytes),
             auth_token,
+            admin_token,
+            client_cert: client_auth,
+            admin_pages,
             tls,
             proxy,
         })

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use idem_backends::AnyStore;
 use idem_server::{Server, ServerConfig, Stop, Upstream};
-use idem_tower::IdempotencyLayer;
+use idem_tower::{IdempotencyLayer, InvalidatingStore};
 
 use config::DEFAULT_REPLAY_CACHE;
 pub use config::{ServeArgs, ServeConfig};
@@ -84,6 +84,13 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
         Ok(watch) => drop(tokio::spawn(watch)),
         Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
     }
+    let pages_config = PagesConfig {
+        enabled: config.admin_pages,
+        token: config.admin_token.clone(),
+        client_cert: config.client_cert,
+        backend: backend_name(&config.store_url),
+        namespace: config.namespace.clone(),
+    };
     let server = match (config.proxy, admin, upstream) {
         (Some(p), Some(admin), Some(upstream)) => {
             let admin_local = admin.local_addr()?;
@@ -122,7 +129,15 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 config.store_url.redacted()
             ));
             tracing::debug!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
-            Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config)
+            // Through the layer's invalidating store: a record released on the pages must leave its replay
+            // cache too, or the next retry would still be answered from memory.
+            let pages = InvalidatingStore::new(store.clone(), layer.clone());
+            let pages = admin_pages(&pages_config, pages, layer.record_key_prefix(), tls.is_some());
+            let server = Server::proxy(listener, admin, store.clone(), layer, upstream, kv_config);
+            match pages {
+                Some(p) => server.admin_routes(p),
+                None => server,
+            }
         }
         _ => {
             let _ = crate::error::out(&format!(
@@ -130,7 +145,12 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 config.store_url.redacted()
             ));
             tracing::debug!(%local, store = %config.store_url.redacted(), "listening");
-            Server::kv(listener, store.clone(), kv_config)
+            let pages = admin_pages(&pages_config, store.clone(), idem_tower::DEFAULT_RECORD_PREFIX, tls.is_some());
+            let server = Server::kv(listener, store.clone(), kv_config);
+            match pages {
+                Some(p) => server.admin_routes(p),
+                None => server,
+            }
         }
     };
     let server = match tls {
@@ -155,6 +175,38 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     // unit failed for doing what it was told); the warning above says so, and a cut keyed request is safe to
     // send again: its record's lease decides what a retry gets.
     served.map(|_| ()).map_err(Error::Io)
+}
+
+/// What the operator's pages are served with.
+struct PagesConfig {
+    enabled: bool,
+    token: Option<String>,
+    client_cert: bool,
+    backend: &'static str,
+    namespace: String,
+}
+
+/// The pages under /ui/ and /v1/admin/ over `store` (records under `prefix`), unless they are off.
+fn admin_pages<S: idem_store::Store>(c: &PagesConfig, store: S, prefix: &str, tls: bool) -> Option<axum::Router> {
+    if !c.enabled {
+        return None;
+    }
+    let guard = idem_admin::guard::Guard::new(c.token.as_deref().map(Into::into), c.client_cert, tls);
+    let info = idem_admin::StoreInfo { backend: c.backend.to_owned(), namespace: c.namespace.clone() };
+    let metrics = idem_server::install_recorder();
+    let admin =
+        idem_admin::Admin::new(store, prefix, guard, info).metrics(std::sync::Arc::new(move || metrics.render()));
+    Some(idem_admin::router(admin))
+}
+
+/// The store's kind, for the overview (never its URL, which may hold a password).
+fn backend_name(url: &idem_backends::StoreUrl) -> &'static str {
+    match url {
+        idem_backends::StoreUrl::Memory => "memory",
+        idem_backends::StoreUrl::Sqlite(_) => "sqlite",
+        idem_backends::StoreUrl::Postgres(_) => "postgres",
+        idem_backends::StoreUrl::Redis(_) => "redis",
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {

@@ -3,6 +3,7 @@
 //! `cargo test --workspace`). Filter by module: `cargo test -p idem --test it proxy::`.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
+mod admin_ui;
 mod backend_restart;
 mod check;
 mod cli;

@@ -1,0 +1,277 @@
+//! The operator's pages (`/ui/`) in real headless Chromium: records made by real proxy traffic, an
+//! `idem run` ledger with a poison item and an `idem once` job; filters and pagination; the release and
+//! forget actions change what the next retry or run does; hostile keys, item ids and command output render as
+//! text; actions without the admin token, or without the page's CSRF token, are refused.
+//!
+//! With `IDEM_UI_SCREENSHOTS=DIR` the tests save a PNG of each page there (the guide's operations chapter
+//! shows them: `docs/guide/img/`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem_testkit::browser::{Browser, Locator};
+
+use crate::common::{self, Server};
+
+const TOKEN: &str = "admin-secret-token-of-the-test";
+/// An Idempotency-Key that is markup.
+const HOSTILE_KEY: &str = "<script>alert(1)</script>";
+/// An item id that is markup (ids have no '/' or space).
+const HOSTILE_ITEM: &str = "<b>bad&x\"'";
+
+async fn shot(browser: &Browser, name: &str) {
+    if let Some(dir) = std::env::var_os("IDEM_UI_SCREENSHOTS") {
+        browser.screenshot(&PathBuf::from(dir).join(format!("ui-{name}.png"))).await;
+    }
+}
+
+async fn text_of(browser: &Browser, css: &str) -> String {
+    let el = browser.client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(css)).await.unwrap();
+    el.text().await.unwrap()
+}
+
+async fn open(browser: &Browser, url: &str) {
+    browser.client.goto(url).await.unwrap();
+}
+
+/// No element the pages render ever is a script: markup from a request shows as text.
+async fn assert_no_script(browser: &Browser) {
+    let scripts = browser.client.find_all(Locator::Css("script")).await.unwrap();
+    assert_eq!(scripts.len(), 0, "a <script> element reached the DOM");
+}
+
+async fn sign_in(browser: &Browser, admin: &str) {
+    open(browser, &format!("{admin}/ui/")).await;
+    // Not signed in: sent to the sign-in page.
+    let field = browser.client.wait().for_element(Locator::Id("token")).await.unwrap();
+    shot(browser, "login").await;
+    field.send_keys(TOKEN).await.unwrap();
+    browser.client.find(Locator::Id("sign-in")).await.unwrap().click().await.unwrap();
+    let who = text_of(browser, ".who").await;
+    assert!(who.starts_with("acting as admin-token:"), "{who}");
+}
+
+async fn post(client: &reqwest::Client, proxy: &str, key: &str) -> u16 {
+    let res = client.post(format!("{proxy}/orders")).header("idempotency-key", key).body("{}").send().await.unwrap();
+    res.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_page_filters_pages_and_release_makes_the_key_execute_again() {
+    let Some(browser) = Browser::start(1280, 900).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let (upstream, counts) = common::start_upstream().await;
+    let server = common::proxy(&dir, &upstream, &["--admin-token-file", token.to_str().unwrap()]);
+    let client = common::client();
+    assert_eq!(post(&client, &server.url, "order-1").await, 201);
+    assert_eq!(post(&client, &server.url, HOSTILE_KEY).await, 201);
+    for i in 0..55 {
+        assert_eq!(post(&client, &server.url, &format!("bulk-{i:02}")).await, 201);
+    }
+    // A retry replays: one execution.
+    assert_eq!(post(&client, &server.url, "order-1").await, 201);
+    assert_eq!(counts.executions_of("order-1"), 1);
+
+    sign_in(&browser, &server.admin).await;
+    shot(&browser, "overview").await;
+    assert_eq!(text_of(&browser, "#count-completed").await, "57");
+
+    // Filters: a key prefix, and pagination by cursor (50 a page).
+    open(&browser, &format!("{}/ui/records?prefix=bulk-", server.admin)).await;
+    let rows = browser.client.find_all(Locator::Css("#records tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 50);
+    browser.client.find(Locator::Id("next")).await.unwrap().click().await.unwrap();
+    browser.client.wait().for_element(Locator::Css("#records")).await.unwrap();
+    let rows = browser.client.find_all(Locator::Css("#records tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 5);
+    assert_eq!(rows[4].find(Locator::Css("a.key")).await.unwrap().text().await.unwrap(), "bulk-54");
+    assert!(browser.client.find_all(Locator::Id("next")).await.unwrap().is_empty());
+
+    // The hostile key is text in the list and on its page.
+    open(&browser, &format!("{}/ui/records?prefix=%3Cscript", server.admin)).await;
+    assert_eq!(text_of(&browser, "#records a.key").await, HOSTILE_KEY);
+    assert_no_script(&browser).await;
+    shot(&browser, "records").await;
+    browser.client.find(Locator::Css("#records a.key")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#record-key").await, HOSTILE_KEY);
+    assert_no_script(&browser).await;
+
+    // order-1: its page, its body on request, then release with confirmation.
+    open(&browser, &format!("{}/ui/records?prefix=order-", server.admin)).await;
+    browser.client.find(Locator::Css("#records a.key")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#record-state").await, "completed");
+    assert_eq!(text_of(&browser, "#record-status").await, "201");
+    browser.client.find(Locator::Id("show-body")).await.unwrap().click().await.unwrap();
+    assert!(text_of(&browser, "#record-body").await.contains("\"order\":1"));
+    shot(&browser, "record").await;
+    browser.client.find(Locator::Id("release")).await.unwrap().click().await.unwrap();
+    let confirm = browser.client.wait().for_element(Locator::Id("confirm")).await.unwrap();
+    shot(&browser, "release-confirm").await;
+    confirm.click().await.unwrap();
+    assert!(text_of(&browser, "#message").await.starts_with("Released idempotency/anonymous/order-1"));
+    // The released key executes again.
+    assert_eq!(post(&client, &server.url, "order-1").await, 201);
+    assert_eq!(counts.executions_of("order-1"), 2);
+
+    // Redirects are looked at, not followed.
+    let client = idem_client::client_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    refusals(&server, &client).await;
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// An `application/x-www-form-urlencoded` body.
+fn form_body(pairs: &[(&str, &str)]) -> String {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect::<String>()
+    };
+    pairs.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect::<Vec<_>>().join("&")
+}
+
+/// The CSRF token of the first form on a page.
+fn csrf_of(html: &str) -> String {
+    let at = html.find(r#"name="csrf" value=""#).expect("a form with a CSRF token") + r#"name="csrf" value=""#.len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+/// Actions without the admin token, or with a session's cookie but not its CSRF token or Origin, change
+/// nothing.
+async fn refusals(server: &Server, client: &reqwest::Client) {
+    let release = format!("{}/v1/admin/records/release", server.admin);
+    let body = r#"{"key":"idempotency/anonymous/bulk-00"}"#;
+    let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json").body(body);
+    let res = json(client.post(&release)).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    let res = json(client.post(&release)).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    // A form post with the signed-in cookie of another page load but a forged CSRF token.
+    let login = client.get(format!("{}/ui/login", server.admin)).send().await.unwrap();
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let res = client
+        .post(format!("{}/ui/record/release", server.admin))
+        .header("cookie", &cookie)
+        .header("origin", &server.admin)
+        .header("content-type", FORM)
+        .body(form_body(&[("k", "idempotency/anonymous/bulk-00"), ("csrf", "forged")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303, "a session that has not signed in is sent to sign in");
+    // Signed in (as a browser would: the sign-in form with its CSRF token), then a forged CSRF token, and the
+    // right one from another origin.
+    let page = client.get(format!("{}/ui/login", server.admin)).header("cookie", &cookie).send().await.unwrap();
+    let csrf = csrf_of(&page.text().await.unwrap());
+    let signed = client
+        .post(format!("{}/ui/login", server.admin))
+        .header("cookie", &cookie)
+        .header("origin", &server.admin)
+        .header("content-type", FORM)
+        .body(form_body(&[("token", TOKEN), ("csrf", &csrf)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), 303);
+    let admin_cookie = signed.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let page = client.get(format!("{}/ui/", server.admin)).header("cookie", &admin_cookie).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let form = |csrf: &str, origin: &str| {
+        client
+            .post(format!("{}/ui/record/release", server.admin))
+            .header("cookie", &admin_cookie)
+            .header("origin", origin)
+            .header("content-type", FORM)
+            .body(form_body(&[("k", "idempotency/anonymous/bulk-00"), ("csrf", csrf)]))
+    };
+    let confirm = client
+        .get(format!("{}/ui/record/release?k=idempotency%2Fanonymous%2Fbulk-00", server.admin))
+        .header("cookie", &admin_cookie)
+        .send()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&confirm.text().await.unwrap());
+    assert_eq!(form("forged", &server.admin).send().await.unwrap().status(), 403);
+    assert_eq!(form(&csrf, "http://evil.example").send().await.unwrap().status(), 403);
+    let page = client.get(format!("{}/v1/admin/record?k=idempotency/anonymous/bulk-00", server.admin));
+    assert_eq!(page.bearer_auth(TOKEN).send().await.unwrap().status(), 200, "the record is still there");
+    // The token itself works.
+    let res = json(client.post(&release)).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(res.status(), 204);
+}
+
+/// `idem run` with a poison item whose id is markup, and `idem once` whose output is markup, in `dir`'s
+/// ledger: (exit status, standard error) of the run.
+fn run_job(dir: &std::path::Path) -> (i32, String) {
+    let store = format!("sqlite:{}", dir.join("ledger.db").display());
+    let script = r#"echo "$1" >> log; case "$1" in "<b>"*) [ -e fixed ] || { echo "<script>alert(1)</script> boom" >&2; exit 2; };; esac"#;
+    let out = std::process::Command::new(common::BIN)
+        .args(["run", "--name", "import", "--store", &store, "--items", "items.jsonl", "--id-field", "id"])
+        .args(["--on-poison", "skip", "--quiet", "--", "sh", "-c", script, "_", "{id}"])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn runs_of(dir: &std::path::Path, id: &str) -> usize {
+    std::fs::read_to_string(dir.join("log")).unwrap_or_default().lines().filter(|l| *l == id).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_cron_pages_show_the_ledgers_and_forget_makes_a_poison_item_run_again() {
+    let Some(browser) = Browser::start(1280, 900).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let items = format!("{{\"id\":\"good-1\"}}\n{}\n", serde_json::json!({ "id": HOSTILE_ITEM }));
+    std::fs::write(dir.path().join("items.jsonl"), items).unwrap();
+    let (code, err) = run_job(dir.path());
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(runs_of(dir.path(), HOSTILE_ITEM), 2, "poison after the same error twice");
+    let store = format!("sqlite:{}", dir.path().join("ledger.db").display());
+    let (code, _, err) = common::idem(
+        &["once", "--name", "nightly", "--store", &store, "--every", "1h", "--", "sh", "-c", "echo '<i>out</i>'"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let server = Server::start(&["--store", &store, "--admin-token-file", token.to_str().unwrap()], &[]);
+
+    sign_in(&browser, &server.url).await;
+    open(&browser, &format!("{}/ui/runs", server.url)).await;
+    shot(&browser, "runs").await;
+    browser.client.find(Locator::LinkText("import")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#count-poison").await, "1");
+    assert_eq!(text_of(&browser, "#count-done").await, "1");
+    assert_no_script(&browser).await;
+    shot(&browser, "run-job").await;
+    browser.client.find(Locator::LinkText(HOSTILE_ITEM)).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#item-id").await, HOSTILE_ITEM);
+    assert_eq!(text_of(&browser, "#item-state").await, "poison");
+    assert!(text_of(&browser, "#item-entry").await.contains("<script>alert(1)</script> boom"));
+    assert_no_script(&browser).await;
+    shot(&browser, "run-item").await;
+    browser.client.find(Locator::Id("forget")).await.unwrap().click().await.unwrap();
+    browser.client.wait().for_element(Locator::Id("confirm")).await.unwrap().click().await.unwrap();
+    assert!(text_of(&browser, "#message").await.starts_with("Forgot item"));
+
+    open(&browser, &format!("{}/ui/cron", server.url)).await;
+    let bars = browser.client.find_all(Locator::Css("svg.timeline rect.done")).await.unwrap();
+    assert_eq!(bars.len(), 1);
+    shot(&browser, "cron").await;
+    browser.client.find(Locator::LinkText("nightly")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#slots pre.output").await, "<i>out</i>");
+    assert_no_script(&browser).await;
+    shot(&browser, "cron-job").await;
+    drop(server);
+
+    // The forgotten item runs again (the cause fixed): once more, and done.
+    std::fs::write(dir.path().join("fixed"), "").unwrap();
+    let (code, err) = run_job(dir.path());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(runs_of(dir.path(), HOSTILE_ITEM), 3);
+    assert_eq!(runs_of(dir.path(), "good-1"), 1, "the done item did not run again");
+}
