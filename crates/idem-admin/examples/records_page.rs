@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tasks: Vec<_> = (0..64)
         .map(|t| {
             let store = store.clone();
-            let (fingerprint, scope) = (fingerprint.clone(), scope.clone());
+            let (fingerprint, scope) = (fingerprint, scope.clone());
             tokio::spawn(async move {
                 for i in (t..n).step_by(64) {
                     let outcome = if i % 1000 == 7 {
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             body: format!("{{\"order\":{i}}}").into(),
                         })
                     };
-                    let record = Record::Finished { fingerprint: fingerprint.clone(), outcome, finished_at_ms: now_ms };
+                    let record = Record::Finished { fingerprint, outcome, finished_at_ms: now_ms };
                     let key = format!("idempotency/{scope}/order-{i:07}");
                     store
                         .put(&key, record.encode(), Precondition::Any, Ttl::After(Duration::from_secs(86_400)))

@@ -73,24 +73,25 @@ fn action<T: serde::de::DeserializeOwned, S: Store>(
     admin: &Admin<S>,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<(String, T), Response> {
+) -> Result<(String, T), Box<Response>> {
     let actor = admin.guard.api_actor(headers).ok_or_else(|| {
-        problem(
+        Box::new(problem(
             StatusCode::FORBIDDEN,
             "actions need the admin token (--admin-token-file) or a client certificate (--tls-client-ca)",
-        )
+        ))
     })?;
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
     if !json {
-        return Err(problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send the action as application/json"));
+        return Err(Box::new(problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send the action as application/json")));
     }
     if headers.contains_key(header::ORIGIN) && !crate::guard::same_origin(headers) {
-        return Err(problem(StatusCode::FORBIDDEN, "the request's Origin is not this listener"));
+        return Err(Box::new(problem(StatusCode::FORBIDDEN, "the request's Origin is not this listener")));
     }
-    let parsed = serde_json::from_slice(body).map_err(|e| problem(StatusCode::BAD_REQUEST, &e.to_string()))?;
+    let parsed =
+        serde_json::from_slice(body).map_err(|e| Box::new(problem(StatusCode::BAD_REQUEST, &e.to_string())))?;
     Ok((actor, parsed))
 }
 
@@ -126,7 +127,7 @@ struct Release {
 async fn release<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
     let (actor, r) = match action::<Release, S>(&admin, &headers, &body) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     match records::release(&admin.store, &admin.prefix, &r.key, r.generation, &actor).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -167,7 +168,7 @@ async fn item<S: Store>(State(admin): St<S>, Query(q): Query<ItemRef>) -> Respon
 async fn forget<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
     let (actor, r) = match action::<ItemRef, S>(&admin, &headers, &body) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     match runs::forget(&admin.store, &r.job, &r.id, &actor).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),

@@ -96,18 +96,18 @@ fn authorize<S: Store>(
     session: &Session,
     headers: &HeaderMap,
     csrf: &str,
-) -> Result<String, Response> {
+) -> Result<String, Box<Response>> {
     let Who::Admin(actor) = &session.who else {
-        return Err(refused(
+        return Err(Box::new(refused(
             session,
             "actions need the admin token (--admin-token-file) or a client certificate (--tls-client-ca)",
-        ));
+        )));
     };
     if !guard::same_origin(headers) {
-        return Err(refused(session, "the request's Origin is not this listener"));
+        return Err(Box::new(refused(session, "the request's Origin is not this listener")));
     }
     if !admin.guard.check_csrf(&session.id, csrf) {
-        return Err(refused(session, "the form's CSRF token is not this session's: reload the page"));
+        return Err(Box::new(refused(session, "the form's CSRF token is not this session's: reload the page")));
     }
     Ok(actor.clone())
 }
@@ -178,7 +178,7 @@ pub(crate) async fn release<S: Store>(
 ) -> Response {
     let actor = match authorize(&admin, &session, &headers, &form.csrf) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     match records::release(&admin.store, &admin.prefix, &form.k, form.g, &actor).await {
         Ok(()) => message(
@@ -234,7 +234,7 @@ pub(crate) async fn forget<S: Store>(
 ) -> Response {
     let actor = match authorize(&admin, &session, &headers, &form.csrf) {
         Ok(a) => a,
-        Err(refusal) => return refusal,
+        Err(refusal) => return *refusal,
     };
     match runs::forget(&admin.store, &form.name, &form.id, &actor).await {
         Ok(()) => message(
