@@ -57,5 +57,5 @@ pub use types::{
     CounterOutcome, Generation, ListItem, Page, Precondition, SetChange, SetOutcome, Ttl, Versioned, Written,
     millis_to_system_time, system_time_to_millis,
 };
-pub use update::{Decision, RetryPolicy, Updated};
+pub use update::{Decision, Jitter, RetryPolicy, Updated};
 pub use write::{Write, WriteOp};

@@ -37,7 +37,21 @@ pub enum Updated<R> {
     Aborted(R),
 }
 
-/// Bounds of the retry loop: how many attempts, and the backoff between them.
+/// How much of a backoff window ([`RetryPolicy::backoff`]) is drawn at random.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Jitter {
+    /// Uniformly in `0..=window` ("full jitter", the default): contending writers spread out most.
+    #[default]
+    Full,
+    /// Uniformly in `window/2..=window` ("equal jitter"): clients started together do not come back in one
+    /// burst, and none comes back sooner than half the window.
+    Equal,
+    /// Exactly the window: a poll whose pauses are its schedule.
+    None,
+}
+
+/// Bounds of the retry loop: how many attempts, and the backoff between them. Every retry loop of idem outside
+/// the runner takes its pauses from one of these, each with its own base, cap and [`Jitter`].
 ///
 /// Before attempt `n` (n >= 2) the loop sleeps a uniformly random time in
 /// `0..=min(max_delay, base_delay * 2^(n-2))` ("full jitter"), so contending writers spread out instead of
@@ -54,12 +68,18 @@ pub struct RetryPolicy {
     max_attempts: u32,
     base_delay: Duration,
     max_delay: Duration,
+    jitter: Jitter,
 }
 
 impl Default for RetryPolicy {
     /// 8 attempts, 2 ms base, 250 ms cap.
     fn default() -> Self {
-        Self { max_attempts: 8, base_delay: Duration::from_millis(2), max_delay: Duration::from_millis(250) }
+        Self {
+            max_attempts: 8,
+            base_delay: Duration::from_millis(2),
+            max_delay: Duration::from_millis(250),
+            jitter: Jitter::Full,
+        }
     }
 }
 
@@ -87,12 +107,19 @@ impl RetryPolicy {
         self
     }
 
+    /// Sets how much of each window is drawn at random ([`Jitter::Full`] unless set).
+    pub fn with_jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
     /// The attempt bound.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
-    /// A full-jitter backoff before attempt `attempt` (1-based; 0 for the first).
+    /// The backoff before attempt `attempt` (1-based; 0 for the first): drawn from the window
+    /// `min(max_delay, base_delay * 2^(attempt-2))` as the policy's [`Jitter`] says.
     pub fn backoff(&self, attempt: u32) -> Duration {
         if attempt <= 1 {
             return Duration::ZERO;
@@ -100,7 +127,18 @@ impl RetryPolicy {
         let shift = (attempt - 2).min(20);
         let window = self.base_delay.saturating_mul(1 << shift).min(self.max_delay);
         let micros = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
-        Duration::from_micros(rand::rng().random_range(0..=micros))
+        let least = match self.jitter {
+            Jitter::Full => 0,
+            Jitter::Equal => micros / 2,
+            Jitter::None => micros,
+        };
+        Duration::from_micros(rand::rng().random_range(least..=micros))
+    }
+
+    /// The pause after the `failures`-th failure in a row (1-based): [`backoff`](Self::backoff) before the
+    /// attempt that follows it, so the first pause is `base_delay`'s window.
+    pub fn pause_after(&self, failures: u32) -> Duration {
+        self.backoff(failures.saturating_add(1))
     }
 }
 

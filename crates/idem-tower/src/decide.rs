@@ -7,7 +7,7 @@ use crate::body::Body;
 use http::{Response, StatusCode};
 use idem_core::record::{Claim, Held, Record, RecordKey, StoredResponse, Verdict, Watch, judge};
 use idem_core::{Fingerprint, ProblemType};
-use idem_store::{Error as StoreError, Generation, Store, StoreExt, system_time_to_millis};
+use idem_store::{Error as StoreError, Generation, Jitter, RetryPolicy, Store, StoreExt, system_time_to_millis};
 use tracing::{error, warn};
 
 use crate::config::{Config, InFlight};
@@ -32,7 +32,13 @@ pub(crate) async fn decide<St: Store>(
         InFlight::Wait(bound) => Some(tokio::time::Instant::now() + bound),
         InFlight::Reject => None,
     };
-    let mut pause = Duration::from_millis(10);
+    // A wait for an in-flight first attempt polls its record every 10 ms, doubling to 200 ms: the window
+    // itself, since the deadline bounds the wait and the polls are reads.
+    let polls = RetryPolicy::new()
+        .with_base_delay(Duration::from_millis(10))
+        .with_max_delay(Duration::from_millis(200))
+        .with_jitter(Jitter::None);
+    let mut polled = 0;
     let mut lost_races = 0;
     // Whether this request waited for an in-flight first attempt (a replay after it counts as waited).
     let mut waited = false;
@@ -99,12 +105,13 @@ pub(crate) async fn decide<St: Store>(
                     // across requests, so retries every second reach a dead holder's takeover after one lease.
                     Watch::Alive { .. } => {}
                 }
+                let pause = polls.pause_after(polled + 1);
                 if let Some(deadline) = deadline
                     && tokio::time::Instant::now() + pause < deadline
                 {
                     tokio::time::sleep(pause).await;
                     waited = true;
-                    pause = (pause * 2).min(Duration::from_millis(200));
+                    polled += 1;
                     continue;
                 }
                 in_flight()
@@ -195,12 +202,22 @@ fn finished_answer(
                 // bodies are never logged.
                 warn!(key = record_key.as_str(), "a redelivery differs in its compared parts: 422");
             }
-            problem(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ProblemType::IdempotencyKeyReused,
-                "this key was already used for a different request (method, path, query, content type or body \
-                 differ); use a new key for a new request",
-            )
+            if config.route.is_some() {
+                // A route's key is a delivery id, which the sender may have sent in no Idempotency-Key header.
+                problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ProblemType::WebhookDeliveryReused,
+                    "this delivery id was already delivered with a different body (in the parts the route \
+                     compares): the sender changed the event under the same id",
+                )
+            } else {
+                problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ProblemType::IdempotencyKeyReused,
+                    "this key was already used for a different request (method, path, query, content type or \
+                     body differ); use a new key for a new request",
+                )
+            }
         }
         Verdict::TooLarge { status, .. } if config.on_failure == OnFailure::Release => {
             // A release route stores only 2xx, so this is a 2xx whose body was over the limit. A webhook sender

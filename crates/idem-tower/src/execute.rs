@@ -17,7 +17,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use idem_core::ProblemType;
 use idem_core::record::{Held, Outcome, Record, StoredResponse};
-use idem_store::{Error as StoreError, LeaseKeeper, Lost, Renewable, Store};
+use idem_store::{Error as StoreError, Jitter, LeaseKeeper, Lost, Renewable, RetryPolicy, Store};
 use tower::{BoxError, Service};
 use tracing::{error, info, warn};
 
@@ -146,6 +146,26 @@ where
         hint(&mut response, true);
         return Ok(response);
     }
+    Ok(store_answer(keeper, renewals, &config, &*store, response, deadline).await)
+}
+
+/// Step 6 for an answer that is stored: reads its body up to the stored-body limit within `deadline` (the lease
+/// kept meanwhile by `renewals`), writes the outcome, and gives the caller the whole answer (a body that broke
+/// off: the unknown-outcome answer).
+async fn store_answer<St, ResBody>(
+    mut keeper: LeaseHolder<St>,
+    mut renewals: LeaseKeeper<'_, St>,
+    config: &Arc<Config>,
+    store: &St,
+    response: Response<ResBody>,
+    deadline: tokio::time::Instant,
+) -> Response<Body>
+where
+    St: Store,
+    ResBody: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let status = response.status();
     let (parts, body) = response.into_parts();
     // A record must fit the store's value limit, or its completion write would fail and the key would free
     // up when the lease lapses, letting a retry execute again: keep room for the record's head.
@@ -157,7 +177,7 @@ where
         Ok(read) => read,
         Err(panic) => {
             let message = panic_message(&*panic);
-            return Ok(panicked(keeper, &config, message).await);
+            return panicked(keeper, config, message).await;
         }
     };
     let read = read.unwrap_or_else(|_| {
@@ -167,7 +187,7 @@ where
         Prefix::Complete(bytes, trailers) => {
             let headers = stored_headers(&parts.headers, &config.replay_headers);
             let stored = StoredResponse { status: status.as_u16(), headers, body: bytes.clone() };
-            keeper.finish(&config, Outcome::Response(stored)).await;
+            keeper.finish(config, Outcome::Response(stored)).await;
             // The first caller gets the trailers too (a replay has the stored part only: status, allow-listed
             // headers, body).
             let body = match trailers {
@@ -179,20 +199,20 @@ where
                 // Stored: a retry would only replay it.
                 hint(&mut response, false);
             }
-            Ok(response)
+            response
         }
         Prefix::Over { prefix, rest } => {
             let outcome = Outcome::TooLarge { status: status.as_u16(), size: prefix.len() as u64, limit: limit as u64 };
-            keeper.finish(&config, outcome).await;
+            keeper.finish(config, outcome).await;
             let mut response = Response::from_parts(parts, Body::new(Prefixed { prefix: Some(prefix), rest }));
             if !status.is_success() {
                 hint(&mut response, false);
             }
-            Ok(response)
+            response
         }
         Prefix::Broken(reason) => {
-            keeper.unknown(&config, &format!("the response body broke off: {reason}")).await;
-            Ok(outcome_unknown_broken(config.unknown_outcome == UnknownOutcome::Release))
+            keeper.unknown(config, &format!("the response body broke off: {reason}")).await;
+            outcome_unknown_broken(config.unknown_outcome == UnknownOutcome::Release)
         }
     }
 }
@@ -328,7 +348,13 @@ impl<St: Store> LeaseHolder<St> {
         let key = self.lease.key().as_str().to_owned();
         let now = now_ms();
         let started = tokio::time::Instant::now();
-        let mut backoff = Duration::from_millis(50);
+        // Doubling from 50 ms to 500 ms, the window itself: short, since once the store is back every moment
+        // before this write lands is a moment in which a lapsed lease lets a retry take the key over.
+        let retries = RetryPolicy::new()
+            .with_base_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_millis(500))
+            .with_jitter(Jitter::None);
+        let mut failures = 0;
         let mut adopted = false;
         let token = config.replay_cache.as_ref().map(|c| c.token());
         loop {
@@ -352,8 +378,8 @@ impl<St: Store> LeaseHolder<St> {
                         Err(e) if e.is_precondition_failed() => self.fenced(&key, &e),
                         Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                             warn!(key, error = %e, "storing the outcome after the lease lapsed failed; retrying");
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_millis(500));
+                            failures += 1;
+                            tokio::time::sleep(retries.pause_after(failures)).await;
                             continue;
                         }
                         Err(e) => error!(key, error = %e, "could not store the outcome; the key is free again"),
@@ -372,10 +398,8 @@ impl<St: Store> LeaseHolder<St> {
                 }
                 Err(e) if started.elapsed() < STORE_RETRY_FOR => {
                     warn!(key, error = %e, "storing the outcome failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    // Short: once the store is back, every moment before this write lands is a moment in which a
-                    // lapsed lease lets a retry take the key over and execute again.
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    failures += 1;
+                    tokio::time::sleep(retries.pause_after(failures)).await;
                     self.keep_alive().await;
                 }
                 Err(e) => {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem_backends::{AnyStore, StoreUrl};
 use idem_sqlite::SharedSqlite;
-use idem_store::Limits;
+use idem_store::{Jitter, Limits, RetryPolicy};
 
 use crate::error::Error;
 
@@ -67,7 +67,11 @@ impl Ledger {
             return Self::open(url, namespace).await.map(Some);
         }
         let start = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(100);
+        let retries = RetryPolicy::new()
+            .with_base_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter(Jitter::Equal);
+        let mut failures = 0;
         let mut said = false;
         loop {
             match AnyStore::open(&parsed, namespace, Limits::default()).await {
@@ -91,8 +95,8 @@ impl Ledger {
                         said = true;
                     }
                     let left = limit.saturating_sub(start.elapsed());
-                    tokio::time::sleep(pause.mul_f64(0.5 + rand::random::<f64>() / 2.0).min(left)).await;
-                    pause = pause.saturating_mul(2).min(Duration::from_secs(2));
+                    failures += 1;
+                    tokio::time::sleep(retries.pause_after(failures).min(left)).await;
                 }
                 Err(e) => return Err(e.into()),
             }

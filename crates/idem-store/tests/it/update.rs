@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use bytes::Bytes;
-use idem_store::{Decision, Error, MemoryStore, Precondition, RetryPolicy, Store, StoreExt, Ttl, Updated};
+use idem_store::{Decision, Error, Jitter, MemoryStore, Precondition, RetryPolicy, Store, StoreExt, Ttl, Updated};
 
 fn interfere(store: &MemoryStore, key: &str) {
     // A competing writer lands between this attempt's read and its conditional write.
@@ -72,6 +72,23 @@ async fn abort_writes_nothing_and_delete_deletes() {
     assert!(store.get("k").await.unwrap().is_none());
     let out = store.update("k", |_| Decision::<()>::Delete, &RetryPolicy::default()).await.unwrap();
     assert_eq!(out, Updated::Deleted { attempts: 1 });
+}
+
+/// Equal jitter never goes below half the window, and no jitter is the window itself; `pause_after(n)` is the
+/// backoff before attempt n + 1.
+#[test]
+fn equal_jitter_stays_in_the_upper_half_and_no_jitter_is_the_window() {
+    let ms = std::time::Duration::from_millis;
+    let equal = RetryPolicy::default().with_base_delay(ms(100)).with_max_delay(ms(2000)).with_jitter(Jitter::Equal);
+    for failures in 1..10 {
+        let window = ms((100u64 << (failures - 1)).min(2000));
+        let samples: Vec<_> = (0..200).map(|_| equal.pause_after(failures)).collect();
+        assert!(samples.iter().all(|d| *d >= window / 2 && *d <= window), "failure {failures}: {samples:?}");
+        assert!(samples.iter().any(|d| *d < window * 9 / 10), "failure {failures}: not jittered");
+    }
+    let fixed = RetryPolicy::default().with_base_delay(ms(10)).with_max_delay(ms(200)).with_jitter(Jitter::None);
+    let pauses: Vec<u64> = (1..8).map(|n| fixed.pause_after(n).as_millis() as u64).collect();
+    assert_eq!(pauses, [10, 20, 40, 80, 160, 200, 200]);
 }
 
 #[test]
