@@ -113,6 +113,9 @@ problem_types! {
     WebhookSignatureInvalid = "webhook-signature-invalid", "Webhook signature invalid";
     /// 400: a request on a keyed route carries none of the route's key sources.
     WebhookKeyMissing = "webhook-key-missing", "Webhook delivery id missing";
+    /// 422: a webhook route's delivery id came again with a different body (in the parts the route compares):
+    /// the sender changed the event under the same id. A route's [`IdempotencyKeyReused`](Self::IdempotencyKeyReused).
+    WebhookDeliveryReused = "webhook-delivery-reused", "Webhook delivery id reused with a different body";
     /// 500: an internal error of idem.
     Internal = "internal", "Internal error";
 }

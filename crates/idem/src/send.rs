@@ -46,11 +46,12 @@ pub struct SendArgs {
     /// Print the key and exit without sending (store it beside the work item).
     #[arg(long)]
     print_key: bool,
-    #[command(flatten)]
-    tls: crate::client::TlsArgs,
     /// After a replayed 201, GET its Location and fail if the object is gone.
     #[arg(long)]
     read_back: bool,
+    // Last: its `next_help_heading` ("Connection") would head every flag after it.
+    #[command(flatten)]
+    tls: crate::client::TlsArgs,
 }
 
 /// Sends the write and prints the response body; the replay status and attempts go to standard error.

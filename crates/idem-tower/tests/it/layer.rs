@@ -167,12 +167,14 @@ async fn the_same_key_with_another_request_gets_422_without_echoing_the_first() 
     for (path, body) in [("/orders", r#"{"card":"5555"}"#), ("/other", r#"{"card":"4242"}"#)] {
         let reused = send(&app, path, "k", body).await;
         assert!(reused.headers().get("idempotent-replayed").is_none());
-        let (status, kind, detail) = problem(reused).await;
+        assert_eq!(reused.headers()["content-type"], "application/problem+json");
+        let json: serde_json::Value = serde_json::from_str(&text(reused).await).unwrap();
         assert_eq!(
-            (status, kind.as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, "urn:idem:problem:idempotency-key-reused"),
+            (&json["status"], &json["type"], &json["title"]),
+            (&422.into(), &"urn:idem:problem:idempotency-key-reused".into(), &"Idempotency-Key reused".into()),
             "{path} {body}"
         );
+        let detail = json["detail"].as_str().unwrap();
         assert!(!detail.contains("4242") && !detail.contains("/orders/1"), "{detail}");
     }
     assert_eq!(h.executions(), 1);

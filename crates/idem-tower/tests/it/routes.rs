@@ -222,6 +222,28 @@ async fn a_release_route_stores_only_2xx() {
     assert_eq!(executions.load(Ordering::SeqCst), 2);
 }
 
+/// A delivery id sent again with another body is refused as what it is: no Idempotency-Key header was sent, so
+/// the 422 names the delivery id (`webhook-delivery-reused`), in the same RFC 9457 shape, and nothing executes.
+#[tokio::test]
+async fn a_changed_delivery_under_the_same_id_is_a_422_that_names_the_delivery_id() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let app = IdempotencyLayer::new(MemoryStore::new())
+        .route(RoutePolicy::new("hooks", "/hooks", key()).unwrap())
+        .layer(inner(Arc::clone(&executions)));
+    let first = app.clone().oneshot(delivery("/hooks", Some("evt_1"), None, r#"{"amount":5}"#)).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let changed = app.clone().oneshot(delivery("/hooks", Some("evt_1"), None, r#"{"amount":6}"#)).await.unwrap();
+    assert_eq!(changed.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(changed.headers()["content-type"], "application/problem+json");
+    let body = changed.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["status"], 422);
+    assert_eq!(json["type"], "urn:idem:problem:webhook-delivery-reused");
+    assert_eq!(json["title"], "Webhook delivery id reused with a different body");
+    assert!(!json["detail"].as_str().unwrap().contains("Idempotency-Key"), "{json}");
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "the changed delivery is not executed");
+}
+
 /// The retry hints (`Stripe-Should-Retry`, `x-should-retry`) of `answer`, which must agree.
 fn hint_of(answer: &Response<Body>) -> Option<String> {
     let stripe = answer.headers().get("stripe-should-retry").map(|v| v.to_str().unwrap().to_owned());

@@ -165,6 +165,21 @@ fn help_describes_every_command_and_check_lists_its_probes_once() {
     }
 }
 
+/// `idem send --help` lists its own options (`--read-back` among them) under Options, and only the TLS flags
+/// under Connection.
+#[test]
+fn send_help_lists_read_back_among_its_options_not_under_connection() {
+    let (code, out, err) = idem(&["send", "--help"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let (own, connection) = out.split_once("Options:").unwrap().1.split_once("\nConnection:\n").unwrap();
+    for flag in ["--read-back", "--attempts", "--print-key", "--key-prefix"] {
+        assert!(own.contains(flag), "{flag} is not among the options:\n{out}");
+    }
+    let flags: Vec<&str> =
+        connection.lines().filter_map(|l| l.trim_start().strip_prefix("--").and(l.split_whitespace().next())).collect();
+    assert_eq!(flags, ["--cacert", "--cert", "--cert-key"], "{out}");
+}
+
 /// `idem kv`'s KEY and VALUE say what they take.
 #[test]
 fn kv_arguments_have_help() {
