@@ -92,7 +92,7 @@ impl Error {
     /// True when connecting again later may succeed: nothing answered within the connect timeout, or the server
     /// answered with a SQLSTATE that says "not now" (57P01-57P03: shutting down, crashed, starting up or in
     /// recovery, "the database system is not yet accepting connections"; 53300: too many connections; 25006;
-    /// class 08). False for what a retry cannot fix (a bad URL or sslmode, a refused login, a schema too new);
+    /// class 08), or every host answered as a standby (no read-write session: a failover in progress). False for what a retry cannot fix (a bad URL or sslmode, a refused login, a schema too new);
     /// an error without a SQLSTATE (refused, reset, TLS) is for the caller to judge by its cause.
     pub fn is_unavailable(&self) -> bool {
         let e = match self {
@@ -102,6 +102,23 @@ impl Error {
             Error::Migrate { source, .. } => source,
             _ => return false,
         };
-        e.code().is_some_and(crate::store::transient_code)
+        e.code().is_some_and(crate::store::transient_code) || only_standbys(e)
     }
+}
+
+/// Whether tokio-postgres refused every host as read-only (`target_session_attrs=read-write` found no primary:
+/// mid-failover, or every primary demoted). It says so with an I/O error of kind `PermissionDenied` and no
+/// SQLSTATE, the only way to tell it from a refused login (which has SQLSTATE 28P01 or 28000).
+fn only_standbys(e: &tokio_postgres::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::PermissionDenied
+            && io.to_string().contains("does not allow writes")
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }

@@ -52,6 +52,23 @@ pub enum Error {
     /// master to give for it: [`Error::Connect`], unavailable).
     #[error("no Sentinel monitors a master named {0:?} (SENTINEL MASTERS lists the names)")]
     NoSuchMaster(String),
+    /// The Sentinels monitor the master of the URL's name but it could not be reached as a master (down,
+    /// refusing connections, or demoted mid-failover and none promoted yet): an outage, unavailable like
+    /// [`Error::Connect`]. `addr` is where the Sentinels last said the master is (`host:port`), when one said.
+    #[error(
+        "the Sentinels monitor master {name:?}{} but it does not answer as a master (down, or a failover in \
+         progress): the store is unavailable",
+        addr.as_deref().map(|a| format!(" at {a}")).unwrap_or_default()
+    )]
+    MasterAway {
+        /// The master's name in the URL.
+        name: String,
+        /// Where the Sentinels say it is.
+        addr: Option<String>,
+        /// What connecting to it said.
+        #[source]
+        source: redis::RedisError,
+    },
     /// `#insecure`, the redis crate's switch for unverified TLS: idem has no such switch.
     #[error("#insecure would turn certificate checks off, which idem does not do; give cacert=FILE for a private CA")]
     Insecure,
@@ -78,6 +95,7 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         match self {
             Error::Connect(e) => redis_err(e.clone()).is_unavailable(),
+            Error::MasterAway { .. } => true,
             Error::Store(e) => e.is_unavailable(),
             _ => false,
         }

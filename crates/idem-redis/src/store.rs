@@ -204,7 +204,14 @@ impl RedisStore {
                     Err(e) if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel => {
                         return Err(match sentinels.knows_master().await {
                             Some(false) => Error::NoSuchMaster(sentinels.master().to_owned()),
-                            _ => Error::Connect(e),
+                            // The redis crate says "not found" for a master it could not reach too: name the
+                            // address, so an operator looks at that server, not at the URL's spelling.
+                            Some(true) => Error::MasterAway {
+                                name: sentinels.master().to_owned(),
+                                addr: sentinels.master_addr().await,
+                                source: e,
+                            },
+                            None => Error::Connect(e),
                         });
                     }
                     Err(e) => return Err(connect_error(e, tls)),
@@ -265,6 +272,12 @@ impl RedisStore {
                                 break;
                             }
                             Ok(next) => start = next,
+                            // A failover closes the connection under the sweep: that is the store away for
+                            // a moment, not a fault of the sweep.
+                            Err(e) if redis_err(e.clone()).is_unavailable() => {
+                                tracing::info!(error = %e, "sweeping the key index waits for the store; will retry");
+                                break;
+                            }
                             Err(e) => {
                                 tracing::warn!(error = %e, "sweeping the key index failed; will retry");
                                 break;

@@ -80,6 +80,27 @@ impl Sentinels {
         &self.master
     }
 
+    /// The address (`host:port`) the first Sentinel that answers gives for the master, or `None` when none
+    /// answered or none names one.
+    pub(crate) async fn master_addr(&mut self) -> Option<String> {
+        for (client, cached) in &mut self.clients {
+            let cmd = redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master).clone();
+            if let Ok(Value::Array(parts)) = ask(client, cached, &cmd).await
+                && let [host, port] = parts.as_slice()
+            {
+                let text = |v: &Value| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    Value::SimpleString(s) => Some(s.clone()),
+                    _ => None,
+                };
+                if let (Some(host), Some(port)) = (text(host), text(port)) {
+                    return Some(format!("{host}:{port}"));
+                }
+            }
+        }
+        None
+    }
+
     /// Whether the Sentinels monitor a master of this name: `Some(false)` when every Sentinel that answered
     /// said it has no such master, `None` when none answered.
     pub(crate) async fn knows_master(&mut self) -> Option<bool> {
@@ -167,6 +188,10 @@ impl Topology {
         let first = count(&mut source, &mut conn).await?;
         let topology = Self { known: Arc::new(AtomicU32::new(first)) };
         judge(first, None, wait);
+        let mut master = match &mut source {
+            Source::Sentinel(sentinels) => sentinels.master_addr().await,
+            _ => None,
+        };
         let weak = Arc::downgrade(&topology.known);
         // Only `wait_replicas=all` needs a fresh count; for the warning a slower one will do.
         let every = if wait.is_some_and(|w| w.replicas == Replicas::All) { EVERY } else { EVERY * 10 };
@@ -186,6 +211,19 @@ impl Topology {
                         last = n;
                     }
                 }
+                // Said once per change: after a failover the only other trace is the requests that met the
+                // old master's closed connection.
+                if let Source::Sentinel(sentinels) = &mut source
+                    && let Some(now) = sentinels.master_addr().await
+                    && master.as_ref() != Some(&now)
+                {
+                    tracing::info!(
+                        master = %now,
+                        before = master.as_deref().unwrap_or("none"),
+                        "the Sentinels name another master (a failover or switchover): writes go to it"
+                    );
+                    master = Some(now);
+                }
             }
         });
         Ok(topology)
@@ -204,8 +242,17 @@ impl Topology {
 /// and sets the `idem_store_replicas_unwaited` gauge to how many replicas a write does not wait for.
 fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
     let (waited, unwaited) = gauge(known, wait);
-    if let Some(before) = before {
-        tracing::info!(replicas = known, before, "the Redis master's replicas changed");
+    match before {
+        Some(before) => tracing::info!(replicas = known, before, waited, "the Redis master's replicas changed"),
+        // Said at start-up whatever the setting, so the log shows what a write waits for from the first one.
+        None if known > 0 || wait.is_some() => {
+            tracing::info!(
+                replicas = known,
+                waited,
+                "the Redis master has {known} replicas; a write waits for {waited}"
+            )
+        }
+        None => {}
     }
     if let Some(Replicas::Count(n)) = wait.map(|w| w.replicas)
         && n > known
@@ -217,7 +264,14 @@ fn judge(known: u32, before: Option<u32>, wait: Option<Wait>) {
              with 503 until more replicas are attached; wait_replicas=all waits for the replicas there are"
         );
     }
-    if unwaited > 0 {
+    if unwaited > 0 && wait.is_none() {
+        tracing::warn!(
+            replicas = known,
+            "the Redis master has {known} replicas and a write waits for none of them (no wait_replicas in the \
+             URL): a failover to a replica that lacks a write loses it, a switchover with the old master alive \
+             (SENTINEL FAILOVER, CLUSTER FAILOVER) included; wait_replicas=all waits for every replica"
+        );
+    } else if unwaited > 0 {
         tracing::warn!(
             replicas = known,
             waited,

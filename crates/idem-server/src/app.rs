@@ -46,7 +46,7 @@ impl ServerConfig {
 }
 
 /// The router: the KV API under `/v1/kv`, idempotency records under `/v1/idempotency/{scope}/{key}` (`GET`,
-/// `DELETE`), `/healthz`, `/metrics`, and problem+json for unknown routes.
+/// `DELETE`), `/healthz` (the process serves), `/readyz` (the store answers), `/metrics`, and problem+json for unknown routes.
 ///
 /// A request body left unread by an answer (413 over the value limit, 401, 400) is read and discarded first,
 /// up to the largest accepted body (the store's value limit or the 1 MiB set/counter body) plus
@@ -56,12 +56,14 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
     let handle = install_recorder();
     let largest_body = store.limits().max_value_bytes().max(kv::MAX_OP_BODY);
     let store = Arc::new(store);
+    let ready = Arc::clone(&store);
     let kv = kv::routes(Arc::clone(&store))
         .merge(records::routes(store, Arc::clone(&config.record_prefix)))
         .layer(axum::middleware::from_fn_with_state(config, auth::require_token));
     Router::new()
         .merge(kv)
         .route("/healthz", get(|| async { "ok\n" }).fallback(|| async { kv::method_not_allowed("GET") }))
+        .route("/readyz", get(move || readyz(Arc::clone(&ready))).fallback(|| async { kv::method_not_allowed("GET") }))
         .route(
             "/metrics",
             get(move || std::future::ready(handle.render())).fallback(|| async { kv::method_not_allowed("GET") }),
@@ -69,6 +71,22 @@ pub fn app<S: Store>(store: S, config: ServerConfig) -> Router {
         .fallback(|| async { Problem::not_found_route() })
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(DrainLayer::new(largest_body as u64))
+}
+
+/// How long `/readyz` waits for the store's answer before it says not ready.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: 200 when the store answers (its clock, [`Store::now`]) within [`READY_TIMEOUT`], else the
+/// 503 problem a request would get. `/healthz` says only that the process serves: a load balancer or a
+/// Kubernetes readiness probe wants this one, which is 503 while the store is away or still opening.
+async fn readyz<S: Store>(store: Arc<S>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match tokio::time::timeout(READY_TIMEOUT, store.now()).await {
+        Ok(Ok(_)) => "ready\n".into_response(),
+        Ok(Err(e)) => Problem::from(e).into_response(),
+        Err(_) => Problem::from(idem_store::Error::unavailable(std::io::Error::from(std::io::ErrorKind::TimedOut)))
+            .into_response(),
+    }
 }
 
 use crate::ClientTimeouts;

@@ -86,3 +86,19 @@ async fn a_failover_under_synchronous_replication_loses_no_acknowledged_write() 
     assert!(tally.unavailable > 0, "no write saw the switch: the failover did not happen under load");
     assert_eq!((tally.present, tally.lost.len()), (tally.acknowledged, 0), "acknowledged writes lost");
 }
+
+/// Only standbys answering (every host read-only: a failover between the old primary's demotion and the new
+/// one's promotion) is an outage, not a bad URL: `is_unavailable`, so `idem run` waits and `idem once` exits 75
+/// instead of 2 (the checker's postgres-ha replica-lag run, seed 217997855, met it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_standbys_answering_is_unavailable() {
+    let Some(ha) = idem_testkit::shared(&PAIR, || PostgresHa::start(Replication::Synchronous)) else { return };
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?target_session_attrs=read-write&connect_timeout=2",
+        ha.standby_port
+    );
+    let Err(e) = PostgresStore::connect(&url, &schema(), Limits::default()).await else {
+        panic!("a standby alone opened as a read-write store");
+    };
+    assert!(e.is_unavailable(), "a standby alone is not unavailable: {}", error_chain(&e));
+}

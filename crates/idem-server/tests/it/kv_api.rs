@@ -716,6 +716,7 @@ async fn bearer_token_guards_every_kv_request() {
         assert_eq!(call(&app, Method::GET, uri, &[], Body::empty()).await.status, StatusCode::UNAUTHORIZED, "{uri}");
     }
     assert_eq!(call(&app, Method::GET, "/healthz", &[], Body::empty()).await.status, StatusCode::OK);
+    assert_eq!(call(&app, Method::GET, "/readyz", &[], Body::empty()).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
