@@ -97,7 +97,7 @@ pub enum Outcome {
         succeeded: bool,
     },
     /// The command ended, but the store failed on every try of its fenced outcome write for
-    /// [`RECORD_PATIENCE`] (or the lease, if longer): the slot stays `running` in the store, and the first
+    /// [`RECORD_PATIENCE`](super::RECORD_PATIENCE) (or the lease, if longer): the slot stays `running` in the store, and the first
     /// invocation after its lease lapsed runs it again.
     NotRecorded {
         /// The attempt it was.
