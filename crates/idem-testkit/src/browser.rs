@@ -2,6 +2,8 @@
 //! free loopback port, through fantoccini (WebDriver). Stopped when dropped.
 
 pub use fantoccini::Locator;
+/// The WebDriver errors a test may wait out (a stale element after a navigation).
+pub use fantoccini::error::{CmdError, ErrorStatus};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

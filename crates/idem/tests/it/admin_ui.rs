@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use idem_testkit::browser::{Browser, Locator};
+use idem_testkit::browser::{Browser, CmdError, ErrorStatus, Locator};
 
 use crate::common::{self, Server};
 
@@ -25,9 +25,20 @@ async fn shot(browser: &Browser, name: &str) {
     }
 }
 
+/// The text of the first element matching `css`, once there is one. An element found on the page a click is
+/// leaving goes stale when the next page replaces it (the race CI met): then it is looked up again, on the
+/// new page.
 async fn text_of(browser: &Browser, css: &str) -> String {
-    let el = browser.client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(css)).await.unwrap();
-    el.text().await.unwrap()
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let el = browser.client.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(css)).await.unwrap();
+        match el.text().await {
+            Ok(text) => return text,
+            Err(CmdError::Standard(e))
+                if e.error == ErrorStatus::StaleElementReference && std::time::Instant::now() < deadline => {}
+            Err(e) => panic!("the text of {css}: {e}"),
+        }
+    }
 }
 
 async fn open(browser: &Browser, url: &str) {
