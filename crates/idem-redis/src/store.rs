@@ -13,7 +13,8 @@ use redis::{Cmd, Script, Value};
 use crate::conn::{Conn, SentinelConn};
 use crate::error::{Error, ReplicasMissing, connect_error, ran_nothing, redis_err};
 use crate::topology::{Source, Topology};
-use crate::url::{Target, Wait};
+use crate::topology::Wait;
+use crate::url::Target;
 
 /// What [`RedisStore::send`] sends: a write, or a read confirmed by a write to the barrier key.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -133,6 +134,44 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
 const REFUSALS: u64 = 10;
 
 /// `EVALSHA` of `script` with `keys`; the caller adds the arguments.
+/// Drops the key index's entries for expired keys in the background, up to 100 batches of 1000 every
+/// [`SWEEP_EVERY`]; aborted when the store is dropped.
+fn spawn_sweeper(mut conn: Conn, prefix: String, script: Script) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut start = "-".to_owned();
+        loop {
+            tokio::time::sleep(SWEEP_EVERY).await;
+            // Walk up to 100 batches per tick, so dropping dead index entries keeps pace with expiry.
+            for _ in 0..100 {
+                let r: Result<String, _> = script
+                    .key(format!("{prefix}index"))
+                    .arg(format!("{prefix}k:"))
+                    .arg(&start)
+                    .arg(1000)
+                    .invoke_async(&mut conn)
+                    .await;
+                match r {
+                    Ok(next) if next.is_empty() => {
+                        start = "-".to_owned();
+                        break;
+                    }
+                    Ok(next) => start = next,
+                    // A failover closes the connection under the sweep: that is the store away for
+                    // a moment, not a fault of the sweep.
+                    Err(e) if redis_err(e.clone()).is_unavailable() => {
+                        tracing::info!(error = %e, "sweeping the key index waits for the store; will retry");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sweeping the key index failed; will retry");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
 fn evalsha(script: &Script, keys: &[String]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
@@ -251,42 +290,7 @@ impl RedisStore {
         };
         let topology = Topology::start(source, conn.clone(), parsed.wait).await.map_err(Error::Connect)?;
         let scripts = Scripts::new();
-        let sweeper = {
-            let (mut conn, prefix, script) = (conn.clone(), prefix.to_owned(), scripts.sweep.clone());
-            tokio::spawn(async move {
-                let mut start = "-".to_owned();
-                loop {
-                    tokio::time::sleep(SWEEP_EVERY).await;
-                    // Walk up to 100 batches per tick, so dropping dead index entries keeps pace with expiry.
-                    for _ in 0..100 {
-                        let r: Result<String, _> = script
-                            .key(format!("{prefix}index"))
-                            .arg(format!("{prefix}k:"))
-                            .arg(&start)
-                            .arg(1000)
-                            .invoke_async(&mut conn)
-                            .await;
-                        match r {
-                            Ok(next) if next.is_empty() => {
-                                start = "-".to_owned();
-                                break;
-                            }
-                            Ok(next) => start = next,
-                            // A failover closes the connection under the sweep: that is the store away for
-                            // a moment, not a fault of the sweep.
-                            Err(e) if redis_err(e.clone()).is_unavailable() => {
-                                tracing::info!(error = %e, "sweeping the key index waits for the store; will retry");
-                                break;
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "sweeping the key index failed; will retry");
-                                break;
-                            }
-                        }
-                    }
-                }
-            })
-        };
+        let sweeper = spawn_sweeper(conn.clone(), prefix.clone(), scripts.sweep.clone());
         let (writes, cluster_writes) = match writes {
             Some((writes, client)) => (writes, Some(client)),
             None => (conn.clone(), None),

@@ -30,7 +30,24 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, Value};
 
 use crate::conn::Conn;
-use crate::url::{Replicas, Wait};
+
+/// Durable claims on replicated Redis: each write is followed by `WAIT replicas timeout`, and fewer
+/// acknowledgements than `replicas` fail the operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub(crate) replicas: Replicas,
+    pub(crate) timeout: Duration,
+}
+
+/// How many replicas a write waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    /// `wait_replicas=N`, N > 0.
+    Count(u32),
+    /// `wait_replicas=all`: every replica the Sentinels or the Cluster know for the store's master, down or
+    /// cut off ones included (this module counts them).
+    All,
+}
 
 /// How often the replicas are counted again.
 pub(crate) const EVERY: Duration = Duration::from_secs(1);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use percent_encoding::percent_decode_str;
 
 use crate::Error;
+use crate::topology::{Replicas, Wait};
 
 /// The default Sentinel port (`redis-sentinel`'s).
 const SENTINEL_PORT: u16 = 26379;
@@ -15,24 +16,6 @@ const SENTINEL_PORT: u16 = 26379;
 const REDIS_PORT: u16 = 6379;
 /// How long `WAIT` may block when `wait_replicas` is given without `wait_timeout_ms`.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Durable claims on replicated Redis: each write is followed by `WAIT replicas timeout`, and fewer
-/// acknowledgements than `replicas` fail the operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Wait {
-    pub(crate) replicas: Replicas,
-    pub(crate) timeout: Duration,
-}
-
-/// How many replicas a write waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Replicas {
-    /// `wait_replicas=N`, N > 0.
-    Count(u32),
-    /// `wait_replicas=all`: every replica the Sentinels or the Cluster know for the store's master, down or
-    /// cut off ones included ([`crate::topology`]).
-    All,
-}
 
 /// Where the store's data lives, parsed from its URL.
 pub(crate) enum Target {
@@ -139,99 +122,19 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
         return Err(Error::Insecure);
     }
     let (scheme, _) = without_fragment.split_once("://").unwrap_or(("", ""));
-    let (kind, tls) = match scheme {
-        "redis" | "valkey" => (Kind::Single, false),
-        "rediss" | "valkeys" => (Kind::Single, true),
-        "redis+sentinel" => (Kind::Sentinel, false),
-        "rediss+sentinel" => (Kind::Sentinel, true),
-        "redis+cluster" => (Kind::Cluster, false),
-        "rediss+cluster" => (Kind::Cluster, true),
-        // The redis crate names what it does not know; what it knows beyond these (`unix:`) idem does not take.
-        _ => {
-            let e = redis::Client::open(url).err().unwrap_or_else(|| {
-                redis::RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "idem takes redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster:// and \
-                     rediss+cluster:// URLs",
-                ))
-            });
-            return Err(Error::InvalidUrl(e));
-        }
-    };
+    let (kind, tls) = scheme_kind(url, scheme)?;
     let (base, query) = without_fragment.split_once('?').unwrap_or((without_fragment, ""));
-    let mut cacert = None;
-    let (mut replicas, mut timeout) = (None, None);
-    let (mut sentinel_user, mut sentinel_password) = (None, None);
-    let mut rest = Vec::new();
-    let mut seen = Vec::new();
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = param.split_once('=').unwrap_or((param, ""));
-        // Judged decoded, as reported: `c%61cert` is `cacert`.
-        let name = percent_decode_str(name).decode_utf8_lossy();
-        let value = percent_decode_str(value).decode_utf8_lossy().into_owned();
-        let invalid = |why: &'static str| Error::InvalidParameter { name: name.clone().into_owned(), why };
-        match name.as_ref() {
-            "cacert" => cacert = Some(value),
-            // Given twice, which one applies would be a guess: refused.
-            "wait_replicas" | "wait_timeout_ms" if seen.contains(&name) => {
-                return Err(invalid("a single value (it was given twice)"));
-            }
-            "wait_replicas" => {
-                seen.push(name.clone());
-                replicas = Some(match value.as_str() {
-                    "all" if kind == Kind::Single => {
-                        return Err(invalid(
-                            "a number of replicas on a redis:// URL (all needs redis+sentinel:// or \
-                             redis+cluster://, whose Sentinels or Cluster know every replica)",
-                        ));
-                    }
-                    "all" => Replicas::All,
-                    n => match n.parse::<u32>() {
-                        Ok(n) => Replicas::Count(n),
-                        Err(_) => return Err(invalid("all, or a number of replicas, 0 or more")),
-                    },
-                });
-            }
-            "wait_timeout_ms" => {
-                seen.push(name.clone());
-                let ms = value.parse::<u64>().ok().filter(|ms| *ms > 0);
-                timeout = Some(Duration::from_millis(ms.ok_or_else(|| invalid("milliseconds, 1 or more"))?));
-            }
-            "sentinel_username" if kind == Kind::Sentinel => sentinel_user = Some(value),
-            "sentinel_password" if kind == Kind::Sentinel => sentinel_password = Some(value),
-            // The only one the redis crate reads from a TCP URL's query; `db`, `user` and `pass` it reads for
-            // `redis+unix:` only, which idem does not take, and ignores here.
-            "protocol" => rest.push((param, value)),
-            _ => return Err(Error::UnknownParameter(name.into_owned())),
-        }
-    }
-    if timeout.is_some() && replicas.is_none() {
-        return Err(Error::InvalidParameter { name: "wait_timeout_ms".into(), why: "needs wait_replicas" });
-    }
-    let wait = replicas
-        .filter(|r| *r != Replicas::Count(0))
-        .map(|replicas| Wait { replicas, timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT) });
-    let root_cert = match cacert {
-        None => None,
-        Some(_) if !tls => return Err(Error::CaCertWithoutTls),
-        Some(path) => {
-            let path = std::path::PathBuf::from(path);
-            // Checked here (a clear error now, not a failed handshake later); the redis crate wants the PEM bytes.
-            idem_tls::read_roots("cacert", &path).map_err(Error::CaCert)?;
-            Some(std::fs::read(&path).map_err(|source| {
-                Error::CaCert(idem_tls::Error::Read { flag: "cacert".into(), path: path.clone(), source })
-            })?)
-        }
-    };
+    let query = Query::parse(query, kind)?;
+    let root_cert = read_cacert(query.cacert.clone(), tls)?;
     let certificates = || redis::TlsCertificates { client_tls: None, root_cert: root_cert.clone() };
-    let protocol = match rest.iter().find(|(p, _)| p.starts_with("protocol")).map(|(_, v)| v.as_str()) {
+    let protocol = match query.rest.iter().find(|(p, _)| p.starts_with("protocol")).map(|(_, v)| v.as_str()) {
         None | Some("resp2") => redis::ProtocolVersion::RESP2,
         Some("resp3") => redis::ProtocolVersion::RESP3,
         Some(_) => return Err(Error::InvalidParameter { name: "protocol".into(), why: "resp2 or resp3" }),
     };
     let target = match kind {
         Kind::Single => {
-            let kept: Vec<&str> = rest.iter().map(|(p, _)| *p).collect();
+            let kept: Vec<&str> = query.rest.iter().map(|(p, _)| *p).collect();
             let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
             let url = if kept.is_empty() {
                 format!("{base}{fragment}")
@@ -260,52 +163,16 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
                 true => redis::ConnectionAddr::TcpTls { host, port, insecure: false, tls_params: None },
                 false => redis::ConnectionAddr::Tcp(host, port),
             };
+            let certs = root_cert.as_ref().map(|_| certificates());
             if kind == Kind::Sentinel {
-                let mut segments = path.split('/').filter(|s| !s.is_empty());
-                let master = segments.next().ok_or(Error::NoMasterName)?;
-                let master = percent_decode_str(master).decode_utf8_lossy().into_owned();
-                let db = match segments.next() {
-                    None => 0,
-                    Some(db) => db.parse::<i64>().map_err(|_| Error::InvalidHost(format!("/{db}")))?,
-                };
                 let sentinels: Vec<_> = hosts(host_list, SENTINEL_PORT)?.into_iter().map(addr).collect();
-                let topology = crate::topology::Sentinels::new(
-                    &sentinels,
-                    &master,
-                    (sentinel_user.as_deref(), sentinel_password.as_deref()),
-                    root_cert.as_ref().map(|_| certificates()),
-                    protocol,
-                )
-                .map_err(Error::InvalidUrl)?;
-                let mut b = redis::sentinel::SentinelClientBuilder::new(
-                    sentinels,
-                    master,
-                    redis::sentinel::SentinelServerType::Master,
-                )
-                .map_err(Error::InvalidUrl)?
-                .set_client_to_redis_db(db)
-                .set_client_to_redis_protocol(protocol);
-                if let Some(u) = user {
-                    b = b.set_client_to_redis_username(u);
-                }
-                if let Some(p) = password {
-                    b = b.set_client_to_redis_password(p);
-                }
-                if let Some(u) = sentinel_user {
-                    b = b.set_client_to_sentinel_username(u);
-                }
-                if let Some(p) = sentinel_password {
-                    b = b.set_client_to_sentinel_password(p);
-                }
-                if let Some(mode) = tls_mode {
-                    b = b.set_client_to_redis_tls_mode(mode).set_client_to_sentinel_tls_mode(mode);
-                    if root_cert.is_some() {
-                        b = b
-                            .set_client_to_redis_certificates(certificates())
-                            .set_client_to_sentinel_certificates(certificates());
-                    }
-                }
-                Target::Sentinel(Box::new(b), db, topology)
+                let auth = SentinelAuth {
+                    user,
+                    password,
+                    sentinel_user: query.sentinel_user,
+                    sentinel_password: query.sentinel_password,
+                };
+                sentinel_target(sentinels, path, auth, tls_mode, certs, protocol)?
             } else {
                 if !path.is_empty() {
                     // A Cluster has database 0 only.
@@ -316,12 +183,174 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, Error> {
                     .map(|h| redis::IntoConnectionInfo::into_connection_info(addr(h)))
                     .collect::<Result<_, _>>()
                     .map_err(Error::InvalidUrl)?;
-                let certs = root_cert.as_ref().map(|_| certificates());
                 Target::Cluster(ClusterSpec { nodes, user, password, tls_mode, certs, protocol })
             }
         }
     };
-    Ok(Parsed { target, tls, wait })
+    Ok(Parsed { target, tls, wait: query.wait })
+}
+
+/// The kind of deployment and whether it speaks TLS, from the URL's scheme.
+fn scheme_kind(url: &str, scheme: &str) -> Result<(Kind, bool), Error> {
+    Ok(match scheme {
+        "redis" | "valkey" => (Kind::Single, false),
+        "rediss" | "valkeys" => (Kind::Single, true),
+        "redis+sentinel" => (Kind::Sentinel, false),
+        "rediss+sentinel" => (Kind::Sentinel, true),
+        "redis+cluster" => (Kind::Cluster, false),
+        "rediss+cluster" => (Kind::Cluster, true),
+        // The redis crate names what it does not know; what it knows beyond these (`unix:`) idem does not take.
+        _ => {
+            let e = redis::Client::open(url).err().unwrap_or_else(|| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "idem takes redis://, rediss://, redis+sentinel://, rediss+sentinel://, redis+cluster:// and \
+                     rediss+cluster:// URLs",
+                ))
+            });
+            return Err(Error::InvalidUrl(e));
+        }
+    })
+}
+
+/// The query parameters: idem's own taken out, the redis crate's (`protocol`) kept in `rest`.
+struct Query<'a> {
+    cacert: Option<String>,
+    wait: Option<Wait>,
+    sentinel_user: Option<String>,
+    sentinel_password: Option<String>,
+    /// `(param as written, decoded value)`.
+    rest: Vec<(&'a str, String)>,
+}
+
+impl<'a> Query<'a> {
+    fn parse(query: &'a str, kind: Kind) -> Result<Self, Error> {
+        let mut q = Query { cacert: None, wait: None, sentinel_user: None, sentinel_password: None, rest: Vec::new() };
+        let (mut replicas, mut timeout) = (None, None);
+        let mut seen = Vec::new();
+        for param in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            // Judged decoded, as reported: `c%61cert` is `cacert`.
+            let name = percent_decode_str(name).decode_utf8_lossy();
+            let value = percent_decode_str(value).decode_utf8_lossy().into_owned();
+            let invalid = |why: &'static str| Error::InvalidParameter { name: name.clone().into_owned(), why };
+            match name.as_ref() {
+                "cacert" => q.cacert = Some(value),
+                // Given twice, which one applies would be a guess: refused.
+                "wait_replicas" | "wait_timeout_ms" if seen.contains(&name) => {
+                    return Err(invalid("a single value (it was given twice)"));
+                }
+                "wait_replicas" => {
+                    seen.push(name.clone());
+                    replicas = Some(match value.as_str() {
+                        "all" if kind == Kind::Single => {
+                            return Err(invalid(
+                                "a number of replicas on a redis:// URL (all needs redis+sentinel:// or \
+                                 redis+cluster://, whose Sentinels or Cluster know every replica)",
+                            ));
+                        }
+                        "all" => Replicas::All,
+                        n => match n.parse::<u32>() {
+                            Ok(n) => Replicas::Count(n),
+                            Err(_) => return Err(invalid("all, or a number of replicas, 0 or more")),
+                        },
+                    });
+                }
+                "wait_timeout_ms" => {
+                    seen.push(name.clone());
+                    let ms = value.parse::<u64>().ok().filter(|ms| *ms > 0);
+                    timeout = Some(Duration::from_millis(ms.ok_or_else(|| invalid("milliseconds, 1 or more"))?));
+                }
+                "sentinel_username" if kind == Kind::Sentinel => q.sentinel_user = Some(value),
+                "sentinel_password" if kind == Kind::Sentinel => q.sentinel_password = Some(value),
+                // The only one the redis crate reads from a TCP URL's query; `db`, `user` and `pass` it reads for
+                // `redis+unix:` only, which idem does not take, and ignores here.
+                "protocol" => q.rest.push((param, value)),
+                _ => return Err(Error::UnknownParameter(name.into_owned())),
+            }
+        }
+        if timeout.is_some() && replicas.is_none() {
+            return Err(Error::InvalidParameter { name: "wait_timeout_ms".into(), why: "needs wait_replicas" });
+        }
+        q.wait = replicas
+            .filter(|r| *r != Replicas::Count(0))
+            .map(|replicas| Wait { replicas, timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT) });
+        Ok(q)
+    }
+}
+
+/// The PEM bytes of `cacert=PATH`, checked now (a clear error at start-up, not a failed handshake later).
+fn read_cacert(cacert: Option<String>, tls: bool) -> Result<Option<Vec<u8>>, Error> {
+    match cacert {
+        None => Ok(None),
+        Some(_) if !tls => Err(Error::CaCertWithoutTls),
+        Some(path) => {
+            let path = std::path::PathBuf::from(path);
+            idem_tls::read_roots("cacert", &path).map_err(Error::CaCert)?;
+            // The redis crate wants the PEM bytes.
+            Ok(Some(std::fs::read(&path).map_err(|source| {
+                Error::CaCert(idem_tls::Error::Read { flag: "cacert".into(), path: path.clone(), source })
+            })?))
+        }
+    }
+}
+
+/// The credentials of a Sentinel URL: the userinfo for the master, the parameters for the Sentinels.
+struct SentinelAuth {
+    user: Option<String>,
+    password: Option<String>,
+    sentinel_user: Option<String>,
+    sentinel_password: Option<String>,
+}
+
+/// The redis crate's Sentinel client for `path` (`/master[/db]`) and idem's own view of the Sentinels.
+fn sentinel_target(
+    sentinels: Vec<redis::ConnectionAddr>,
+    path: &str,
+    auth: SentinelAuth,
+    tls_mode: Option<redis::TlsMode>,
+    certs: Option<redis::TlsCertificates>,
+    protocol: redis::ProtocolVersion,
+) -> Result<Target, Error> {
+    let mut segments = path.split('/').filter(|s| !s.is_empty());
+    let master = segments.next().ok_or(Error::NoMasterName)?;
+    let master = percent_decode_str(master).decode_utf8_lossy().into_owned();
+    let db = match segments.next() {
+        None => 0,
+        Some(db) => db.parse::<i64>().map_err(|_| Error::InvalidHost(format!("/{db}")))?,
+    };
+    let topology = crate::topology::Sentinels::new(
+        &sentinels,
+        &master,
+        (auth.sentinel_user.as_deref(), auth.sentinel_password.as_deref()),
+        certs.clone(),
+        protocol,
+    )
+    .map_err(Error::InvalidUrl)?;
+    let mut b =
+        redis::sentinel::SentinelClientBuilder::new(sentinels, master, redis::sentinel::SentinelServerType::Master)
+            .map_err(Error::InvalidUrl)?
+            .set_client_to_redis_db(db)
+            .set_client_to_redis_protocol(protocol);
+    if let Some(u) = auth.user {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = auth.password {
+        b = b.set_client_to_redis_password(p);
+    }
+    if let Some(u) = auth.sentinel_user {
+        b = b.set_client_to_sentinel_username(u);
+    }
+    if let Some(p) = auth.sentinel_password {
+        b = b.set_client_to_sentinel_password(p);
+    }
+    if let Some(mode) = tls_mode {
+        b = b.set_client_to_redis_tls_mode(mode).set_client_to_sentinel_tls_mode(mode);
+        if let Some(certs) = certs {
+            b = b.set_client_to_redis_certificates(certs.clone()).set_client_to_sentinel_certificates(certs);
+        }
+    }
+    Ok(Target::Sentinel(Box::new(b), db, topology))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -189,7 +189,6 @@ impl Summary {
     /// The one-screen summary printed at the end.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let secs = self.elapsed.as_secs_f64();
         if self.dry_run {
             s.push_str(&format!(
                 "dry run: {}, {} would run, {} would be adopted, {} done, {} poison, {} out of attempts\n",
@@ -202,6 +201,30 @@ impl Summary {
             ));
             return s;
         }
+        self.headline(&mut s);
+        self.stopped_and_elsewhere(&mut s);
+        self.out_of_attempts_lines(&mut s);
+        self.poison_lines(&mut s);
+        self.why_not_done(&mut s);
+        let status = self.status();
+        s.push_str(&format!(
+            "exit status {} ({})\n",
+            status.exit_code(),
+            match status {
+                RunStatus::AllDone => "every item done",
+                RunStatus::Failed => "some items failed",
+                RunStatus::Poison => "poison items",
+                RunStatus::Interrupted => "interrupted",
+                RunStatus::StoreUnavailable => "the ledger store unavailable for too long",
+                RunStatus::Refused => "a bad item in the stream",
+            }
+        ));
+        s
+    }
+
+    /// The first line: the counts, or that there was nothing to do.
+    fn headline(&self, s: &mut String) {
+        let secs = self.elapsed.as_secs_f64();
         if self.queue && self.total == 0 {
             s.push_str("nothing to do: the queue was empty\n");
         } else if self.executions == 0 && self.finished() == self.total {
@@ -237,6 +260,10 @@ impl Summary {
                 count(self.executions, "command", "commands")
             ));
         }
+    }
+
+    /// Commands stopped for their lease, and items done by another host.
+    fn stopped_and_elsewhere(&self, s: &mut String) {
         if self.stopped > 0 {
             s.push_str(&format!(
                 "commands stopped for their lease: {} (no renewal accepted in time; each went on once one was, or \
@@ -259,6 +286,10 @@ impl Summary {
                 self.elsewhere_hosts()
             ));
         }
+    }
+
+    /// The items out of attempts, the first few by name, and how to run them again.
+    fn out_of_attempts_lines(&self, s: &mut String) {
         let failed = &self.out_of_attempts;
         for FailedItem { id, attempts, error, .. } in &failed.first {
             s.push_str(&format!("failed item {id} after {}: {error}\n", count(*attempts, "attempt", "attempts")));
@@ -295,6 +326,10 @@ impl Summary {
                 self.forget_command(failed.first.iter().map(|f| f.id.as_str()), unshown == 0)
             ));
         }
+    }
+
+    /// The poison items, the first ten by name, and how to retry them.
+    fn poison_lines(&self, s: &mut String) {
         for (id, error) in self.poison.iter().take(10) {
             s.push_str(&format!("poison item {id}: {error}\n"));
         }
@@ -318,6 +353,10 @@ impl Summary {
                 self.forget_command(self.poison.iter().take(10).map(|(id, _)| id.as_str()), complete)
             ));
         }
+    }
+
+    /// Why items were left not done: a refused item, the store away, a halt.
+    fn why_not_done(&self, s: &mut String) {
         if let Some(why) = &self.refused {
             s.push_str(&format!("stopped reading the items: {why}; the items before it ran\n"));
         }
@@ -336,20 +375,6 @@ impl Summary {
                 count(self.not_done, "item", "items")
             ));
         }
-        let status = self.status();
-        s.push_str(&format!(
-            "exit status {} ({})\n",
-            status.exit_code(),
-            match status {
-                RunStatus::AllDone => "every item done",
-                RunStatus::Failed => "some items failed",
-                RunStatus::Poison => "poison items",
-                RunStatus::Interrupted => "interrupted",
-                RunStatus::StoreUnavailable => "the ledger store unavailable for too long",
-                RunStatus::Refused => "a bad item in the stream",
-            }
-        ));
-        s
     }
 }
 

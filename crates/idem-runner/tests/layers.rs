@@ -214,3 +214,46 @@ fn every_module_imports_only_from_the_layers_below_it() {
     }
     assert!(upward.is_empty(), "imports running up or across a layer:\n{}", upward.join("\n"));
 }
+
+/// The files of each folder module (`engine/`, `once/`, …) import each other in one direction: a file reaches
+/// its siblings through `super::NAME`, and no chain of such imports comes back to where it started. (`mod.rs`
+/// is the folder's face: its children may use what it defines.)
+#[test]
+fn no_files_of_a_folder_import_each_other_in_a_loop() {
+    let mut loops = Vec::new();
+    for dir in std::fs::read_dir(src()).expect("src").flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+        let siblings: BTreeSet<String> = std::fs::read_dir(&dir)
+            .expect("module directory")
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_suffix(".rs").map(str::to_owned))
+            .filter(|n| n != "mod")
+            .collect();
+        let edges: BTreeMap<String, BTreeSet<String>> = siblings
+            .iter()
+            .map(|file| {
+                let text = code(&dir.join(format!("{file}.rs")));
+                let to = paths_after(&text, "super::").into_iter().filter(|n| siblings.contains(n) && n != file);
+                (file.clone(), to.collect())
+            })
+            .collect();
+        // Depth-first from each file: a path that meets itself again is a loop.
+        for start in &siblings {
+            let mut todo = vec![vec![start.clone()]];
+            while let Some(path) = todo.pop() {
+                let last = path.last().expect("a path has a file");
+                for next in &edges[last] {
+                    if next == start {
+                        let folder = dir.file_name().unwrap_or_default().to_string_lossy();
+                        loops.push(format!("{folder}/: {} -> {start}", path.join(" -> ")));
+                    } else if !path.contains(next) && next > start {
+                        // Only loops whose smallest file is `start`: each is reported once.
+                        let mut longer = path.clone();
+                        longer.push(next.clone());
+                        todo.push(longer);
+                    }
+                }
+            }
+        }
+    }
+    assert!(loops.is_empty(), "files importing each other in a loop:\n{}", loops.join("\n"));
+}

@@ -48,10 +48,14 @@ pub enum Jitter {
     Equal,
     /// Exactly the window: a poll whose pauses are its schedule.
     None,
+    /// Uniformly in `window..=window*3/2`: the window is a floor someone set (the runner's `--retry-delay`:
+    /// two attempts that make an item poison are at least that far apart), and items that failed together
+    /// still do not come back in one burst.
+    Above,
 }
 
-/// Bounds of the retry loop: how many attempts, and the backoff between them. Every retry loop of idem outside
-/// the runner takes its pauses from one of these, each with its own base, cap and [`Jitter`].
+/// Bounds of the retry loop: how many attempts, and the backoff between them. Every retry loop of idem takes
+/// its pauses from one of these, each with its own base, cap and [`Jitter`].
 ///
 /// Before attempt `n` (n >= 2) the loop sleeps a uniformly random time in
 /// `0..=min(max_delay, base_delay * 2^(n-2))` ("full jitter"), so contending writers spread out instead of
@@ -127,12 +131,13 @@ impl RetryPolicy {
         let shift = (attempt - 2).min(20);
         let window = self.base_delay.saturating_mul(1 << shift).min(self.max_delay);
         let micros = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
-        let least = match self.jitter {
-            Jitter::Full => 0,
-            Jitter::Equal => micros / 2,
-            Jitter::None => micros,
+        let (least, most) = match self.jitter {
+            Jitter::Full => (0, micros),
+            Jitter::Equal => (micros / 2, micros),
+            Jitter::None => (micros, micros),
+            Jitter::Above => (micros, micros.saturating_add(micros / 2)),
         };
-        Duration::from_micros(rand::rng().random_range(least..=micros))
+        Duration::from_micros(rand::rng().random_range(least..=most))
     }
 
     /// The pause after the `failures`-th failure in a row (1-based): [`backoff`](Self::backoff) before the

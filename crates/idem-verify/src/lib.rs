@@ -15,6 +15,7 @@ pub mod procs;
 pub mod proxy;
 pub mod report;
 pub mod runner;
+mod tally;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

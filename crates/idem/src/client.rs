@@ -262,18 +262,14 @@ fn generation_of(resp: &reqwest::Response) -> Option<u64> {
     resp.headers().get(header::ETAG)?.to_str().ok()?.trim_matches('"').parse().ok()
 }
 
-/// Runs one `idem kv` command.
-///
-/// # Errors
-/// [`Error::NotFound`] on 404, [`Error::PreconditionFailed`] on 412 (or when `update` exhausts its attempts),
-/// [`Error::Failed`] for other answers and connection errors.
-pub async fn run(args: KvArgs) -> Result<(), Error> {
+/// What the server would refuse with 400 or 422 is bad usage here (exit 2), said before anything is sent.
+fn check_usage(command: &KvCommand) -> Result<(), Error> {
     if let KvCommand::Get { key }
     | KvCommand::Put { key, .. }
     | KvCommand::Delete { key, .. }
     | KvCommand::Counter { key, .. }
     | KvCommand::Set { key, .. }
-    | KvCommand::Update { key, .. } = &args.command
+    | KvCommand::Update { key, .. } = command
         && (key == "." || key == "..")
     {
         // WHATWG URL parsing (which this client, like browsers, uses) treats "%2E" and "%2E%2E" as dot-segments
@@ -283,9 +279,8 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
              use curl --path-as-is with /v1/kv/%2E or choose another key"
         )));
     }
-    // What the server would refuse with 400 or 422 is bad usage here (exit 2), said before anything is sent.
     let limits = idem_store::Limits::default();
-    let checked = match &args.command {
+    let checked = match command {
         KvCommand::Get { key } | KvCommand::Put { key, .. } | KvCommand::Delete { key, .. } => limits.check_key(key),
         // The array it keeps is the set `kv set` changes: its members take the same limits.
         KvCommand::Update { key, set_add, .. } => limits.check_set_change(
@@ -300,6 +295,16 @@ pub async fn run(args: KvArgs) -> Result<(), Error> {
         KvCommand::List { .. } => Ok(()),
     };
     checked.map_err(|e| Error::Config(e.to_string()))?;
+    Ok(())
+}
+
+/// Runs one `idem kv` command.
+///
+/// # Errors
+/// [`Error::NotFound`] on 404, [`Error::PreconditionFailed`] on 412 (or when `update` exhausts its attempts),
+/// [`Error::Failed`] for other answers and connection errors.
+pub async fn run(args: KvArgs) -> Result<(), Error> {
+    check_usage(&args.command)?;
     let base = server_url("--url", &args.url)?;
     let token = match &args.token_file {
         Some(p) => Some(

@@ -288,24 +288,10 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // runner started during an outage (or together with its store) must not fail where one started a moment
     // earlier rides it out.
     let url = ledger_url(args.store.as_deref(), &output);
-    // A named job on the default ledger whose --output was added (or moved): that ledger is next to the
-    // outputs, so a new one is started and every item runs again. Said when the directory's own default ledger
-    // (runs without --output) is there, which is where such a job's entries would be.
     if args.store.is_none()
         && let Some(name) = &checked.config().name
-        && !output.is_empty()
     {
-        let (chosen, plain) = (idem_runner::default_ledger_path(&output), idem_runner::default_ledger_path(""));
-        if !chosen.exists() && plain.exists() && chosen != plain {
-            crate::error::sayln!(
-                "idem run: job {name}: a new ledger at {} (the default, next to --output); the ledger at {} (this \
-                 directory's, for runs without --output) is not read, so items done there run again; give --store \
-                 sqlite:{} to go on with it",
-                chosen.display(),
-                plain.display(),
-                plain.display()
-            );
-        }
+        warn_new_default_ledger(name, &output);
     }
     let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
         crate::error::sayln!(
@@ -370,6 +356,26 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     }
     crate::error::say(&summary.render());
     Ok(summary.status().exit_code())
+}
+
+/// A named job on the default ledger whose --output was added (or moved): that ledger is next to the outputs,
+/// so a new one is started and every item runs again. Said when the directory's own default ledger (runs
+/// without --output) is there, which is where such a job's entries would be.
+fn warn_new_default_ledger(name: &str, output: &str) {
+    if output.is_empty() {
+        return;
+    }
+    let (chosen, plain) = (idem_runner::default_ledger_path(output), idem_runner::default_ledger_path(""));
+    if !chosen.exists() && plain.exists() && chosen != plain {
+        crate::error::sayln!(
+            "idem run: job {name}: a new ledger at {} (the default, next to --output); the ledger at {} (this \
+             directory's, for runs without --output) is not read, so items done there run again; give --store \
+             sqlite:{} to go on with it",
+            chosen.display(),
+            plain.display(),
+            plain.display()
+        );
+    }
 }
 
 /// The output template made absolute in the current directory (`./` components dropped, as [`idem_runner::job_id`]

@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use idem_core::ledger::{Failure, Held};
-use idem_store::Store;
+use idem_store::{Jitter, RetryPolicy, Store};
 
 use super::claim::unclaim;
+use super::ctx::{Ctx, now_ms};
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{Attempt, Step, failed};
 use super::verify::verify_cmd;
-use super::{Ctx, now_ms};
 use crate::output;
 use crate::{Item, ItemError, OnPoison};
 use idem_store::LeaseKeeper;
@@ -257,19 +257,17 @@ async fn record_done<S: Store>(
 /// The longest pause before a retry, however many attempts failed (unless `--retry-delay` is longer).
 const RETRY_DELAY_CAP: Duration = Duration::from_secs(300);
 
-/// The shortest pause before retrying an item whose attempt number `failed` failed: `--retry-delay` doubled
-/// for each earlier failure, capped at [`RETRY_DELAY_CAP`] (or `--retry-delay` when that is longer).
-fn retry_floor(retry_delay: Duration, failed: u32) -> Duration {
-    let doubled = retry_delay.saturating_mul(1u32 << failed.saturating_sub(1).min(20));
-    doubled.min(RETRY_DELAY_CAP.max(retry_delay))
-}
-
-/// The pause before retrying an item whose attempt number `failed` failed: [`retry_floor`] drawn up to half
-/// again as long, so items that failed together (a sink down for a moment) do not all come back at once. Never
-/// shorter than the floor: two attempts that meet the same error, and so make the item poison, are always at
-/// least the delay apart (an outage shorter than `--retry-delay` cannot make an item poison).
-pub(crate) fn retry_pause(retry_delay: Duration, failed: u32, jitter: f64) -> Duration {
-    retry_floor(retry_delay, failed).mul_f64(1.0 + jitter.clamp(0.0, 1.0) / 2.0)
+/// The pause before retrying an item whose attempt number `failed` failed: `--retry-delay` doubled for each
+/// earlier failure, capped at [`RETRY_DELAY_CAP`] (or `--retry-delay` when that is longer), drawn up to half
+/// again as long ([`Jitter::Above`]) so items that failed together (a sink down for a moment) do not all come
+/// back at once. Never shorter than that: two attempts that meet the same error, and so make the item poison,
+/// are always at least the delay apart (an outage shorter than `--retry-delay` cannot make an item poison).
+pub(crate) fn retry_pause(retry_delay: Duration, failed: u32) -> Duration {
+    RetryPolicy::new()
+        .with_base_delay(retry_delay)
+        .with_max_delay(RETRY_DELAY_CAP.max(retry_delay))
+        .with_jitter(Jitter::Above)
+        .pause_after(failed)
 }
 
 /// Whether a failure looks transient, so that meeting it again never makes the item poison: the command exited
@@ -306,8 +304,7 @@ pub(crate) fn looks_transient(ending: &str, stderr: &[u8]) -> bool {
 /// already; the item keeps its slot (a failing item is retried before others start). A stop (Ctrl-C, a poison
 /// item halting the run, a store outage past its limit) ends the wait: the retry then does not start.
 async fn pause_before_retry<S>(ctx: &Ctx<S>, failed: u32) {
-    pause_until(ctx, tokio::time::Instant::now() + retry_pause(ctx.cfg.retry_delay, failed, rand::random::<f64>()))
-        .await;
+    pause_until(ctx, tokio::time::Instant::now() + retry_pause(ctx.cfg.retry_delay, failed)).await;
 }
 
 /// Waits until `until`, or less when the run stops (Ctrl-C, a poison item halting it, a store outage past its
@@ -411,17 +408,19 @@ mod tests {
 
     #[test]
     fn the_retry_pause_doubles_with_jitter_and_is_capped() {
+        // Drawn at random within [floor, floor * 3/2]: many draws, each inside, the spread seen.
+        let within = |base: Duration, failed: u32, floor: Duration| {
+            let draws: Vec<Duration> = (0..200).map(|_| retry_pause(base, failed)).collect();
+            assert!(draws.iter().all(|d| *d >= floor && *d <= floor * 3 / 2), "{floor:?}: {draws:?}");
+            draws
+        };
         let base = Duration::from_secs(1);
-        assert_eq!(retry_pause(base, 1, 1.0), base * 3 / 2);
-        assert_eq!(retry_pause(base, 1, 0.0), base, "never shorter than the delay");
-        assert_eq!(retry_pause(base, 3, 0.0), base * 4);
-        assert_eq!(retry_pause(base, 30, 0.0), RETRY_DELAY_CAP);
-        assert_eq!(
-            retry_pause(Duration::from_secs(600), 4, 0.0),
-            Duration::from_secs(600),
-            "a longer base is its own cap"
-        );
-        assert_eq!(retry_pause(Duration::ZERO, 5, 1.0), Duration::ZERO);
+        let first = within(base, 1, base);
+        assert!(first.iter().any(|d| *d > base * 5 / 4), "jitter above the floor");
+        within(base, 3, base * 4);
+        within(base, 30, RETRY_DELAY_CAP);
+        within(Duration::from_secs(600), 4, Duration::from_secs(600));
+        assert_eq!(retry_pause(Duration::ZERO, 5), Duration::ZERO);
     }
 
     #[test]

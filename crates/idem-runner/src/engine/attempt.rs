@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use idem_core::ledger::Held;
 use idem_store::LeaseKeeper;
-use idem_store::Store;
+use idem_store::{Jitter, RetryPolicy, Store};
 use tokio::io::AsyncWriteExt;
 
+use super::ctx::Ctx;
 use super::step::{Attempt, describe, failed};
-use super::{Ctx, after_exit, ledger};
+use super::{after_exit, ledger};
 use crate::Item;
 use crate::output;
 use crate::supervise::{self, Event, Freeze, Group, OnLapse};
@@ -203,7 +204,12 @@ async fn spawn<'c, S: Store>(
     };
     let cannot_start = |e: std::io::Error| Err(failed(format!("cannot start {}", argv[0]), e.to_string().into_bytes()));
     let mut cmd = command(ctx.program.as_deref());
-    let mut backoff = Duration::from_millis(20);
+    // 20 ms doubling up to 1 s, exactly: a poll for descriptors or processes that running commands give back.
+    let polls = RetryPolicy::new()
+        .with_base_delay(Duration::from_millis(20))
+        .with_max_delay(Duration::from_secs(1))
+        .with_jitter(Jitter::None);
+    let mut waits = 0;
     let patience = Instant::now() + SPAWN_PATIENCE;
     loop {
         match Group::spawn(&mut cmd, ctx.watchdog.as_ref()) {
@@ -219,11 +225,11 @@ async fn spawn<'c, S: Store>(
                         argv[0]
                     );
                 }
+                waits += 1;
                 tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(polls.pause_after(waits)) => {}
                     () = ctx.stop.reached(1) => return Err(Attempt::NotStarted),
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
                 if !ledger::fence(ctx, held, heartbeat).await {
                     return Err(Attempt::Lost);
                 }

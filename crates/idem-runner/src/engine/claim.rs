@@ -10,9 +10,9 @@ use tokio::time::Instant;
 use idem_core::ledger::{Claim, Held};
 use idem_store::{Error as StoreError, Store};
 
-use super::Ctx;
-use super::consume::Room;
+use super::ctx::Ctx;
 use super::ledger::{self, Waiting};
+use super::room::Room;
 use crate::{ItemError, output};
 use idem_store::LeaseKeeper;
 

@@ -9,11 +9,11 @@ use idem_core::ledger::{Entry, Keys, Plan};
 use idem_store::{Precondition, Store, Ttl};
 
 use super::after_exit::{Noted, noted_output};
+use super::ctx::{Ctx, now_ms};
 use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{ItemRun, Prefetched, Step};
 use super::verify::verify_cmd;
-use super::{Ctx, now_ms};
 use crate::output::{self, Digest256, Invalid};
 use crate::{Item, ItemError};
 
@@ -286,6 +286,43 @@ async fn writes_served<S: Store>(ctx: &Ctx<S>) -> bool {
     prompt
 }
 
+/// An item out of attempts: failed, unless its last attempt finished but was left unrecorded (its runner gave
+/// up waiting for the store, and noted the output's digest): then recorded done now, rather than failed as
+/// a crash.
+async fn exhausted<S: Store>(
+    ctx: &Ctx<S>,
+    run: &ItemRun<'_>,
+    generation: Option<idem_store::Generation>,
+    entry: Option<&Entry>,
+    attempts: u32,
+    last_error: String,
+) -> Result<Step, ItemError> {
+    let keys = &run.keys;
+    // Its holder is gone (checked by the caller), and the write is fenced on its entry.
+    let mut error = last_error;
+    if let (Some(g), Some(over @ Entry::Running { owner, attempt, .. })) = (generation, entry)
+        && !ctx.cfg.dry_run
+    {
+        match noted_output(ctx, run.output.as_deref(), &(owner.clone(), *attempt)).await {
+            Noted::Found(digest, note) => {
+                let write = idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
+                return match ledger::apply(ctx, Waiting::Unstarted, write).await {
+                    Ok(_) => {
+                        let _ = tokio::fs::remove_file(&note).await;
+                        Ok(Step::End(Final::Adopted { digest }))
+                    }
+                    Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
+                    Err(e) => Err(ItemError::LedgerWrite(e)),
+                };
+            }
+            // Not a crash: say what became of the output it finished.
+            Noted::Unusable(why) => error = why,
+            Noted::None => {}
+        }
+    }
+    Ok(Step::End(Final::Failed { attempts, error }))
+}
+
 /// Judges an item from its ledger entry (read ahead with its chunk the first time, else now) and the file at
 /// its final path: it ends here (skipped, adopted, poison, out of attempts; in a dry run, would run), waits
 /// for another runner's last attempt, or needs running.
@@ -372,32 +409,7 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             poisoned(ctx, item, entry.as_ref().map_or(0, Entry::attempts), last_error.clone())
         }
         (Plan::Exhausted { attempts, last_error }, _) => {
-            // Its last attempt finished but was left unrecorded (its runner gave up waiting for the store, and
-            // noted the output's digest): recorded done now, rather than failed as a crash. Its holder is gone
-            // (checked above), and the write is fenced on its entry.
-            let mut error = last_error.clone();
-            if let (Some(g), Some(over @ Entry::Running { owner, attempt, .. })) = (generation, &entry)
-                && !ctx.cfg.dry_run
-            {
-                match noted_output(ctx, run.output.as_deref(), &(owner.clone(), *attempt)).await {
-                    Noted::Found(digest, note) => {
-                        let write =
-                            idem_core::ledger::record_noted(keys, g, over, &digest.sha256, digest.size, now_ms());
-                        return match ledger::apply(ctx, Waiting::Unstarted, write).await {
-                            Ok(_) => {
-                                let _ = tokio::fs::remove_file(&note).await;
-                                Ok(Step::End(Final::Adopted { digest }))
-                            }
-                            Err(e) if e.is_precondition_failed() => Ok(Step::Judge),
-                            Err(e) => Err(ItemError::LedgerWrite(e)),
-                        };
-                    }
-                    // Not a crash: say what became of the output it finished.
-                    Noted::Unusable(why) => error = why,
-                    Noted::None => {}
-                }
-            }
-            Final::Failed { attempts: *attempts, error }
+            return exhausted(ctx, run, generation, entry.as_ref(), *attempts, last_error.clone()).await;
         }
         _ if ctx.cfg.dry_run => Final::WouldRun,
         // Running in another runner: claimed over only once that runner counts as gone.
@@ -436,7 +448,7 @@ mod tests {
 
     use super::*;
     use crate::RunConfig;
-    use crate::engine::test_ctx;
+    use crate::engine::ctx::test_ctx;
 
     fn item(id: &str) -> Item {
         Item { line: 1, id: id.to_owned(), raw: id.to_owned() }

@@ -16,10 +16,10 @@ use idem_store::Store;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::ctx::Ctx;
 use super::judge::{CHUNK, judge_done};
-use super::outcome::{Final, record, record_final};
+use super::outcome::{Final, ItemTask, record, record_final};
 use super::process::process;
-use super::{Ctx, ItemTask};
 use crate::{Error, Item, ItemReader, Summary};
 
 /// Where the items come from.

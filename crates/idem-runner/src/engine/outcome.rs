@@ -5,10 +5,13 @@ use std::time::Duration;
 
 use idem_store::Store;
 
-use super::Ctx;
+use super::ctx::Ctx;
 use crate::output::Digest256;
 use crate::report::ItemReport;
 use crate::{Error, FailedItem, Item, ItemError, Summary};
+
+/// What an item task hands back: the item and how it ended.
+pub(super) type ItemTask = (Item, Result<Final, ItemError>);
 
 /// How one item ended in this run. `Failed`: out of attempts; `Error`: the runner could not judge or record it
 /// (the ledger failed), which is not the item's doing.
@@ -179,7 +182,7 @@ mod tests {
 
     use super::*;
     use crate::RunConfig;
-    use crate::engine::test_ctx;
+    use crate::engine::ctx::test_ctx;
     use crate::report::Report;
 
     fn item(line: u64, id: &str) -> Item {

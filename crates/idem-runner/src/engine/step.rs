@@ -7,8 +7,8 @@ use idem_core::ledger::{Entry, Keys};
 use idem_store::Generation;
 use tokio::sync::SemaphorePermit;
 
-use super::consume::Room;
 use super::outcome::Final;
+use super::room::Room;
 use super::turns::Turn;
 use crate::Item;
 use crate::output::Digest256;
@@ -28,7 +28,7 @@ pub(super) enum Step {
     End(Final),
 }
 
-/// An entry read ahead for an item: `Some(read)` saves [`process`](super::process::process) its first ledger read.
+/// An entry read ahead for an item: `Some(read)` saves the item its first ledger read.
 pub(super) type Prefetched = Option<Option<idem_store::Versioned>>;
 
 /// One item's state across its steps.

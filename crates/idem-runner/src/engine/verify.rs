@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use super::Ctx;
+use super::ctx::Ctx;
 use super::step::describe;
 
 /// Quoted for the shell: ids and keys are built from item text, which must never run as code.

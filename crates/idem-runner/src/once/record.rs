@@ -8,7 +8,7 @@ use idem_core::slot::{
     self, Ending, FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Job, MissedReason, is_kept_ahead, job_key,
     lease_prefix, missed, prune, slot_of_key, slot_prefix,
 };
-use idem_store::{Generation, LeaseKeeper, Precondition, Store, StoreExt, Ttl};
+use idem_store::{Generation, Jitter, LeaseKeeper, Precondition, RetryPolicy, Store, StoreExt, Ttl};
 
 use super::command::{Attempt, Ended};
 use super::schedule::human_secs;
@@ -210,11 +210,14 @@ pub(super) async fn running_before<S: Store>(store: &S, name: &str, slot: u64) -
     Ok(page.items.iter().filter_map(|item| slot_of_key(&item.key)).find(|s| *s < slot))
 }
 
-/// The first pause between tries of an outcome write while the store fails; it doubles up to
-/// [`RECORD_RETRY_MAX`].
-const RECORD_RETRY: Duration = Duration::from_millis(200);
-/// The longest pause between tries of an outcome write.
-const RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
+/// The pauses between tries of an outcome write while the store fails: 200 ms doubling up to 2 s, exactly (one
+/// invocation per slot writes: nobody to spread out from).
+fn record_retries() -> RetryPolicy {
+    RetryPolicy::new()
+        .with_base_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter(Jitter::None)
+}
 /// How long an outcome write is tried while the store fails, at least (the lease, when longer): the write is
 /// fenced on the claim's entry generation, so it stays right after the lease lapsed; only a takeover (which
 /// makes it fail its precondition) ends it early. A store down for longer leaves the slot `running` with its
@@ -286,7 +289,7 @@ pub(super) async fn outcome<S: Store + Sync>(
     // again, also after the lease lapsed: only a takeover can make the write wrong, and it makes it fail.
     let tried = tokio::time::Instant::now();
     let patience = RECORD_PATIENCE.max(cfg.lease);
-    let mut pause = RECORD_RETRY;
+    let (retries, mut failures) = (record_retries(), 0);
     loop {
         match store.apply(write.clone()).await {
             Ok(_) => break,
@@ -302,6 +305,8 @@ pub(super) async fn outcome<S: Store + Sync>(
                 };
             }
             Err(e) => {
+                failures += 1;
+                let pause = retries.pause_after(failures);
                 if tried.elapsed() + pause >= patience {
                     return Outcome::NotRecorded {
                         attempt: n,
@@ -312,7 +317,6 @@ pub(super) async fn outcome<S: Store + Sync>(
                 }
                 tracing::warn!(error = %e, "recording the slot's outcome failed; trying again (fenced on the claim)");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RECORD_RETRY_MAX);
             }
         }
     }

@@ -15,6 +15,7 @@ mod nats;
 use std::time::Duration;
 
 use idem_core::redact_url as redact;
+use idem_store::{Jitter, RetryPolicy};
 use percent_encoding::percent_decode_str;
 
 use crate::{Error, Item, ItemFormat};
@@ -379,7 +380,11 @@ pub(crate) fn not_an_item(reason: String, from: &str, body: &[u8]) -> String {
 
 /// The pause before reconnect attempt `n` (0-based): 100 ms doubling up to 5 s.
 pub(crate) fn backoff(n: u32) -> Duration {
-    Duration::from_millis(100u64.saturating_mul(1 << n.min(6))).min(Duration::from_secs(5))
+    RetryPolicy::new()
+        .with_base_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter(Jitter::None)
+        .pause_after(n.saturating_add(1))
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use super::upstream::Execution;
 use super::{Attempt, answers, body_for};
 use crate::history::{Clock, Fault, Micros};
 use crate::report::Row;
+use crate::tally::Tally;
 use crate::{Anomaly, Options, Summary};
 
 /// Whether `f` can make a proxy lose a lease: anything but a fault on the upstream link or a failover (whose
@@ -65,48 +66,78 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
     for execs in execs_of.values_mut() {
         execs.sort_by_key(|e| e.start_us);
     }
-    let mut anomalies = Vec::new();
-    let mut notes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut losses: BTreeMap<String, u64> = BTreeMap::new();
-    if opts.backend.is_ha() {
-        // Shown even when nothing was lost: the figure must be 0 with the durable setting.
-        losses.insert("executions repeated".into(), 0);
-        losses.insert("acknowledged writes missing".into(), 0);
-    }
-    let mut note = |k: &str, n: u64| *notes.entry(k.to_owned()).or_default() += n;
-    note("executions", executions.len() as u64);
-    note("keys executed", execs_of.len() as u64);
+    let mut t = Tally::new(opts.backend.is_ha());
+    t.note("executions", executions.len() as u64);
+    t.note("keys executed", execs_of.len() as u64);
     for execs in execs_of.values() {
-        note(&format!("keys executed {}x", execs.len()), 1);
+        t.note(&format!("keys executed {}x", execs.len()), 1);
     }
-    note("503 answers", attempts.iter().filter(|a| a.status == Some(503)).count() as u64);
+    t.note("503 answers", attempts.iter().filter(|a| a.status == Some(503)).count() as u64);
     let mut keys: BTreeMap<&str, Vec<&Attempt>> = BTreeMap::new();
     for a in &attempts {
         keys.entry(a.key.as_str()).or_default().push(a);
     }
     for (key, tries) in &keys {
         let execs = execs_of.get(key).cloned().unwrap_or_default();
-        let mut anomaly = |kind: &str, detail: String, a: Option<&Attempt>| {
-            anomalies.push(Anomaly {
-                kind: kind.into(),
-                subject: (*key).to_owned(),
-                detail,
-                at_us: a.and_then(|a| a.complete_us),
-                ops: a.map(|a| vec![a.id]).unwrap_or_default(),
-            });
-        };
-        for e in execs.iter().filter(|e| e.reused) {
-            anomaly(
-                "reused key executed",
-                format!("execution {} ran a reused-key probe's body: the key was claimed by another request", e.exec),
-                None,
-            );
+        let k = Key { name: key, execs: &execs, by_exec: &by_exec, faults: &faults };
+        let tries = k.check_answers(&mut t, tries);
+        k.check_executions(&mut t, &tries);
+    }
+    let history = opts.out.join("history.jsonl");
+    let mut timed: Vec<(Micros, serde_json::Value)> =
+        attempts.iter().map(|a| (a.invoke_us, serde_json::to_value(a).unwrap_or_default())).collect();
+    timed.extend(executions.iter().map(|e| (e.start_us, serde_json::json!({ "execution": e }))));
+    if let Err(e) = crate::history::write_jsonl(&history, &timed, &faults) {
+        eprintln!("idem-verify: cannot write {}: {e}", history.display());
+    }
+    let failure_page = t.anomalies.first().map(|a| page(opts, a, &attempts, executions, &faults));
+    Summary {
+        workload: opts.workload,
+        backend: opts.backend,
+        seed: opts.seed,
+        operations: attempts.len(),
+        unknown: attempts.iter().filter(|a| a.status.is_none()).count(),
+        answers: answers(&attempts),
+        faults: clock.fault_counts(),
+        histories: keys.len(),
+        anomalies: t.anomalies,
+        notes: t.notes,
+        setting: None,
+        losses: t.losses,
+        seconds: 0.0,
+        history,
+        failure_page,
+    }
+}
+
+/// One key's history: its executions (by start) and what the checks of its attempts look up.
+struct Key<'a> {
+    name: &'a str,
+    execs: &'a [&'a Execution],
+    by_exec: &'a HashMap<u64, &'a Execution>,
+    faults: &'a [Fault],
+}
+
+impl Key<'_> {
+    fn flag(&self, t: &mut Tally, kind: &str, detail: String, a: Option<&Attempt>) {
+        let ops = a.map(|a| vec![a.id]).unwrap_or_default();
+        t.flag(kind, self.name.to_owned(), detail, a.and_then(|a| a.complete_us), ops);
+    }
+
+    /// Reused-key probes refused, and every other answer from an execution of this key; returns the attempts
+    /// that are not probes.
+    fn check_answers<'t>(&self, t: &mut Tally, tries: &[&'t Attempt]) -> Vec<&'t Attempt> {
+        for e in self.execs.iter().filter(|e| e.reused) {
+            let detail =
+                format!("execution {} ran a reused-key probe's body: the key was claimed by another request", e.exec);
+            self.flag(t, "reused key executed", detail, None);
         }
         for a in tries.iter().filter(|a| a.reused) {
             match (a.status, a.problem.as_deref()) {
-                (Some(422), Some(p)) if p.ends_with("idempotency-key-reused") => note("reused-key probes refused", 1),
-                (None, _) | (Some(500..=599), _) => note("reused-key probes unanswered", 1),
-                (status, problem) => anomaly(
+                (Some(422), Some(p)) if p.ends_with("idempotency-key-reused") => t.note("reused-key probes refused", 1),
+                (None, _) | (Some(500..=599), _) => t.note("reused-key probes unanswered", 1),
+                (status, problem) => self.flag(
+                    t,
                     "reused key accepted",
                     format!(
                         "attempt #{} sent the key with another body after it was answered, and got {status:?} {problem:?} (exec {:?}) instead of 422",
@@ -119,20 +150,23 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
         let tries: Vec<&Attempt> = tries.iter().copied().filter(|a| !a.reused).collect();
         for a in &tries {
             match (a.status, a.exec) {
-                (Some(200..=299), Some(e)) => match by_exec.get(&e) {
-                    Some(x) if x.key == *key => {}
-                    Some(x) => anomaly(
+                (Some(200..=299), Some(e)) => match self.by_exec.get(&e) {
+                    Some(x) if x.key == self.name => {}
+                    Some(x) => self.flag(
+                        t,
                         "answer from another key",
                         format!("attempt #{} got execution {e} of {}", a.id, x.key),
                         Some(a),
                     ),
-                    None => anomaly(
+                    None => self.flag(
+                        t,
                         "answer from no execution",
                         format!("attempt #{} got execution {e}, which the upstream never logged", a.id),
                         Some(a),
                     ),
                 },
-                (Some(200..=299), None) => anomaly(
+                (Some(200..=299), None) => self.flag(
+                    t,
                     "answer from no execution",
                     format!("attempt #{} got a 2xx naming no execution", a.id),
                     Some(a),
@@ -140,100 +174,72 @@ pub fn summarize(opts: &Options, clock: &Clock, mut attempts: Vec<Attempt>, exec
                 (Some(s @ 400..=500), _)
                     if !(s == 409 && a.problem.as_deref().is_some_and(|p| p.ends_with("request-in-flight"))) =>
                 {
-                    anomaly(&format!("answered {s}"), format!("attempt #{} got {s} {:?}", a.id, a.problem), Some(a));
+                    let detail = format!("attempt #{} got {s} {:?}", a.id, a.problem);
+                    self.flag(t, &format!("answered {s}"), detail, Some(a));
                 }
                 (Some(502 | 504), _) if a.problem.as_deref().is_some_and(|p| p.ends_with("outcome-unknown")) => {
-                    note("outcome-unknown answers", 1);
+                    t.note("outcome-unknown answers", 1);
                 }
                 _ => {}
             }
         }
+        tries
+    }
+
+    /// Replays that agree, executions again only across a fault that costs a lease, and a stored outcome no
+    /// older than the newest execution no fault touched.
+    fn check_executions(&self, t: &mut Tally, tries: &[&Attempt]) {
+        let faults = self.faults;
         let replays: Vec<&Attempt> = tries.iter().copied().filter(|a| a.replayed && a.exec.is_some()).collect();
-        note("replays", replays.len() as u64);
+        t.note("replays", replays.len() as u64);
         if let Some(first) = replays.first()
             && let Some(other) = replays.iter().find(|a| a.exec != first.exec)
         {
-            if failover_between(&faults, first.invoke_us, other.invoke_us).is_some() {
-                *losses.entry("acknowledged writes missing".into()).or_default() += 1;
+            if failover_between(faults, first.invoke_us, other.invoke_us).is_some() {
+                t.lose("acknowledged writes missing", 1);
             }
-            anomaly(
-                "replays changed",
-                format!(
-                    "attempt #{} replayed execution {:?}, attempt #{} later replayed {:?}",
-                    first.id, first.exec, other.id, other.exec
-                ),
-                Some(other),
+            let detail = format!(
+                "attempt #{} replayed execution {:?}, attempt #{} later replayed {:?}",
+                first.id, first.exec, other.id, other.exec
             );
+            self.flag(t, "replays changed", detail, Some(other));
         }
-        for pair in execs.windows(2) {
+        for pair in self.execs.windows(2) {
             let (prev, next) = (pair[0], pair[1]);
             let cause =
                 faults.iter().find(|f| costs_a_lease(f) && f.start_us <= next.start_us && f.end_us >= prev.start_us);
-            let failover = failover_between(&faults, prev.start_us, next.start_us);
-            match (cause, failover) {
-                (Some(f), _) => note(&format!("re-executions after {}", f.kind), 1),
+            match (cause, failover_between(faults, prev.start_us, next.start_us)) {
+                (Some(f), _) => t.note(&format!("re-executions after {}", f.kind), 1),
                 (None, Some(f)) => {
-                    *losses.entry("executions repeated".into()).or_default() += 1;
-                    anomaly(
-                        "executed twice",
-                        format!(
-                            "executions {} and {} of one key across the failover ({}): the old primary's claim or \
-                             outcome did not reach the promoted one",
-                            prev.exec, next.exec, f.detail
-                        ),
-                        None,
+                    t.lose("executions repeated", 1);
+                    let detail = format!(
+                        "executions {} and {} of one key across the failover ({}): the old primary's claim or \
+                         outcome did not reach the promoted one",
+                        prev.exec, next.exec, f.detail
                     );
+                    self.flag(t, "executed twice", detail, None);
                 }
-                (None, None) => anomaly(
-                    "executed twice",
-                    format!(
+                (None, None) => {
+                    let detail = format!(
                         "executions {} and {} of one key, with no fault between them that could cost a lease",
                         prev.exec, next.exec
-                    ),
-                    None,
-                ),
+                    );
+                    self.flag(t, "executed twice", detail, None);
+                }
             }
         }
         // The newest execution that no fault touched must be what the record holds.
-        let untouched = execs.iter().rev().find(|e| !touched(e, &faults));
+        let untouched = self.execs.iter().rev().find(|e| !touched(e, faults));
         if let (Some(stored), Some(newest)) =
-            (replays.last().and_then(|a| a.exec).and_then(|e| by_exec.get(&e)), untouched)
+            (replays.last().and_then(|a| a.exec).and_then(|e| self.by_exec.get(&e)), untouched)
             && stored.start_us < newest.start_us
         {
-            anomaly(
-                "stale outcome stored",
-                format!(
-                    "the record replays execution {}, older than execution {}, which no fault interrupted: a holder that had lost its lease overwrote its successor's outcome",
-                    stored.exec, newest.exec
-                ),
-                replays.last().copied(),
+            let detail = format!(
+                "the record replays execution {}, older than execution {}, which no fault interrupted: a holder that had lost its lease overwrote its successor's outcome",
+                stored.exec, newest.exec
             );
+            self.flag(t, "stale outcome stored", detail, replays.last().copied());
         }
-    }
-    let history = opts.out.join("history.jsonl");
-    let mut timed: Vec<(Micros, serde_json::Value)> =
-        attempts.iter().map(|a| (a.invoke_us, serde_json::to_value(a).unwrap_or_default())).collect();
-    timed.extend(executions.iter().map(|e| (e.start_us, serde_json::json!({ "execution": e }))));
-    if let Err(e) = crate::history::write_jsonl(&history, &timed, &faults) {
-        eprintln!("idem-verify: cannot write {}: {e}", history.display());
-    }
-    let failure_page = anomalies.first().map(|a| page(opts, a, &attempts, executions, &faults));
-    Summary {
-        workload: opts.workload,
-        backend: opts.backend,
-        seed: opts.seed,
-        operations: attempts.len(),
-        unknown: attempts.iter().filter(|a| a.status.is_none()).count(),
-        answers: answers(&attempts),
-        faults: clock.fault_counts(),
-        histories: keys.len(),
-        anomalies,
-        notes,
-        setting: None,
-        losses,
-        seconds: 0.0,
-        history,
-        failure_page,
     }
 }
 

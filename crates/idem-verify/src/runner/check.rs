@@ -26,27 +26,22 @@ use super::Batch;
 use super::exec_item::{ItemRun, Output};
 use crate::history::{Clock, Fault, Micros};
 use crate::report::Row;
+use crate::tally::Tally;
 use crate::{Anomaly, Options, Summary};
 
 /// Checks every batch, writes the history, and sums it up.
 pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -> Summary {
     let faults = clock.faults();
-    let mut anomalies = Vec::new();
-    let mut notes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut t = Tally::new(opts.backend.is_ha());
     let mut history: Vec<(Micros, serde_json::Value)> = Vec::new();
     let mut all_runs = Vec::new();
     let mut items = 0;
     let (mut sqlite_executions, mut sqlite_items, mut sqlite_own) = (0, 0, 0);
     // Shown even when nothing exited: the figure must be 0.
-    notes.insert("runner exits".into(), 0);
-    notes.insert("items failed".into(), 0);
+    t.note("runner exits", 0);
+    t.note("items failed", 0);
     let failover = faults.iter().any(|f| crate::HaFault::is_ha(&f.kind));
-    let mut losses: BTreeMap<String, u64> = BTreeMap::new();
-    if opts.backend.is_ha() {
-        // Shown even when nothing was lost: the figure must be 0 with the durable setting.
-        losses.insert("executions repeated".into(), 0);
-        losses.insert("acknowledged writes missing".into(), 0);
-    }
+    let shared_sqlite = opts.backend == crate::Backend::Sqlite;
     for b in batches {
         let runs: Vec<ItemRun> = std::fs::read_to_string(&b.log)
             .unwrap_or_default()
@@ -60,113 +55,13 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         for (id, token, t) in &b.seen {
             history.push((*t, serde_json::json!({ "batch": b.n, "final_path": id, "token": token })));
         }
-        *notes.entry("executions".into()).or_default() += runs.len() as u64;
-        *notes.entry("runner processes".into()).or_default() += b.exits.len() as u64;
+        t.note("executions", runs.len() as u64);
+        t.note("runner processes", b.exits.len() as u64);
         items += b.items.len();
-        let mut anomaly = |kind: &str, subject: String, detail: String, at_us: Option<Micros>| {
-            anomalies.push(Anomaly { kind: kind.into(), subject, detail, at_us, ops: Vec::new() });
-        };
-        for x in &b.exits {
-            // Every exit but 0 is a finding: a store outage within the limit, a pause or a fellow runner's kill
-            // must not end a runner (it is not replaced either, so the batch's other runners must finish).
-            // `None` is a kill by the nemesis (or by the batch limit, reported below).
-            if let Some(c) = x.code.filter(|c| *c != 0) {
-                *notes.entry("runner exits".into()).or_default() += 1;
-                anomaly("runner exited", x.label.clone(), format!("exited {c} (see its log in batch-{})", b.n), None);
-            }
-        }
-        // Each runner's report: its command never fails, so an item reported failed (above all one that never
-        // ran: a ledger write refused during a store outage) or given up for the store is a finding.
-        for (report, item) in reports(b) {
-            let status = item.get("status").and_then(|v| v.as_str()).unwrap_or_default();
-            if matches!(status, "failed" | "poison" | "store_unavailable") {
-                *notes.entry("items failed".into()).or_default() += 1;
-                let attempts = item.get("attempts").and_then(serde_json::Value::as_u64).unwrap_or(0);
-                let id = item.get("id").and_then(|v| v.as_str()).unwrap_or_default();
-                let error = item.get("last_error").and_then(|v| v.as_str()).unwrap_or_default();
-                anomaly(
-                    "item failed",
-                    format!("batch {} item {id}", b.n),
-                    format!("{status} after {attempts} attempts ({error}) in {report}"),
-                    None,
-                );
-            }
-        }
-        if b.timed_out {
-            anomaly(
-                "not finished",
-                format!("batch {}", b.n),
-                format!("the runners had not finished within {:?}", super::batch_limit(b.items.len())),
-                None,
-            );
-        }
-        if b.dry_run.1 != Some(0) || !b.dry_run.0.trim().is_empty() {
-            if failover {
-                // Items finished (every runner exited 0 or was killed) that the ledger no longer says done.
-                let listed = b.dry_run.0.lines().filter(|l| !l.trim().is_empty()).count() as u64;
-                *losses.entry("acknowledged writes missing".into()).or_default() += listed;
-            }
-            anomaly(
-                "not done",
-                format!("batch {}", b.n),
-                format!("idem run --dry-run afterwards (exit {:?}): {}", b.dry_run.1, b.dry_run.0.trim()),
-                None,
-            );
-        }
-        let shared_sqlite = opts.backend == crate::Backend::Sqlite;
+        check_runners(&mut t, b, failover);
         let cut = |r: &ItemRun| faults.iter().any(|f| excuses(f, r, at(r), shared_sqlite, &faults));
         for id in &b.items {
-            let subject = format!("batch {} item {id}", b.n);
-            let mine: Vec<&ItemRun> = runs.iter().filter(|r| &r.id == id).collect();
-            let cut_short = mine.iter().filter(|r| cut(r)).count();
-            *notes.entry("executions cut short by a fault".into()).or_default() += cut_short as u64;
-            *notes.entry(format!("items executed {}x", mine.len())).or_default() += 1;
-            if mine.len() > 1 + cut_short && failover {
-                let extra = (mine.len() - 1 - cut_short) as u64;
-                *losses.entry("executions repeated".into()).or_default() += extra;
-            }
-            if mine.len() > 1 + cut_short {
-                anomaly(
-                    "executed too often",
-                    subject.clone(),
-                    format!(
-                        "{} executions, {cut_short} of them cut short by a kill or pause of a runner (store \
-                         faults excuse none): the bound is {}",
-                        mine.len(),
-                        1 + cut_short
-                    ),
-                    mine.last().map(|r| at(r)),
-                );
-            }
-            let output = std::fs::read(b.out.join(format!("{id}.json")))
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<Output>(&bytes).ok());
-            let newest = mine.iter().map(|r| r.token).max();
-            match output {
-                None => {
-                    anomaly("no valid output", subject.clone(), "the final path holds no valid output".into(), None)
-                }
-                Some(o) if o.id != *id => {
-                    anomaly("no valid output", subject.clone(), format!("the output names item {}", o.id), None)
-                }
-                Some(o) if Some(o.token) != newest => anomaly(
-                    "output of a fenced-out holder",
-                    subject.clone(),
-                    format!("the final output has fencing token {}, the item's last holder had {newest:?}", o.token),
-                    None,
-                ),
-                Some(_) => {}
-            }
-            let tokens: Vec<(u64, Micros)> =
-                b.seen.iter().filter(|(i, _, _)| i == id).map(|(_, t, at)| (*t, *at)).collect();
-            if let Some(w) = tokens.windows(2).find(|w| w[1].0 < w[0].0) {
-                anomaly(
-                    "output of a fenced-out holder",
-                    subject.clone(),
-                    format!("the output of token {} replaced that of token {}, a newer holder", w[1].0, w[0].0),
-                    Some(w[1].1),
-                );
-            }
+            check_item(&mut t, b, id, &runs, &at, &cut, failover);
         }
         if shared_sqlite {
             // Only faults of the execution's own runner (`excuses` without the shared-ledger exemption).
@@ -177,30 +72,25 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         }
         all_runs.push((b.n, runs, wall0));
     }
-    if opts.backend == crate::Backend::Sqlite {
+    if shared_sqlite {
         let pauses = faults.iter().filter(|f| f.kind == "pause").count();
         let bound = sqlite_bound(sqlite_items, sqlite_own);
-        notes.insert("executions over items".into(), sqlite_executions.saturating_sub(sqlite_items) as u64);
+        t.note("executions over items", sqlite_executions.saturating_sub(sqlite_items) as u64);
         if sqlite_executions > bound {
-            anomalies.push(Anomaly {
-                kind: "work multiplied".into(),
-                subject: "the shared SQLite ledger".into(),
-                detail: format!(
-                    "{sqlite_executions} executions for {sqlite_items} items under {pauses} pauses; the bound is \
-                     {bound} (items + {sqlite_own} executions cut short by a kill or pause of their own runner; \
-                     store faults and other runners' pauses excuse none)"
-                ),
-                at_us: None,
-                ops: Vec::new(),
-            });
+            let detail = format!(
+                "{sqlite_executions} executions for {sqlite_items} items under {pauses} pauses; the bound is \
+                 {bound} (items + {sqlite_own} executions cut short by a kill or pause of their own runner; \
+                 store faults and other runners' pauses excuse none)"
+            );
+            t.flag("work multiplied", "the shared SQLite ledger".into(), detail, None, Vec::new());
         }
     }
     let path = opts.out.join("history.jsonl");
     if let Err(e) = crate::history::write_jsonl(&path, &history, &faults) {
         eprintln!("idem-verify: cannot write {}: {e}", path.display());
     }
-    let failure_page = anomalies.first().map(|a| page(opts, a, batches, &all_runs, &faults));
-    let runs = notes.get("executions").copied().unwrap_or(0) as usize;
+    let failure_page = t.anomalies.first().map(|a| page(opts, a, batches, &all_runs, &faults));
+    let runs = t.notes.get("executions").copied().unwrap_or(0) as usize;
     Summary {
         workload: opts.workload,
         backend: opts.backend,
@@ -210,13 +100,105 @@ pub fn summarize(opts: &Options, clock: &Clock, wall0: u64, batches: &[Batch]) -
         answers: BTreeMap::new(),
         faults: clock.fault_counts(),
         histories: items,
-        anomalies,
-        notes,
+        anomalies: t.anomalies,
+        notes: t.notes,
         setting: None,
-        losses,
+        losses: t.losses,
         seconds: 0.0,
         history: path,
         failure_page,
+    }
+}
+
+/// A batch's runners: each exited 0 or was killed, reported no item failed, finished in time, and the dry run
+/// afterwards lists nothing left to run.
+fn check_runners(t: &mut Tally, b: &Batch, failover: bool) {
+    for x in &b.exits {
+        // Every exit but 0 is a finding: a store outage within the limit, a pause or a fellow runner's kill
+        // must not end a runner (it is not replaced either, so the batch's other runners must finish).
+        // `None` is a kill by the nemesis (or by the batch limit, reported below).
+        if let Some(c) = x.code.filter(|c| *c != 0) {
+            t.note("runner exits", 1);
+            let detail = format!("exited {c} (see its log in batch-{})", b.n);
+            t.flag("runner exited", x.label.clone(), detail, None, Vec::new());
+        }
+    }
+    // Each runner's report: its command never fails, so an item reported failed (above all one that never
+    // ran: a ledger write refused during a store outage) or given up for the store is a finding.
+    for (report, item) in reports(b) {
+        let status = item.get("status").and_then(|v| v.as_str()).unwrap_or_default();
+        if matches!(status, "failed" | "poison" | "store_unavailable") {
+            t.note("items failed", 1);
+            let attempts = item.get("attempts").and_then(serde_json::Value::as_u64).unwrap_or(0);
+            let id = item.get("id").and_then(|v| v.as_str()).unwrap_or_default();
+            let error = item.get("last_error").and_then(|v| v.as_str()).unwrap_or_default();
+            let detail = format!("{status} after {attempts} attempts ({error}) in {report}");
+            t.flag("item failed", format!("batch {} item {id}", b.n), detail, None, Vec::new());
+        }
+    }
+    if b.timed_out {
+        let detail = format!("the runners had not finished within {:?}", super::batch_limit(b.items.len()));
+        t.flag("not finished", format!("batch {}", b.n), detail, None, Vec::new());
+    }
+    if b.dry_run.1 != Some(0) || !b.dry_run.0.trim().is_empty() {
+        if failover {
+            // Items finished (every runner exited 0 or was killed) that the ledger no longer says done.
+            let listed = b.dry_run.0.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+            t.lose("acknowledged writes missing", listed);
+        }
+        let detail = format!("idem run --dry-run afterwards (exit {:?}): {}", b.dry_run.1, b.dry_run.0.trim());
+        t.flag("not done", format!("batch {}", b.n), detail, None, Vec::new());
+    }
+}
+
+/// One item: executed at most once plus once per execution a fault cut short, ending with a valid output of
+/// its last holder, whose fencing tokens at the final path never went down.
+fn check_item(
+    t: &mut Tally,
+    b: &Batch,
+    id: &str,
+    runs: &[ItemRun],
+    at: &dyn Fn(&ItemRun) -> Micros,
+    cut: &dyn Fn(&ItemRun) -> bool,
+    failover: bool,
+) {
+    let subject = format!("batch {} item {id}", b.n);
+    let mine: Vec<&ItemRun> = runs.iter().filter(|r| r.id == id).collect();
+    let cut_short = mine.iter().filter(|r| cut(r)).count();
+    t.note("executions cut short by a fault", cut_short as u64);
+    t.note(&format!("items executed {}x", mine.len()), 1);
+    if mine.len() > 1 + cut_short {
+        if failover {
+            t.lose("executions repeated", (mine.len() - 1 - cut_short) as u64);
+        }
+        let detail = format!(
+            "{} executions, {cut_short} of them cut short by a kill or pause of a runner (store faults excuse \
+             none): the bound is {}",
+            mine.len(),
+            1 + cut_short
+        );
+        t.flag("executed too often", subject.clone(), detail, mine.last().map(|r| at(r)), Vec::new());
+    }
+    let output = std::fs::read(b.out.join(format!("{id}.json")))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Output>(&bytes).ok());
+    let newest = mine.iter().map(|r| r.token).max();
+    let wrong = match output {
+        None => Some(("no valid output", "the final path holds no valid output".to_owned())),
+        Some(o) if o.id != id => Some(("no valid output", format!("the output names item {}", o.id))),
+        Some(o) if Some(o.token) != newest => Some((
+            "output of a fenced-out holder",
+            format!("the final output has fencing token {}, the item's last holder had {newest:?}", o.token),
+        )),
+        Some(_) => None,
+    };
+    if let Some((kind, detail)) = wrong {
+        t.flag(kind, subject.clone(), detail, None, Vec::new());
+    }
+    let tokens: Vec<(u64, Micros)> = b.seen.iter().filter(|(i, _, _)| i == id).map(|(_, t, at)| (*t, *at)).collect();
+    if let Some(w) = tokens.windows(2).find(|w| w[1].0 < w[0].0) {
+        let detail = format!("the output of token {} replaced that of token {}, a newer holder", w[1].0, w[0].0);
+        t.flag("output of a fenced-out holder", subject, detail, Some(w[1].1), Vec::new());
     }
 }
 

@@ -393,6 +393,31 @@ fn read_token(path: &Path, flag: &str) -> Result<String, Error> {
     Ok(token)
 }
 
+/// The TOML configuration file, or defaults without one.
+fn read_config_file(path: Option<&std::path::Path>) -> Result<FileConfig, Error> {
+    let Some(p) = path else { return Ok(FileConfig::default()) };
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
+    // The error's message and line, not its Display, which quotes the offending line: a secret written into the
+    // file where it does not belong would be echoed.
+    toml::from_str::<FileConfig>(&text).map_err(|e| {
+        let line = e.span().map_or(0, |s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        Error::Config(format!("config file {}: line {line}: {}", p.display(), e.message().trim()))
+    })
+}
+
+/// A namespace names SQL tables and key prefixes: `[a-z_][a-z0-9_]*`, at most 63 bytes (PostgreSQL's limit).
+fn check_namespace(namespace: &str) -> Result<(), Error> {
+    let valid = namespace.len() <= 63
+        && namespace.bytes().next().is_some_and(|b| b == b'_' || b.is_ascii_lowercase())
+        && namespace.bytes().all(|b| b == b'_' || b.is_ascii_lowercase() || b.is_ascii_digit());
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::Config(format!("--namespace {namespace:?} must match [a-z_][a-z0-9_]*, at most 63 bytes")))
+    }
+}
+
 impl ServeArgs {
     /// Merges flags, environment, file and defaults, and checks them.
     ///
@@ -400,19 +425,7 @@ impl ServeArgs {
     /// [`Error::Config`] for an unreadable config or token file, a bad address, a zero value limit, or a
     /// non-loopback address without a token and without `--insecure`.
     pub fn resolve(self) -> Result<ServeConfig, Error> {
-        let mut file = match &self.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", p.display())))?;
-                // The error's message and line, not its Display, which quotes the offending line: a secret written
-                // into the file where it does not belong would be echoed.
-                toml::from_str::<FileConfig>(&text).map_err(|e| {
-                    let line = e.span().map_or(0, |s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-                    Error::Config(format!("config file {}: line {line}: {}", p.display(), e.message().trim()))
-                })?
-            }
-            None => FileConfig::default(),
-        };
+        let mut file = read_config_file(self.config.as_deref())?;
         let proxy = resolve_proxy(self.proxy, &mut file)?;
         let listen_s = self.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".into());
         let listen: SocketAddr =
@@ -431,14 +444,7 @@ impl ServeArgs {
             )));
         }
         let namespace = self.namespace.or(file.namespace).unwrap_or_else(|| "idem".into());
-        let valid = namespace.len() <= 63
-            && namespace.bytes().next().is_some_and(|b| b == b'_' || b.is_ascii_lowercase())
-            && namespace.bytes().all(|b| b == b'_' || b.is_ascii_lowercase() || b.is_ascii_digit());
-        if !valid {
-            return Err(Error::Config(format!(
-                "--namespace {namespace:?} must match [a-z_][a-z0-9_]*, at most 63 bytes"
-            )));
-        }
+        check_namespace(&namespace)?;
         let max_value_bytes = self.max_value_bytes.or(file.max_value_bytes).unwrap_or(16 * 1024 * 1024);
         if max_value_bytes == 0 {
             return Err(Error::Config("--max-value-bytes must be at least 1".into()));

@@ -46,44 +46,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     if let Some(t) = &config.auth_token {
         kv_config = kv_config.with_auth_token(t.as_str());
     }
-    // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
-    let tls = match config.tls {
-        Some((files, server_config)) => {
-            let slot = idem_server::TlsConfigSlot::new(server_config);
-            tokio::spawn(files.reload_on_sighup(slot.clone())?);
-            Some(slot)
-        }
-        None => {
-            // SIGHUP's default action ends the process. A reload sent to every instance (systemd's ExecReload)
-            // must not kill one that has no certificate to re-read, and lose what it was doing.
-            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    tracing::info!(
-                        "SIGHUP: no TLS certificate to reload; settings other than webhook secret files are read \
-                         only at start-up"
-                    );
-                }
-            });
-            None
-        }
-    };
+    let tls = tls_slot(config.tls)?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let stop = Stop::new();
-    // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL. The
-    // handlers are installed before the server says it listens: a service manager may signal as soon as it
-    // reads that line, and the default action would end the process with no drain and an unflushed store.
-    let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
-        if level == idem_store::stop::DRAIN {
-            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
-        } else {
-            tracing::warn!("second signal: closing the requests still in flight now");
-        }
-    });
-    match watched {
-        Ok(watch) => drop(tokio::spawn(watch)),
-        Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
-    }
+    watch_signals(&stop);
     let pages_config = PagesConfig {
         enabled: config.admin_pages,
         token: config.admin_token.clone(),
@@ -99,25 +65,8 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
                 None if config.store_url.is_exclusive() => DEFAULT_REPLAY_CACHE,
                 None => 0,
             };
-            let mut layer = IdempotencyLayer::new(store.clone())
-                .retention(p.retention)
-                .lease(p.lease)
-                .key_policy(p.key_policy)
-                .methods(p.methods)
-                .max_stored_body(p.max_stored_body)
-                .max_request_body(p.max_request_body)
-                .in_flight(p.in_flight)
-                .credential_headers(p.credential_headers)
-                .unknown_outcome(p.unknown_outcome)
-                .execution_timeout(p.upstream_timeout)
-                .replay_cache(replay_cache);
-            if !p.secret_files.is_empty() {
-                tokio::spawn(routes::reload_secrets_on_sighup(p.secret_files)?);
-            }
-            for route in p.routes {
-                tracing::info!(route = route.name(), path = route.path(), "route");
-                layer = layer.route(route);
-            }
+            let upstream_shown = p.upstream.clone();
+            let layer = proxy_layer(&store, p, replay_cache)?;
             // Tests and scripts read the bound addresses from these lines (useful with port 0); they are the one
             // "listening" line a terminal shows (the log's copy is at debug, with the addresses as fields).
             // A standard output gone (`| head -1`) or failing must not stop the server: these lines are all
@@ -125,10 +74,10 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
             let _ = crate::error::out(&format!(
                 "idem listening on {scheme}://{local} (proxy to {}, store {})\nidem admin listening on \
                  {scheme}://{admin_local}\n",
-                p.upstream,
+                upstream_shown,
                 config.store_url.redacted()
             ));
-            tracing::debug!(%local, %admin_local, upstream = %p.upstream, store = %config.store_url.redacted(), "listening");
+            tracing::debug!(%local, %admin_local, upstream = %upstream_shown, store = %config.store_url.redacted(), "listening");
             // Through the layer's invalidating store: a record released on the pages must leave its replay
             // cache too, or the next retry would still be answered from memory.
             let pages = InvalidatingStore::new(store.clone(), layer.clone());
@@ -175,6 +124,80 @@ pub async fn run(config: ServeConfig) -> Result<(), Error> {
     // unit failed for doing what it was told); the warning above says so, and a cut keyed request is safe to
     // send again: its record's lease decides what a retry gets.
     served.map(|_| ()).map_err(Error::Io)
+}
+
+/// The certificate slot both listeners share, reloaded on SIGHUP; without TLS, SIGHUP only logs.
+fn tls_slot(
+    tls: Option<(crate::tls::TlsFiles, std::sync::Arc<rustls::ServerConfig>)>,
+) -> Result<Option<idem_server::TlsConfigSlot>, Error> {
+    // One slot for both listeners: a SIGHUP swaps the certificate of each for its new connections.
+    Ok(match tls {
+        Some((files, server_config)) => {
+            let slot = idem_server::TlsConfigSlot::new(server_config);
+            tokio::spawn(files.reload_on_sighup(slot.clone())?);
+            Some(slot)
+        }
+        None => {
+            // SIGHUP's default action ends the process. A reload sent to every instance (systemd's ExecReload)
+            // must not kill one that has no certificate to re-read, and lose what it was doing.
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!(
+                        "SIGHUP: no TLS certificate to reload; settings other than webhook secret files are read \
+                         only at start-up"
+                    );
+                }
+            });
+            None
+        }
+    })
+}
+
+/// Installs the SIGINT/SIGTERM handlers that drain `stop`.
+fn watch_signals(stop: &Stop) {
+    // SIGTERM drains as SIGINT does: it is what service managers send first, a grace before SIGKILL. The
+    // handlers are installed before the server says it listens: a service manager may signal as soon as it
+    // reads that line, and the default action would end the process with no drain and an unflushed store.
+    let watched = stop.on_signals(idem_store::stop::Sigterm::LikeSigint, |level| {
+        if level == idem_store::stop::DRAIN {
+            tracing::info!("shutting down: finishing in-flight requests (a second SIGINT or SIGTERM: at once)");
+        } else {
+            tracing::warn!("second signal: closing the requests still in flight now");
+        }
+    });
+    match watched {
+        Ok(watch) => drop(tokio::spawn(watch)),
+        Err(e) => tracing::warn!("cannot listen for SIGINT/SIGTERM ({e}); the process stops only when killed"),
+    }
+}
+
+/// The idempotency layer of the proxy, with its routes, and the webhook secrets reloaded on SIGHUP.
+fn proxy_layer(
+    store: &AnyStore,
+    p: config::ProxyConfig,
+    replay_cache: u64,
+) -> Result<IdempotencyLayer<AnyStore>, Error> {
+    let mut layer = IdempotencyLayer::new(store.clone())
+        .retention(p.retention)
+        .lease(p.lease)
+        .key_policy(p.key_policy)
+        .methods(p.methods)
+        .max_stored_body(p.max_stored_body)
+        .max_request_body(p.max_request_body)
+        .in_flight(p.in_flight)
+        .credential_headers(p.credential_headers)
+        .unknown_outcome(p.unknown_outcome)
+        .execution_timeout(p.upstream_timeout)
+        .replay_cache(replay_cache);
+    if !p.secret_files.is_empty() {
+        tokio::spawn(routes::reload_secrets_on_sighup(p.secret_files)?);
+    }
+    for route in p.routes {
+        tracing::info!(route = route.name(), path = route.path(), "route");
+        layer = layer.route(route);
+    }
+    Ok(layer)
 }
 
 /// What the operator's pages are served with.
