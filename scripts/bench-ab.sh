@@ -65,7 +65,7 @@ build() {
     # build) are then not compiled again unless Cargo.lock changed.
     seed=$(ls -td "$HOME"/.cache/bench-ab/*/idem 2>/dev/null | head -1)
     if [ ! -d "$target" ] && [ -n "$seed" ]; then
-      cp -a "$(dirname "$seed")" "$target.tmp" && mv "$target.tmp" "$target"
+      cp -a "$(dirname "$seed")" "$target.tmp" && rm "$target.tmp/idem" && mv "$target.tmp" "$target"
     fi
     git -C "$repo" worktree add --detach "$tmp/src-$sha" "$sha" >&2
     (cd "$tmp/src-$sha" && CARGO_TARGET_DIR="$target" cargo build --release -p idem --bin idem >&2)
