@@ -71,12 +71,17 @@ pub struct OnceArgs {
     /// Kubernetes' startingDeadlineSeconds (at most 366 days). Retries of a started slot are not bounded by it.
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
     starting_deadline: Option<Duration>,
-    /// While an earlier slot of the job still runs, do not start this one (Kubernetes' concurrencyPolicy
-    /// Forbid): exit as held; a later invocation in the slot starts it once the earlier run ended, and a slot
-    /// that passes without starting is recorded missed.
-    #[arg(long)]
+    /// While an earlier slot of the job still runs: allow (run beside it; Kubernetes Allow), skip (do not
+    /// start: exit as held, a later invocation in the slot starts it once the earlier run ended; Kubernetes
+    /// Forbid), buffer-one (wait, holding only this slot's lease, until it ended, then run; a slot coming while
+    /// one already waits is recorded skipped), buffer-all (every slot waits its turn, in slot order). Kept in
+    /// the job record: another policy is refused (exit 2).
+    #[arg(long, value_name = "POLICY", value_parser = parse_overlap, default_value = "allow")]
+    overlap: once::Overlap,
+    /// The same as --overlap skip.
+    #[arg(long, conflicts_with = "overlap")]
     no_overlap: bool,
-    /// Exit 5 instead of 0 when another invocation holds the slot (or an earlier one runs, with --no-overlap).
+    /// Exit 5 instead of 0 when another invocation holds the slot (or an earlier one runs, with --overlap skip).
     #[arg(long)]
     fail_if_held: bool,
     /// Longest one attempt may run (e.g. 30m; at most 366 days): the command's process group is then killed,
@@ -171,6 +176,51 @@ enum OnceCommand {
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
+    /// Pause the job: every invocation from now on records its slot `paused` and runs nothing (a running
+    /// slot goes on); `status` and `list` show who paused it, why and until when. Exit 3 when the store has no
+    /// such job.
+    Pause {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// When the pause ends by itself: RFC 3339 (2026-12-05T18:00:00Z) or a duration from now (2h).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Why, for whoever reads `status`.
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+    },
+    /// End the job's pause now. Exit 3 when the store has no such job; says so when it was not paused.
+    Resume {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Request a run of the job outside its schedule: the job's next invocation, on any machine, runs it once
+    /// after its own slot. Prints the id; the same --id again requests nothing more. Exit 3 when the store has
+    /// no such job.
+    Trigger {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The request's key (1 to 100 letters, digits, '.', '_', '-'); default: a new one.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Every job in the store: schedule, overlap policy, last slot and its state, next slot, paused or not.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// `text` (a table) or `json`.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
     /// Delete every record of the job (its history too), so that its next invocation starts afresh with the
     /// schedule it gives. Refused while a slot of it runs. Exit 3 when the store has no such job.
     Forget {
@@ -228,6 +278,10 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     match args.command {
         Some(OnceCommand::Status { name, store, format, limit }) => return status(&name, &store, format, limit).await,
         Some(OnceCommand::Forget { name, store }) => return forget(&name, &store).await,
+        Some(OnceCommand::Pause { name, store, until, note }) => return pause(&name, &store, until, note).await,
+        Some(OnceCommand::Resume { name, store }) => return resume(&name, &store).await,
+        Some(OnceCommand::Trigger { name, store, id }) => return trigger(&name, &store, id).await,
+        Some(OnceCommand::List { store, format }) => return list(&store, format).await,
         None => {}
     }
     let name = args.name.unwrap_or_default();
@@ -246,7 +300,7 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     cfg.retries = args.retries;
     cfg.lease = args.lease;
     cfg.starting_deadline = args.starting_deadline;
-    cfg.no_overlap = args.no_overlap;
+    cfg.overlap = if args.no_overlap { once::Overlap::Skip } else { args.overlap };
     cfg.timeout = args.timeout;
     // Everything that can refuse the invocation is checked before the store is opened (or created).
     tokio::task::block_in_place(|| cfg.check()).map_err(runner_error)?;
@@ -361,6 +415,94 @@ async fn status(name: &str, store: &StoreArgs, format: Format, limit: usize) -> 
         Format::Json => {
             crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&history).unwrap_or_default()))?
         }
+    }
+    Ok(0)
+}
+
+/// `--overlap`'s value, one line naming the policies when it is none of them.
+fn parse_overlap(value: &str) -> Result<once::Overlap, String> {
+    once::Overlap::parse(value).ok_or_else(|| {
+        let names: Vec<&str> = once::Overlap::ALL.iter().map(|p| p.name()).collect();
+        format!("not a policy; give one of {}", names.join(", "))
+    })
+}
+
+/// `--until`'s value in milliseconds since the Unix epoch: RFC 3339, or a duration from `now_ms`.
+fn parse_until(value: &str, now_ms: u64) -> Result<u64, Error> {
+    if let Ok(d) = humantime::parse_duration(value) {
+        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+    }
+    let t = humantime::parse_rfc3339_weak(value).map_err(|_| {
+        Error::Config(format!("--until {value:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration (2h)"))
+    })?;
+    Ok(idem_store::system_time_to_millis(t))
+}
+
+async fn pause(name: &str, store: &StoreArgs, until: Option<String>, note: Option<String>) -> Result<i32, Error> {
+    once::check_name(name).map_err(runner_error)?;
+    let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
+    let until_ms = until.as_deref().map(|u| parse_until(u, now_ms)).transpose()?;
+    let ledger = store.open_existing(name).await?;
+    let who = once::who();
+    let result = on_ledger!(&ledger, s => once::pause(s, name, until_ms, note.clone(), &who).await);
+    ledger.close().await;
+    let Some(p) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
+    let view = once::PauseView::new(&p, p.since_ms);
+    crate::error::out(&format!("job {name}: {}\n", view.describe()))?;
+    Ok(0)
+}
+
+async fn resume(name: &str, store: &StoreArgs) -> Result<i32, Error> {
+    use idem_store::Store as _;
+    once::check_name(name).map_err(runner_error)?;
+    let ledger = store.open_existing(name).await?;
+    let who = once::who();
+    let result = on_ledger!(&ledger, s => async {
+        if s.get(&idem_core::slot::job_key(name)).await?.is_none() {
+            return Ok(None);
+        }
+        once::resume(s, name, &who).await.map(Some)
+    }.await);
+    ledger.close().await;
+    match result.map_err(runner_error)? {
+        None => Err(store.no_job(name)),
+        Some(None) => {
+            crate::error::out(&format!("job {name} is not paused; nothing to resume\n"))?;
+            Ok(0)
+        }
+        Some(Some(_)) => {
+            crate::error::out(&format!("job {name} resumed: its next invocation runs its slot\n"))?;
+            Ok(0)
+        }
+    }
+}
+
+async fn trigger(name: &str, store: &StoreArgs, id: Option<String>) -> Result<i32, Error> {
+    once::check_name(name).map_err(runner_error)?;
+    let ledger = store.open_existing(name).await?;
+    let who = once::who();
+    let result = on_ledger!(&ledger, s => once::trigger(s, name, id.as_deref(), &who).await);
+    ledger.close().await;
+    let Some(t) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
+    let what = if t.new {
+        "requested: the job's next invocation runs it once".to_owned()
+    } else {
+        format!("requested already (now {}): nothing more requested", t.state)
+    };
+    crate::error::out(&format!("{}\n", t.id))?;
+    let line = format!("idem once: {name} trigger {}: {what}\n", t.id);
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    Ok(0)
+}
+
+async fn list(store: &StoreArgs, format: Format) -> Result<i32, Error> {
+    let ledger = store.open_existing("*").await?;
+    let result = on_ledger!(&ledger, s => once::list(s).await);
+    ledger.close().await;
+    let jobs = result.map_err(runner_error)?;
+    match format {
+        Format::Text => crate::error::out(&once::render_list(&jobs))?,
+        Format::Json => crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&jobs).unwrap_or_default()))?,
     }
     Ok(0)
 }

@@ -89,6 +89,65 @@ impl Claim {
         }
     }
 
+    /// Step 2 under a buffering overlap policy, once the lease is held: the entry says the slot waits (no
+    /// attempt counted), conditional on the entry being unchanged since read. Once the slot may run, the claim
+    /// goes on from it: [`Claim::after_wait`].
+    pub fn waiting_write(&self) -> Write {
+        let entry = Entry::Waiting { owner: self.owner.clone(), host: self.host.clone(), since_ms: self.now_ms };
+        Write {
+            key: self.keys.entry().to_owned(),
+            op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+            precondition: self.entry_precondition(),
+        }
+    }
+
+    /// The claim to make, at `now_ms`, of a slot whose [`Claim::waiting_write`] the store accepted with
+    /// `waiting_generation`: its [`Claim::entry_write`] is conditional on the waiting entry (the lease is
+    /// held already).
+    #[must_use]
+    pub fn after_wait(&self, waiting_generation: Generation, now_ms: u64) -> Self {
+        let waiting = Entry::Waiting { owner: self.owner.clone(), host: self.host.clone(), since_ms: self.now_ms };
+        Self { now_ms, prev: Some((waiting_generation, waiting)), ..self.clone() }
+    }
+
+    /// Extends the lease held with `lease_generation` by its length from now (the store's now), only if still
+    /// held: a waiting claim keeps itself alive with it.
+    pub fn lease_renewal(&self, lease_generation: Generation) -> Write {
+        Write {
+            key: self.keys.lease().to_owned(),
+            op: WriteOp::Put { value: Bytes::from(self.owner.clone()), ttl: Ttl::After(self.lease) },
+            precondition: Precondition::Generation(lease_generation),
+        }
+    }
+
+    /// Deletes the entry a [`Claim::waiting_write`] created (generation `entry_generation`), only if no one
+    /// changed it since: the slot is as it was before the claim.
+    pub fn waiting_given_back(&self, entry_generation: Generation) -> Write {
+        Write {
+            key: self.keys.entry().to_owned(),
+            op: WriteOp::Delete,
+            precondition: Precondition::Generation(entry_generation),
+        }
+    }
+
+    /// Records the slot skipped under `policy` (the slot `earlier_ms` was ahead of it), fenced on the waiting
+    /// entry it replaces (generation `entry_generation`).
+    pub fn skipped(&self, entry_generation: Generation, policy: &str, earlier_ms: u64, now_ms: u64) -> Write {
+        let entry = Entry::Skipped { policy: policy.to_owned(), earlier_ms, recorded_at_ms: now_ms };
+        Write {
+            key: self.keys.entry().to_owned(),
+            op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+            precondition: Precondition::Generation(entry_generation),
+        }
+    }
+
+    fn entry_precondition(&self) -> Precondition {
+        match &self.prev {
+            Some((g, _)) => Precondition::Generation(*g),
+            None => Precondition::Absent,
+        }
+    }
+
     /// If the entry write is refused, the lease taken in step 1 is given back with this write.
     pub fn lease_release(&self, lease_generation: Generation) -> Write {
         Write {

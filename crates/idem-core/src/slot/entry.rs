@@ -31,6 +31,12 @@ pub struct Job {
     /// (1,000,000).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub missed_capped: bool,
+    /// `--overlap` as the job was first invoked with ([`Overlap::name`](super::Overlap::name)); `None` in a
+    /// record written before the policy was kept (read as `allow`, and set by the next invocation). Every
+    /// invocation must give the same, as the schedule: with two policies one machine would wait for a slot
+    /// another stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
 }
 
 impl Job {
@@ -57,6 +63,7 @@ impl Job {
             missed_unlisted: self.missed_unlisted.saturating_add(unlisted),
             retries: self.retries,
             missed_capped: self.missed_capped,
+            overlap: self.overlap.clone(),
         }
     }
 }
@@ -154,6 +161,46 @@ pub enum Entry {
         /// How it ended (exit 0).
         ending: Ending,
     },
+    /// Created by an invocation that waits, under the slot's lease, for an earlier slot of the job to end
+    /// before it runs this one (`--overlap buffer-one` or `buffer-all`, [`Overlap`](super::Overlap)): no
+    /// attempt counted. Its lease says whether the waiter is alive; one whose lease lapsed is claimed afresh.
+    Waiting {
+        /// The waiter's owner token.
+        owner: String,
+        /// The waiter's host name.
+        host: String,
+        /// When it began to wait, by the store's clock.
+        since_ms: u64,
+    },
+    /// A run requested by `idem once trigger` (the entry of a trigger key, [`Keys::trigger`](super::Keys::trigger)),
+    /// not run yet: the next invocation of the job, on any machine, claims and runs it.
+    Requested {
+        /// Who asked (`user@host`).
+        by: String,
+        /// When, by the store's clock.
+        at_ms: u64,
+    },
+    /// Not run because the job was paused when an invocation came for it ([`Pause`](super::Pause)), and never
+    /// will be.
+    Paused {
+        /// Who paused the job (`user@host`).
+        by: String,
+        /// Why, as they said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+        /// When it was recorded, by the store's clock.
+        recorded_at_ms: u64,
+    },
+    /// Not run, and never will be, under the job's overlap policy (`buffer-one`: another slot was already
+    /// waiting for the same running one).
+    Skipped {
+        /// The policy's name.
+        policy: String,
+        /// The slot that ran (or waited) ahead of it, in milliseconds since the Unix epoch.
+        earlier_ms: u64,
+        /// When it was recorded, by the store's clock.
+        recorded_at_ms: u64,
+    },
     /// Never run, and never will be.
     Missed {
         /// Why.
@@ -184,13 +231,18 @@ impl Entry {
             Entry::Running { attempt, .. } => *attempt,
             Entry::Interrupted { attempt, .. } => attempt.saturating_sub(1),
             Entry::Failed { attempts, .. } | Entry::Done { attempts, .. } => *attempts,
-            Entry::Missed { .. } => 0,
+            Entry::Missed { .. }
+            | Entry::Waiting { .. }
+            | Entry::Requested { .. }
+            | Entry::Paused { .. }
+            | Entry::Skipped { .. } => 0,
         }
     }
 
-    /// Whether nothing will ever change it again (done or missed); a failed slot may still be retried.
+    /// Whether nothing will ever change it again (done, missed, paused or skipped); a failed slot may still be
+    /// retried.
     pub fn is_final(&self) -> bool {
-        matches!(self, Entry::Done { .. } | Entry::Missed { .. })
+        matches!(self, Entry::Done { .. } | Entry::Missed { .. } | Entry::Paused { .. } | Entry::Skipped { .. })
     }
 
     /// How the latest attempt that ended, ended.
@@ -198,7 +250,11 @@ impl Entry {
         match self {
             Entry::Failed { ending, .. } | Entry::Done { ending, .. } => Some(ending),
             Entry::Running { last, .. } | Entry::Interrupted { last, .. } => last.as_ref(),
-            Entry::Missed { .. } => None,
+            Entry::Missed { .. }
+            | Entry::Waiting { .. }
+            | Entry::Requested { .. }
+            | Entry::Paused { .. }
+            | Entry::Skipped { .. } => None,
         }
     }
 }

@@ -73,12 +73,17 @@ pub struct Keys {
 impl Keys {
     /// The keys of the slot scheduled at `slot_ms` (milliseconds since the Unix epoch) of job `name`.
     pub fn new(name: &str, slot_ms: u64) -> Self {
-        Self {
-            name: name.to_owned(),
+        Self::with(
+            name,
             slot_ms,
-            entry: format!("{}{slot_ms:013}", slot_prefix(name)),
-            lease: format!("{}{slot_ms:013}", lease_prefix(name)),
-        }
+            format!("{}{slot_ms:013}", slot_prefix(name)),
+            format!("{}{slot_ms:013}", lease_prefix(name)),
+        )
+    }
+
+    /// Keys with the given entry and lease keys (a triggered run's, [`Keys::trigger`]).
+    pub(super) fn with(name: &str, slot_ms: u64, entry: String, lease: String) -> Self {
+        Self { name: name.to_owned(), slot_ms, entry, lease }
     }
 
     /// The entry's store key.

@@ -43,11 +43,16 @@
 //! [`Held`]).
 
 mod claim;
+mod control;
 mod entry;
 mod keys;
 mod plan;
 
 pub use claim::{Claim, Failure, Held};
+pub use control::{
+    Overlap, OverlapPlan, Pause, is_trigger_id, overlap, pause_key, paused, requested, trigger_lease_prefix,
+    trigger_prefix,
+};
 pub use entry::{Ending, Entry, Job, MissedReason};
 pub use keys::{
     FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Keys, behind_key, interrupted_key, job_key, lease_prefix,

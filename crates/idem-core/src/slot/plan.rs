@@ -15,6 +15,10 @@ pub enum Plan {
     FailedForGood,
     /// Recorded missed: nothing to run.
     Missed,
+    /// Recorded paused (the job was paused when an invocation came for it): nothing to run.
+    Paused,
+    /// Recorded skipped under the job's overlap policy: nothing to run.
+    Skipped,
     /// Another holder is running it (or claiming it) under a live lease.
     Held,
     /// Never started and past `--starting-deadline`: record it missed ([`missed`]) instead of running it.
@@ -38,6 +42,8 @@ pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_dea
     match entry {
         Some(Entry::Done { .. }) => Plan::Done,
         Some(Entry::Missed { .. }) => Plan::Missed,
+        Some(Entry::Paused { .. }) => Plan::Paused,
+        Some(Entry::Skipped { .. }) => Plan::Skipped,
         Some(e @ Entry::Failed { .. }) if e.attempts() >= limit.max_attempts => Plan::FailedForGood,
         _ if lease_live => Plan::Held,
         _ if behind => Plan::Behind,
@@ -61,8 +67,8 @@ pub fn missed(keys: &Keys, reason: MissedReason, now_ms: u64) -> Write {
 
 /// The deletes that keep a job's history to the newest `keep` slots: `listed` are its entries (key,
 /// generation, entry) in ascending key order; each older one that is finished (done, failed, missed,
-/// interrupted) goes, conditional on its generation so an entry that changed meanwhile stays. A `Running`
-/// entry stays: its holder's outcome write is fenced on it. An entry other than a missed one also stays
+/// interrupted, paused, skipped) goes, conditional on its generation so an entry that changed meanwhile stays. A
+/// `Running` or `Waiting` entry stays: its holder's writes are fenced on it. An entry other than a missed one also stays
 /// while fewer than `keep` such entries are newer than it: missed entries ahead of a slot can be deleted
 /// again (a clock that ran ahead recorded them, and the job is taken back), so only entries that are never
 /// deleted but by this prune may stand for a pruned slot ([`is_kept_ahead`]; a claim below `keep` of them
@@ -80,7 +86,7 @@ pub fn prune(listed: &[(String, Generation, Entry)], keep: usize) -> Vec<Write> 
     listed[..old]
         .iter()
         .zip(prunable)
-        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, Entry::Running { .. }))
+        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, Entry::Running { .. } | Entry::Waiting { .. }))
         .map(|(l, _)| l)
         .map(|(key, generation, _)| Write {
             key: key.clone(),

@@ -181,3 +181,76 @@ fn the_counted_sets_leave_no_dedupe_records() {
     assert_eq!(keys().ran_again("o1").1.dedupe_id, None);
     assert_eq!(keys().took_over("o1").1.dedupe_id, None);
 }
+
+#[test]
+fn only_earlier_slots_stop_one_under_each_overlap_policy() {
+    use super::{Overlap, OverlapPlan, overlap};
+    for policy in Overlap::ALL {
+        assert_eq!(overlap(policy, &[]), OverlapPlan::Run, "{policy:?}: nothing ahead");
+        assert_eq!(Overlap::parse(policy.name()), Some(policy));
+    }
+    assert_eq!(Overlap::parse("replace"), None);
+    assert_eq!(overlap(Overlap::Allow, &[1, 2]), OverlapPlan::Run);
+    assert_eq!(overlap(Overlap::Skip, &[1, 2]), OverlapPlan::GiveBack { earlier_ms: 1 });
+    assert_eq!(overlap(Overlap::BufferOne, &[1]), OverlapPlan::Wait { earlier_ms: 1 });
+    assert_eq!(overlap(Overlap::BufferOne, &[1, 2]), OverlapPlan::RecordSkipped { earlier_ms: 2 });
+    assert_eq!(overlap(Overlap::BufferAll, &[1, 2, 3]), OverlapPlan::Wait { earlier_ms: 3 });
+}
+
+#[test]
+fn a_pause_holds_until_its_end_and_a_resume_ends_it() {
+    use super::Pause;
+    let pause = Pause {
+        by: "ops@a".into(),
+        note: Some("incident".into()),
+        since_ms: 100,
+        until_ms: Some(500),
+        resumed_by: None,
+    };
+    assert!(pause.holds_at(100) && pause.holds_at(499));
+    assert!(!pause.holds_at(500), "it ends by itself at --until");
+    let open = Pause { until_ms: None, ..pause.clone() };
+    assert!(open.holds_at(u64::MAX - 1));
+    let resumed = open.resumed("ops@b", 300);
+    assert!(!resumed.holds_at(300) && resumed.holds_at(299));
+    assert_eq!(resumed.resumed_by.as_deref(), Some("ops@b"));
+    assert_eq!(pause.resumed("x", 900).until_ms, Some(500), "a resume after the end keeps the end");
+    assert_eq!(Pause::decode(&resumed.encode()).unwrap(), resumed);
+}
+
+#[test]
+fn paused_skipped_and_requested_entries_are_judged_without_running() {
+    use super::{Pause, paused, requested};
+    let limit = RetryLimit { max_attempts: 2 };
+    let p = Entry::Paused { by: "u@h".into(), note: None, recorded_at_ms: 1 };
+    let s = Entry::Skipped { policy: "buffer-one".into(), earlier_ms: 1, recorded_at_ms: 2 };
+    assert_eq!(plan(Some(&p), false, limit, false, false), Plan::Paused);
+    assert_eq!(plan(Some(&s), false, limit, false, false), Plan::Skipped);
+    assert!(p.is_final() && s.is_final());
+    // A request, or a waiter whose lease lapsed, is claimed as a first attempt.
+    let r = Entry::Requested { by: "u@h".into(), at_ms: 1 };
+    let w = Entry::Waiting { owner: "o".into(), host: "h".into(), since_ms: 1 };
+    assert_eq!(plan(Some(&r), false, limit, false, false), Plan::Run { attempt: 1 });
+    assert_eq!(plan(Some(&w), false, limit, false, false), Plan::Run { attempt: 1 });
+    assert_eq!(plan(Some(&w), true, limit, false, false), Plan::Held);
+    let pause = Pause { by: "u@h".into(), note: None, since_ms: 0, until_ms: None, resumed_by: None };
+    assert_eq!(paused(&keys(), &pause, 5).precondition, Precondition::Absent);
+    let t = Keys::trigger("j", "abc", 7);
+    assert_eq!((t.entry(), t.lease()), ("once/j/trigger/abc", "once/j/trigger-lease/abc"));
+    assert_eq!(requested(&t, "u@h", 7).precondition, Precondition::Absent);
+    assert!(super::is_trigger_id("a-1.b_2") && !super::is_trigger_id("") && !super::is_trigger_id("a/b"));
+}
+
+#[test]
+fn a_waiting_claim_runs_from_its_waiting_entry() {
+    let claim = Claim::new(keys(), "o1", "h1", 1_000, Duration::from_secs(10), None);
+    assert_eq!(claim.waiting_write().precondition, Precondition::Absent);
+    let go = claim.after_wait(Generation::new(4), 9_000);
+    assert_eq!(go.entry_write().precondition, Precondition::Generation(Generation::new(4)));
+    assert_eq!(go.attempt(), 1);
+    assert!(!go.takes_over(), "a waiter's entry is no started attempt");
+    assert_eq!(
+        claim.skipped(Generation::new(4), "buffer-one", 1, 2).precondition,
+        Precondition::Generation(Generation::new(4))
+    );
+}

@@ -132,6 +132,8 @@ async fn schedule(steps: Vec<Step>, faults: Vec<Option<Fault>>) -> Result<(), Te
                     }
                     slot::Plan::Done
                     | slot::Plan::Missed
+                    | slot::Plan::Paused
+                    | slot::Plan::Skipped
                     | slot::Plan::FailedForGood
                     | slot::Plan::Held
                     | slot::Plan::Behind => {}

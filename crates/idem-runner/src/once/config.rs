@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use idem_core::slot::Overlap;
+
 use super::Schedule;
 use crate::Error;
 
@@ -25,9 +27,9 @@ pub struct OnceConfig {
     /// A slot not started within this time after its scheduled time is recorded missed instead of run
     /// (Kubernetes' `startingDeadlineSeconds`).
     pub starting_deadline: Option<Duration>,
-    /// While an earlier slot of the job runs, do not start this one (Kubernetes' `concurrencyPolicy: Forbid`):
-    /// the invocation exits as held, and a later invocation in the slot starts it once the earlier run ended.
-    pub no_overlap: bool,
+    /// What a slot does while an earlier slot of the job still runs ([`Overlap`]; `--no-overlap` is
+    /// [`Overlap::Skip`]). Kept in the job record: an invocation with another is refused.
+    pub overlap: Overlap,
     /// Longest one attempt may run; the command's process group is then killed and the attempt fails.
     pub timeout: Option<Duration>,
 }
@@ -43,7 +45,7 @@ impl OnceConfig {
             retries: 3,
             lease: Duration::from_secs(10),
             starting_deadline: None,
-            no_overlap: false,
+            overlap: Overlap::Allow,
             timeout: None,
         }
     }

@@ -8,10 +8,13 @@
 
 mod command;
 mod config;
+mod control;
+mod overlap;
 mod record;
 mod report;
 mod schedule;
 mod status;
+mod trigger;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -24,13 +27,15 @@ use crate::Error;
 use crate::supervise::{host_name, owner_token};
 
 pub use config::{OnceConfig, check_name, default_store_path};
+pub use control::{JobView, Triggered, list, pause, pause_state, render_list, resume, trigger, who};
+pub use idem_core::slot::Overlap;
 pub use record::RECORD_PATIENCE;
 pub use report::{
     EXIT_DONE, EXIT_FAILED, EXIT_FAILED_FOR_GOOD, EXIT_HELD, EXIT_INTERRUPTED, EXIT_LEASE_LOST, EXIT_MISSED,
     EXIT_STORE_UNAVAILABLE, EXIT_USAGE, Outcome, Report,
 };
 pub use schedule::{Schedule, parse_canonical};
-pub use status::{History, SlotView, forget, history};
+pub use status::{History, PauseView, SlotView, forget, history};
 
 /// Runs one invocation of `cfg` (checked: [`OnceConfig::check`]) against `store`; `interrupt` resolves when
 /// a signal asks the invocation to stop (a running command is then killed; its attempt counts).
@@ -54,7 +59,7 @@ pub async fn once<S: Store + Sync>(
         let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
         let slot = cfg.schedule.slot_at(now_ms)?;
         let keys = slot::Keys::new(&cfg.name, slot);
-        let read = store.get_many(&[job_key(&cfg.name), keys.entry().to_owned()]).await?;
+        let read = store.get_many(&[job_key(&cfg.name), keys.entry().to_owned(), slot::pause_key(&cfg.name)]).await?;
         Ok::<_, Error>((now_ms, skew, slot, keys, read))
     };
     let (now_ms, skew, slot, keys, read) = tokio::select! {
@@ -69,15 +74,54 @@ pub async fn once<S: Store + Sync>(
         }
     };
     let job_key = job_key(&cfg.name);
-    let [job, entry]: [_; 2] = read
+    let [job, entry, pause]: [_; 3] = read
         .try_into()
-        .map_err(|_| Error::Config("the store answered a read of two keys with another count".into()))?;
+        .map_err(|_| Error::Config("the store answered a read of three keys with another count".into()))?;
+    let pause_key = slot::pause_key(&cfg.name);
+    let pause = match pause {
+        Some(v) => Some(slot::Pause::decode(v.value()).map_err(|e| corrupt(&pause_key, e))?),
+        None => None,
+    };
     let job = match job {
         Some(v) => Some((v.generation(), Job::decode(v.value()).map_err(|e| corrupt(&job_key, e))?)),
         None => None,
     };
     let mut report = Report::new(cfg, slot, Outcome::Held { host: None, attempt: None }, skew.into_iter().collect());
-    let newest = record::advance(store, cfg, job, slot, now_ms, &mut report).await?;
+    let newest = record::advance(store, cfg, job, slot, now_ms, pause.as_ref(), &mut report).await?;
+    let read = Read { entry, slot, newest, now_ms };
+    let mut report = judge(store, cfg, &keys, report, read, pause.as_ref(), interrupt.as_mut()).await?;
+    // Runs requested outside the schedule, after the slot, unless this invocation was stopped or lost its lease.
+    if !matches!(
+        report.outcome,
+        Outcome::Interrupted { .. } | Outcome::Stopped { .. } | Outcome::LeaseLost { .. } | Outcome::NotRecorded { .. }
+    ) {
+        report.triggers = trigger::run_requested(store, cfg, now_ms, interrupt.as_mut()).await?;
+    }
+    Ok(report)
+}
+
+/// What an invocation read before judging its slot.
+struct Read {
+    /// The slot's entry, read in the same atomic read as the job record.
+    entry: Option<idem_store::Versioned>,
+    /// The slot, the job's newest slot and the store's now, in milliseconds since the Unix epoch.
+    slot: u64,
+    newest: u64,
+    now_ms: u64,
+}
+
+/// Judges the slot and does what the judgement says.
+async fn judge<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    keys: &slot::Keys,
+    mut report: Report,
+    read: Read,
+    pause: Option<&slot::Pause>,
+    mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Report, Error> {
+    let Read { entry, slot, newest, now_ms } = read;
+    let keys = keys.clone();
     let behind = newest > slot;
     let mut entry = decode_entry(entry, &keys)?;
     let limit = RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
@@ -93,6 +137,8 @@ pub async fn once<S: Store + Sync>(
         report.outcome = match slot::plan(current, lease_live, limit, past_deadline, behind) {
             slot::Plan::Done => already_done(current),
             slot::Plan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
+            slot::Plan::Paused => paused_outcome(current, pause, false),
+            slot::Plan::Skipped => Outcome::Skipped { earlier: skipped_after(current) },
             slot::Plan::FailedForGood => failed_for_good(current),
             slot::Plan::Held => held(current),
             slot::Plan::Behind => {
@@ -110,8 +156,45 @@ pub async fn once<S: Store + Sync>(
                     Err(e) => return Err(e.into()),
                 }
             }
+            slot::Plan::Run { .. } if pause.is_some_and(|p| p.holds_at(now_ms)) => {
+                let Some(p) = pause else { continue };
+                if current.is_some() {
+                    // A slot started before the pause (failed, given back) is not retried while it holds.
+                    paused_outcome(None, Some(p), false)
+                } else {
+                    match store.apply(slot::paused(&keys, p, now_ms)).await {
+                        Ok(_) => paused_outcome(None, Some(p), true),
+                        Err(e) if e.is_precondition_failed() => {
+                            entry = reread(store, &keys).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            slot::Plan::Run { .. }
+                if cfg.overlap != slot::Overlap::Allow
+                    && matches!(current, None | Some(slot::Entry::Waiting { .. })) =>
+            {
+                if fired(interrupt.as_mut()) {
+                    report.outcome = Outcome::Stopped { attempt: None };
+                    return Ok(report);
+                }
+                match overlap::take_turn(store, cfg, &keys, entry.clone(), now_ms, interrupt.as_mut()).await? {
+                    overlap::Turn::Held(held, sent) => {
+                        run_held(store, cfg, *held, sent, &report.slot, interrupt.as_mut()).await
+                    }
+                    overlap::Turn::Done(outcome) => outcome,
+                    overlap::Turn::Changed => {
+                        entry = reread(store, &keys).await?;
+                        continue;
+                    }
+                }
+            }
             slot::Plan::Run { .. } => {
-                if cfg.no_overlap
+                // A retry of a started slot under a policy other than allow does not wait: it starts when no
+                // earlier slot runs.
+                if cfg.overlap != slot::Overlap::Allow
                     && let Some(earlier) = record::running_before(store, &cfg.name, slot).await?
                 {
                     report.outcome = Outcome::EarlierRunning { slot: cfg.schedule.format(earlier) };
@@ -332,6 +415,25 @@ fn held(entry: Option<&slot::Entry>) -> Outcome {
             Outcome::Held { host: Some(host.clone()), attempt: Some(*attempt) }
         }
         _ => Outcome::Held { host: None, attempt: None },
+    }
+}
+
+fn paused_outcome(entry: Option<&slot::Entry>, pause: Option<&slot::Pause>, recorded_now: bool) -> Outcome {
+    match (entry, pause) {
+        (Some(slot::Entry::Paused { by, note, .. }), _) => {
+            Outcome::Paused { by: by.clone(), note: note.clone(), until: None, recorded_now }
+        }
+        (_, Some(p)) => {
+            Outcome::Paused { by: p.by.clone(), note: p.note.clone(), until: p.until_ms.map(utc), recorded_now }
+        }
+        _ => Outcome::Paused { by: "?".into(), note: None, until: None, recorded_now },
+    }
+}
+
+fn skipped_after(entry: Option<&slot::Entry>) -> String {
+    match entry {
+        Some(slot::Entry::Skipped { earlier_ms, .. }) => utc(*earlier_ms),
+        _ => "?".into(),
     }
 }
 

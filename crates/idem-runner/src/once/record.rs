@@ -30,10 +30,12 @@ pub(super) async fn advance<S: Store + Sync>(
     mut job: Option<(Generation, Job)>,
     slot: u64,
     now_ms: u64,
+    pause: Option<&slot::Pause>,
     report: &mut Report,
 ) -> Result<u64, Error> {
     let key = job_key(&cfg.name);
     let schedule = cfg.schedule.canonical();
+    let overlap = cfg.overlap.name().to_owned();
     for _ in 0..ADVANCE_TRIES {
         let (precondition, next) = match &job {
             None => (
@@ -44,6 +46,7 @@ pub(super) async fn advance<S: Store + Sync>(
                     missed_unlisted: 0,
                     retries: Some(cfg.retries),
                     missed_capped: false,
+                    overlap: Some(overlap.clone()),
                 },
             ),
             Some((_, j)) if j.schedule != schedule => {
@@ -86,21 +89,40 @@ pub(super) async fn advance<S: Store + Sync>(
                     report.warnings.push(warning);
                 }
                 drop_missed_ahead(store, &cfg.name, slot, now_ms).await?;
-                (Precondition::Generation(*g), Job { last_slot_ms: slot, retries: Some(cfg.retries), ..j.clone() })
+                (
+                    Precondition::Generation(*g),
+                    Job { last_slot_ms: slot, retries: Some(cfg.retries), overlap: Some(overlap.clone()), ..j.clone() },
+                )
             }
-            Some((_, j)) if j.last_slot_ms >= slot && j.retries.is_some() => return Ok(j.last_slot_ms),
+            Some((_, j)) if j.overlap.as_ref().is_some_and(|o| *o != overlap) => {
+                return Err(Error::Config(format!(
+                    "job {} has --overlap {} in this store, not {overlap}: every invocation of a job must give the \
+                     same policy (else one machine would wait for a slot another skips); to change it, `idem once \
+                     forget --name {}` first (its history goes with it)",
+                    cfg.name,
+                    j.overlap.as_deref().unwrap_or_default(),
+                    cfg.name
+                )));
+            }
+            Some((_, j)) if j.last_slot_ms >= slot && j.retries.is_some() && j.overlap.is_some() => {
+                return Ok(j.last_slot_ms);
+            }
             // A record from before --retries was kept takes this invocation's (moved or not).
-            Some((g, j)) if j.last_slot_ms >= slot => {
-                (Precondition::Generation(*g), Job { retries: Some(cfg.retries), ..j.clone() })
-            }
+            Some((g, j)) if j.last_slot_ms >= slot => (
+                Precondition::Generation(*g),
+                Job { retries: Some(cfg.retries), overlap: Some(overlap.clone()), ..j.clone() },
+            ),
             Some((g, j)) => {
                 let (passed, unlisted) = cfg.schedule.between(j.last_slot_ms, slot)?;
-                record_missed(store, cfg, j.last_slot_ms, &passed, now_ms, report).await?;
+                record_missed(store, cfg, j.last_slot_ms, &passed, now_ms, pause, report).await?;
                 report.missed_unlisted = unlisted;
                 report.missed_capped = cfg.schedule.capped(unlisted);
                 let next = j.advanced(slot, unlisted);
                 let missed_capped = next.missed_capped || report.missed_capped;
-                (Precondition::Generation(*g), Job { retries: Some(cfg.retries), missed_capped, ..next })
+                (
+                    Precondition::Generation(*g),
+                    Job { retries: Some(cfg.retries), missed_capped, overlap: Some(overlap.clone()), ..next },
+                )
             }
         };
         match store.put(&key, next.encode(), precondition, Ttl::Clear).await {
@@ -157,11 +179,21 @@ async fn record_missed<S: Store + Sync>(
     last: u64,
     passed: &[u64],
     now_ms: u64,
+    pause: Option<&slot::Pause>,
     report: &mut Report,
 ) -> Result<(), Error> {
     let unseen = passed.iter().map(|s| (*s, MissedReason::NoInvocation));
     for (slot, reason) in std::iter::once((last, MissedReason::NotStarted)).chain(unseen) {
-        match store.apply(missed(&slot::Keys::new(&cfg.name, slot), reason, now_ms)).await {
+        let keys = slot::Keys::new(&cfg.name, slot);
+        // A slot whose time fell within the job's pause is recorded paused, not missed: it was not run on
+        // purpose.
+        let paused = pause.filter(|p| p.since_ms <= slot && p.holds_at(slot));
+        let write = match paused {
+            Some(p) => slot::paused(&keys, p, now_ms),
+            None => missed(&keys, reason, now_ms),
+        };
+        match store.apply(write).await {
+            Ok(_) if paused.is_some() => {}
             Ok(_) => report.missed.push(cfg.schedule.format(slot)),
             Err(e) if e.is_precondition_failed() => {}
             Err(e) => return Err(e.into()),

@@ -20,7 +20,7 @@ pub const EXIT_FAILED_FOR_GOOD: i32 = 3;
 /// Exit status: the slot is missed (past `--starting-deadline`, recorded now or before), or it is older than
 /// the newest slot the job has seen (the clock that chose it is behind): nothing ran.
 pub const EXIT_MISSED: i32 = 4;
-/// Exit status with `--fail-if-held`: the slot (or, with `--no-overlap`, an earlier one) runs elsewhere.
+/// Exit status with `--fail-if-held`: the slot (or, with `--overlap skip`, an earlier one) runs elsewhere.
 pub const EXIT_HELD: i32 = 5;
 /// Exit status: the lease was lost while the command ran (taken over, or the store unreachable for a whole
 /// lease), or its outcome could not be recorded: this invocation's result does not count.
@@ -61,10 +61,26 @@ pub enum Outcome {
         /// Its attempt, when known.
         attempt: Option<u32>,
     },
-    /// `--no-overlap`: an earlier slot of the job is still running, so this one did not start.
+    /// `--overlap skip` (`--no-overlap`): an earlier slot of the job is still running, so this one did not start.
     EarlierRunning {
         /// The earlier slot (RFC 3339).
         slot: String,
+    },
+    /// The job is paused (`idem once pause`): nothing ran; the slot is recorded paused.
+    Paused {
+        /// Who paused it.
+        by: String,
+        /// Why.
+        note: Option<String>,
+        /// Until when (RFC 3339, UTC); `None`: until resumed.
+        until: Option<String>,
+        /// This invocation recorded it.
+        recorded_now: bool,
+    },
+    /// Not run under the overlap policy (`buffer-one`: another slot already waited for the running one).
+    Skipped {
+        /// The slot ahead of it (RFC 3339).
+        earlier: String,
     },
     /// Every attempt allowed failed (or crashed); nothing ran.
     FailedForGood {
@@ -140,6 +156,9 @@ pub struct Report {
     pub missed_unlisted: u64,
     /// `missed_unlisted` is a lower bound (a cron gap longer than a million slots).
     pub missed_capped: bool,
+    /// Runs requested outside the schedule (`idem once trigger`) that this invocation found pending, by id,
+    /// and what became of each.
+    pub triggers: Vec<(String, Outcome)>,
     /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
     /// [`SKEW_TOLERANCE`](super::SKEW_TOLERANCE), a job record whose newest slot was ahead of the store's clock by more than
     /// [`idem_core::slot::FUTURE_TOLERANCE_MS`].
@@ -156,6 +175,7 @@ impl Report {
             missed: Vec::new(),
             missed_unlisted: 0,
             missed_capped: false,
+            triggers: Vec::new(),
             warnings,
         }
     }
@@ -163,7 +183,10 @@ impl Report {
     /// The exit status (the `EXIT_*` constants); `fail_if_held` makes a held slot [`EXIT_HELD`].
     pub fn exit_code(&self, fail_if_held: bool) -> i32 {
         match &self.outcome {
-            Outcome::Succeeded { .. } | Outcome::AlreadyDone { .. } => EXIT_DONE,
+            Outcome::Succeeded { .. }
+            | Outcome::AlreadyDone { .. }
+            | Outcome::Paused { .. }
+            | Outcome::Skipped { .. } => EXIT_DONE,
             Outcome::Held { .. } | Outcome::EarlierRunning { .. } => {
                 if fail_if_held {
                     EXIT_HELD
@@ -198,7 +221,8 @@ impl Report {
             | Outcome::Held { .. }
             | Outcome::EarlierRunning { .. }
             | Outcome::FailedForGood { .. } => false,
-            Outcome::Missed { recorded_now, .. } => *recorded_now,
+            Outcome::Missed { recorded_now, .. } | Outcome::Paused { recorded_now, .. } => *recorded_now,
+            Outcome::Skipped { .. } => true,
             Outcome::Failed { .. }
             | Outcome::Behind { .. }
             | Outcome::LeaseLost { .. }
@@ -211,78 +235,10 @@ impl Report {
     /// The invocation's message, one line (two when it recorded earlier slots missed).
     pub fn render(&self) -> String {
         let head = format!("idem once: {} {}", self.name, self.slot);
-        let what = match &self.outcome {
-            Outcome::Succeeded { attempt } => format!("done (attempt {attempt})"),
-            Outcome::Failed { attempt, exit, left: 0 } => {
-                format!("failed for good: attempt {attempt} ended with {exit}, no retries left")
-            }
-            Outcome::Failed { attempt, exit, left } => format!(
-                "attempt {attempt} failed with {exit}; the next invocation in this slot retries ({} left)",
-                count(*left, "attempt", "attempts")
-            ),
-            Outcome::AlreadyDone { host, finished, attempts } => {
-                format!("done already, on {host} at {finished} (attempt {attempts}); nothing to run")
-            }
-            Outcome::Held { host, attempt } => match (host, attempt) {
-                (Some(h), Some(a)) => format!("running on {h} (attempt {a}) under a live lease; not run here"),
-                _ => "being claimed by another invocation; not run here".to_owned(),
-            },
-            Outcome::EarlierRunning { slot } => {
-                format!("not started: the slot {slot} still runs (--no-overlap); a later invocation starts it")
-            }
-            Outcome::FailedForGood { attempts, exit } if exit == idem_core::slot::INTERRUPTED_EXIT => {
-                format!(
-                    "failed for good: {}, the last interrupted by a signal; not run",
-                    count(*attempts, "attempt", "attempts")
-                )
-            }
-            Outcome::FailedForGood { attempts, exit } => {
-                format!(
-                    "failed for good: {}, the last ended with {exit}; not run",
-                    count(*attempts, "attempt", "attempts")
-                )
-            }
-            Outcome::Missed { reason, recorded_now } => {
-                let why = match reason {
-                    MissedReason::PastDeadline { .. } => "not started within --starting-deadline",
-                    MissedReason::NoInvocation => "no invocation came while it was current",
-                    MissedReason::NotStarted => "it passed without starting",
-                };
-                let when = if *recorded_now { "recorded missed now" } else { "missed" };
-                format!("{when} ({why}); not run")
-            }
-            Outcome::Behind { newest } => format!(
-                "not run: the job has already seen the later slot {newest}, so this clock is behind the one that \
-                 recorded it (set back, or another machine's on a shared file); a slot older than the job's newest \
-                 never runs"
-            ),
-            Outcome::LeaseLost { attempt, why, succeeded } => {
-                let ran = if *succeeded { "; the command had exited 0, so the slot ran more than once" } else { "" };
-                format!("attempt {attempt}: {why}; its outcome is not recorded{ran}")
-            }
-            Outcome::NotRecorded { attempt, succeeded, error, tried_for } => {
-                let ended = if *succeeded { "exited 0" } else { "failed" };
-                format!(
-                    "attempt {attempt}: the command {ended}, but the store failed on every try of its outcome write \
-                     for {tried_for} ({error}); the slot stays running in the store, so the first invocation after \
-                     its lease lapsed runs it again"
-                )
-            }
-            Outcome::Stopped { attempt: Some(a) } => {
-                format!("interrupted before the command started: nothing ran; attempt {a} given back (not counted)")
-            }
-            Outcome::Stopped { attempt: None } => "interrupted before the claim: nothing ran".to_owned(),
-            Outcome::Interrupted { attempt, left: 0 } => format!(
-                "interrupted: attempt {attempt} killed; it counts toward --retries and was the last allowed, so \
-                 the slot failed for good"
-            ),
-            Outcome::Interrupted { attempt, left } => format!(
-                "interrupted: attempt {attempt} killed; it counts toward --retries ({} left; the next invocation \
-                 in this slot retries)",
-                count(*left, "attempt", "attempts")
-            ),
-        };
-        let mut line = format!("{head}: {what}");
+        let mut line = format!("{head}: {}", describe(&self.outcome));
+        for (id, outcome) in &self.triggers {
+            line.push_str(&format!("\nidem once: {} trigger {id}: {}", self.name, describe(outcome)));
+        }
         if !self.missed.is_empty() || self.missed_unlisted > 0 {
             let shown: Vec<&str> = self.missed.iter().rev().take(3).rev().map(String::as_str).collect();
             let more = self.missed.len() - shown.len();
@@ -304,5 +260,86 @@ impl Report {
             line.push_str(&format!("\nidem once: {}: warning: {warning}", self.name));
         }
         line
+    }
+}
+
+/// What became of a slot (or a triggered run), in words.
+fn describe(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Succeeded { attempt } => format!("done (attempt {attempt})"),
+        Outcome::Failed { attempt, exit, left: 0 } => {
+            format!("failed for good: attempt {attempt} ended with {exit}, no retries left")
+        }
+        Outcome::Failed { attempt, exit, left } => format!(
+            "attempt {attempt} failed with {exit}; the next invocation in this slot retries ({} left)",
+            count(*left, "attempt", "attempts")
+        ),
+        Outcome::AlreadyDone { host, finished, attempts } => {
+            format!("done already, on {host} at {finished} (attempt {attempts}); nothing to run")
+        }
+        Outcome::Held { host, attempt } => match (host, attempt) {
+            (Some(h), Some(a)) => format!("running on {h} (attempt {a}) under a live lease; not run here"),
+            _ => "being claimed by another invocation; not run here".to_owned(),
+        },
+        Outcome::EarlierRunning { slot } => {
+            format!("not started: the slot {slot} still runs (--overlap skip); a later invocation starts it")
+        }
+        Outcome::Paused { by, note, until, recorded_now } => {
+            let until = until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
+            let note = note.as_ref().map_or_else(String::new, |n| format!(" ({n})"));
+            let when = if *recorded_now { "recorded paused now" } else { "paused" };
+            format!("{when}: the job is paused by {by}{until}{note}; not run")
+        }
+        Outcome::Skipped { earlier } => {
+            format!("skipped (--overlap buffer-one): the slot {earlier} already waits for the running one; not run")
+        }
+        Outcome::FailedForGood { attempts, exit } if exit == idem_core::slot::INTERRUPTED_EXIT => {
+            format!(
+                "failed for good: {}, the last interrupted by a signal; not run",
+                count(*attempts, "attempt", "attempts")
+            )
+        }
+        Outcome::FailedForGood { attempts, exit } => {
+            format!("failed for good: {}, the last ended with {exit}; not run", count(*attempts, "attempt", "attempts"))
+        }
+        Outcome::Missed { reason, recorded_now } => {
+            let why = match reason {
+                MissedReason::PastDeadline { .. } => "not started within --starting-deadline",
+                MissedReason::NoInvocation => "no invocation came while it was current",
+                MissedReason::NotStarted => "it passed without starting",
+            };
+            let when = if *recorded_now { "recorded missed now" } else { "missed" };
+            format!("{when} ({why}); not run")
+        }
+        Outcome::Behind { newest } => format!(
+            "not run: the job has already seen the later slot {newest}, so this clock is behind the one that \
+             recorded it (set back, or another machine's on a shared file); a slot older than the job's newest \
+             never runs"
+        ),
+        Outcome::LeaseLost { attempt, why, succeeded } => {
+            let ran = if *succeeded { "; the command had exited 0, so the slot ran more than once" } else { "" };
+            format!("attempt {attempt}: {why}; its outcome is not recorded{ran}")
+        }
+        Outcome::NotRecorded { attempt, succeeded, error, tried_for } => {
+            let ended = if *succeeded { "exited 0" } else { "failed" };
+            format!(
+                "attempt {attempt}: the command {ended}, but the store failed on every try of its outcome write \
+                 for {tried_for} ({error}); the slot stays running in the store, so the first invocation after \
+                 its lease lapsed runs it again"
+            )
+        }
+        Outcome::Stopped { attempt: Some(a) } => {
+            format!("interrupted before the command started: nothing ran; attempt {a} given back (not counted)")
+        }
+        Outcome::Stopped { attempt: None } => "interrupted before the claim: nothing ran".to_owned(),
+        Outcome::Interrupted { attempt, left: 0 } => format!(
+            "interrupted: attempt {attempt} killed; it counts toward --retries and was the last allowed, so \
+             the slot failed for good"
+        ),
+        Outcome::Interrupted { attempt, left } => format!(
+            "interrupted: attempt {attempt} killed; it counts toward --retries ({} left; the next invocation \
+             in this slot retries)",
+            count(*left, "attempt", "attempts")
+        ),
     }
 }

@@ -43,6 +43,55 @@ pub struct History {
     /// Attempts whose command a signal to their invocation (SIGINT, SIGTERM) stopped after it started: each
     /// counted toward `--retries`, as Kubernetes counts a Job's killed pods among its failed ones.
     pub interrupted: u64,
+    /// The overlap policy (`--overlap`) the job is recorded with.
+    pub overlap: String,
+    /// The job's last pause (`idem once pause`), if it was ever paused; `paused` says whether it holds now.
+    pub pause: Option<PauseView>,
+    /// Runs requested outside the schedule (`idem once trigger`), newest first, by id.
+    pub triggers: Vec<(String, SlotView)>,
+}
+
+/// A job's pause as `status` and `list` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PauseView {
+    /// Whether it holds now (by the store's clock).
+    pub paused: bool,
+    /// Who paused the job (`user@host`).
+    pub by: String,
+    /// Why.
+    pub note: Option<String>,
+    /// Since when (RFC 3339, UTC).
+    pub since: String,
+    /// Until when (RFC 3339, UTC); `null`: until resumed.
+    pub until: Option<String>,
+    /// Who resumed it, if someone did.
+    pub resumed_by: Option<String>,
+}
+
+impl PauseView {
+    /// The view of `pause` at `now_ms` (the store's clock).
+    pub fn new(pause: &slot::Pause, now_ms: u64) -> Self {
+        Self {
+            paused: pause.holds_at(now_ms),
+            by: pause.by.clone(),
+            note: pause.note.clone(),
+            since: format_in(pause.since_ms, None),
+            until: pause.until_ms.map(|u| format_in(u, None)),
+            resumed_by: pause.resumed_by.clone(),
+        }
+    }
+
+    /// In words: `paused by ops@db1 until 2026-01-01T00:00:00Z (disk full)`, `not paused (last …)`.
+    pub fn describe(&self) -> String {
+        let until = self.until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
+        let note = self.note.as_ref().map_or_else(String::new, |n| format!(" ({})", printable(n)));
+        let resumed = self.resumed_by.as_ref().map_or_else(String::new, |r| format!(", resumed by {r}"));
+        if self.paused {
+            format!("paused by {} since {}{until}{note}", self.by, self.since)
+        } else {
+            format!("not paused (last paused by {} from {}{until}{note}{resumed})", self.by, self.since)
+        }
+    }
 }
 
 /// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
@@ -52,7 +101,10 @@ pub struct SlotView {
     pub slot: String,
     /// `done`, `failed` (its last attempt failed, or was stopped by a signal to its invocation: `ending` is
     /// then `interrupted`), `running`, `crashed` (running, but its holder's lease lapsed), `given_back` (its
-    /// last claim never started the command: not counted) or `missed`.
+    /// last claim never started the command: not counted), `waiting` (for an earlier slot, under a
+    /// `buffer-*` overlap policy; `started` is when it began to wait), `paused` (the job was paused when an
+    /// invocation came; `machine` is who paused it, `ending` the note), `skipped` (under the overlap policy),
+    /// `requested` (a triggered run not run yet; `machine` is who asked) or `missed`.
     pub state: &'static str,
     /// Where its latest attempt ran (host name).
     pub machine: Option<String>,
@@ -131,6 +183,22 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
             None => 0,
         })
     };
+    let now_ms = super::millis(store.now().await?);
+    let pause = super::control::pause_state(store, name).await?.map(|p| PauseView::new(&p, now_ms));
+    let mut triggers = Vec::new();
+    let trigger_keys = list_all(store, &slot::trigger_prefix(name)).await?;
+    let trigger_live: std::collections::HashSet<String> = list_all(store, &slot::trigger_lease_prefix(name))
+        .await?
+        .into_iter()
+        .filter_map(|k| k.rsplit('/').next().map(str::to_owned))
+        .collect();
+    for (key, value) in trigger_keys.iter().zip(store.get_many(&trigger_keys).await?).rev() {
+        let Some(value) = value else { continue };
+        let entry = slot::Entry::decode(value.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+        let id = key.rsplit('/').next().unwrap_or_default().to_owned();
+        let v = view(id.clone(), &entry, trigger_live.contains(&id));
+        triggers.push((id, v));
+    }
     let repeats = count(repeats_key(name)).await?;
     let taken_over = count(takeovers_key(name)).await?;
     let behind = count(behind_key(name)).await?;
@@ -146,6 +214,9 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         ran_more_than_once: repeats,
         taken_over,
         interrupted,
+        overlap: job.overlap.clone().unwrap_or_else(|| slot::Overlap::Allow.name().to_owned()),
+        pause,
+        triggers,
     }))
 }
 
@@ -185,6 +256,23 @@ fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
             v.state = if lease_live { "running" } else { "given_back" };
             v.machine = Some(host.clone());
         }
+        slot::Entry::Waiting { host, since_ms, .. } => {
+            v.state = if lease_live { "waiting" } else { "given_back" };
+            (v.machine, v.started) = (Some(host.clone()), utc(*since_ms));
+        }
+        slot::Entry::Requested { by, at_ms } => {
+            v.state = "requested";
+            (v.machine, v.started) = (Some(by.clone()), utc(*at_ms));
+        }
+        slot::Entry::Paused { by, note, .. } => {
+            v.state = "paused";
+            v.machine = Some(by.clone());
+            v.ending = note.clone();
+        }
+        slot::Entry::Skipped { policy, earlier_ms, .. } => {
+            v.state = "skipped";
+            v.ending = Some(format!("{policy}: after {}", format_in(*earlier_ms, None)));
+        }
         slot::Entry::Missed { reason, .. } => {
             v.missed = Some(match reason {
                 MissedReason::NoInvocation => "no_invocation",
@@ -215,6 +303,11 @@ impl History {
             self.crashed,
             count(self.behind, "slot", "slots")
         );
+        out.push_str(&format!("overlap {}", self.overlap));
+        if let Some(p) = &self.pause {
+            out.push_str(&format!("; {}", p.describe()));
+        }
+        out.push('\n');
         out.push_str(&format!(
             "{:<26} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
             "SLOT", "STATE", "MACHINE", "ATTEMPTS", "STARTED", "DURATION", "EXIT"
@@ -242,6 +335,18 @@ impl History {
                 s.started.as_deref().unwrap_or("-"),
                 duration,
                 exit
+            ));
+        }
+        for (id, t) in &self.triggers {
+            out.push_str(&format!(
+                "trigger {:<18} {:<11} {:<16} {:>8}  {:<20} {:>9}  {}\n",
+                printable(id),
+                t.state,
+                t.machine.as_deref().unwrap_or("-"),
+                t.attempts,
+                t.started.as_deref().unwrap_or("-"),
+                t.duration_ms.map_or_else(String::new, human_millis),
+                t.ending.as_deref().unwrap_or_default()
             ));
         }
         if let Some(s) = self.slots.iter().find(|s| !s.output.is_empty()) {
@@ -280,6 +385,8 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
         )));
     }
     let mut keys = list_all(store, &slot_prefix(name)).await?;
+    keys.extend(list_all(store, &slot::trigger_prefix(name)).await?);
+    keys.push(slot::pause_key(name));
     keys.push(job_key(name));
     keys.push(repeats_key(name));
     keys.push(takeovers_key(name));

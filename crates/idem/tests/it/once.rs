@@ -397,7 +397,7 @@ async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
     std::thread::sleep(next.saturating_sub(now));
     let (code, stderr) = b.run("overlap", &[&args[..], &["--fail-if-held"]].concat(), script);
     assert_eq!(code, 5, "{stderr}");
-    assert!(stderr.contains("still runs (--no-overlap)"), "{stderr}");
+    assert!(stderr.contains("still runs (--overlap skip)"), "{stderr}");
     assert_eq!(b.lines("runs").len(), 1);
     assert_eq!(first.wait_with_output().unwrap().status.code(), Some(0));
     let (code, stderr) = b.run("overlap", &args, script);

@@ -1,0 +1,206 @@
+//! What a job's operators and its overlap policy decide beyond the schedule: the [`Overlap`] policy and what it
+//! does when an earlier slot still runs ([`overlap`]), a [`Pause`], and the keys of runs requested outside the
+//! schedule ([`Keys::trigger`]). Pure: times are arguments, by the store's clock.
+
+use bytes::Bytes;
+use idem_store::{Precondition, Ttl};
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, Keys};
+use crate::{Error, Write, WriteOp};
+
+/// What a slot does when it comes while an earlier slot of the job still runs (`--overlap`). Named as
+/// Temporal's `ScheduleOverlapPolicy`; [`Overlap::kubernetes`] gives Kubernetes' `concurrencyPolicy` where it
+/// has one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Overlap {
+    /// Run it beside the earlier one (the default; Kubernetes `Allow`).
+    #[default]
+    Allow,
+    /// Do not start it while the earlier one runs; a later invocation in the slot starts it once that ended
+    /// (Kubernetes `Forbid`; `--no-overlap`).
+    Skip,
+    /// Its invocation waits (holding the slot's lease, nothing else) until the earlier one ended, then runs it;
+    /// a slot that comes while one is already waiting is recorded skipped.
+    BufferOne,
+    /// Every slot's invocation waits its turn, in slot order.
+    BufferAll,
+}
+
+impl Overlap {
+    /// Every policy, for messages and the documentation's table.
+    pub const ALL: [Overlap; 4] = [Overlap::Allow, Overlap::Skip, Overlap::BufferOne, Overlap::BufferAll];
+
+    /// Parses `--overlap`'s value (`allow`, `skip`, `buffer-one`, `buffer-all`); `None` for another.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == value)
+    }
+
+    /// The name `--overlap` takes and the job record keeps.
+    pub fn name(self) -> &'static str {
+        match self {
+            Overlap::Allow => "allow",
+            Overlap::Skip => "skip",
+            Overlap::BufferOne => "buffer-one",
+            Overlap::BufferAll => "buffer-all",
+        }
+    }
+
+    /// Temporal's name for it (`SCHEDULE_OVERLAP_POLICY_…`).
+    pub fn temporal(self) -> &'static str {
+        match self {
+            Overlap::Allow => "ALLOW_ALL",
+            Overlap::Skip => "SKIP",
+            Overlap::BufferOne => "BUFFER_ONE",
+            Overlap::BufferAll => "BUFFER_ALL",
+        }
+    }
+
+    /// Kubernetes' `concurrencyPolicy` for it, where a CronJob has one.
+    pub fn kubernetes(self) -> Option<&'static str> {
+        match self {
+            Overlap::Allow => Some("Allow"),
+            Overlap::Skip => Some("Forbid"),
+            Overlap::BufferOne | Overlap::BufferAll => None,
+        }
+    }
+
+    /// Whether an invocation first waits under its slot's lease ([`super::Entry::Waiting`]) before running.
+    pub fn buffers(self) -> bool {
+        matches!(self, Overlap::BufferOne | Overlap::BufferAll)
+    }
+}
+
+/// What a slot's invocation does under its job's policy, judged by [`overlap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverlapPlan {
+    /// No earlier slot is in the way: run.
+    Run,
+    /// Do not start now (`skip`): give the claim back; a later invocation in the slot may start it.
+    GiveBack {
+        /// The earliest slot still running.
+        earlier_ms: u64,
+    },
+    /// Keep waiting under the slot's lease (`buffer-one`, `buffer-all`) and judge again.
+    Wait {
+        /// The slot waited for: the latest of those ahead.
+        earlier_ms: u64,
+    },
+    /// Record the slot skipped (`buffer-one`: another slot already waits ahead of it).
+    RecordSkipped {
+        /// The slot waiting ahead of it.
+        earlier_ms: u64,
+    },
+}
+
+/// Judges a slot whose lease this invocation holds, by `ahead`: the earlier slots of the job whose lease is live
+/// (running, or waiting under `buffer-*`), ascending. Only earlier slots count, so of two slots that both took
+/// their lease the later one yields, whichever looked first: two slots never both go on.
+pub fn overlap(policy: Overlap, ahead: &[u64]) -> OverlapPlan {
+    let (Some(&first), Some(&last)) = (ahead.first(), ahead.last()) else { return OverlapPlan::Run };
+    match policy {
+        Overlap::Allow => OverlapPlan::Run,
+        Overlap::Skip => OverlapPlan::GiveBack { earlier_ms: first },
+        // One runs and one waits already: this one is the second in the buffer.
+        Overlap::BufferOne if ahead.len() >= 2 => OverlapPlan::RecordSkipped { earlier_ms: last },
+        Overlap::BufferOne | Overlap::BufferAll => OverlapPlan::Wait { earlier_ms: last },
+    }
+}
+
+/// The pause record's store key.
+pub fn pause_key(name: &str) -> String {
+    format!("once/{name}/pause")
+}
+
+/// The prefix of a job's trigger entries (runs requested outside the schedule), by id.
+pub fn trigger_prefix(name: &str) -> String {
+    format!("once/{name}/trigger/")
+}
+
+/// The prefix of a job's trigger leases (not under [`lease_prefix`](super::lease_prefix): a triggered run is
+/// not a slot, and the overlap policy does not wait for it).
+pub fn trigger_lease_prefix(name: &str) -> String {
+    format!("once/{name}/trigger-lease/")
+}
+
+/// Whether `id` may name a trigger: 1 to 100 ASCII letters, digits, `.`, `_`, `-` (it is part of a store key).
+pub fn is_trigger_id(id: &str) -> bool {
+    (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl Keys {
+    /// The keys of the run of job `name` requested with trigger `id` ([`is_trigger_id`]) at `at_ms`: its
+    /// entry `once/NAME/trigger/ID` and lease `once/NAME/trigger-lease/ID`; claimed, fenced and recorded as a
+    /// slot's are, and named by `at_ms` in the counted sets.
+    pub fn trigger(name: &str, id: &str, at_ms: u64) -> Self {
+        Self::with(name, at_ms, format!("{}{id}", trigger_prefix(name)), format!("{}{id}", trigger_lease_prefix(name)))
+    }
+}
+
+/// A job paused by an operator (`idem once pause`): no slot starts while it holds ([`Pause::holds_at`]); each
+/// slot an invocation comes for meanwhile is recorded [`Entry::Paused`](super::Entry::Paused).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// Who paused it (`user@host`).
+    pub by: String,
+    /// Why, as they said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// When, by the store's clock, in milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// When it ends by itself (`--until`); `None`: until resumed. `idem once resume` sets it to the time it
+    /// resumed, so the record says when the last pause was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// Who resumed it, when it was resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_by: Option<String>,
+}
+
+impl Pause {
+    /// Whether the job is paused at `now_ms`.
+    pub fn holds_at(&self, now_ms: u64) -> bool {
+        self.until_ms.is_none_or(|until| now_ms < until)
+    }
+
+    /// The record once resumed by `by` at `now_ms` (kept, not deleted: `status` says when the last pause was).
+    #[must_use]
+    pub fn resumed(&self, by: &str, now_ms: u64) -> Self {
+        let until = self.until_ms.map_or(now_ms, |u| u.min(now_ms));
+        Self { until_ms: Some(until), resumed_by: Some(by.to_owned()), ..self.clone() }
+    }
+
+    /// Encodes as stored (JSON).
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// Decodes what [`Pause::encode`] wrote.
+    ///
+    /// # Errors
+    /// [`Error::RecordCorrupt`] when the bytes are not a pause record.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(bytes).map_err(|e| Error::RecordCorrupt { reason: e.to_string() })
+    }
+}
+
+/// The write that records the slot of `keys` paused under `pause`: create-only, as [`missed`](super::missed),
+/// so a claim that came first wins.
+pub fn paused(keys: &Keys, pause: &Pause, now_ms: u64) -> Write {
+    let entry = Entry::Paused { by: pause.by.clone(), note: pause.note.clone(), recorded_at_ms: now_ms };
+    create(keys, &entry)
+}
+
+/// The write that requests a run outside the schedule (`idem once trigger`) under the trigger's `keys`
+/// ([`Keys::trigger`]): create-only, so a request retried with the same id is one run.
+pub fn requested(keys: &Keys, by: &str, at_ms: u64) -> Write {
+    create(keys, &Entry::Requested { by: by.to_owned(), at_ms })
+}
+
+fn create(keys: &Keys, entry: &Entry) -> Write {
+    Write {
+        key: keys.entry().to_owned(),
+        op: WriteOp::Put { value: entry.encode(), ttl: Ttl::Clear },
+        precondition: Precondition::Absent,
+    }
+}

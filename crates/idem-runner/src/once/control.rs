@@ -1,0 +1,232 @@
+//! What operators do to a job between its invocations, each a store operation any machine (or a web page) can
+//! make: [`pause`] and [`resume`] it, [`trigger`] a run outside its schedule (run by the job's next
+//! invocation, on whatever machine, under its own key), and [`list`] every job.
+
+use idem_core::slot::{self, Job, Pause, job_key, pause_key};
+use idem_store::{Precondition, Store, StoreExt, Ttl};
+use serde::Serialize;
+
+use super::record::list_all;
+use super::schedule::{format_in, parse_canonical};
+use super::status::PauseView;
+use super::{check_name, millis};
+use crate::Error;
+
+/// Who is asking, as pauses and triggers record it: `user@host` (`$USER`, else `$LOGNAME`, else `unknown`;
+/// the host as the history names it, `IDEM_HOST` when set).
+pub fn who() -> String {
+    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
+    format!("{user}@{}", crate::supervise::host_name())
+}
+
+/// Pauses job `name` (checked: [`check_name`]) until `until_ms` (milliseconds since the Unix epoch, by the
+/// store's clock; `None`: until [`resume`]d), saying `note`, asked by `who` (`user@host`). From now on every
+/// invocation records its slot `paused` and runs nothing; a slot already running goes on. A pause replaces
+/// the one before. `Ok(None)` when the store has no such job.
+///
+/// # Errors
+/// [`Error::Config`] for a bad name or an `until_ms` not after the store's now; [`Error::Store`] when the store
+/// fails.
+pub async fn pause<S: Store>(
+    store: &S,
+    name: &str,
+    until_ms: Option<u64>,
+    note: Option<String>,
+    who: &str,
+) -> Result<Option<Pause>, Error> {
+    check_name(name)?;
+    if store.get(&job_key(name)).await?.is_none() {
+        return Ok(None);
+    }
+    let now_ms = millis(store.now().await?);
+    if let Some(until) = until_ms.filter(|u| *u <= now_ms) {
+        return Err(Error::Config(format!(
+            "--until {} is not after now ({}, the store's clock): nothing paused",
+            format_in(until, None),
+            format_in(now_ms, None)
+        )));
+    }
+    let pause = Pause { by: who.to_owned(), note, since_ms: now_ms, until_ms, resumed_by: None };
+    store.put(&pause_key(name), pause.encode(), Precondition::Any, Ttl::Clear).await?;
+    Ok(Some(pause))
+}
+
+/// Resumes job `name`: its pause ends now (the record stays, so `status` says when the last pause was).
+/// `Ok(None)` when the job is not paused (never was, its `--until` passed, or it was resumed).
+///
+/// # Errors
+/// [`Error::Config`] for a bad name; [`Error::Store`] when the store fails (or the pause changed meanwhile, a
+/// precondition failure: try again); [`Error::Entry`] for a pause record that cannot be decoded.
+pub async fn resume<S: Store>(store: &S, name: &str, who: &str) -> Result<Option<Pause>, Error> {
+    check_name(name)?;
+    let key = pause_key(name);
+    let Some(v) = store.get(&key).await? else { return Ok(None) };
+    let pause = Pause::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+    let now_ms = millis(store.now().await?);
+    if !pause.holds_at(now_ms) {
+        return Ok(None);
+    }
+    let resumed = pause.resumed(who, now_ms);
+    store.put(&key, resumed.encode(), Precondition::Generation(v.generation()), Ttl::Clear).await?;
+    Ok(Some(resumed))
+}
+
+/// The job's last pause record, holding or not (`None`: never paused).
+///
+/// # Errors
+/// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
+pub async fn pause_state<S: Store>(store: &S, name: &str) -> Result<Option<Pause>, Error> {
+    let key = pause_key(name);
+    match store.get(&key).await? {
+        Some(v) => Ok(Some(Pause::decode(v.value()).map_err(|source| Error::Entry { key, source })?)),
+        None => Ok(None),
+    }
+}
+
+/// What [`trigger`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Triggered {
+    /// The trigger's id.
+    pub id: String,
+    /// `true`: requested now; `false`: a request with this id was there already (it runs, or ran, once).
+    pub new: bool,
+    /// The trigger's state in the store (`requested`, `running`, `done`, `failed`…, as `status` says it).
+    pub state: String,
+}
+
+/// Requests a run of job `name` outside its schedule, keyed by `id` (`None`: a new id is made; give one to
+/// make a retried request one run): a create-only write, so a request made again with the same id changes
+/// nothing. The job's next invocation, on any machine, claims and runs it under a lease as it does a slot,
+/// after its own slot, whether the job is paused or not (an operator asked for it). `Ok(None)` when the store
+/// has no such job.
+///
+/// # Errors
+/// [`Error::Config`] for a bad name or id; [`Error::Store`] when the store fails.
+pub async fn trigger<S: Store>(store: &S, name: &str, id: Option<&str>, who: &str) -> Result<Option<Triggered>, Error> {
+    check_name(name)?;
+    let id = id.map_or_else(|| format!("t{:016x}", rand::random::<u64>()), str::to_owned);
+    if !slot::is_trigger_id(&id) {
+        return Err(Error::Config(format!("--id {id:?}: give 1 to 100 ASCII letters, digits, '.', '_', '-'")));
+    }
+    if store.get(&job_key(name)).await?.is_none() {
+        return Ok(None);
+    }
+    let now_ms = millis(store.now().await?);
+    let keys = slot::Keys::trigger(name, &id, now_ms);
+    let new = match store.apply(slot::requested(&keys, who, now_ms)).await {
+        Ok(_) => true,
+        Err(e) if e.is_precondition_failed() => false,
+        Err(e) => return Err(e.into()),
+    };
+    let state = match store.get(keys.entry()).await? {
+        Some(v) => {
+            slot::Entry::decode(v.value()).map_or_else(|_| "unreadable".to_owned(), |e| state_name(&e).to_owned())
+        }
+        None => "gone".to_owned(),
+    };
+    Ok(Some(Triggered { id, new, state }))
+}
+
+/// One job as [`list`] shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct JobView {
+    /// The job's name.
+    pub name: String,
+    /// Its schedule, in words (`every 1h`, `cron '0 3 * * *' (UTC)`).
+    pub schedule: String,
+    /// Its overlap policy.
+    pub overlap: String,
+    /// The newest slot any invocation has seen (RFC 3339).
+    pub last_slot: String,
+    /// That slot's state (`done`, `failed`, `running`, `paused`, `missed`…; `none` when it has no entry).
+    pub last_state: String,
+    /// The next slot after the store's now (RFC 3339).
+    pub next_slot: Option<String>,
+    /// Its pause, if it was ever paused (`paused` says whether it holds now).
+    pub pause: Option<PauseView>,
+}
+
+/// Every job in the store, by name: one listing of the `once/` keys, then three reads per job (its record,
+/// its pause and its newest slot's entry, in one `get_many`).
+///
+/// # Errors
+/// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
+pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
+    let names: Vec<String> = list_all(store, "once/")
+        .await?
+        .into_iter()
+        .filter_map(|k| Some(k.strip_prefix("once/")?.strip_suffix("/job")?.to_owned()))
+        .filter(|n| !n.contains('/'))
+        .collect();
+    let now_ms = millis(store.now().await?);
+    let mut jobs = Vec::with_capacity(names.len());
+    for name in names {
+        let key = job_key(&name);
+        let Some(v) = store.get(&key).await? else { continue };
+        let job = Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
+        let entry_key = slot::Keys::new(&name, job.last_slot_ms).entry().to_owned();
+        let read = store.get_many(&[pause_key(&name), entry_key]).await?;
+        let pause = match read.first().and_then(Option::as_ref) {
+            Some(p) => Some(Pause::decode(p.value()).map_err(|source| Error::Entry { key: pause_key(&name), source })?),
+            None => None,
+        };
+        let last_state = match read.get(1).and_then(Option::as_ref) {
+            Some(e) => {
+                slot::Entry::decode(e.value()).map_or_else(|_| "unreadable".to_owned(), |e| state_name(&e).to_owned())
+            }
+            None => "none".to_owned(),
+        };
+        let schedule = parse_canonical(&job.schedule).ok();
+        jobs.push(JobView {
+            name,
+            schedule: schedule.as_ref().map_or_else(|| job.schedule.clone(), super::Schedule::describe),
+            overlap: job.overlap.clone().unwrap_or_else(|| slot::Overlap::Allow.name().to_owned()),
+            last_slot: schedule
+                .as_ref()
+                .map_or_else(|| format_in(job.last_slot_ms, None), |s| s.format(job.last_slot_ms)),
+            last_state,
+            next_slot: schedule.as_ref().and_then(|s| s.next_after(now_ms).ok().map(|n| s.format(n))),
+            pause: pause.map(|p| PauseView::new(&p, now_ms)),
+        });
+    }
+    Ok(jobs)
+}
+
+/// The state's name as `status` and `list` say it (without the lease: `running` may be `crashed`).
+pub(super) fn state_name(entry: &slot::Entry) -> &'static str {
+    match entry {
+        slot::Entry::Running { .. } => "running",
+        slot::Entry::Failed { .. } => "failed",
+        slot::Entry::Interrupted { .. } => "given_back",
+        slot::Entry::Done { .. } => "done",
+        slot::Entry::Waiting { .. } => "waiting",
+        slot::Entry::Requested { .. } => "requested",
+        slot::Entry::Paused { .. } => "paused",
+        slot::Entry::Skipped { .. } => "skipped",
+        slot::Entry::Missed { .. } => "missed",
+    }
+}
+
+/// The table `idem once list` prints.
+pub fn render_list(jobs: &[JobView]) -> String {
+    let mut out = format!(
+        "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {}\n",
+        "JOB", "SCHEDULE", "OVERLAP", "LAST SLOT", "STATE", "NEXT SLOT", "PAUSED"
+    );
+    for j in jobs {
+        let paused = match &j.pause {
+            Some(p) if p.paused => format!("by {} until {}", p.by, p.until.as_deref().unwrap_or("resumed")),
+            _ => "no".to_owned(),
+        };
+        out.push_str(&format!(
+            "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {paused}\n",
+            j.name,
+            j.schedule,
+            j.overlap,
+            j.last_slot,
+            j.last_state,
+            j.next_slot.as_deref().unwrap_or("-")
+        ));
+    }
+    out
+}

@@ -1,0 +1,148 @@
+//! A slot under an overlap policy other than `allow` ([`idem_core::slot::Overlap`]): the invocation takes the
+//! slot's lease and writes a `waiting` entry first (no attempt counted), then judges the earlier slots whose
+//! lease is live ([`idem_core::slot::overlap`]): runs, gives the slot back (`skip`), records it skipped
+//! (`buffer-one`, one already waits) or waits, renewing its lease, until they ended (`buffer-*`). Taking the
+//! lease before looking makes two slots that look at once see each other, and only earlier slots count: of
+//! the two, the later one yields.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use idem_core::slot::{self, OverlapPlan};
+use idem_store::{Generation, Store, StoreExt};
+
+use super::record::{self, list_all};
+use super::{Error, OnceConfig, Outcome, millis};
+use crate::supervise::{host_name, owner_token};
+
+/// What the turn came to.
+pub(super) enum Turn {
+    /// The slot is held (entry `running`, attempt 1): run it. The instant is when its lease was last renewed.
+    Held(Box<slot::Held>, tokio::time::Instant),
+    /// Nothing runs here.
+    Done(Outcome),
+    /// Another invocation changed the slot meanwhile: judge it again.
+    Changed,
+}
+
+/// Takes the slot of `keys` (its entry `entry`, none or a lapsed waiter's) in its turn under `cfg.overlap`.
+pub(super) async fn take_turn<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    keys: &slot::Keys,
+    entry: Option<(Generation, slot::Entry)>,
+    now_ms: u64,
+    mut interrupt: Pin<&mut impl Future<Output = ()>>,
+) -> Result<Turn, Error> {
+    let claim = slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry);
+    let mut renewed = tokio::time::Instant::now();
+    let mut lease = match store.apply(claim.lease_write()).await {
+        Ok(Some(g)) => g,
+        Ok(None) => return Err(super::no_generation()),
+        Err(e) if e.is_precondition_failed() => return Ok(Turn::Changed),
+        Err(e) => return Err(e.into()),
+    };
+    let waiting = match store.apply(claim.waiting_write()).await {
+        Ok(Some(g)) => g,
+        Ok(None) => return Err(super::no_generation()),
+        Err(e) => {
+            let _ = store.apply(claim.lease_release(lease)).await;
+            return if e.is_precondition_failed() { Ok(Turn::Changed) } else { Err(e.into()) };
+        }
+    };
+    let give_back = async |lease: Generation| {
+        let _ = store.apply(claim.waiting_given_back(waiting)).await;
+        let _ = store.apply(claim.lease_release(lease)).await;
+    };
+    if claim.creates() {
+        // As a claim that creates the entry: the read of "no entry" may be stale by a whole history.
+        match record::newer_than_history(store, keys).await {
+            Ok(None) => {}
+            Ok(Some(newest)) => {
+                give_back(lease).await;
+                record::behind(store, keys).await;
+                return Ok(Turn::Done(Outcome::Behind { newest: cfg.schedule.format(newest) }));
+            }
+            Err(e) => {
+                give_back(lease).await;
+                return Err(e);
+            }
+        }
+    }
+    // Renewed well within the lease: a waiter whose lease lapsed is one a later invocation may replace.
+    let poll = (cfg.lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        let ahead = match earlier_live(store, &cfg.name, keys.slot_ms()).await {
+            Ok(ahead) => ahead,
+            Err(e) => {
+                give_back(lease).await;
+                return Err(e);
+            }
+        };
+        match slot::overlap(cfg.overlap, &ahead) {
+            OverlapPlan::Run => break,
+            OverlapPlan::GiveBack { earlier_ms } => {
+                give_back(lease).await;
+                return Ok(Turn::Done(Outcome::EarlierRunning { slot: cfg.schedule.format(earlier_ms) }));
+            }
+            OverlapPlan::RecordSkipped { earlier_ms } => {
+                let now = millis(store.now().await?);
+                let _ = store.apply(claim.skipped(waiting, cfg.overlap.name(), earlier_ms, now)).await;
+                let _ = store.apply(claim.lease_release(lease)).await;
+                return Ok(Turn::Done(Outcome::Skipped { earlier: cfg.schedule.format(earlier_ms) }));
+            }
+            OverlapPlan::Wait { .. } => {}
+        }
+        tokio::select! {
+            biased;
+            () = interrupt.as_mut() => {
+                give_back(lease).await;
+                return Ok(Turn::Done(Outcome::Stopped { attempt: None }));
+            }
+            () = tokio::time::sleep(poll) => {}
+        }
+        let sent = tokio::time::Instant::now();
+        match store.apply(claim.lease_renewal(lease)).await {
+            Ok(Some(g)) => (lease, renewed) = (g, sent),
+            Ok(None) => return Err(super::no_generation()),
+            Err(e) if e.is_precondition_failed() => {
+                return Ok(Turn::Done(Outcome::LeaseLost {
+                    attempt: 1,
+                    why: "its lease lapsed while it waited for the earlier slot (this invocation was paused or cut \
+                          off), and another invocation took the slot: nothing ran here"
+                        .into(),
+                    succeeded: false,
+                }));
+            }
+            // The store failing: tried again at the next poll, while the lease lasts.
+            Err(e) if sent.duration_since(renewed) < cfg.lease => {
+                tracing::warn!(error = %e, "renewing a waiting slot's lease failed")
+            }
+            Err(e) => {
+                give_back(lease).await;
+                return Err(e.into());
+            }
+        }
+    }
+    let now = millis(store.now().await?);
+    let go = claim.after_wait(waiting, now);
+    match store.apply(go.entry_write()).await {
+        Ok(Some(entry)) => Ok(Turn::Held(Box::new(go.acquired(lease, entry)), renewed)),
+        Ok(None) => Err(super::no_generation()),
+        Err(e) => {
+            let _ = store.apply(claim.lease_release(lease)).await;
+            if e.is_precondition_failed() { Ok(Turn::Changed) } else { Err(e.into()) }
+        }
+    }
+}
+
+/// The slots of job `name` before `slot` whose lease is live (running, or waiting their turn), ascending.
+async fn earlier_live<S: Store>(store: &S, name: &str, slot: u64) -> Result<Vec<u64>, Error> {
+    Ok(list_all(store, &slot::lease_prefix(name))
+        .await?
+        .iter()
+        .filter_map(|k| slot::slot_of_key(k))
+        .filter(|s| *s < slot)
+        .collect())
+}

@@ -1,0 +1,172 @@
+//! `idem once`'s overlap policies, pause and triggered runs, with real concurrent invocations (tasks on one
+//! [`MemoryStore`] on the system clock) and a command that appends to a log, so executions are counted.
+#![allow(clippy::unwrap_used)] // tests report failures by panicking
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use idem_runner::once::{self, OnceConfig, Outcome, Overlap, Schedule};
+use idem_store::MemoryStore;
+
+fn job(dir: &Path, every: Duration, overlap: Overlap, script: &str) -> OnceConfig {
+    let script = format!("cd '{}' && {script}", dir.display());
+    let mut cfg = OnceConfig::new("job", Schedule::every(every).unwrap(), vec!["sh".into(), "-c".into(), script]);
+    cfg.lease = Duration::from_secs(1);
+    cfg.overlap = overlap;
+    cfg
+}
+
+fn log(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("log")).map(|s| s.lines().map(str::to_owned).collect()).unwrap_or_default()
+}
+
+/// Invocations of a 1 s job whose command takes 1.5 s, one every 250 ms for 6 s, each its own task (as cron
+/// on several machines): returns their outcomes once all ended.
+async fn invoke_for_six_seconds(store: &Arc<MemoryStore>, cfg: &OnceConfig) -> Vec<Outcome> {
+    let mut tasks = Vec::new();
+    for _ in 0..24 {
+        let (store, cfg) = (Arc::clone(store), cfg.clone());
+        tasks.push(tokio::spawn(async move { once::once(&*store, &cfg, std::future::pending()).await }));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap().unwrap().outcome);
+    }
+    outcomes
+}
+
+/// The log's `start`/`end` lines never show two runs at once; returns how many ran.
+fn runs_one_at_a_time(lines: &[String]) -> usize {
+    let mut running = 0;
+    let mut runs = 0;
+    for line in lines {
+        if line == "start" {
+            running += 1;
+            runs += 1;
+            assert_eq!(running, 1, "two slots ran at once: {lines:?}");
+        } else {
+            running -= 1;
+        }
+    }
+    runs
+}
+
+const SLOW: &str = "echo start >> log; sleep 1.5; echo end >> log";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn skip_never_runs_two_slots_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = job(dir.path(), Duration::from_secs(1), Overlap::Skip, SLOW);
+    let outcomes = invoke_for_six_seconds(&store, &cfg).await;
+    let runs = runs_one_at_a_time(&log(dir.path()));
+    assert!(runs >= 2, "{runs} runs: {outcomes:?}");
+    assert!(outcomes.iter().any(|o| matches!(o, Outcome::EarlierRunning { .. })), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buffer_one_runs_the_next_slot_after_the_running_one_and_skips_a_third() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = job(dir.path(), Duration::from_secs(1), Overlap::BufferOne, SLOW);
+    let outcomes = invoke_for_six_seconds(&store, &cfg).await;
+    let runs = runs_one_at_a_time(&log(dir.path()));
+    let succeeded = outcomes.iter().filter(|o| matches!(o, Outcome::Succeeded { .. })).count();
+    assert_eq!(runs, succeeded, "every run started was recorded done: {outcomes:?}");
+    // A buffered slot ran right after the one it waited for: runs follow each other with no gap for slots.
+    assert!(runs >= 3, "{runs} runs: {outcomes:?}");
+    assert!(outcomes.iter().any(|o| matches!(o, Outcome::Skipped { .. })), "a slot found one buffered: {outcomes:?}");
+    let history = once::history(&*store, "job", 100).await.unwrap().unwrap();
+    assert!(history.slots.iter().any(|s| s.state == "skipped"), "{}", history.render());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_slot_runs_while_paused_and_the_next_after_the_pause_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = job(dir.path(), Duration::from_secs(1), Overlap::Allow, "date +%s%3N >> log");
+    // The job exists once invoked.
+    once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+    let first = log(dir.path()).len();
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    let until = now + 2500;
+    let p = once::pause(&*store, "job", Some(until), Some("incident".into()), "ops@test").await.unwrap().unwrap();
+    assert_eq!(p.by, "ops@test");
+    let mut paused = 0;
+    loop {
+        let report = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+        if matches!(report.outcome, Outcome::Paused { .. }) {
+            paused += 1;
+        }
+        if log(dir.path()).len() > first {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let started: Vec<u64> = log(dir.path())[first..].iter().map(|l| l.parse().unwrap()).collect();
+    assert!(started.iter().all(|t| *t >= until), "a run started while paused: {started:?} < {until}");
+    assert!(paused >= 3, "invocations during the pause found it paused: {paused}");
+    let history = once::history(&*store, "job", 100).await.unwrap().unwrap();
+    assert!(history.slots.iter().any(|s| s.state == "paused"), "{}", history.render());
+    let view = history.pause.unwrap();
+    assert!(!view.paused && view.by == "ops@test" && view.note.as_deref() == Some("incident"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_job_is_resumed_and_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(366 * 86_400), Overlap::Allow, "echo ran >> log");
+    assert!(once::pause(&store, "job", None, None, "a@b").await.unwrap().is_none(), "no such job yet");
+    once::forget(&store, "job").await.unwrap();
+    let mut daily = cfg.clone();
+    daily.schedule = Schedule::every(Duration::from_secs(1)).unwrap();
+    once::once(&store, &daily, std::future::pending()).await.unwrap();
+    once::pause(&store, "job", None, None, "a@b").await.unwrap().unwrap();
+    let before = log(dir.path()).len();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = once::once(&store, &daily, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Paused { recorded_now: true, .. }), "{}", r.render());
+    assert_eq!(log(dir.path()).len(), before);
+    assert!(once::resume(&store, "job", "c@d").await.unwrap().is_some());
+    assert!(once::resume(&store, "job", "c@d").await.unwrap().is_none(), "resumed already");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = once::once(&store, &daily, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_retried_five_times_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(366 * 86_400), Overlap::Allow, "echo ran >> log");
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert_eq!(log(dir.path()).len(), 1, "the slot ran");
+    for i in 0..5 {
+        let t = once::trigger(&store, "job", Some("deploy-42"), "ops@test").await.unwrap().unwrap();
+        assert_eq!(t.new, i == 0, "only the first request is new");
+    }
+    for _ in 0..3 {
+        once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    }
+    assert_eq!(log(dir.path()).len(), 2, "the slot once and the trigger once");
+    let history = once::history(&store, "job", 10).await.unwrap().unwrap();
+    assert_eq!(history.triggers.len(), 1);
+    assert_eq!(history.triggers[0].1.state, "done");
+    let jobs = once::list(&store).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!((jobs[0].name.as_str(), jobs[0].last_state.as_str()), ("job", "done"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_overlap_policy_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(366 * 86_400), Overlap::Allow, "true");
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    let other = OnceConfig { overlap: Overlap::BufferAll, ..cfg };
+    let e = once::once(&store, &other, std::future::pending()).await.unwrap_err().to_string();
+    assert!(e.contains("--overlap allow in this store, not buffer-all"), "{e}");
+}
