@@ -45,6 +45,12 @@ fn trim_zeros(digits: &[u8]) -> &[u8] {
     &digits[start..]
 }
 
+/// `line` with its control characters escaped (`\u{1b}`): a command's colour codes or a stray escape
+/// sequence must not drive the reader's terminal. JSON keeps the line as it was.
+pub(crate) fn printable(line: &str) -> String {
+    line.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{count, natural_cmp};

@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::record::list_all;
 use super::schedule::{format_in, parse_canonical};
-use super::status::PauseView;
 use super::{check_name, millis};
 use crate::Error;
+use crate::shown::printable;
 
 /// Who is asking, as pauses and triggers record it: `user@host` (`$USER`, else `$LOGNAME`, else `unknown`;
 /// the host as the history names it, `IDEM_HOST` when set).
@@ -229,4 +229,47 @@ pub fn render_list(jobs: &[JobView]) -> String {
         ));
     }
     out
+}
+
+/// A job's pause as `status` and `list` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PauseView {
+    /// Whether it holds now (by the store's clock).
+    pub paused: bool,
+    /// Who paused the job (`user@host`).
+    pub by: String,
+    /// Why.
+    pub note: Option<String>,
+    /// Since when (RFC 3339, UTC).
+    pub since: String,
+    /// Until when (RFC 3339, UTC); `null`: until resumed.
+    pub until: Option<String>,
+    /// Who resumed it, if someone did.
+    pub resumed_by: Option<String>,
+}
+
+impl PauseView {
+    /// The view of `pause` at `now_ms` (the store's clock).
+    pub fn new(pause: &slot::Pause, now_ms: u64) -> Self {
+        Self {
+            paused: pause.holds_at(now_ms),
+            by: pause.by.clone(),
+            note: pause.note.clone(),
+            since: format_in(pause.since_ms, None),
+            until: pause.until_ms.map(|u| format_in(u, None)),
+            resumed_by: pause.resumed_by.clone(),
+        }
+    }
+
+    /// In words: `paused by ops@db1 until 2026-01-01T00:00:00Z (disk full)`, `not paused (last …)`.
+    pub fn describe(&self) -> String {
+        let until = self.until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
+        let note = self.note.as_ref().map_or_else(String::new, |n| format!(" ({})", printable(n)));
+        let resumed = self.resumed_by.as_ref().map_or_else(String::new, |r| format!(", resumed by {r}"));
+        if self.paused {
+            format!("paused by {} since {}{until}{note}", self.by, self.since)
+        } else {
+            format!("not paused (last paused by {} from {}{until}{note}{resumed})", self.by, self.since)
+        }
+    }
 }

@@ -27,7 +27,7 @@ use crate::Error;
 use crate::supervise::{host_name, owner_token};
 
 pub use config::{OnceConfig, check_name, default_store_path};
-pub use control::{JobView, Triggered, list, pause, pause_state, render_list, resume, trigger, who};
+pub use control::{JobView, PauseView, Triggered, list, pause, pause_state, render_list, resume, trigger, who};
 pub use idem_core::slot::Overlap;
 pub use record::RECORD_PATIENCE;
 pub use report::{
@@ -35,7 +35,7 @@ pub use report::{
     EXIT_STORE_UNAVAILABLE, EXIT_USAGE, Outcome, Report,
 };
 pub use schedule::{Schedule, parse_canonical};
-pub use status::{History, PauseView, SlotView, forget, history};
+pub use status::{History, SlotView, forget, history};
 
 /// Runs one invocation of `cfg` (checked: [`OnceConfig::check`]) against `store`; `interrupt` resolves when
 /// a signal asks the invocation to stop (a running command is then killed; its attempt counts).

@@ -7,10 +7,11 @@ use idem_core::slot::{
 use idem_store::{Precondition, Store};
 use serde::Serialize;
 
+use super::control::{PauseView, pause_state};
 use super::record::list_all;
 use super::schedule::{Schedule, format_in, human_secs, parse_canonical};
 use crate::Error;
-use crate::shown::count;
+use crate::shown::{count, printable};
 
 /// A job's recorded history.
 #[derive(Clone, Debug, Serialize)]
@@ -49,49 +50,6 @@ pub struct History {
     pub pause: Option<PauseView>,
     /// Runs requested outside the schedule (`idem once trigger`), newest first, by id.
     pub triggers: Vec<(String, SlotView)>,
-}
-
-/// A job's pause as `status` and `list` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PauseView {
-    /// Whether it holds now (by the store's clock).
-    pub paused: bool,
-    /// Who paused the job (`user@host`).
-    pub by: String,
-    /// Why.
-    pub note: Option<String>,
-    /// Since when (RFC 3339, UTC).
-    pub since: String,
-    /// Until when (RFC 3339, UTC); `null`: until resumed.
-    pub until: Option<String>,
-    /// Who resumed it, if someone did.
-    pub resumed_by: Option<String>,
-}
-
-impl PauseView {
-    /// The view of `pause` at `now_ms` (the store's clock).
-    pub fn new(pause: &slot::Pause, now_ms: u64) -> Self {
-        Self {
-            paused: pause.holds_at(now_ms),
-            by: pause.by.clone(),
-            note: pause.note.clone(),
-            since: format_in(pause.since_ms, None),
-            until: pause.until_ms.map(|u| format_in(u, None)),
-            resumed_by: pause.resumed_by.clone(),
-        }
-    }
-
-    /// In words: `paused by ops@db1 until 2026-01-01T00:00:00Z (disk full)`, `not paused (last …)`.
-    pub fn describe(&self) -> String {
-        let until = self.until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
-        let note = self.note.as_ref().map_or_else(String::new, |n| format!(" ({})", printable(n)));
-        let resumed = self.resumed_by.as_ref().map_or_else(String::new, |r| format!(", resumed by {r}"));
-        if self.paused {
-            format!("paused by {} since {}{until}{note}", self.by, self.since)
-        } else {
-            format!("not paused (last paused by {} from {}{until}{note}{resumed})", self.by, self.since)
-        }
-    }
 }
 
 /// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
@@ -184,7 +142,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         })
     };
     let now_ms = super::millis(store.now().await?);
-    let pause = super::control::pause_state(store, name).await?.map(|p| PauseView::new(&p, now_ms));
+    let pause = pause_state(store, name).await?.map(|p| PauseView::new(&p, now_ms));
     let mut triggers = Vec::new();
     let trigger_keys = list_all(store, &slot::trigger_prefix(name)).await?;
     let trigger_live: std::collections::HashSet<String> = list_all(store, &slot::trigger_lease_prefix(name))
@@ -357,12 +315,6 @@ impl History {
         }
         out
     }
-}
-
-/// `line` with its control characters escaped (`\u{1b}`): a command's colour codes or a stray escape
-/// sequence must not drive the reader's terminal. JSON keeps the line as it was.
-fn printable(line: &str) -> String {
-    line.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 /// A duration for people: tenths of seconds under a minute (`2.5s`), else whole units (`1h2m5s`).
