@@ -12,8 +12,8 @@ use redis::{Cmd, Script, Value};
 
 use crate::conn::{Conn, SentinelConn};
 use crate::error::{Error, ReplicasMissing, connect_error, ran_nothing, redis_err};
-use crate::topology::{Source, Topology};
 use crate::topology::Wait;
+use crate::topology::{Source, Topology};
 use crate::url::Target;
 
 /// What [`RedisStore::send`] sends: a write, or a read confirmed by a write to the barrier key.
