@@ -8,6 +8,8 @@ use idem_runner::once::{self, OnceConfig, Schedule};
 use crate::error::Error;
 use crate::ledger::{Ledger, on_ledger};
 
+mod control;
+
 const ONCE_AFTER_HELP: &str = "\
 Run it from cron or a timer on every machine, as often as you like (every minute for a daily job runs a slot \
 missed while every machine was down as soon as one is back): the slot is the latest scheduled time at or before \
@@ -276,12 +278,7 @@ impl OnceArgs {
 /// Refusals before anything ran (exit status 2), a job not in the store (3).
 pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     match args.command {
-        Some(OnceCommand::Status { name, store, format, limit }) => return status(&name, &store, format, limit).await,
-        Some(OnceCommand::Forget { name, store }) => return forget(&name, &store).await,
-        Some(OnceCommand::Pause { name, store, until, note }) => return pause(&name, &store, until, note).await,
-        Some(OnceCommand::Resume { name, store }) => return resume(&name, &store).await,
-        Some(OnceCommand::Trigger { name, store, id }) => return trigger(&name, &store, id).await,
-        Some(OnceCommand::List { store, format }) => return list(&store, format).await,
+        Some(command) => return control::run(command).await,
         None => {}
     }
     let name = args.name.unwrap_or_default();
@@ -402,124 +399,12 @@ fn signalled() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn status(name: &str, store: &StoreArgs, format: Format, limit: usize) -> Result<i32, Error> {
-    once::check_name(name).map_err(runner_error)?;
-    let ledger = store.open_existing(name).await?;
-    let result = on_ledger!(&ledger, s => once::history(s, name, limit).await);
-    ledger.close().await;
-    let Some(history) = result.map_err(runner_error)? else {
-        return Err(store.no_job(name));
-    };
-    match format {
-        Format::Text => crate::error::out(&history.render())?,
-        Format::Json => {
-            crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&history).unwrap_or_default()))?
-        }
-    }
-    Ok(0)
-}
-
 /// `--overlap`'s value, one line naming the policies when it is none of them.
 fn parse_overlap(value: &str) -> Result<once::Overlap, String> {
     once::Overlap::parse(value).ok_or_else(|| {
         let names: Vec<&str> = once::Overlap::ALL.iter().map(|p| p.name()).collect();
         format!("not a policy; give one of {}", names.join(", "))
     })
-}
-
-/// `--until`'s value in milliseconds since the Unix epoch: RFC 3339, or a duration from `now_ms`.
-fn parse_until(value: &str, now_ms: u64) -> Result<u64, Error> {
-    if let Ok(d) = humantime::parse_duration(value) {
-        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-    }
-    let t = humantime::parse_rfc3339_weak(value).map_err(|_| {
-        Error::Config(format!("--until {value:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration (2h)"))
-    })?;
-    Ok(idem_store::system_time_to_millis(t))
-}
-
-async fn pause(name: &str, store: &StoreArgs, until: Option<String>, note: Option<String>) -> Result<i32, Error> {
-    once::check_name(name).map_err(runner_error)?;
-    let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
-    let until_ms = until.as_deref().map(|u| parse_until(u, now_ms)).transpose()?;
-    let ledger = store.open_existing(name).await?;
-    let who = once::who();
-    let result = on_ledger!(&ledger, s => once::pause(s, name, until_ms, note.clone(), &who).await);
-    ledger.close().await;
-    let Some(p) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
-    let view = once::PauseView::new(&p, p.since_ms);
-    crate::error::out(&format!("job {name}: {}\n", view.describe()))?;
-    Ok(0)
-}
-
-async fn resume(name: &str, store: &StoreArgs) -> Result<i32, Error> {
-    use idem_store::Store as _;
-    once::check_name(name).map_err(runner_error)?;
-    let ledger = store.open_existing(name).await?;
-    let who = once::who();
-    let result = on_ledger!(&ledger, s => async {
-        if s.get(&idem_core::slot::job_key(name)).await?.is_none() {
-            return Ok(None);
-        }
-        once::resume(s, name, &who).await.map(Some)
-    }.await);
-    ledger.close().await;
-    match result.map_err(runner_error)? {
-        None => Err(store.no_job(name)),
-        Some(None) => {
-            crate::error::out(&format!("job {name} is not paused; nothing to resume\n"))?;
-            Ok(0)
-        }
-        Some(Some(_)) => {
-            crate::error::out(&format!("job {name} resumed: its next invocation runs its slot\n"))?;
-            Ok(0)
-        }
-    }
-}
-
-async fn trigger(name: &str, store: &StoreArgs, id: Option<String>) -> Result<i32, Error> {
-    once::check_name(name).map_err(runner_error)?;
-    let ledger = store.open_existing(name).await?;
-    let who = once::who();
-    let result = on_ledger!(&ledger, s => once::trigger(s, name, id.as_deref(), &who).await);
-    ledger.close().await;
-    let Some(t) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
-    let what = if t.new {
-        "requested: the job's next invocation runs it once".to_owned()
-    } else {
-        format!("requested already (now {}): nothing more requested", t.state)
-    };
-    crate::error::out(&format!("{}\n", t.id))?;
-    let line = format!("idem once: {name} trigger {}: {what}\n", t.id);
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-    Ok(0)
-}
-
-async fn list(store: &StoreArgs, format: Format) -> Result<i32, Error> {
-    let ledger = store.open_existing("*").await?;
-    let result = on_ledger!(&ledger, s => once::list(s).await);
-    ledger.close().await;
-    let jobs = result.map_err(runner_error)?;
-    match format {
-        Format::Text => crate::error::out(&once::render_list(&jobs))?,
-        Format::Json => crate::error::out(&format!("{}\n", serde_json::to_string_pretty(&jobs).unwrap_or_default()))?,
-    }
-    Ok(0)
-}
-
-async fn forget(name: &str, store: &StoreArgs) -> Result<i32, Error> {
-    once::check_name(name).map_err(runner_error)?;
-    let ledger = store.open_existing(name).await?;
-    let result = on_ledger!(&ledger, s => once::forget(s, name).await);
-    ledger.close().await;
-    match result.map_err(runner_error)? {
-        0 => Err(store.no_job(name)),
-        n => {
-            let records = crate::error::count(n, "record", "records");
-            crate::error::out(&format!("forgot job {name} ({records}); its next invocation starts afresh\n"))?;
-            Ok(0)
-        }
-    }
 }
 
 #[cfg(test)]
