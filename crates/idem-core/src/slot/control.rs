@@ -3,10 +3,11 @@
 //! schedule ([`Keys::trigger`]). Pure: times are arguments, by the store's clock.
 
 use bytes::Bytes;
-use idem_store::{Precondition, Ttl};
+use idem_store::{Generation, Precondition, Ttl};
 use serde::{Deserialize, Serialize};
 
 use super::{Entry, Keys};
+use crate::ledger::RetryLimit;
 use crate::{Error, Write, WriteOp};
 
 /// What a slot does when it comes while an earlier slot of the job still runs (`--overlap`). Named as
@@ -123,6 +124,66 @@ pub fn trigger_lease_prefix(name: &str) -> String {
     format!("once/{name}/trigger-lease/")
 }
 
+/// The prefix of a job's requested slots (`once/NAME/requested/T`, T as in [`slot_prefix`](super::slot_prefix)):
+/// slots older than the job's newest that a backfill (`idem once backfill`) or a catch-up (`--catchup-window`)
+/// asked to run. A slot older than the job's newest is otherwise never claimed ([`Plan::Behind`](super::Plan::Behind));
+/// one listed here is, by the invocations' pass over this prefix, until its entry is final (then its key is
+/// deleted). The slot's entry is written first ([`Entry::Requested`](super::Entry::Requested), or kept when it
+/// is failed or given back), then this key: a key whose entry is absent stands for a slot whose entry the
+/// history pruned, and is dropped, never run.
+pub fn requested_prefix(name: &str) -> String {
+    format!("once/{name}/requested/")
+}
+
+/// Why a slot older than the job's newest was requested.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestKind {
+    /// `idem once backfill`.
+    Backfill,
+    /// The invocation that found it passed unseen within `--catchup-window`.
+    CatchUp,
+}
+
+impl RequestKind {
+    /// The name messages and `status` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestKind::Backfill => "backfill",
+            RequestKind::CatchUp => "catch-up",
+        }
+    }
+}
+
+/// The key of a requested slot ([`requested_prefix`]) and its value.
+pub fn request_key(keys: &Keys) -> String {
+    format!("{}{:013}", requested_prefix(keys.name()), keys.slot_ms())
+}
+
+/// The value of a requested slot's key: why, and who asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Why.
+    pub kind: RequestKind,
+    /// Who asked (`user@host`).
+    pub by: String,
+}
+
+impl Request {
+    /// Encodes as stored (JSON).
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// Decodes what [`Request::encode`] wrote.
+    ///
+    /// # Errors
+    /// [`Error::RecordCorrupt`] when the bytes are not a request.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        serde_json::from_slice(bytes).map_err(|e| Error::RecordCorrupt { reason: e.to_string() })
+    }
+}
+
 /// Whether `id` may name a trigger: 1 to 100 ASCII letters, digits, `.`, `_`, `-` (it is part of a store key).
 pub fn is_trigger_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -195,6 +256,45 @@ pub fn paused(keys: &Keys, pause: &Pause, now_ms: u64) -> Write {
 /// ([`Keys::trigger`]): create-only, so a request retried with the same id is one run.
 pub fn requested(keys: &Keys, by: &str, at_ms: u64) -> Write {
     create(keys, &Entry::Requested { by: by.to_owned(), at_ms })
+}
+
+/// What a backfill or a catch-up does to a slot before it writes the slot's request key ([`request_key`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestPlan {
+    /// Apply this write to the entry ([`Entry::Requested`]: create-only when absent, fenced on the generation
+    /// when missed, paused or skipped), then write the key.
+    Entry(Write),
+    /// Write the key alone: the entry stays as it is (failed with attempts left, given back, crashed or
+    /// requested already) and the requested slots' pass runs it again.
+    KeyOnly,
+    /// Nothing: the slot is done, failed for good, or waited for by a live invocation; said in words.
+    Nothing(&'static str),
+}
+
+/// Judges a slot for a backfill or a catch-up from its entry (`None`: absent; the caller has checked that it
+/// was not pruned). `limit`: the job's attempts allowed; `by`, `at_ms`: who asks, and when.
+pub fn request(
+    keys: &Keys,
+    entry: Option<(Generation, &Entry)>,
+    limit: RetryLimit,
+    by: &str,
+    at_ms: u64,
+) -> RequestPlan {
+    let requested = Entry::Requested { by: by.to_owned(), at_ms };
+    match entry {
+        None => RequestPlan::Entry(create(keys, &requested)),
+        Some((g, Entry::Missed { .. } | Entry::Paused { .. } | Entry::Skipped { .. })) => RequestPlan::Entry(Write {
+            key: keys.entry().to_owned(),
+            op: WriteOp::Put { value: requested.encode(), ttl: Ttl::Clear },
+            precondition: Precondition::Generation(g),
+        }),
+        Some((_, Entry::Done { .. })) => RequestPlan::Nothing("done"),
+        Some((_, e @ (Entry::Failed { .. } | Entry::Running { .. }))) if e.attempts() >= limit.max_attempts => {
+            RequestPlan::Nothing("failed for good")
+        }
+        Some((_, Entry::Waiting { .. })) => RequestPlan::Nothing("waiting to run"),
+        Some((_, _)) => RequestPlan::KeyOnly,
+    }
 }
 
 fn create(keys: &Keys, entry: &Entry) -> Write {

@@ -37,6 +37,11 @@ pub struct Job {
     /// another stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
+    /// The newest slot whose entry the history prune deleted (or was about to: it is written before the
+    /// deletes), in milliseconds since the Unix epoch: a backfill does not request a slot at or before it whose
+    /// entry is absent, since that slot may have run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pruned_through_ms: Option<u64>,
 }
 
 impl Job {
@@ -64,6 +69,7 @@ impl Job {
             retries: self.retries,
             missed_capped: self.missed_capped,
             overlap: self.overlap.clone(),
+            pruned_through_ms: self.pruned_through_ms,
         }
     }
 }
@@ -173,7 +179,8 @@ pub enum Entry {
         since_ms: u64,
     },
     /// A run requested by `idem once trigger` (the entry of a trigger key, [`Keys::trigger`](super::Keys::trigger)),
-    /// not run yet: the next invocation of the job, on any machine, claims and runs it.
+    /// or a slot requested by a backfill or a catch-up ([`requested_prefix`](super::requested_prefix)), not run
+    /// yet: the next invocation of the job, on any machine, claims and runs it.
     Requested {
         /// Who asked (`user@host`).
         by: String,

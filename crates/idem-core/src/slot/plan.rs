@@ -86,7 +86,10 @@ pub fn prune(listed: &[(String, Generation, Entry)], keep: usize) -> Vec<Write> 
     listed[..old]
         .iter()
         .zip(prunable)
-        .filter(|((_, _, e), prunable)| *prunable && !matches!(e, Entry::Running { .. } | Entry::Waiting { .. }))
+        .filter(|((_, _, e), prunable)| {
+            // A requested slot not run yet stays: a requested slot whose entry is gone is dropped unrun.
+            *prunable && !matches!(e, Entry::Running { .. } | Entry::Waiting { .. } | Entry::Requested { .. })
+        })
         .map(|(l, _)| l)
         .map(|(key, generation, _)| Write {
             key: key.clone(),

@@ -32,11 +32,17 @@ pub struct OnceConfig {
     pub overlap: Overlap,
     /// Longest one attempt may run; the command's process group is then killed and the attempt fails.
     pub timeout: Option<Duration>,
+    /// Slots that passed unseen (no invocation reached the store) within this time before the invocation are
+    /// run, oldest first, before its own slot, instead of being recorded missed (Temporal's catch-up window).
+    pub catchup_window: Option<Duration>,
+    /// Each slot starts this much after its time at most: an offset every machine computes alike from the
+    /// job's name and the slot ([`Schedule::jitter_offset`]), so jobs sharing a schedule spread out.
+    pub jitter: Option<Duration>,
 }
 
 impl OnceConfig {
     /// A job `name` on `schedule` running `command`, with the defaults: 3 retries, a 10 s lease, no starting
-    /// deadline, overlap allowed, no timeout.
+    /// deadline, overlap allowed, no timeout, no catch-up, no jitter.
     pub fn new(name: impl Into<String>, schedule: Schedule, command: Vec<String>) -> Self {
         Self {
             name: name.into(),
@@ -47,6 +53,8 @@ impl OnceConfig {
             starting_deadline: None,
             overlap: Overlap::Allow,
             timeout: None,
+            catchup_window: None,
+            jitter: None,
         }
     }
 
@@ -55,7 +63,7 @@ impl OnceConfig {
     ///
     /// # Errors
     /// [`Error::Config`] naming what is wrong: a `lease` outside 1 s..=365 days (the store's TTL range), a
-    /// `timeout` or `starting_deadline` of 0 or over 366 days.
+    /// `timeout`, `starting_deadline`, `catchup_window` or `jitter` of 0 or over 366 days.
     pub fn check(&self) -> Result<(), Error> {
         check_name(&self.name)?;
         let Some(program) = self.command.first() else {
@@ -72,6 +80,12 @@ impl OnceConfig {
         // is opened, not after the claim.
         if self.timeout.is_some_and(|d| d.is_zero() || d > MAX_DURATION) {
             return Err(Error::Config("--timeout must be more than 0s and at most 366 days".into()));
+        }
+        if self.catchup_window.is_some_and(|d| d.is_zero() || d > MAX_DURATION) {
+            return Err(Error::Config("--catchup-window must be more than 0s and at most 366 days".into()));
+        }
+        if self.jitter.is_some_and(|d| d < Duration::from_millis(1) || d > MAX_DURATION) {
+            return Err(Error::Config("--jitter must be at least 1ms and at most 366 days".into()));
         }
         Ok(())
     }

@@ -9,9 +9,11 @@
 mod command;
 mod config;
 mod control;
+mod metrics;
 mod overlap;
 mod record;
 mod report;
+mod requested;
 mod schedule;
 mod status;
 mod trigger;
@@ -29,11 +31,13 @@ use crate::supervise::{host_name, owner_token};
 pub use config::{OnceConfig, check_name, default_store_path};
 pub use control::{JobView, PauseView, Triggered, list, pause, pause_state, render_list, resume, trigger, who};
 pub use idem_core::slot::Overlap;
+pub use metrics::prometheus;
 pub use record::RECORD_PATIENCE;
 pub use report::{
     EXIT_DONE, EXIT_FAILED, EXIT_FAILED_FOR_GOOD, EXIT_HELD, EXIT_INTERRUPTED, EXIT_LEASE_LOST, EXIT_MISSED,
     EXIT_STORE_UNAVAILABLE, EXIT_USAGE, Outcome, Report,
 };
+pub use requested::{Backfilled, MAX_BACKFILL, backfill};
 pub use schedule::{Schedule, parse_canonical};
 pub use status::{History, SlotView, forget, history};
 
@@ -58,11 +62,16 @@ pub async fn once<S: Store + Sync>(
         let skew = skew_warning(now_ms, local_ms);
         let now_ms = wait_for_boundary(store, &cfg.schedule, now_ms, local_ms).await?;
         let slot = cfg.schedule.slot_at(now_ms)?;
+        let offset = match cfg.jitter {
+            Some(jitter) => cfg.schedule.jitter_offset(&cfg.name, slot, jitter)?,
+            None => 0,
+        };
+        let now_ms = wait_until(store, slot.saturating_add(offset), now_ms).await?;
         let keys = slot::Keys::new(&cfg.name, slot);
         let read = store.get_many(&[job_key(&cfg.name), keys.entry().to_owned(), slot::pause_key(&cfg.name)]).await?;
-        Ok::<_, Error>((now_ms, skew, slot, keys, read))
+        Ok::<_, Error>((now_ms, skew, slot, offset, keys, read))
     };
-    let (now_ms, skew, slot, keys, read) = tokio::select! {
+    let (now_ms, skew, slot, offset, keys, read) = tokio::select! {
         // Reads that are done go on to the claim (a signal is looked at again right before it): the same
         // path whichever of the two was seen first.
         biased;
@@ -88,24 +97,59 @@ pub async fn once<S: Store + Sync>(
     };
     let mut report = Report::new(cfg, slot, Outcome::Held { host: None, attempt: None }, skew.into_iter().collect());
     let newest = record::advance(store, cfg, job, slot, now_ms, pause.as_ref(), &mut report).await?;
-    let read = Read { entry, slot, newest, now_ms };
+    // Requested slots older than this one: a catch-up's run before it, in order; a backfill's after it (a long
+    // backfill does not make the schedule late).
+    let paused = pause.as_ref().is_some_and(|p| p.holds_at(now_ms));
+    let (catch_up, backfill): (Vec<_>, Vec<_>) = requested::pending(store, &cfg.name)
+        .await?
+        .into_iter()
+        .filter(|(s, _)| *s < slot)
+        .partition(|(_, kind)| *kind == slot::RequestKind::CatchUp);
+    let slots = |v: Vec<(u64, slot::RequestKind)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
+    let mut read = Read { entry, slot, offset, newest, now_ms };
+    if !catch_up.is_empty() {
+        report.requested_runs =
+            requested::run(store, cfg, &slots(catch_up), now_ms, paused, interrupt.as_mut()).await?;
+        if !report.requested_runs.is_empty() {
+            // They took time: the slot is judged by what the store says now.
+            read.now_ms = system_time_to_millis(store.now().await?);
+            read.entry = store.get(keys.entry()).await?;
+        }
+    }
     let mut report = judge(store, cfg, &keys, report, read, pause.as_ref(), interrupt.as_mut()).await?;
     // Runs requested outside the schedule, after the slot, unless this invocation was stopped or lost its lease.
     if !matches!(
         report.outcome,
         Outcome::Interrupted { .. } | Outcome::Stopped { .. } | Outcome::LeaseLost { .. } | Outcome::NotRecorded { .. }
     ) {
+        let ran = requested::run(store, cfg, &slots(backfill), now_ms, paused, interrupt.as_mut()).await?;
+        report.requested_runs.extend(ran);
         report.triggers = trigger::run_requested(store, cfg, now_ms, interrupt.as_mut()).await?;
     }
     Ok(report)
+}
+
+/// The store's time once it reached `target_ms` (milliseconds since the Unix epoch): `now_ms` when it has, else
+/// after sleeping until it has by the store's clock (a few reads: ours runs at its rate).
+async fn wait_until<S: Store + Sync>(store: &S, target_ms: u64, mut now_ms: u64) -> Result<u64, Error> {
+    for _ in 0..4 {
+        if now_ms >= target_ms {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(target_ms - now_ms)).await;
+        now_ms = system_time_to_millis(store.now().await?);
+    }
+    Ok(now_ms)
 }
 
 /// What an invocation read before judging its slot.
 struct Read {
     /// The slot's entry, read in the same atomic read as the job record.
     entry: Option<idem_store::Versioned>,
-    /// The slot, the job's newest slot and the store's now, in milliseconds since the Unix epoch.
+    /// The slot, its jitter offset, the job's newest slot and the store's now, in milliseconds (since the
+    /// Unix epoch, but the offset).
     slot: u64,
+    offset: u64,
     newest: u64,
     now_ms: u64,
 }
@@ -120,12 +164,12 @@ async fn judge<S: Store + Sync>(
     pause: Option<&slot::Pause>,
     mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Report, Error> {
-    let Read { entry, slot, newest, now_ms } = read;
+    let Read { entry, slot, offset, newest, now_ms } = read;
     let keys = keys.clone();
     let behind = newest > slot;
     let mut entry = decode_entry(entry, &keys)?;
     let limit = RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
-    let late = now_ms.saturating_sub(slot);
+    let late = now_ms.saturating_sub(slot.saturating_add(offset)); // from its start: time plus jitter
     let past_deadline = cfg.starting_deadline.is_some_and(|d| u128::from(late) > d.as_millis());
     // A claim refused because another invocation changed the slot meanwhile is judged again, a few times.
     for _ in 0..4 {

@@ -45,8 +45,8 @@ pub(super) async fn advance<S: Store + Sync>(
                     last_slot_ms: slot,
                     missed_unlisted: 0,
                     retries: Some(cfg.retries),
-                    missed_capped: false,
                     overlap: Some(overlap.clone()),
+                    ..Job::default()
                 },
             ),
             Some((_, j)) if j.schedule != schedule => {
@@ -183,11 +183,27 @@ async fn record_missed<S: Store + Sync>(
     report: &mut Report,
 ) -> Result<(), Error> {
     let unseen = passed.iter().map(|s| (*s, MissedReason::NoInvocation));
+    let window = cfg.catchup_window.map_or(0, |w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+    let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+    let catch_up = slot::Request { kind: slot::RequestKind::CatchUp, by: crate::supervise::host_name() };
     for (slot, reason) in std::iter::once((last, MissedReason::NotStarted)).chain(unseen) {
         let keys = slot::Keys::new(&cfg.name, slot);
         // A slot whose time fell within the job's pause is recorded paused, not missed: it was not run on
         // purpose.
         let paused = pause.filter(|p| p.since_ms <= slot && p.holds_at(slot));
+        // One that passed unseen (an outage: no invocation came, or none reached the store) within
+        // --catchup-window is requested instead, and run before the current slot. One that invocations saw
+        // but did not start (an earlier slot ran under --overlap skip) stays missed: the policy said so.
+        if paused.is_none()
+            && window > 0
+            && reason == MissedReason::NoInvocation
+            && slot.saturating_add(window) >= now_ms
+        {
+            if request(store, &cfg.name, slot, &catch_up, limit, now_ms, false).await?.is_none() {
+                report.requested.push(cfg.schedule.format(slot));
+            }
+            continue;
+        }
         let write = match paused {
             Some(p) => slot::paused(&keys, p, now_ms),
             None => missed(&keys, reason, now_ms),
@@ -200,6 +216,58 @@ async fn record_missed<S: Store + Sync>(
         }
     }
     Ok(())
+}
+
+/// Requests a slot (`slot_ms`) of job `name` to run ([`slot::request`]): its entry first, then its key
+/// ([`slot::request_key`]). `Ok(None)` when it is requested (now or before), `Ok(Some(why))` when it will not
+/// run. `check_history`: the slot may be older than the kept history (a backfill's): an absent entry is
+/// created only if the slot is after the job record's `pruned_through_ms`, read again once the entry is made (the
+/// prune writes it before it deletes, so a slot whose entry it deleted meanwhile is seen) and the entry
+/// withdrawn if not.
+pub(super) async fn request<S: Store>(
+    store: &S,
+    name: &str,
+    slot_ms: u64,
+    request: &slot::Request,
+    limit: idem_core::ledger::RetryLimit,
+    now_ms: u64,
+    check_history: bool,
+) -> Result<Option<&'static str>, Error> {
+    const PRUNED: &str = "older than the kept history (it may have run)";
+    let keys = slot::Keys::new(name, slot_ms);
+    let entry = match store.get(keys.entry()).await? {
+        Some(v) => Some((v.generation(), slot::Entry::decode(v.value()).map_err(|e| corrupt(keys.entry(), e))?)),
+        None => None,
+    };
+    let pruned_over = async || -> Result<bool, Error> {
+        let key = job_key(name);
+        let Some(v) = store.get(&key).await? else { return Ok(false) };
+        let job = Job::decode(v.value()).map_err(|e| corrupt(&key, e))?;
+        Ok(job.pruned_through_ms.is_some_and(|p| slot_ms <= p))
+    };
+    if check_history && entry.is_none() && pruned_over().await? {
+        return Ok(Some(PRUNED));
+    }
+    match slot::request(&keys, entry.as_ref().map(|(g, e)| (*g, e)), limit, &request.by, now_ms) {
+        slot::RequestPlan::Nothing(why) => return Ok(Some(why)),
+        slot::RequestPlan::KeyOnly => {}
+        slot::RequestPlan::Entry(write) => match store.apply(write).await {
+            Ok(Some(g)) if check_history && entry.is_none() && pruned_over().await? => {
+                let _ = store.delete(keys.entry(), Precondition::Generation(g)).await;
+                return Ok(Some(PRUNED));
+            }
+            Ok(_) => {}
+            // Another invocation wrote the entry meanwhile (a claim, or the same request): the pass judges it.
+            Err(e) if e.is_precondition_failed() => {}
+            Err(e) => return Err(e.into()),
+        },
+    }
+    store.put(&slot::request_key(&keys), request.encode(), Precondition::Any, Ttl::Clear).await?;
+    Ok(None)
+}
+
+fn corrupt(key: &str, source: idem_core::Error) -> Error {
+    Error::Entry { key: key.to_owned(), source }
 }
 
 /// After a claim that created the slot's entry: the newest slot of the job's entries when [`HISTORY`] or more
@@ -426,10 +494,14 @@ pub(super) async fn took_over<S: Store>(store: &S, held: &slot::Held) {
 /// added to the job record's `missed_unlisted`, so `status`'s missed total stays the job's whole (best
 /// effort: an invocation killed between the delete and the record's move loses them from the count).
 pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(), Error> {
-    let keys = list_all(store, &slot_prefix(name)).await?;
+    let mut keys = list_all(store, &slot_prefix(name)).await?;
     if keys.len() <= HISTORY {
         return Ok(());
     }
+    // A requested slot's entry stays until its key goes (its pass deletes the key once the entry is final).
+    let requested: std::collections::HashSet<u64> =
+        list_all(store, &slot::requested_prefix(name)).await?.iter().filter_map(|k| slot_of_key(k)).collect();
+    keys.retain(|k| slot_of_key(k).is_none_or(|s| !requested.contains(&s)));
     // All of them: an old entry other than a missed one stays while fewer than HISTORY such are newer
     // (idem_core::slot::prune).
     let values = store.get_many(&keys).await?;
@@ -441,34 +513,45 @@ pub(super) async fn prune_history<S: Store>(store: &S, name: &str) -> Result<(),
             Some((k.clone(), v.generation(), slot::Entry::decode(v.value()).ok()?))
         })
         .collect();
+    let writes = prune(&listed, HISTORY);
+    // The newest slot about to be pruned, recorded before any delete: a backfill never re-creates an entry the
+    // prune deleted (it may have run).
+    if let Some(through) = writes.iter().filter_map(|w| slot_of_key(&w.key)).max() {
+        let floor = |job: Job| Job { pruned_through_ms: Some(job.pruned_through_ms.unwrap_or(0).max(through)), ..job };
+        if !update_job(store, name, floor).await? {
+            // Not recorded: nothing is deleted (the next new slot's prune tries again).
+            return Ok(());
+        }
+    }
     let mut missed_gone = 0u64;
-    for write in prune(&listed, HISTORY) {
+    for write in writes {
         let was_missed = listed.iter().any(|(k, _, e)| *k == write.key && matches!(e, slot::Entry::Missed { .. }));
         if store.apply(write).await.is_ok() && was_missed {
             missed_gone += 1;
         }
     }
     if missed_gone > 0 {
-        count_pruned_missed(store, name, missed_gone).await?;
+        update_job(store, name, |job| Job { missed_unlisted: job.missed_unlisted.saturating_add(missed_gone), ..job })
+            .await?;
     }
     Ok(())
 }
 
-/// Adds `n` missed slots pruned from the history to the job record's count (compare-and-swap, a few tries).
-async fn count_pruned_missed<S: Store>(store: &S, name: &str, n: u64) -> Result<(), Error> {
+/// Changes the job record by `change` (compare-and-swap, a few tries); `false` when there is no record, or
+/// others kept changing it (with a warning).
+async fn update_job<S: Store>(store: &S, name: &str, change: impl Fn(Job) -> Job) -> Result<bool, Error> {
     let key = job_key(name);
     for _ in 0..ADVANCE_TRIES {
-        let Some(v) = store.get(&key).await? else { return Ok(()) };
+        let Some(v) = store.get(&key).await? else { return Ok(false) };
         let job = Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
-        let next = Job { missed_unlisted: job.missed_unlisted.saturating_add(n), ..job };
-        match store.put(&key, next.encode(), Precondition::Generation(v.generation()), Ttl::Clear).await {
-            Ok(_) => return Ok(()),
+        match store.put(&key, change(job).encode(), Precondition::Generation(v.generation()), Ttl::Clear).await {
+            Ok(_) => return Ok(true),
             Err(e) if e.is_precondition_failed() => {}
             Err(e) => return Err(e.into()),
         }
     }
-    tracing::warn!(job = name, missed = n, "cannot count the missed slots pruned from the history");
-    Ok(())
+    tracing::warn!(job = name, "cannot update the job record for the pruned history");
+    Ok(false)
 }
 
 /// Every live key under `prefix`, in ascending order.

@@ -159,6 +159,12 @@ pub struct Report {
     /// Runs requested outside the schedule (`idem once trigger`) that this invocation found pending, by id,
     /// and what became of each.
     pub triggers: Vec<(String, Outcome)>,
+    /// Earlier slots this invocation requested to catch up (RFC 3339), oldest first: they passed unseen within
+    /// `--catchup-window`.
+    pub requested: Vec<String>,
+    /// Requested earlier slots (a catch-up's, a backfill's) this invocation ran or found held, by slot (RFC
+    /// 3339), and what became of each.
+    pub requested_runs: Vec<(String, Outcome)>,
     /// Trouble with the clocks, in words: this machine's clock ahead of the store's by more than
     /// [`SKEW_TOLERANCE`](super::SKEW_TOLERANCE), a job record whose newest slot was ahead of the store's clock by more than
     /// [`idem_core::slot::FUTURE_TOLERANCE_MS`].
@@ -176,6 +182,8 @@ impl Report {
             missed_unlisted: 0,
             missed_capped: false,
             triggers: Vec::new(),
+            requested: Vec::new(),
+            requested_runs: Vec::new(),
             warnings,
         }
     }
@@ -208,7 +216,11 @@ impl Report {
     /// are; a success, and a slot found done, held, failed for good or missed by an earlier invocation are
     /// not (the invocation that made it so said it).
     pub fn changed_state(&self) -> bool {
-        !self.missed.is_empty() || self.missed_unlisted > 0 || self.outcome_changed_state()
+        !self.missed.is_empty()
+            || self.missed_unlisted > 0
+            || !self.requested.is_empty()
+            || self.requested_runs.iter().any(|(_, o)| !matches!(o, Outcome::Succeeded { .. }))
+            || self.outcome_changed_state()
     }
 
     /// Whether the invocation's own slot changed state or met trouble (as [`Report::changed_state`], without
@@ -235,7 +247,20 @@ impl Report {
     /// The invocation's message, one line (two when it recorded earlier slots missed).
     pub fn render(&self) -> String {
         let head = format!("idem once: {} {}", self.name, self.slot);
-        let mut line = format!("{head}: {}", describe(&self.outcome));
+        let mut line = String::new();
+        if !self.requested.is_empty() {
+            line.push_str(&format!(
+                "idem once: {}: requested {} that passed unseen within --catchup-window, to run before {}: {}\n",
+                self.name,
+                count(self.requested.len(), "earlier slot", "earlier slots"),
+                self.slot,
+                self.requested.join(", ")
+            ));
+        }
+        for (slot, outcome) in &self.requested_runs {
+            line.push_str(&format!("idem once: {} {slot} (requested): {}\n", self.name, describe(outcome)));
+        }
+        line.push_str(&format!("{head}: {}", describe(&self.outcome)));
         for (id, outcome) in &self.triggers {
             line.push_str(&format!("\nidem once: {} trigger {id}: {}", self.name, describe(outcome)));
         }

@@ -182,6 +182,49 @@ impl Schedule {
         }
     }
 
+    /// How long after `slot_ms` job `name`'s slot starts under `--jitter jitter`, in milliseconds: below the
+    /// jitter and below the time to the next slot, taken from SHA-256 of the name and the slot, so every machine
+    /// (and every version of idem) computes the same one, and the slot is still one run.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when croner cannot find the next slot.
+    pub fn jitter_offset(&self, name: &str, slot_ms: u64, jitter: Duration) -> Result<u64, Error> {
+        use sha2::Digest as _;
+        let gap = self.next_after(slot_ms)?.saturating_sub(slot_ms);
+        let bound = u64::try_from(jitter.as_millis()).unwrap_or(u64::MAX).min(gap).max(1);
+        let digest = sha2::Sha256::new()
+            .chain_update(name.as_bytes())
+            .chain_update([0])
+            .chain_update(slot_ms.to_be_bytes())
+            .finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Ok(u64::from_be_bytes(first) % bound)
+    }
+
+    /// Every slot from `from_ms` to `to_ms` (both included, milliseconds since the Unix epoch), ascending.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when there are more than `max` (naming the count's lower bound and the limit), or
+    /// croner cannot walk the schedule.
+    pub fn slots_in(&self, from_ms: u64, to_ms: u64, max: usize) -> Result<Vec<u64>, Error> {
+        let mut slots = Vec::new();
+        let mut slot =
+            if self.slot_at(from_ms).is_ok_and(|s| s == from_ms) { from_ms } else { self.next_after(from_ms)? };
+        while slot <= to_ms {
+            if slots.len() == max {
+                return Err(Error::Config(format!(
+                    "more than {max} slots from {} to {}: give a shorter range (one backfill requests at most {max})",
+                    self.format(from_ms),
+                    self.format(to_ms)
+                )));
+            }
+            slots.push(slot);
+            slot = self.next_after(slot)?;
+        }
+        Ok(slots)
+    }
+
     /// A slot's time as RFC 3339 (`IDEM_SLOT`): UTC with `Z` for `--every` and `--tz UTC`, else with the
     /// zone's offset at that instant (`2025-03-30T03:00:00+02:00`).
     pub fn format(&self, slot_ms: u64) -> String {

@@ -338,6 +338,7 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
     }
     let mut keys = list_all(store, &slot_prefix(name)).await?;
     keys.extend(list_all(store, &slot::trigger_prefix(name)).await?);
+    keys.extend(list_all(store, &slot::requested_prefix(name)).await?);
     keys.push(slot::pause_key(name));
     keys.push(job_key(name));
     keys.push(repeats_key(name));

@@ -4,7 +4,7 @@ use idem_runner::once;
 
 use super::{Format, OnceCommand, StoreArgs, runner_error};
 use crate::error::Error;
-use crate::ledger::on_ledger;
+use crate::ledger::{Ledger, on_ledger};
 
 /// Runs a subcommand; returns the exit status.
 pub(super) async fn run(command: OnceCommand) -> Result<i32, Error> {
@@ -15,7 +15,75 @@ pub(super) async fn run(command: OnceCommand) -> Result<i32, Error> {
         OnceCommand::Resume { name, store } => resume(&name, &store).await,
         OnceCommand::Trigger { name, store, id } => trigger(&name, &store, id).await,
         OnceCommand::List { store, format } => list(&store, format).await,
+        OnceCommand::Backfill { name, store, from, to } => backfill(&name, &store, &from, &to).await,
     }
+}
+
+/// Writes `--metrics-file` (best effort: a failure is a warning, the exit status stays the invocation's).
+pub(super) async fn write_metrics(ledger: &Ledger, name: &str, code: i32, path: &std::path::Path) {
+    let result = on_ledger!(ledger, s => once::history(s, name, idem_core::slot::HISTORY).await);
+    let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
+    let text = match result {
+        Ok(Some(history)) => once::prometheus(&history, code, now_ms),
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(error = %idem_store::error_chain(&e), "--metrics-file not written: the store failed");
+            return;
+        }
+    };
+    // A file beside it, then renamed: the collector never reads half a file.
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(path = %path.display(), error = %e, "--metrics-file not written");
+    }
+}
+
+/// `--from`/`--to`'s value in milliseconds since the Unix epoch: RFC 3339, or a duration before now (`2d`).
+fn parse_time(flag: &str, value: &str, now_ms: u64) -> Result<u64, Error> {
+    if let Ok(d) = humantime::parse_duration(value) {
+        return Ok(now_ms.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+    }
+    let t = humantime::parse_rfc3339_weak(value).map_err(|_| {
+        Error::Config(format!("{flag} {value:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration ago (2d)"))
+    })?;
+    Ok(idem_store::system_time_to_millis(t))
+}
+
+async fn backfill(name: &str, store: &StoreArgs, from: &str, to: &str) -> Result<i32, Error> {
+    once::check_name(name).map_err(runner_error)?;
+    let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
+    let (from_ms, to_ms) = (parse_time("--from", from, now_ms)?, parse_time("--to", to, now_ms)?);
+    let ledger = store.open_existing(name).await?;
+    let who = once::who();
+    let result = on_ledger!(&ledger, s => once::backfill(s, name, from_ms, to_ms, &who).await);
+    ledger.close().await;
+    let Some(b) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
+    let mut text = match (b.requested.first(), b.requested.last()) {
+        (Some(first), Some(last)) => format!(
+            "job {name}: requested {} ({first} to {last}): the job's next invocations run them, oldest first, each once\n",
+            crate::error::count(b.requested.len() as u64, "slot", "slots")
+        ),
+        _ => format!("job {name}: no slot requested\n"),
+    };
+    let mut why: Vec<(&str, usize)> = Vec::new();
+    for (_, w) in &b.not_requested {
+        match why.iter_mut().find(|(x, _)| x == w) {
+            Some((_, n)) => *n += 1,
+            None => why.push((w, 1)),
+        }
+    }
+    for (w, n) in why {
+        text.push_str(&format!("job {name}: not requested: {} {w}\n", crate::error::count(n as u64, "slot", "slots")));
+    }
+    if let Some(newest) = &b.clamped_to {
+        text.push_str(&format!(
+            "job {name}: --to is after the job's newest slot {newest}: later slots are its invocations'\n"
+        ));
+    }
+    crate::error::out(&text)?;
+    Ok(0)
 }
 
 async fn status(name: &str, store: &StoreArgs, format: Format, limit: usize) -> Result<i32, Error> {

@@ -90,6 +90,22 @@ pub struct OnceArgs {
     /// the attempt fails.
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
     timeout: Option<Duration>,
+    /// Slots that passed unseen within DURATION before this invocation (no invocation reached the store: every
+    /// machine down, the store down) are run, oldest first, before this slot, instead of being recorded missed
+    /// (Temporal's catch-up window; at most 366 days, and the newest 100 slots of a gap). Without it they are
+    /// recorded missed; `idem once backfill` runs them later.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    catchup_window: Option<Duration>,
+    /// Start each slot up to DURATION after its time (and before the next slot): an offset every machine
+    /// computes alike from --name and the slot, so jobs sharing a schedule spread out and each slot is still
+    /// run once. The invocation waits for it.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    jitter: Option<Duration>,
+    /// After the invocation, write the job's state to PATH in the Prometheus text format (atomically: a
+    /// file beside it, then renamed), for node_exporter's textfile collector: last success time, newest slot
+    /// and its state, slots missed, slots run more than once (must stay 0), paused, this exit status.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<std::path::PathBuf>,
     /// A message only for a change of state or trouble: a failed attempt, a slot recorded missed (by the
     /// invocation that records it), a lost lease, a clock behind the job's. Nothing on success, or when the
     /// slot is done, held, or found failed for good or missed already (cron mails any output; the exit
@@ -223,6 +239,23 @@ enum OnceCommand {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Request every slot of the job from --from to --to that is not done yet (missed, paused, skipped, failed
+    /// with attempts left, or never recorded): the job's next invocations, on any machine, run them oldest
+    /// first, each once, after their own slot and under the job's overlap policy; a run killed halfway is taken
+    /// up by the next invocation. At most 10,000 slots. Exit 3 when the store has no such job.
+    Backfill {
+        /// The job's name.
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The range's first time: RFC 3339 (2026-12-01T00:00:00Z) or a duration ago (3d).
+        #[arg(long, value_name = "TIME")]
+        from: String,
+        /// The range's last time (included): RFC 3339 or a duration ago (0s: now).
+        #[arg(long, value_name = "TIME")]
+        to: String,
+    },
     /// Delete every record of the job (its history too), so that its next invocation starts afresh with the
     /// schedule it gives. Refused while a slot of it runs. Exit 3 when the store has no such job.
     Forget {
@@ -277,9 +310,8 @@ impl OnceArgs {
 /// # Errors
 /// Refusals before anything ran (exit status 2), a job not in the store (3).
 pub async fn run(args: OnceArgs) -> Result<i32, Error> {
-    match args.command {
-        Some(command) => return control::run(command).await,
-        None => {}
+    if let Some(command) = args.command {
+        return control::run(command).await;
     }
     let name = args.name.unwrap_or_default();
     if args.tz.is_some() && args.cron.is_none() {
@@ -299,6 +331,8 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     cfg.starting_deadline = args.starting_deadline;
     cfg.overlap = if args.no_overlap { once::Overlap::Skip } else { args.overlap };
     cfg.timeout = args.timeout;
+    cfg.catchup_window = args.catchup_window;
+    cfg.jitter = args.jitter;
     // Everything that can refuse the invocation is checked before the store is opened (or created).
     tokio::task::block_in_place(|| cfg.check()).map_err(runner_error)?;
     let url = args.store.url()?;
@@ -330,9 +364,12 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
         }
     };
     let result = on_ledger!(&ledger, s => once::once(s, &cfg, interrupt.as_mut()).await);
+    let code = result.as_ref().map_or(2, |r| r.exit_code(args.fail_if_held));
+    if let Some(path) = &args.metrics_file {
+        control::write_metrics(&ledger, &cfg.name, code, path).await;
+    }
     ledger.close().await;
     let report = result.map_err(runner_error)?;
-    let code = report.exit_code(args.fail_if_held);
     if !args.quiet || report.changed_state() {
         let mut text = report.render();
         // --quiet prints a change of state only: the missed slots recorded, not a routine "done" beside them.

@@ -716,6 +716,59 @@ fn secs(rfc3339: &str) -> u64 {
     u64::try_from(rfc3339.parse::<jiff::Timestamp>().unwrap().as_second()).unwrap()
 }
 
+/// `idem once backfill` over five hourly slots before the job's first, then three invocations at once (as cron
+/// on three machines) with `--metrics-file`: 6 distinct slots run (the current one and the five), 0 twice; the
+/// metrics say done and 0 run more than once; the same backfill again requests nothing.
+async fn a_backfill_runs_each_slot_once_under_concurrent_invocations(b: Backend) {
+    let script = "echo \"$IDEM_SLOT\" >> runs; sleep 0.1";
+    let args = ["--every", "1h", "--metrics-file", "bf.prom"];
+    assert_eq!(b.run("bf", &args, script).0, 0);
+    let hour = 3_600_000;
+    let newest = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64 / hour * hour;
+    let at = |ms: u64| humantime::format_rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)).to_string();
+    let backfill = |from: &str, to: &str| {
+        Command::new(BIN)
+            .args(["once", "backfill", "--store", &b.url, "--namespace", &b.namespace, "--name", "bf"])
+            .args(["--from", from, "--to", to])
+            .output()
+            .unwrap()
+    };
+    let (from, to) = (at(newest - 5 * hour), at(newest - hour));
+    let out = backfill(&from, &to);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && text.starts_with("job bf: requested 5 slots ("), "{text}{out:?}");
+    let children: Vec<Child> = (0..3).map(|_| b.once("bf", &args, script).spawn().unwrap()).collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut runs = b.lines("runs");
+    assert_eq!(runs.len(), 6, "6 distinct slots written, each once: {runs:?}");
+    runs.sort();
+    runs.dedup();
+    assert_eq!(runs.len(), 6, "0 duplicates: {:?}", b.lines("runs"));
+    let metrics = std::fs::read_to_string(b.path("bf.prom")).unwrap();
+    for line in
+        ["idem_once_slots_run_more_than_once{job=\"bf\"} 0", "idem_once_last_slot_state{job=\"bf\",state=\"done\"} 1"]
+    {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in\n{metrics}");
+    }
+    let again = String::from_utf8_lossy(&backfill(&from, &to).stdout).into_owned();
+    assert!(again.contains("no slot requested") && again.contains("not requested: 5 slots done"), "{again}");
+    // Refusals: a bad time is exit 2 in one line, a job the store does not have exit 3.
+    let out = backfill("yesterday-ish", &to);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!((out.status.code(), err.lines().count()), (Some(2), 1), "{err}");
+    assert!(err.contains("--from \"yesterday-ish\": give an RFC 3339 time"), "{err}");
+    let out = Command::new(BIN)
+        .args(["once", "backfill", "--store", &b.url, "--namespace", &b.namespace, "--name", "nope"])
+        .args(["--from", &from, "--to", &to])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    b.cleanup().await;
+}
+
 macro_rules! on_server_backends {
     ($($scenario:ident),* $(,)?) => {
         $(
@@ -768,6 +821,7 @@ on_every_backend!(
     a_failing_slot_is_retried_until_its_retries_run_out,
     slots_without_an_invocation_are_recorded_missed,
     an_invocation_past_the_deadline_records_the_slot_missed,
+    a_backfill_runs_each_slot_once_under_concurrent_invocations,
 );
 
 on_server_backends!(a_paused_holder_is_fenced_out, a_paused_invocations_command_is_stopped_before_a_takeover);

@@ -1,0 +1,114 @@
+//! `--metrics-file`: a job's state after an invocation in the Prometheus text exposition format (version
+//! 0.0.4), for node_exporter's textfile collector, the usual way to watch cron jobs: an alert on
+//! `time() - idem_once_last_success_timestamp_seconds` catches a job that stopped succeeding, whatever the
+//! reason (no machine invoked it, every attempt failed, it was paused and forgotten).
+
+use super::status::History;
+
+/// The states `idem_once_last_slot_state` has a series for (those `status` shows; `crashed` is `running`
+/// whose holder's lease lapsed).
+const STATES: [&str; 10] =
+    ["done", "failed", "running", "crashed", "given_back", "waiting", "paused", "skipped", "requested", "missed"];
+
+/// The metrics of `history` (read right after the invocation), whose invocation exited `exit_code` at `now_ms`
+/// (milliseconds since the Unix epoch): every series labelled `job="NAME"`. Times are Unix seconds.
+pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
+    let job = format!("job=\"{}\"", escape(&history.name));
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, series: Vec<(String, String)>| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (labels, value) in series {
+            out.push_str(&format!("{name}{{{labels}}} {value}\n"));
+        }
+    };
+    let seconds = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
+    let newest = history.slots.first();
+    if let Some(ms) = last_success_ms(history) {
+        gauge(
+            "idem_once_last_success_timestamp_seconds",
+            "When the job's newest successful run ended (Unix time).",
+            vec![(job.clone(), seconds(ms))],
+        );
+    }
+    if let Some(ms) = newest.and_then(|s| rfc3339_ms(&s.slot)) {
+        gauge(
+            "idem_once_last_slot_timestamp_seconds",
+            "The scheduled time of the job's newest slot (Unix time).",
+            vec![(job.clone(), seconds(ms))],
+        );
+    }
+    let state = newest.map_or("", |s| s.state);
+    gauge(
+        "idem_once_last_slot_state",
+        "The state of the job's newest slot: 1 for its state, 0 for the others.",
+        STATES.iter().map(|s| (format!("{job},state=\"{s}\""), u8::from(*s == state).to_string())).collect(),
+    );
+    gauge(
+        "idem_once_slots_missed",
+        "Slots of the job recorded missed, in all (a lower bound past a million in one gap).",
+        vec![(job.clone(), history.missed.to_string())],
+    );
+    gauge(
+        "idem_once_slots_run_more_than_once",
+        "Slots whose command ran to a successful end more than once: must stay 0.",
+        vec![(job.clone(), history.ran_more_than_once.to_string())],
+    );
+    gauge(
+        "idem_once_slots_taken_over",
+        "Slots whose attempt was taken over from a holder that vanished (it may have run too).",
+        vec![(job.clone(), history.taken_over.to_string())],
+    );
+    gauge(
+        "idem_once_paused",
+        "1 while the job is paused (idem once pause), else 0.",
+        vec![(job.clone(), u8::from(history.pause.as_ref().is_some_and(|p| p.paused)).to_string())],
+    );
+    gauge(
+        "idem_once_last_invocation_exit_code",
+        "The exit status of the invocation that wrote this file.",
+        vec![(job.clone(), exit_code.to_string())],
+    );
+    gauge(
+        "idem_once_last_invocation_timestamp_seconds",
+        "When the invocation that wrote this file ended (Unix time).",
+        vec![(job, seconds(now_ms))],
+    );
+    out
+}
+
+/// When the newest done slot among those kept ended: its start plus its duration.
+fn last_success_ms(history: &History) -> Option<u64> {
+    history
+        .slots
+        .iter()
+        .filter(|s| s.state == "done")
+        .filter_map(|s| Some(rfc3339_ms(s.started.as_deref()?)?.saturating_add(s.duration_ms.unwrap_or(0))))
+        .max()
+}
+
+fn rfc3339_ms(s: &str) -> Option<u64> {
+    let t: jiff::Timestamp = s.parse().ok()?;
+    u64::try_from(t.as_millisecond()).ok()
+}
+
+/// A label value escaped as the text format says: backslash, double quote and line feed.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn rfc3339_times_with_offsets_are_read() {
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:01Z"), Some(1000));
+        assert_eq!(rfc3339_ms("1970-01-01T01:00:01+01:00"), Some(1000));
+        assert_eq!(rfc3339_ms("soon"), None);
+    }
+}
