@@ -170,3 +170,47 @@ async fn another_overlap_policy_is_refused() {
     let e = once::once(&store, &other, std::future::pending()).await.unwrap_err().to_string();
     assert!(e.contains("--overlap allow in this store, not buffer-all"), "{e}");
 }
+
+/// A slot's invocation under `cancel-other` / `terminate-other` while the earlier slot's command (a minute
+/// long) runs in another invocation: the earlier command is stopped within a lease (SIGTERM it traps under
+/// cancel-other, SIGKILL under terminate-other), recorded replaced, and the new slot runs after it, never beside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_later_slot_replaces_the_running_one_within_a_lease() {
+    for policy in [Overlap::CancelOther, Overlap::TerminateOther] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let script = r#"echo "start $IDEM_SLOT" >> log; trap 'echo "term $IDEM_SLOT" >> log; exit 143' TERM;
+            if [ ! -e first ]; then touch first; sleep 60 & wait; else echo "end $IDEM_SLOT" >> log; fi"#;
+        let cfg = job(dir.path(), Duration::from_secs(1), policy, script);
+        let first = {
+            let (store, cfg) = (Arc::clone(&store), cfg.clone());
+            tokio::spawn(async move { once::once(&*store, &cfg, std::future::pending()).await })
+        };
+        while !log(dir.path()).iter().any(|l| l.starts_with("start")) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The next slot's invocation, once the first slot's time has passed.
+        let started = log(dir.path())[0].clone();
+        let second = loop {
+            let r = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+            if !matches!(r.outcome, Outcome::AlreadyDone { .. } | Outcome::Held { .. }) && r.slot != started[6..] {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let asked = std::time::Instant::now();
+        let first = first.await.unwrap().unwrap();
+        assert!(matches!(second.outcome, Outcome::Succeeded { .. }), "{policy:?}: {}", second.render());
+        assert!(matches!(first.outcome, Outcome::Replaced { .. }), "{policy:?}: {}", first.render());
+        assert!(asked.elapsed() < Duration::from_secs(3), "{policy:?}: stopped within a lease (and its grace)");
+        let lines = log(dir.path());
+        let trapped = lines.iter().any(|l| l.starts_with("term"));
+        assert_eq!(trapped, policy == Overlap::CancelOther, "{policy:?}: SIGTERM under cancel-other only: {lines:?}");
+        // The new slot started after the earlier one ended: its start line comes after the term (or the kill).
+        let second_start = lines.iter().rposition(|l| l.starts_with("start")).unwrap();
+        assert!(second_start > 0 && lines.last().unwrap().starts_with("end"), "{policy:?}: {lines:?}");
+        let history = once::history(&*store, "job", 10).await.unwrap().unwrap();
+        assert!(history.slots.iter().any(|s| s.state == "replaced"), "{}", history.render());
+        assert_eq!(history.ran_more_than_once, 0);
+    }
+}

@@ -26,11 +26,24 @@ pub enum Overlap {
     BufferOne,
     /// Every slot's invocation waits its turn, in slot order.
     BufferAll,
+    /// The new slot's invocation asks the running slot's holder, on whatever machine, to stop its command
+    /// (SIGTERM to its process group, SIGKILL a lease later if it still runs), waits for it to end, then runs
+    /// (Temporal `CANCEL_OTHER`, Kubernetes `Replace`). The stopped slot is recorded replaced.
+    CancelOther,
+    /// As [`Overlap::CancelOther`], but the command is killed at once (SIGKILL; Temporal `TERMINATE_OTHER`).
+    TerminateOther,
 }
 
 impl Overlap {
     /// Every policy, for messages and the documentation's table.
-    pub const ALL: [Overlap; 4] = [Overlap::Allow, Overlap::Skip, Overlap::BufferOne, Overlap::BufferAll];
+    pub const ALL: [Overlap; 6] = [
+        Overlap::Allow,
+        Overlap::Skip,
+        Overlap::BufferOne,
+        Overlap::BufferAll,
+        Overlap::CancelOther,
+        Overlap::TerminateOther,
+    ];
 
     /// Parses `--overlap`'s value (`allow`, `skip`, `buffer-one`, `buffer-all`); `None` for another.
     pub fn parse(value: &str) -> Option<Self> {
@@ -44,6 +57,8 @@ impl Overlap {
             Overlap::Skip => "skip",
             Overlap::BufferOne => "buffer-one",
             Overlap::BufferAll => "buffer-all",
+            Overlap::CancelOther => "cancel-other",
+            Overlap::TerminateOther => "terminate-other",
         }
     }
 
@@ -54,6 +69,8 @@ impl Overlap {
             Overlap::Skip => "SKIP",
             Overlap::BufferOne => "BUFFER_ONE",
             Overlap::BufferAll => "BUFFER_ALL",
+            Overlap::CancelOther => "CANCEL_OTHER",
+            Overlap::TerminateOther => "TERMINATE_OTHER",
         }
     }
 
@@ -62,13 +79,16 @@ impl Overlap {
         match self {
             Overlap::Allow => Some("Allow"),
             Overlap::Skip => Some("Forbid"),
-            Overlap::BufferOne | Overlap::BufferAll => None,
+            // A Job deleted by Replace has its pods sent SIGTERM, then SIGKILL after their grace period.
+            Overlap::CancelOther => Some("Replace"),
+            Overlap::BufferOne | Overlap::BufferAll | Overlap::TerminateOther => None,
         }
     }
 
-    /// Whether an invocation first waits under its slot's lease ([`super::Entry::Waiting`]) before running.
-    pub fn buffers(self) -> bool {
-        matches!(self, Overlap::BufferOne | Overlap::BufferAll)
+    /// Whether a running slot is stopped when a later one comes ([`Overlap::CancelOther`],
+    /// [`Overlap::TerminateOther`]).
+    pub fn replaces(self) -> bool {
+        matches!(self, Overlap::CancelOther | Overlap::TerminateOther)
     }
 }
 
@@ -92,6 +112,12 @@ pub enum OverlapPlan {
         /// The slot waiting ahead of it.
         earlier_ms: u64,
     },
+    /// Ask every slot ahead to stop ([`stop_key`]; `cancel-other`, `terminate-other`), then wait as
+    /// [`OverlapPlan::Wait`] and judge again.
+    Replace {
+        /// The latest of those ahead.
+        earlier_ms: u64,
+    },
 }
 
 /// Judges a slot whose lease this invocation holds, by `ahead`: the earlier slots of the job whose lease is live
@@ -105,7 +131,21 @@ pub fn overlap(policy: Overlap, ahead: &[u64]) -> OverlapPlan {
         // One runs and one waits already: this one is the second in the buffer.
         Overlap::BufferOne if ahead.len() >= 2 => OverlapPlan::RecordSkipped { earlier_ms: last },
         Overlap::BufferOne | Overlap::BufferAll => OverlapPlan::Wait { earlier_ms: last },
+        Overlap::CancelOther | Overlap::TerminateOther => OverlapPlan::Replace { earlier_ms: last },
     }
+}
+
+/// The prefix of a job's stop requests (`once/NAME/stop/T`, T as in [`slot_prefix`](super::slot_prefix)):
+/// under `cancel-other` and `terminate-other` a later slot's invocation puts the key of each slot ahead of it,
+/// holding its own slot's time; the holder of that slot, on whatever machine, reads it while its command runs
+/// (at once, then every third of a lease) and stops the command.
+pub fn stop_prefix(name: &str) -> String {
+    format!("once/{name}/stop/")
+}
+
+/// The stop request's key for the slot of `keys`.
+pub fn stop_key(keys: &Keys) -> String {
+    format!("{}{:013}", stop_prefix(keys.name()), keys.slot_ms())
 }
 
 /// The pause record's store key.

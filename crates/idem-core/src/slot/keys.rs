@@ -53,6 +53,10 @@ pub fn behind_key(name: &str) -> String {
 /// slot, and the missed entries recorded ahead of it are deleted (a slot that ran ahead keeps its entry).
 pub const FUTURE_TOLERANCE_MS: u64 = 60_000;
 
+/// How the `exit` of an attempt stopped for a later slot (`--overlap cancel-other`, `terminate-other`) begins,
+/// recorded in a [`Entry::Failed`](super::Entry::Failed): `replaced by SLOT (HOW)`.
+pub const REPLACED_EXIT: &str = "replaced by ";
+
 /// The `exit` an attempt stopped by a signal to its invocation is recorded with (a [`Entry::Failed`](super::Entry::Failed)).
 pub const INTERRUPTED_EXIT: &str = "interrupted";
 

@@ -51,12 +51,12 @@ mod plan;
 pub use claim::{Claim, Failure, Held};
 pub use control::{
     Overlap, OverlapPlan, Pause, Request, RequestKind, RequestPlan, is_trigger_id, overlap, pause_key, paused, request,
-    request_key, requested, requested_prefix, trigger_lease_prefix, trigger_prefix,
+    request_key, requested, requested_prefix, stop_key, stop_prefix, trigger_lease_prefix, trigger_prefix,
 };
 pub use entry::{Ending, Entry, Job, MissedReason};
 pub use keys::{
-    FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Keys, behind_key, interrupted_key, job_key, lease_prefix,
-    repeats_key, slot_of_key, slot_prefix, takeovers_key,
+    FUTURE_TOLERANCE_MS, HISTORY, INTERRUPTED_EXIT, Keys, REPLACED_EXIT, behind_key, interrupted_key, job_key,
+    lease_prefix, repeats_key, slot_of_key, slot_prefix, takeovers_key,
 };
 pub use plan::{Plan, is_kept_ahead, missed, plan, prune};
 

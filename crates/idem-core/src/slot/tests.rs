@@ -195,6 +195,8 @@ fn only_earlier_slots_stop_one_under_each_overlap_policy() {
     assert_eq!(overlap(Overlap::BufferOne, &[1]), OverlapPlan::Wait { earlier_ms: 1 });
     assert_eq!(overlap(Overlap::BufferOne, &[1, 2]), OverlapPlan::RecordSkipped { earlier_ms: 2 });
     assert_eq!(overlap(Overlap::BufferAll, &[1, 2, 3]), OverlapPlan::Wait { earlier_ms: 3 });
+    assert_eq!(overlap(Overlap::CancelOther, &[1, 2]), OverlapPlan::Replace { earlier_ms: 2 });
+    assert_eq!(overlap(Overlap::TerminateOther, &[1]), OverlapPlan::Replace { earlier_ms: 1 });
 }
 
 #[test]

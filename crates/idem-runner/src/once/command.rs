@@ -33,6 +33,15 @@ pub(crate) enum Ended {
     },
     /// A signal to the invocation stopped it: the command was killed.
     Interrupted,
+    /// A later slot asked for it to stop (`--overlap cancel-other`, `terminate-other`): the command was stopped.
+    Replaced {
+        /// The later slot, in milliseconds since the Unix epoch.
+        by_ms: u64,
+        /// How the command ended: `signal 15` / `signal 9`, or its exit when it exited on SIGTERM.
+        exit: String,
+        /// Its exit code, when it exited.
+        code: Option<i32>,
+    },
 }
 
 /// What the attempt left: how it ended, how long it ran, its last lines of output.
@@ -48,10 +57,24 @@ pub(crate) struct Spawn<'a> {
     pub(crate) name: &'a str,
     pub(crate) slot: &'a str,
     pub(crate) timeout: Option<Duration>,
+    /// Under `cancel-other` or `terminate-other`: how a later slot's request to stop this one is honoured.
+    pub(crate) stop: Option<Stop>,
+}
+
+/// A stop request watched for while the command runs ([`idem_core::slot::stop_key`]).
+pub(crate) struct Stop {
+    /// The request's key.
+    pub(crate) key: String,
+    /// `cancel-other`: SIGTERM first, SIGKILL this long after if it still runs; `None` (`terminate-other`):
+    /// SIGKILL at once.
+    pub(crate) grace: Option<Duration>,
+    /// How often the key is read (and read once at the start).
+    pub(crate) every: Duration,
 }
 
 /// Runs one attempt while `keeper` keeps `held`'s lease; `interrupt` resolves on a signal to the invocation.
 pub(crate) async fn run<S: Store + Sync>(
+    store: &S,
     spawn: &Spawn<'_>,
     held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
@@ -77,7 +100,7 @@ pub(crate) async fn run<S: Store + Sync>(
     let (ended, group) = match Group::spawn(&mut cmd, watchdog.as_ref()) {
         Ok(mut group) => {
             tail.copy(group.child());
-            (watch(spawn, held, keeper, &mut group, interrupt).await, Some(group))
+            (watch(store, spawn, held, keeper, &mut group, interrupt).await, Some(group))
         }
         Err(e) => {
             let exit = format!("cannot start {}: {e}", spawn.command[0]);
@@ -95,21 +118,49 @@ pub(crate) async fn run<S: Store + Sync>(
     Attempt { ended, duration, output }
 }
 
-/// Waits for the command beside its lease, `--timeout` and `interrupt`; kills it on any of them.
+/// Waits for the command beside its lease, `--timeout`, `interrupt` and a stop request; kills it on any of them.
 async fn watch<S: Store + Sync>(
+    store: &S,
     spawn: &Spawn<'_>,
     held: &mut slot::Held,
     keeper: &mut LeaseKeeper<'_, S>,
     group: &mut Group<'_>,
     interrupt: impl Future<Output = ()>,
 ) -> Ended {
+    let replaced = std::sync::OnceLock::new();
+    let pgid = group.child().id();
+    let stopped = async {
+        match &spawn.stop {
+            Some(stop) => stop_requested(store, stop, pgid, &replaced).await,
+            None => std::future::pending().await,
+        }
+    };
+    let either = async {
+        tokio::select! {
+            () = interrupt => {}
+            () = stopped => {}
+        }
+    };
     let mut watch = supervise::Watch {
         label: spawn.slot,
         on_lapse: OnLapse::Run,
         deadline: spawn.timeout.map(|t| tokio::time::Instant::now() + t),
-        interrupt: std::pin::pin!(interrupt),
+        interrupt: std::pin::pin!(either),
     };
-    match group.watch(keeper, held, &mut watch).await {
+    let event = group.watch(keeper, held, &mut watch).await;
+    // A command that finished with exit 0 as the request came ran to its end: done, not replaced.
+    let succeeded = matches!(&event, Event::Exited(Ok(status)) if status.success());
+    if let Some(&by_ms) = replaced.get().filter(|_| !succeeded) {
+        let (exit, code) = match &event {
+            Event::Exited(Ok(status)) => match exited(*status) {
+                Ended::Exited { exit, code, .. } => (exit, code),
+                _ => ("signal 15".to_owned(), None),
+            },
+            _ => ("signal 9".to_owned(), None),
+        };
+        return Ended::Replaced { by_ms, exit, code };
+    }
+    match event {
         Event::Exited(Ok(status)) => exited(status),
         Event::Exited(Err(e)) => {
             Ended::Exited { exit: format!("cannot wait for the command: {e}"), code: None, success: false }
@@ -125,6 +176,27 @@ async fn watch<S: Store + Sync>(
         Event::TimedOut => Ended::Exited { exit: "timeout".into(), code: None, success: false },
         // Only `idem run` gives up on a stopped command.
         Event::Interrupted | Event::GaveUp => Ended::Interrupted,
+    }
+}
+
+/// Resolves once a later slot asked this one to stop (its key holds the later slot's time) and, under
+/// `cancel-other`, the command had its grace after SIGTERM to its process group `pgid`; the caller then kills
+/// what is left. The key is read at once, then every `stop.every`; a read that fails is tried at the next turn.
+async fn stop_requested<S: Store>(store: &S, stop: &Stop, pgid: Option<u32>, replaced: &std::sync::OnceLock<u64>) {
+    loop {
+        if let Ok(Some(v)) = store.get(&stop.key).await {
+            let by_ms = std::str::from_utf8(v.value()).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let _ = replaced.set(by_ms);
+            tracing::warn!(key = %stop.key, "a later slot replaces this one (--overlap): its command is stopped");
+            if let Some(grace) = stop.grace {
+                if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);
+                }
+                tokio::time::sleep(grace).await;
+            }
+            return;
+        }
+        tokio::time::sleep(stop.every).await;
     }
 }
 

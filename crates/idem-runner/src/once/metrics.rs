@@ -7,8 +7,19 @@ use super::status::History;
 
 /// The states `idem_once_last_slot_state` has a series for (those `status` shows; `crashed` is `running`
 /// whose holder's lease lapsed).
-const STATES: [&str; 10] =
-    ["done", "failed", "running", "crashed", "given_back", "waiting", "paused", "skipped", "requested", "missed"];
+const STATES: [&str; 11] = [
+    "done",
+    "failed",
+    "replaced",
+    "running",
+    "crashed",
+    "given_back",
+    "waiting",
+    "paused",
+    "skipped",
+    "requested",
+    "missed",
+];
 
 /// The metrics of `history` (read right after the invocation), whose invocation exited `exit_code` at `now_ms`
 /// (milliseconds since the Unix epoch): every series labelled `job="NAME"`. Times are Unix seconds.

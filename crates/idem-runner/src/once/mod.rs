@@ -392,8 +392,13 @@ async fn run_held<S: Store + Sync>(
     if fired(interrupt.as_mut()) {
         return record::stopped_before_start(store, &mut held, &mut keeper).await;
     }
-    let spawn = command::Spawn { command: &cfg.command, name: &cfg.name, slot, timeout: cfg.timeout };
-    let attempt = command::run(&spawn, &mut held, &mut keeper, interrupt).await;
+    let stop = cfg.overlap.replaces().then(|| command::Stop {
+        key: slot::stop_key(held.keys()),
+        grace: (cfg.overlap == slot::Overlap::CancelOther).then_some(cfg.lease),
+        every: cfg.lease / 3,
+    });
+    let spawn = command::Spawn { command: &cfg.command, name: &cfg.name, slot, timeout: cfg.timeout, stop };
+    let attempt = command::run(store, &spawn, &mut held, &mut keeper, interrupt).await;
     let outcome = record::outcome(store, cfg, &mut held, &mut keeper, attempt).await;
     if held.attempt() == 1 {
         // A new slot: keep the job's history to its newest slots (best effort; the next new slot tries again).

@@ -72,6 +72,7 @@ pub(super) async fn take_turn<S: Store + Sync>(
     }
     // Renewed well within the lease: a waiter whose lease lapsed is one a later invocation may replace.
     let poll = (cfg.lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut asked = Vec::new();
     loop {
         let ahead = match earlier_live(store, &cfg.name, keys.slot_ms()).await {
             Ok(ahead) => ahead,
@@ -93,6 +94,7 @@ pub(super) async fn take_turn<S: Store + Sync>(
                 return Ok(Turn::Done(Outcome::Skipped { earlier: cfg.schedule.format(earlier_ms) }));
             }
             OverlapPlan::Wait { .. } => {}
+            OverlapPlan::Replace { .. } => ask_to_stop(store, cfg, keys, &ahead, &mut asked).await,
         }
         tokio::select! {
             biased;
@@ -145,4 +147,20 @@ async fn earlier_live<S: Store>(store: &S, name: &str, slot: u64) -> Result<Vec<
         .filter_map(|k| slot::slot_of_key(k))
         .filter(|s| *s < slot)
         .collect())
+}
+
+/// Asks each slot of `ahead` not asked yet (`asked`) to stop, for the slot of `keys`: its stop key holds this
+/// slot's time ([`slot::stop_key`]). Best effort: one that fails is asked again at the next turn.
+async fn ask_to_stop<S: Store>(store: &S, cfg: &OnceConfig, keys: &slot::Keys, ahead: &[u64], asked: &mut Vec<u64>) {
+    // Kept a day at most: a holder reads it within a third of a lease, or its lease lapses.
+    let ttl = idem_store::Ttl::After(Duration::from_secs(86_400));
+    let new: Vec<u64> = ahead.iter().copied().filter(|s| !asked.contains(s)).collect();
+    for earlier in new {
+        let key = slot::stop_key(&slot::Keys::new(&cfg.name, earlier));
+        let value = bytes::Bytes::from(keys.slot_ms().to_string());
+        match store.put(&key, value, idem_store::Precondition::Any, ttl).await {
+            Ok(_) => asked.push(earlier),
+            Err(e) => tracing::warn!(error = %e, slot = earlier, "cannot ask the earlier slot to stop"),
+        }
+    }
 }

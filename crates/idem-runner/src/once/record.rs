@@ -373,6 +373,13 @@ pub(super) async fn outcome<S: Store + Sync>(
         Ended::Exited { exit, code, success: true } => {
             (held.done(ending(exit, code)), Outcome::Succeeded { attempt: n })
         }
+        Ended::Replaced { by_ms, exit, code } => {
+            let by = cfg.schedule.format(by_ms);
+            let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+            let words = format!("{}{by} (--overlap {}; {exit})", slot::REPLACED_EXIT, cfg.overlap.name());
+            let (write, _) = held.failed(ending(words, code), limit);
+            (write, Outcome::Replaced { attempt: n, by, exit })
+        }
         Ended::Exited { exit, code, success: false } => {
             let limit = idem_core::ledger::RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
             let (write, verdict) = held.failed(ending(exit.clone(), code), limit);
@@ -419,6 +426,10 @@ pub(super) async fn outcome<S: Store + Sync>(
                 tokio::time::sleep(pause).await;
             }
         }
+    }
+    if matches!(result, Outcome::Replaced { .. }) {
+        // Its stop request is done with (best effort: it expires by itself).
+        let _ = store.delete(&slot::stop_key(held.keys()), Precondition::Any).await;
     }
     let _ = store.apply(held.release()).await;
     result

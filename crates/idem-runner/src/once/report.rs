@@ -82,6 +82,16 @@ pub enum Outcome {
         /// The slot ahead of it (RFC 3339).
         earlier: String,
     },
+    /// Stopped while it ran, as `--overlap cancel-other` or `terminate-other` asked for a later slot; recorded
+    /// failed with the ending `replaced by …`, and never run again (it is behind the later slot).
+    Replaced {
+        /// The attempt stopped.
+        attempt: u32,
+        /// The slot that replaced it (RFC 3339).
+        by: String,
+        /// How the command ended (`signal 15`, `signal 9`, or its exit when it exited on SIGTERM).
+        exit: String,
+    },
     /// Every attempt allowed failed (or crashed); nothing ran.
     FailedForGood {
         /// Attempts used.
@@ -194,7 +204,8 @@ impl Report {
             Outcome::Succeeded { .. }
             | Outcome::AlreadyDone { .. }
             | Outcome::Paused { .. }
-            | Outcome::Skipped { .. } => EXIT_DONE,
+            | Outcome::Skipped { .. }
+            | Outcome::Replaced { .. } => EXIT_DONE,
             Outcome::Held { .. } | Outcome::EarlierRunning { .. } => {
                 if fail_if_held {
                     EXIT_HELD
@@ -234,7 +245,7 @@ impl Report {
             | Outcome::EarlierRunning { .. }
             | Outcome::FailedForGood { .. } => false,
             Outcome::Missed { recorded_now, .. } | Outcome::Paused { recorded_now, .. } => *recorded_now,
-            Outcome::Skipped { .. } => true,
+            Outcome::Skipped { .. } | Outcome::Replaced { .. } => true,
             Outcome::Failed { .. }
             | Outcome::Behind { .. }
             | Outcome::LeaseLost { .. }
@@ -317,6 +328,9 @@ fn describe(outcome: &Outcome) -> String {
         }
         Outcome::Skipped { earlier } => {
             format!("skipped (--overlap buffer-one): the slot {earlier} already waits for the running one; not run")
+        }
+        Outcome::Replaced { attempt, by, exit } => {
+            format!("replaced by the slot {by}: its command was stopped ({exit}; attempt {attempt}), recorded replaced")
         }
         Outcome::FailedForGood { attempts, exit } if exit == idem_core::slot::INTERRUPTED_EXIT => {
             format!(

@@ -200,10 +200,11 @@ fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
             v.state = if lease_live { "running" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
-        slot::Entry::Failed { host, started_at_ms, .. } => {
+        slot::Entry::Failed { host, started_at_ms, ending, .. } => {
             // Failed, however its last attempt ended: one stopped by a signal counts as a failure (its ending
-            // says `interrupted`), and a slot whose every attempt was used is failed for good, not pending.
-            v.state = "failed";
+            // says `interrupted`), and a slot whose every attempt was used is failed for good, not pending. One
+            // stopped for a later slot (`cancel-other`, `terminate-other`) is said as such.
+            v.state = if ending.exit.starts_with(slot::REPLACED_EXIT) { "replaced" } else { "failed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*started_at_ms));
         }
         slot::Entry::Done { host, started_at_ms, .. } => {
@@ -339,6 +340,7 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
     let mut keys = list_all(store, &slot_prefix(name)).await?;
     keys.extend(list_all(store, &slot::trigger_prefix(name)).await?);
     keys.extend(list_all(store, &slot::requested_prefix(name)).await?);
+    keys.extend(list_all(store, &slot::stop_prefix(name)).await?);
     keys.push(slot::pause_key(name));
     keys.push(job_key(name));
     keys.push(repeats_key(name));

@@ -76,8 +76,10 @@ pub struct OnceArgs {
     /// While an earlier slot of the job still runs: allow (run beside it; Kubernetes Allow), skip (do not
     /// start: exit as held, a later invocation in the slot starts it once the earlier run ended; Kubernetes
     /// Forbid), buffer-one (wait, holding only this slot's lease, until it ended, then run; a slot coming while
-    /// one already waits is recorded skipped), buffer-all (every slot waits its turn, in slot order). Kept in
-    /// the job record: another policy is refused (exit 2).
+    /// one already waits is recorded skipped), buffer-all (every slot waits its turn, in slot order),
+    /// cancel-other (the running slot's command is stopped on whatever machine runs it: SIGTERM, SIGKILL a lease
+    /// later; recorded replaced; then this slot runs; Kubernetes Replace), terminate-other (the same with SIGKILL
+    /// at once). Kept in the job record: another policy is refused (exit 2).
     #[arg(long, value_name = "POLICY", value_parser = parse_overlap, default_value = "allow")]
     overlap: once::Overlap,
     /// The same as --overlap skip.

@@ -769,6 +769,41 @@ async fn a_backfill_runs_each_slot_once_under_concurrent_invocations(b: Backend)
     b.cleanup().await;
 }
 
+/// `--overlap cancel-other`: a process runs a slot whose command would take a minute; the next slot's
+/// invocation, another process, has it stopped within a lease (SIGTERM, which the command traps and logs),
+/// recorded replaced (exit 0 for the stopped one), then runs its own slot after it, never beside it.
+async fn cancel_other_stops_the_running_slot_on_another_process(b: Backend) {
+    let script = r#"echo "start $IDEM_SLOT" >> runs; trap 'echo "term $IDEM_SLOT" >> runs; exit 143' TERM;
+        if [ ! -e first ]; then touch first; sleep 60 & wait; else echo "end $IDEM_SLOT" >> runs; fi"#;
+    let args = ["--every", "2s", "--lease", "1s", "--overlap", "cancel-other"];
+    let first = b.once("replace", &args, script).spawn().unwrap();
+    wait_for("the first slot's start", Duration::from_secs(20), || !b.lines("runs").is_empty());
+    let slot = b.lines("runs")[0].replace("start ", "");
+    // Invoked until the next slot comes: its invocation asks the first to stop, waits, and runs.
+    let asked = loop {
+        let at = Instant::now();
+        let (code, stderr) = b.run("replace", &args, script);
+        assert_eq!(code, 0, "{stderr}");
+        if !stderr.contains(&format!("replace {slot}:")) {
+            break at;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let out = first.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replaced by the slot "), "{stderr}");
+    assert!(asked.elapsed() < Duration::from_secs(10), "stopped within a lease, run after it");
+    let runs = b.lines("runs");
+    assert_eq!(runs.len(), 4, "start, term, start, end: {runs:?}");
+    assert!(runs[0].starts_with("start") && runs[1] == format!("term {slot}"), "{runs:?}");
+    assert!(runs[2].starts_with("start") && runs[3].starts_with("end"), "the new slot after the old: {runs:?}");
+    let status = b.status("replace");
+    assert!(slots(&status).iter().any(|s| s["state"] == "replaced"), "{status}");
+    assert_eq!(status["ran_more_than_once"], 0);
+    b.cleanup().await;
+}
+
 macro_rules! on_server_backends {
     ($($scenario:ident),* $(,)?) => {
         $(
@@ -822,6 +857,7 @@ on_every_backend!(
     slots_without_an_invocation_are_recorded_missed,
     an_invocation_past_the_deadline_records_the_slot_missed,
     a_backfill_runs_each_slot_once_under_concurrent_invocations,
+    cancel_other_stops_the_running_slot_on_another_process,
 );
 
 on_server_backends!(a_paused_holder_is_fenced_out, a_paused_invocations_command_is_stopped_before_a_takeover);
