@@ -51,7 +51,9 @@ pub(crate) fn routes<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/v1/admin/item", get(item::<S>))
         .route("/v1/admin/items/forget", post(forget::<S>))
         .route("/v1/admin/cron", get(cron::<S>))
-        // The cron jobs' pause, resume and trigger go here, as /v1/admin/cron/{pause,resume,trigger}.
+        .route("/v1/admin/cron/pause", post(cron_pause::<S>))
+        .route("/v1/admin/cron/resume", post(cron_resume::<S>))
+        .route("/v1/admin/cron/trigger", post(cron_trigger::<S>))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&admin), require_reader::<S>))
         .with_state(admin)
 }
@@ -189,4 +191,51 @@ async fn cron<S: Store>(State(admin): St<S>, Query(q): Query<CronQuery>) -> Resp
         }
         .await,
     )
+}
+
+#[derive(Deserialize)]
+struct CronPause {
+    name: String,
+    #[serde(default)]
+    until: Option<String>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// `POST /v1/admin/cron/pause` `{"name", "until"?, "note"?}`: the pause as `status` shows it.
+async fn cron_pause<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
+    let (actor, r) = match action::<CronPause, S>(&admin, &headers, &body) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    answer(crate::cron::pause(&admin.store, &r.name, r.until.as_deref(), r.note.as_deref(), &actor).await)
+}
+
+/// `POST /v1/admin/cron/resume` `{"name"}`: `{"resumed": false}` when it was not paused.
+async fn cron_resume<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
+    let (actor, r) = match action::<CronQuery, S>(&admin, &headers, &body) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    answer(
+        crate::cron::resume(&admin.store, &r.name, &actor)
+            .await
+            .map(|resumed| serde_json::json!({ "resumed": resumed })),
+    )
+}
+
+#[derive(Deserialize)]
+struct CronTrigger {
+    name: String,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// `POST /v1/admin/cron/trigger` `{"name", "id"?}`: the trigger's id, whether it is new, its state.
+async fn cron_trigger<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
+    let (actor, r) = match action::<CronTrigger, S>(&admin, &headers, &body) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    answer(crate::cron::trigger(&admin.store, &r.name, r.id.as_deref(), &actor).await)
 }

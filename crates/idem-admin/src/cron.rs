@@ -1,9 +1,6 @@
 //! `idem once`'s jobs as the operator sees them: every job with its schedule, last and next slot, and the
-//! history of its recent slots, drawn as an SVG timeline.
-//!
-//! Pause, resume and trigger are the cron jobs' actions still to come: they belong beside [`history`] here,
-//! as functions of the store, with their forms on the job page and their endpoints beside
-//! `/v1/admin/items/forget`.
+//! history of its recent slots, drawn as an SVG timeline; and the operator's actions on a job, [`pause`],
+//! [`resume`] and [`trigger`] (`idem once pause|resume|trigger` do the same), each logged with who did it.
 
 use idem_runner::once::{History, SlotView};
 use idem_store::Store;
@@ -56,6 +53,90 @@ pub async fn slot<S: Store>(store: &S, name: &str, slot: &str) -> Result<SlotVie
         .into_iter()
         .find(|s| s.slot == slot)
         .ok_or_else(|| Error::NotFound(format!("job {name} has no slot {slot} in its kept history")))
+}
+
+/// Pauses job `name` for `actor`: every invocation from now on records its slot paused and runs nothing.
+/// `until`: when it ends by itself, RFC 3339 or a duration from now (`2h`); empty or `None`: until resumed.
+///
+/// # Errors
+/// [`Error::NotFound`] for no such job; [`Error::BadRequest`] for an `until` that is neither, or not in the
+/// future; [`Error::Store`].
+pub async fn pause<S: Store>(
+    store: &S,
+    name: &str,
+    until: Option<&str>,
+    note: Option<&str>,
+    actor: &str,
+) -> Result<idem_runner::once::PauseView, Error> {
+    let now_ms = idem_store::system_time_to_millis(store.now().await?);
+    let until_ms = match until.map(str::trim).filter(|u| !u.is_empty()) {
+        None => None,
+        Some(u) => Some(parse_until(u, now_ms)?),
+    };
+    let note = note.map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned);
+    let paused = idem_runner::once::pause(store, name, until_ms, note, actor).await.map_err(|e| match e {
+        idem_runner::Error::Config(why) => Error::BadRequest(why),
+        other => other.into(),
+    })?;
+    let pause = paused.ok_or_else(|| Error::NotFound(format!("no cron job {name}")))?;
+    tracing::info!(actor, job = name, until = ?pause.until_ms, "admin: cron job paused");
+    Ok(idem_runner::once::PauseView::new(&pause, now_ms))
+}
+
+/// `until` in milliseconds since the Unix epoch: a duration from `now_ms`, or RFC 3339.
+fn parse_until(until: &str, now_ms: u64) -> Result<u64, Error> {
+    if let Ok(d) = humantime::parse_duration(until) {
+        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+    }
+    humantime::parse_rfc3339_weak(until).map(idem_store::system_time_to_millis).map_err(|_| {
+        Error::BadRequest(format!("until {until:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration (2h)"))
+    })
+}
+
+/// Resumes job `name` for `actor`; `false` when it was not paused.
+///
+/// # Errors
+/// [`Error::NotFound`] for no such job; [`Error::Store`].
+pub async fn resume<S: Store>(store: &S, name: &str, actor: &str) -> Result<bool, Error> {
+    if store.get(&idem_core::slot::job_key(name)).await?.is_none() {
+        return Err(Error::NotFound(format!("no cron job {name}")));
+    }
+    let resumed = idem_runner::once::resume(store, name, actor).await?.is_some();
+    if resumed {
+        tracing::info!(actor, job = name, "admin: cron job resumed");
+    }
+    Ok(resumed)
+}
+
+/// What [`trigger`] did: the request's id, and whether it is new (`false`: that id was requested before and
+/// runs, or ran, once).
+#[derive(Clone, Debug, Serialize)]
+pub struct Triggered {
+    /// The trigger's id.
+    pub id: String,
+    /// Requested now.
+    pub new: bool,
+    /// Its state in the store (`requested`, `running`, `done`…).
+    pub state: String,
+}
+
+/// Requests a run of job `name` outside its schedule for `actor`, keyed by `id` (`None`: a new one): the job's
+/// next invocation runs it once, however often the same id is requested.
+///
+/// # Errors
+/// [`Error::NotFound`] for no such job; [`Error::BadRequest`] for an id that is not 1 to 100 letters, digits,
+/// `.`, `_`, `-`; [`Error::Store`].
+pub async fn trigger<S: Store>(store: &S, name: &str, id: Option<&str>, actor: &str) -> Result<Triggered, Error> {
+    let id = id.map(str::trim).filter(|i| !i.is_empty());
+    let t = idem_runner::once::trigger(store, name, id, actor)
+        .await
+        .map_err(|e| match e {
+            idem_runner::Error::Config(why) => Error::BadRequest(why),
+            other => other.into(),
+        })?
+        .ok_or_else(|| Error::NotFound(format!("no cron job {name}")))?;
+    tracing::info!(actor, job = name, id = %t.id, new = t.new, "admin: cron job triggered");
+    Ok(Triggered { id: t.id, new: t.new, state: t.state })
 }
 
 /// One bar of the timeline.

@@ -85,13 +85,13 @@ pub(crate) async fn logout<S: Store>(
     res
 }
 
-fn refused(session: &Session, why: &str) -> Response {
+pub(super) fn refused(session: &Session, why: &str) -> Response {
     tracing::warn!(why, "admin: action refused");
     message(session, StatusCode::FORBIDDEN, "Refused", why, Some("/ui/"))
 }
 
 /// The actor of a POST, after its checks; the refusal page otherwise.
-fn authorize<S: Store>(
+pub(super) fn authorize<S: Store>(
     admin: &Admin<S>,
     session: &Session,
     headers: &HeaderMap,
@@ -112,18 +112,19 @@ fn authorize<S: Store>(
     Ok(actor.clone())
 }
 
+/// A confirmation page: what will happen, the facts, and the form that does it (its fields hidden).
 #[derive(Template)]
 #[template(path = "confirm.html")]
-struct Confirm<'a> {
-    nav: Nav,
-    heading: &'a str,
-    warning: &'a str,
-    facts: Vec<(&'a str, String)>,
-    action: &'a str,
-    fields: Vec<(&'a str, String)>,
-    button: &'a str,
-    cancel: String,
-    csrf: String,
+pub(super) struct Confirm<'a> {
+    pub(super) nav: Nav,
+    pub(super) heading: &'a str,
+    pub(super) warning: &'a str,
+    pub(super) facts: Vec<(&'a str, String)>,
+    pub(super) action: &'a str,
+    pub(super) fields: Vec<(&'a str, String)>,
+    pub(super) button: &'a str,
+    pub(super) cancel: String,
+    pub(super) csrf: String,
 }
 
 #[derive(Deserialize)]

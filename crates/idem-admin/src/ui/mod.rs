@@ -2,6 +2,7 @@
 //! one stylesheet of our own, no script. [`crate::router`] mounts them.
 
 mod actions;
+mod cron_actions;
 mod pages;
 
 pub(crate) use pages::RecordQuery;
@@ -135,6 +136,9 @@ pub(crate) fn routes<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/ui/logout", axum::routing::post(actions::logout::<S>))
         .route("/ui/record/release", get(actions::confirm_release::<S>).post(actions::release::<S>))
         .route("/ui/runs/forget", get(actions::confirm_forget::<S>).post(actions::forget::<S>))
+        .route("/ui/cron/pause", get(cron_actions::confirm_pause::<S>).post(cron_actions::pause::<S>))
+        .route("/ui/cron/resume", get(cron_actions::confirm_resume::<S>).post(cron_actions::resume::<S>))
+        .route("/ui/cron/trigger", get(cron_actions::confirm_trigger::<S>).post(cron_actions::trigger::<S>))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&admin), session::<S>))
         .route("/ui/static/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }))
         .with_state(admin)

@@ -286,3 +286,111 @@ async fn runs_and_cron_pages_show_the_ledgers_and_forget_makes_a_poison_item_run
     assert_eq!(runs_of(dir.path(), HOSTILE_ITEM), 3);
     assert_eq!(runs_of(dir.path(), "good-1"), 1, "the done item did not run again");
 }
+
+/// `idem once NAME --every 1s` in `dir`'s store: (exit status, standard error).
+fn once_job(dir: &std::path::Path) -> (i32, String) {
+    let store = format!("sqlite:{}", dir.join("ledger.db").display());
+    let script = format!("echo ran >> '{}'", dir.join("log").display());
+    let (code, _, err) = common::idem(
+        &["once", "--name", "minutely", "--store", &store, "--every", "1s", "--", "sh", "-c", &script],
+        &[],
+    );
+    (code, err)
+}
+
+/// The slot an invocation's message names (`idem once: NAME SLOT: …`).
+fn slot_of(err: &str) -> String {
+    err.split_whitespace().nth(3).unwrap_or_default().trim_end_matches(':').to_owned()
+}
+
+/// Runs an invocation in a slot after the one of `last` (its stderr), so it is a new slot's.
+fn once_in_a_new_slot(dir: &std::path::Path, last: &str) -> String {
+    loop {
+        let (code, err) = once_job(dir);
+        assert_eq!(code, 0, "{err}");
+        if slot_of(&err) > slot_of(last) {
+            return err;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The admin listener on `dir`'s SQLite store, signed in. `idem serve` holds a SQLite file while it runs, so
+/// the invocations below run between two servers (a PostgreSQL or Redis store is shared while both run).
+async fn serve_signed_in(browser: &Browser, dir: &std::path::Path) -> Server {
+    let store = format!("sqlite:{}", dir.join("ledger.db").display());
+    let token = dir.join("admin-token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let server = Server::start(&["--store", &store, "--admin-token-file", token.to_str().unwrap()], &[]);
+    sign_in(browser, &server.url).await;
+    server
+}
+
+/// Clicks the element `id`, then the confirmation page's button; the message page's text.
+async fn act(browser: &Browser, id: &str) -> String {
+    browser.client.find(Locator::Id(id)).await.unwrap().click().await.unwrap();
+    browser.client.wait().for_element(Locator::Id("confirm")).await.unwrap().click().await.unwrap();
+    text_of(browser, "#message").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_actions_pause_trigger_and_resume_change_what_the_next_invocation_does() {
+    let Some(browser) = Browser::start(1280, 900).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let runs = || std::fs::read_to_string(dir.path().join("log")).unwrap_or_default().lines().count();
+    let (code, first) = once_job(dir.path());
+    assert_eq!((code, runs()), (0, 1), "{first}");
+
+    let server = serve_signed_in(&browser, dir.path()).await;
+    // Without the token the JSON action is refused.
+    let client = common::client();
+    let trigger = format!("{}/v1/admin/cron/trigger", server.url);
+    let body = serde_json::json!({ "name": "minutely", "id": "api-1" }).to_string();
+    let res = client.post(&trigger).header("content-type", "application/json").body(body.clone()).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    open(&browser, &format!("{}/ui/cron/job?name=minutely", server.url)).await;
+    browser.client.find(Locator::Id("pause-until")).await.unwrap().send_keys("1h").await.unwrap();
+    browser.client.find(Locator::Id("pause-note")).await.unwrap().send_keys("<b>disk</b> full").await.unwrap();
+    let said = act(&browser, "pause").await;
+    assert!(said.starts_with("Job minutely paused by admin-token:") && said.contains("(<b>disk</b> full)"), "{said}");
+    open(&browser, &format!("{}/ui/cron/job?name=minutely", server.url)).await;
+    assert!(text_of(&browser, "#pause-state").await.contains("<b>disk</b> full"), "the note renders as text");
+    assert_no_script(&browser).await;
+    shot(&browser, "cron-job-paused").await;
+    drop(server);
+    let paused = once_in_a_new_slot(dir.path(), &first);
+    assert!(paused.contains("the job is paused by admin-token:"), "{paused}");
+    assert_eq!(runs(), 1, "nothing ran while paused");
+
+    // Run now, from the page and from the JSON endpoint (the same id twice: one request): the next invocation
+    // runs both once, paused or not.
+    let server = serve_signed_in(&browser, dir.path()).await;
+    open(&browser, &format!("{}/ui/cron/job?name=minutely", server.url)).await;
+    assert!(act(&browser, "trigger").await.starts_with("Requested a run of minutely"));
+    let trigger = format!("{}/v1/admin/cron/trigger", server.url);
+    for new in [true, false] {
+        let res = client
+            .post(&trigger)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let t: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(t["new"], new, "{t}");
+    }
+    drop(server);
+    let triggered = once_in_a_new_slot(dir.path(), &paused);
+    assert_eq!(triggered.matches(" trigger ").count(), 2, "the page's trigger and api-1: {triggered}");
+    assert_eq!(runs(), 3, "two triggered runs, nothing else, while paused");
+
+    let server = serve_signed_in(&browser, dir.path()).await;
+    open(&browser, &format!("{}/ui/cron/job?name=minutely", server.url)).await;
+    assert!(act(&browser, "resume").await.contains("resumed"));
+    drop(server);
+    let resumed = once_in_a_new_slot(dir.path(), &triggered);
+    assert!(!resumed.contains("paused"), "{resumed}");
+    assert_eq!(runs(), 4, "the slot after the resume ran");
+}
