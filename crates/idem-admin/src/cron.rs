@@ -71,7 +71,9 @@ pub async fn pause<S: Store>(
     let now_ms = idem_store::system_time_to_millis(store.now().await?);
     let until_ms = match until.map(str::trim).filter(|u| !u.is_empty()) {
         None => None,
-        Some(u) => Some(parse_until(u, now_ms)?),
+        Some(u) => Some(
+            idem_runner::once::parse_time("until", u, now_ms, false).map_err(|e| Error::BadRequest(e.to_string()))?,
+        ),
     };
     let note = note.map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned);
     let paused = idem_runner::once::pause(store, name, until_ms, note, actor).await.map_err(|e| match e {
@@ -81,16 +83,6 @@ pub async fn pause<S: Store>(
     let pause = paused.ok_or_else(|| Error::NotFound(format!("no cron job {name}")))?;
     tracing::info!(actor, job = name, until = ?pause.until_ms, "admin: cron job paused");
     Ok(idem_runner::once::PauseView::new(&pause, now_ms))
-}
-
-/// `until` in milliseconds since the Unix epoch: a duration from `now_ms`, or RFC 3339.
-fn parse_until(until: &str, now_ms: u64) -> Result<u64, Error> {
-    if let Ok(d) = humantime::parse_duration(until) {
-        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-    }
-    humantime::parse_rfc3339_weak(until).map(idem_store::system_time_to_millis).map_err(|_| {
-        Error::BadRequest(format!("until {until:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration (2h)"))
-    })
 }
 
 /// Resumes job `name` for `actor`; `false` when it was not paused.

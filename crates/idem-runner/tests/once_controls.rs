@@ -214,3 +214,64 @@ async fn a_later_slot_replaces_the_running_one_within_a_lease() {
         assert_eq!(history.ran_more_than_once, 0);
     }
 }
+
+/// Three slots in a row under `cancel-other`, the first ignoring SIGTERM (so it ends a lease after it was asked,
+/// killed): the second waits for it, the third asks both to stop; the second, replaced while it waited, is
+/// recorded skipped and never starts; the third runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_replaced_while_it_waits_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let script = r#"echo "start $IDEM_SLOT" >> log; [ -e first ] && exit 0; touch first; trap '' TERM; sleep 30"#;
+    let cfg = job(dir.path(), Duration::from_secs(1), Overlap::CancelOther, script);
+    let spawn = |cfg: &OnceConfig| {
+        let (store, cfg) = (Arc::clone(&store), cfg.clone());
+        tokio::spawn(async move { once::once(&*store, &cfg, std::future::pending()).await.unwrap() })
+    };
+    let first = spawn(&cfg);
+    while log(dir.path()).is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The next slot's invocation, then the one after: each a second later.
+    let started = log(dir.path())[0].replace("start ", "");
+    let slot_of = |r: &once::Report| r.slot.clone();
+    let mut later = Vec::new();
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        later.push(spawn(&cfg));
+    }
+    let first = first.await.unwrap();
+    let (second, third) = (later.remove(0).await.unwrap(), later.remove(0).await.unwrap());
+    assert!(matches!(first.outcome, Outcome::Replaced { attempt: 1, .. }), "{}", first.render());
+    let replaced_before = |r: &once::Report| matches!(r.outcome, Outcome::Replaced { attempt: 0, .. });
+    assert!(replaced_before(&second) || replaced_before(&third), "{}\n{}", second.render(), third.render());
+    let starts = log(dir.path());
+    assert_eq!(starts.len(), 2, "the first slot and the last one started, the middle one never: {starts:?}");
+    assert!(starts[0].ends_with(&started) && slot_of(&first) == started);
+}
+
+/// A triggered run under `skip` never runs beside a slot: requested while the slot's 1.5 s command runs, the
+/// invocations that find it meanwhile leave it, and one after runs it; its command is told its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_triggered_run_waits_for_the_running_slot_under_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let script = r#"echo "start ${IDEM_TRIGGER_ID:-slot}" >> log; sleep 1.5; echo end >> log"#;
+    let cfg = job(dir.path(), Duration::from_secs(366 * 86_400), Overlap::Skip, script);
+    let running = {
+        let (store, cfg) = (Arc::clone(&store), cfg.clone());
+        tokio::spawn(async move { once::once(&*store, &cfg, std::future::pending()).await.unwrap() })
+    };
+    while log(dir.path()).is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    once::trigger(&*store, "job", Some("now-1"), "ops@test").await.unwrap().unwrap();
+    let meanwhile = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+    assert!(meanwhile.triggers.is_empty(), "not run beside the slot: {}", meanwhile.render());
+    // Run after the slot ended: by the invocation that ran the slot, or the next one.
+    let running = running.await.unwrap();
+    let after = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+    assert_eq!(running.triggers.len() + after.triggers.len(), 1, "{}\n{}", running.render(), after.render());
+    let lines = log(dir.path());
+    assert_eq!(lines, ["start slot", "end", "start now-1", "end"], "one at a time, the trigger told its id");
+}

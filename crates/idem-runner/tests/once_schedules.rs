@@ -195,20 +195,40 @@ async fn the_metrics_file_text_names_the_job_state_and_counts() {
     let history = once::history(&store, "job", 100).await.unwrap().unwrap();
     let text = once::prometheus(&history, r.exit_code(false), now_ms());
     for line in [
-        "idem_once_last_slot_state{job=\"job\",state=\"done\"} 1",
-        "idem_once_last_slot_state{job=\"job\",state=\"failed\"} 0",
-        "idem_once_slots_run_more_than_once{job=\"job\"} 0",
-        "idem_once_paused{job=\"job\"} 0",
-        "idem_once_last_invocation_exit_code{job=\"job\"} 0",
+        "idem_once_last_slot_state{once_job=\"job\",state=\"done\"} 1",
+        "idem_once_last_slot_state{once_job=\"job\",state=\"failed\"} 0",
+        "idem_once_slots_run_more_than_once{once_job=\"job\"} 0",
+        "idem_once_paused{once_job=\"job\"} 0",
+        "idem_once_last_invocation_exit_code{once_job=\"job\"} 0",
         "# TYPE idem_once_last_success_timestamp_seconds gauge",
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
     }
     let success: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("idem_once_last_success_timestamp_seconds{job=\"job\"} "))
+        .find_map(|l| l.strip_prefix("idem_once_last_success_timestamp_seconds{once_job=\"job\"} "))
         .unwrap()
         .parse()
         .unwrap();
     assert!((success * 1000.0 - now_ms() as f64).abs() < 60_000.0, "{success}");
+}
+
+/// The invocation came in time for its slot: the catch-up runs it ran first (2 s of them) do not make its own
+/// slot miss a 1.5 s `--starting-deadline`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catching_up_does_not_make_the_own_slot_miss_its_starting_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let mut cfg = job(dir.path(), Duration::from_secs(1), r#"echo "$IDEM_SLOT" >> log; sleep 0.7"#);
+    cfg.catchup_window = Some(Duration::from_secs(30));
+    cfg.starting_deadline = Some(Duration::from_millis(1500));
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    // Right after a slot's time, so the invocation is in time for it.
+    while now_ms() % 1000 > 100 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert!(r.requested_runs.len() >= 2, "{}", r.render());
+    assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
 }

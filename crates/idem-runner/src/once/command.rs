@@ -88,6 +88,8 @@ pub(crate) async fn run<S: Store + Sync>(
         .env("IDEM_SLOT", spawn.slot)
         .env("IDEM_ATTEMPT", held.attempt().to_string())
         .env("IDEM_FENCING_TOKEN", held.fencing_token().to_string())
+        // A triggered run (`idem once trigger`) is told so: its IDEM_SLOT is the time it was requested.
+        .env("IDEM_TRIGGER_ID", held.keys().entry().strip_prefix(&slot::trigger_prefix(spawn.name)).unwrap_or(""))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -187,7 +189,7 @@ async fn stop_requested<S: Store>(store: &S, stop: &Stop, pgid: Option<u32>, rep
         if let Ok(Some(v)) = store.get(&stop.key).await {
             let by_ms = std::str::from_utf8(v.value()).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
             let _ = replaced.set(by_ms);
-            tracing::warn!(key = %stop.key, "a later slot replaces this one (--overlap): its command is stopped");
+            tracing::info!(by_ms, "a later slot replaces this one (--overlap): its command is stopped");
             if let Some(grace) = stop.grace {
                 if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
                     let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);

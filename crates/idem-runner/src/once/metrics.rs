@@ -22,9 +22,10 @@ const STATES: [&str; 11] = [
 ];
 
 /// The metrics of `history` (read right after the invocation), whose invocation exited `exit_code` at `now_ms`
-/// (milliseconds since the Unix epoch): every series labelled `job="NAME"`. Times are Unix seconds.
+/// (milliseconds since the Unix epoch): every series labelled `once_job="NAME"` (not `job`, which Prometheus
+/// sets to the scrape's own: a `job` label here would be renamed `exported_job`). Times are Unix seconds.
 pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
-    let job = format!("job=\"{}\"", escape(&history.name));
+    let job = format!("once_job=\"{}\"", escape(&history.name));
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, series: Vec<(String, String)>| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));

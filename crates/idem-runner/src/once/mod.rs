@@ -38,7 +38,7 @@ pub use report::{
     EXIT_STORE_UNAVAILABLE, EXIT_USAGE, Outcome, Report,
 };
 pub use requested::{Backfilled, MAX_BACKFILL, backfill};
-pub use schedule::{Schedule, parse_canonical};
+pub use schedule::{Schedule, parse_canonical, parse_time};
 pub use status::{History, SlotView, forget, history};
 
 /// Runs one invocation of `cfg` (checked: [`OnceConfig::check`]) against `store`; `interrupt` resolves when
@@ -106,12 +106,13 @@ pub async fn once<S: Store + Sync>(
         .filter(|(s, _)| *s < slot)
         .partition(|(_, kind)| *kind == slot::RequestKind::CatchUp);
     let slots = |v: Vec<(u64, slot::RequestKind)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
-    let mut read = Read { entry, slot, offset, newest, now_ms };
+    let mut read = Read { entry, slot, offset, newest, now_ms, came_ms: now_ms };
     if !catch_up.is_empty() {
         report.requested_runs =
             requested::run(store, cfg, &slots(catch_up), now_ms, paused, interrupt.as_mut()).await?;
         if !report.requested_runs.is_empty() {
-            // They took time: the slot is judged by what the store says now.
+            // They took time: the slot is claimed by what the store says now (its deadline is still judged by
+            // when the invocation came: the catch-up made it late, not the invocation).
             read.now_ms = system_time_to_millis(store.now().await?);
             read.entry = store.get(keys.entry()).await?;
         }
@@ -152,6 +153,8 @@ struct Read {
     offset: u64,
     newest: u64,
     now_ms: u64,
+    /// When the invocation came (the store's clock): what `--starting-deadline` is judged by.
+    came_ms: u64,
 }
 
 /// Judges the slot and does what the judgement says.
@@ -164,12 +167,12 @@ async fn judge<S: Store + Sync>(
     pause: Option<&slot::Pause>,
     mut interrupt: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Report, Error> {
-    let Read { entry, slot, offset, newest, now_ms } = read;
+    let Read { entry, slot, offset, newest, now_ms, came_ms } = read;
     let keys = keys.clone();
     let behind = newest > slot;
     let mut entry = decode_entry(entry, &keys)?;
     let limit = RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
-    let late = now_ms.saturating_sub(slot.saturating_add(offset)); // from its start: time plus jitter
+    let late = came_ms.saturating_sub(slot.saturating_add(offset)); // from its start: time plus jitter
     let past_deadline = cfg.starting_deadline.is_some_and(|d| u128::from(late) > d.as_millis());
     // A claim refused because another invocation changed the slot meanwhile is judged again, a few times.
     for _ in 0..4 {
@@ -190,7 +193,7 @@ async fn judge<S: Store + Sync>(
                 Outcome::Behind { newest: cfg.schedule.format(newest) }
             }
             slot::Plan::RecordMissed => {
-                let reason = MissedReason::PastDeadline { came_at_ms: now_ms };
+                let reason = MissedReason::PastDeadline { came_at_ms: came_ms };
                 match store.apply(missed(&keys, reason, now_ms)).await {
                     Ok(_) => Outcome::Missed { reason, recorded_now: true },
                     Err(e) if e.is_precondition_failed() => {

@@ -81,11 +81,13 @@ pub(super) async fn take_turn<S: Store + Sync>(
                 return Err(e);
             }
         };
-        match slot::overlap(cfg.overlap, &ahead) {
+        match judge_turn(store, cfg, &ahead).await {
             OverlapPlan::Run => break,
             OverlapPlan::GiveBack { earlier_ms } => {
                 give_back(lease).await;
-                return Ok(Turn::Done(Outcome::EarlierRunning { slot: cfg.schedule.format(earlier_ms) }));
+                let slot =
+                    if earlier_ms == TRIGGERED { "(a triggered run)".into() } else { cfg.schedule.format(earlier_ms) };
+                return Ok(Turn::Done(Outcome::EarlierRunning { slot }));
             }
             OverlapPlan::RecordSkipped { earlier_ms } => {
                 let now = millis(store.now().await?);
@@ -128,6 +130,12 @@ pub(super) async fn take_turn<S: Store + Sync>(
         }
     }
     let now = millis(store.now().await?);
+    if let Some(by_ms) = replaced_while_waiting(store, cfg, keys).await {
+        let _ = store.apply(claim.skipped(waiting, cfg.overlap.name(), by_ms, now)).await;
+        let _ = store.apply(claim.lease_release(lease)).await;
+        let by = cfg.schedule.format(by_ms);
+        return Ok(Turn::Done(Outcome::Replaced { attempt: 0, by, exit: "not started".into() }));
+    }
     let go = claim.after_wait(waiting, now);
     match store.apply(go.entry_write()).await {
         Ok(Some(entry)) => Ok(Turn::Held(Box::new(go.acquired(lease, entry)), renewed)),
@@ -158,9 +166,42 @@ async fn ask_to_stop<S: Store>(store: &S, cfg: &OnceConfig, keys: &slot::Keys, a
     for earlier in new {
         let key = slot::stop_key(&slot::Keys::new(&cfg.name, earlier));
         let value = bytes::Bytes::from(keys.slot_ms().to_string());
-        match store.put(&key, value, idem_store::Precondition::Any, ttl).await {
+        // Create-only: the first later slot to ask is the one that replaced it (and the one the record names).
+        match store.put(&key, value, idem_store::Precondition::Absent, ttl).await {
             Ok(_) => asked.push(earlier),
+            Err(e) if e.is_precondition_failed() => asked.push(earlier),
             Err(e) => tracing::warn!(error = %e, slot = earlier, "cannot ask the earlier slot to stop"),
         }
     }
+}
+
+/// The `earlier_ms` of a plan made for a triggered run going on (not a slot).
+const TRIGGERED: u64 = u64::MAX;
+
+/// The slot's plan under the job's policy ([`slot::overlap`]), a triggered run going on counting as a run
+/// ahead ([`TRIGGERED`]): `skip` gives the slot back, the other policies wait for it (none stops it).
+async fn judge_turn<S: Store>(store: &S, cfg: &OnceConfig, ahead: &[u64]) -> OverlapPlan {
+    match slot::overlap(cfg.overlap, ahead) {
+        OverlapPlan::Run if triggered_live(store, &cfg.name).await => match cfg.overlap {
+            slot::Overlap::Skip => OverlapPlan::GiveBack { earlier_ms: TRIGGERED },
+            _ => OverlapPlan::Wait { earlier_ms: TRIGGERED },
+        },
+        plan => plan,
+    }
+}
+
+/// Whether a triggered run of job `name` holds a live lease (a store that fails counts as none: the slot's own
+/// checks still hold).
+async fn triggered_live<S: Store>(store: &S, name: &str) -> bool {
+    store.list(&slot::trigger_lease_prefix(name), None, 1).await.is_ok_and(|p| !p.items.is_empty())
+}
+
+/// Under `cancel-other`/`terminate-other`, the later slot that asked this one to stop while it waited (its
+/// stop key): it is then recorded skipped, its command never started.
+async fn replaced_while_waiting<S: Store>(store: &S, cfg: &OnceConfig, keys: &slot::Keys) -> Option<u64> {
+    if !cfg.overlap.replaces() {
+        return None;
+    }
+    let v = store.get(&slot::stop_key(keys)).await.ok()??;
+    std::str::from_utf8(v.value()).ok()?.parse().ok()
 }

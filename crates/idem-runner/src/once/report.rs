@@ -199,8 +199,31 @@ impl Report {
     }
 
     /// The exit status (the `EXIT_*` constants); `fail_if_held` makes a held slot [`EXIT_HELD`].
+    /// The exit status is the own slot's, unless a requested slot (a backfill's, a catch-up's) or a triggered
+    /// run it ran ended worse: then a failure (1), a failure for good (3), a lost lease (6) or a signal (130)
+    /// among those wins, in that order, so a monitor never reads a stopped or failed backfill as success.
     pub fn exit_code(&self, fail_if_held: bool) -> i32 {
-        match &self.outcome {
+        // From harmless to grave: what a requested or triggered run may raise the own slot's status to.
+        const RANK: [i32; 5] = [EXIT_DONE, EXIT_FAILED, EXIT_FAILED_FOR_GOOD, EXIT_LEASE_LOST, EXIT_INTERRUPTED];
+        let rank = |code: i32| RANK.iter().position(|c| *c == code).unwrap_or(0);
+        let own = Self::code_of(&self.outcome, fail_if_held);
+        let extras = self.requested_runs.iter().chain(&self.triggers).map(|(_, o)| Self::code_of(o, false));
+        match extras.max_by_key(|c| rank(*c)) {
+            // A missed or held own slot (4, 5) keeps its status but to a signal: the invocation was stopped.
+            Some(worst) if !RANK.contains(&own) => {
+                if worst == EXIT_INTERRUPTED {
+                    worst
+                } else {
+                    own
+                }
+            }
+            Some(worst) if rank(worst) > rank(own) => worst,
+            _ => own,
+        }
+    }
+
+    fn code_of(outcome: &Outcome, fail_if_held: bool) -> i32 {
+        match outcome {
             Outcome::Succeeded { .. }
             | Outcome::AlreadyDone { .. }
             | Outcome::Paused { .. }
@@ -329,6 +352,9 @@ fn describe(outcome: &Outcome) -> String {
         Outcome::Skipped { earlier } => {
             format!("skipped (--overlap buffer-one): the slot {earlier} already waits for the running one; not run")
         }
+        Outcome::Replaced { attempt: 0, by, .. } => {
+            format!("replaced by the slot {by} before it started (--overlap): recorded skipped; not run")
+        }
         Outcome::Replaced { attempt, by, exit } => {
             format!("replaced by the slot {by}: its command was stopped ({exit}; attempt {attempt}), recorded replaced")
         }
@@ -380,5 +406,41 @@ fn describe(outcome: &Outcome) -> String {
              in this slot retries)",
             count(*left, "attempt", "attempts")
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(outcome: Outcome, extras: Vec<Outcome>) -> Report {
+        Report {
+            name: "j".into(),
+            slot: "s".into(),
+            outcome,
+            missed: Vec::new(),
+            missed_unlisted: 0,
+            missed_capped: false,
+            triggers: Vec::new(),
+            requested: Vec::new(),
+            requested_runs: extras.into_iter().map(|o| ("r".to_owned(), o)).collect(),
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_requested_run_that_failed_or_was_stopped_raises_the_exit_status() {
+        let done = || Outcome::AlreadyDone { host: "h".into(), finished: "f".into(), attempts: 1 };
+        let failed = |left| Outcome::Failed { attempt: 1, exit: "exit 7".into(), left };
+        let stopped = || Outcome::Interrupted { attempt: 1, left: 1 };
+        assert_eq!(report(done(), vec![]).exit_code(false), EXIT_DONE);
+        assert_eq!(report(done(), vec![Outcome::Succeeded { attempt: 1 }]).exit_code(false), EXIT_DONE);
+        assert_eq!(report(done(), vec![failed(2)]).exit_code(false), EXIT_FAILED);
+        assert_eq!(report(done(), vec![failed(2), failed(0)]).exit_code(false), EXIT_FAILED_FOR_GOOD);
+        assert_eq!(report(done(), vec![failed(0), stopped()]).exit_code(false), EXIT_INTERRUPTED);
+        assert_eq!(report(failed(0), vec![failed(2)]).exit_code(false), EXIT_FAILED_FOR_GOOD, "never lowered");
+        let missed = Outcome::Missed { reason: idem_core::slot::MissedReason::NotStarted, recorded_now: false };
+        assert_eq!(report(missed.clone(), vec![failed(2)]).exit_code(false), EXIT_MISSED);
+        assert_eq!(report(missed, vec![stopped()]).exit_code(false), EXIT_INTERRUPTED);
     }
 }

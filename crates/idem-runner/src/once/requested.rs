@@ -155,10 +155,11 @@ pub(super) async fn run<S: Store + Sync>(
     Ok(ran)
 }
 
-/// Claims a requested slot: its lease, then (under a policy other than `allow`, when no other slot of the job
-/// holds a live lease: both leases are taken before either looks, so of two at once neither is missed) its
-/// entry. `None`: another invocation got there first, or another slot runs (the lease is given back).
-async fn claim_alone<S: Store + Sync>(
+/// Claims a requested slot or a triggered run: its lease, then (under a policy other than `allow`, when no other
+/// slot or triggered run of the job holds a live lease: both leases are taken before either looks, so of two at
+/// once neither is missed) its entry. `None`: another invocation got there first, or another one runs (the
+/// lease is given back).
+pub(super) async fn claim_alone<S: Store + Sync>(
     store: &S,
     cfg: &OnceConfig,
     claim: &slot::Claim,
@@ -171,10 +172,7 @@ async fn claim_alone<S: Store + Sync>(
         Err(e) => return Err(e.into()),
     };
     if cfg.overlap != Overlap::Allow {
-        let others = match store.list(&lease_prefix(&cfg.name), None, 1000).await {
-            Ok(page) => Ok(page.items.iter().any(|i| i.key != own_lease)),
-            Err(e) => Err(e),
-        };
+        let others = others_live(store, &cfg.name, own_lease).await;
         if !matches!(others, Ok(false)) {
             let _ = store.apply(claim.lease_release(lease)).await;
             return others.map(|_| None).map_err(Error::from);
@@ -188,6 +186,16 @@ async fn claim_alone<S: Store + Sync>(
             if e.is_precondition_failed() { Ok(None) } else { Err(e.into()) }
         }
     }
+}
+
+/// Whether a lease of job `name` other than `own_lease` is live: a slot's or a triggered run's.
+pub(super) async fn others_live<S: Store>(store: &S, name: &str, own_lease: &str) -> Result<bool, idem_store::Error> {
+    for prefix in [lease_prefix(name), slot::trigger_lease_prefix(name)] {
+        if store.list(&prefix, None, 2).await?.items.iter().any(|i| i.key != own_lease) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Deletes a requested slot's key (best effort: a key left is judged again, and deleted, by the next pass).

@@ -309,11 +309,45 @@ pub fn parse_canonical(s: &str) -> Result<Schedule, Error> {
     Schedule::from_str(s)
 }
 
+/// A time an operator gives (`--until`, `--from`, `--to`), in milliseconds since the Unix epoch: a duration
+/// (`2h`, `90m`) after `now_ms` (before it with `ago`), or an RFC 3339 time with its offset (`Z`, `+01:00`,
+/// as `status` prints slots). A time without an offset is refused: read as UTC it would be hours off for a
+/// job in another zone.
+///
+/// # Errors
+/// [`Error::Config`] naming `flag` and the forms taken.
+pub fn parse_time(flag: &str, value: &str, now_ms: u64, ago: bool) -> Result<u64, Error> {
+    if let Ok(d) = humantime::parse_duration(value) {
+        let d = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        return Ok(if ago { now_ms.saturating_sub(d) } else { now_ms.saturating_add(d) });
+    }
+    let direction = if ago { "ago" } else { "from now" };
+    let refused = || {
+        Error::Config(format!(
+            "{flag} {value:?}: give an RFC 3339 time with its offset (2026-12-05T18:00:00Z, \
+             2026-12-05T19:00:00+01:00) or a duration {direction} (2h)"
+        ))
+    };
+    let t: Timestamp = value.trim().parse().map_err(|_| refused())?;
+    u64::try_from(t.as_millisecond()).map_err(|_| refused())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn operator_times_take_any_offset_or_a_duration_and_refuse_none() {
+        let at = |v: &str| parse_time("--from", v, 10_000_000, true);
+        assert_eq!(at("2026-12-05T18:00:00Z").unwrap(), at("2026-12-05T19:00:00+01:00").unwrap());
+        assert_eq!(at("2026-12-05T13:00:00-05:00").unwrap(), at("2026-12-05T18:00:00Z").unwrap());
+        assert_eq!(at("1s").unwrap(), 9_999_000);
+        assert_eq!(parse_time("--until", "1s", 10_000_000, false).unwrap(), 10_001_000);
+        let e = at("2026-12-05T18:00:00").unwrap_err().to_string();
+        assert!(e.contains("--from \"2026-12-05T18:00:00\": give an RFC 3339 time with its offset"), "{e}");
+    }
 
     fn ms(rfc3339: &str) -> u64 {
         u64::try_from(rfc3339.parse::<Timestamp>().unwrap().as_millisecond()).unwrap()

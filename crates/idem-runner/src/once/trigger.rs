@@ -50,7 +50,20 @@ pub(super) async fn run_requested<S: Store + Sync>(
             cfg.lease,
             Some((generation, entry)),
         );
-        let Some((held, sent)) = claim_slot(store, &claim).await? else { continue };
+        // Under a policy other than allow a triggered run waits for no run of the job to be going on (the next
+        // invocation tries again), as a slot does.
+        let sent = tokio::time::Instant::now();
+        let held = if cfg.overlap == slot::Overlap::Allow {
+            claim_slot(store, &claim).await?.map(|(held, _)| held)
+        } else {
+            super::requested::claim_alone(store, cfg, &claim, probe.lease()).await?
+        };
+        let Some(held) = held else {
+            if cfg.overlap == slot::Overlap::Allow {
+                continue;
+            }
+            break;
+        };
         if claim.takes_over() {
             super::record::took_over(store, &held).await;
         }

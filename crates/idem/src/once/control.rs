@@ -40,21 +40,11 @@ pub(super) async fn write_metrics(ledger: &Ledger, name: &str, code: i32, path: 
     }
 }
 
-/// `--from`/`--to`'s value in milliseconds since the Unix epoch: RFC 3339, or a duration before now (`2d`).
-fn parse_time(flag: &str, value: &str, now_ms: u64) -> Result<u64, Error> {
-    if let Ok(d) = humantime::parse_duration(value) {
-        return Ok(now_ms.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-    }
-    let t = humantime::parse_rfc3339_weak(value).map_err(|_| {
-        Error::Config(format!("{flag} {value:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration ago (2d)"))
-    })?;
-    Ok(idem_store::system_time_to_millis(t))
-}
-
 async fn backfill(name: &str, store: &StoreArgs, from: &str, to: &str) -> Result<i32, Error> {
     once::check_name(name).map_err(runner_error)?;
     let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
-    let (from_ms, to_ms) = (parse_time("--from", from, now_ms)?, parse_time("--to", to, now_ms)?);
+    let parse = |flag, value| once::parse_time(flag, value, now_ms, true).map_err(runner_error);
+    let (from_ms, to_ms) = (parse("--from", from)?, parse("--to", to)?);
     let ledger = store.open_existing(name).await?;
     let who = once::who();
     let result = on_ledger!(&ledger, s => once::backfill(s, name, from_ms, to_ms, &who).await);
@@ -103,21 +93,11 @@ async fn status(name: &str, store: &StoreArgs, format: Format, limit: usize) -> 
     Ok(0)
 }
 
-/// `--until`'s value in milliseconds since the Unix epoch: RFC 3339, or a duration from `now_ms`.
-fn parse_until(value: &str, now_ms: u64) -> Result<u64, Error> {
-    if let Ok(d) = humantime::parse_duration(value) {
-        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
-    }
-    let t = humantime::parse_rfc3339_weak(value).map_err(|_| {
-        Error::Config(format!("--until {value:?}: give an RFC 3339 time (2026-12-05T18:00:00Z) or a duration (2h)"))
-    })?;
-    Ok(idem_store::system_time_to_millis(t))
-}
-
 async fn pause(name: &str, store: &StoreArgs, until: Option<String>, note: Option<String>) -> Result<i32, Error> {
     once::check_name(name).map_err(runner_error)?;
     let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
-    let until_ms = until.as_deref().map(|u| parse_until(u, now_ms)).transpose()?;
+    let until_ms =
+        until.as_deref().map(|u| once::parse_time("--until", u, now_ms, false)).transpose().map_err(runner_error)?;
     let ledger = store.open_existing(name).await?;
     let who = once::who();
     let result = on_ledger!(&ledger, s => once::pause(s, name, until_ms, note.clone(), &who).await);

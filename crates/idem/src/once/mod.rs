@@ -34,7 +34,10 @@ Exit status:
        starting or shutting down), at the start or before the claim; not waited for: the next invocation tries
        again (EX_TEMPFAIL, as `idem run` exits when its store stays unavailable)
   130  SIGINT, SIGTERM or SIGHUP: the command was killed; its attempt counts toward --retries (status: failed, ending
-       interrupted). Under `timeout`, give --preserve-status to see 130: plain `timeout` exits 124";
+       interrupted). Under `timeout`, give --preserve-status to see 130: plain `timeout` exits 124
+When the invocation also ran requested slots (a backfill's, a catch-up's) or triggered runs, the worst of
+theirs wins over the slot's own 0, 1 or 3: 1 (one failed), 3 (one failed for good), 6, 130. A triggered run's
+command gets IDEM_TRIGGER_ID (its id) and, as IDEM_SLOT, the time it was requested.";
 
 /// Arguments of `idem once`.
 #[derive(Debug, clap::Args)]
@@ -179,7 +182,8 @@ impl StoreArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum OnceCommand {
-    /// The job's recent slots: state (done, failed, running, crashed, given_back, missed),
+    /// The job's recent slots: state (done, failed, replaced, running, crashed, given_back, waiting, paused,
+    /// skipped, requested, missed),
     /// machine, attempts, start, duration, exit status, the last lines of output, and how many slots ran more than once (must
     /// be 0). Exit 3 when the store has no such job.
     Status {

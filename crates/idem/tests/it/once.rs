@@ -748,9 +748,10 @@ async fn a_backfill_runs_each_slot_once_under_concurrent_invocations(b: Backend)
     runs.dedup();
     assert_eq!(runs.len(), 6, "0 duplicates: {:?}", b.lines("runs"));
     let metrics = std::fs::read_to_string(b.path("bf.prom")).unwrap();
-    for line in
-        ["idem_once_slots_run_more_than_once{job=\"bf\"} 0", "idem_once_last_slot_state{job=\"bf\",state=\"done\"} 1"]
-    {
+    for line in [
+        "idem_once_slots_run_more_than_once{once_job=\"bf\"} 0",
+        "idem_once_last_slot_state{once_job=\"bf\",state=\"done\"} 1",
+    ] {
         assert!(metrics.lines().any(|l| l == line), "{line} not in\n{metrics}");
     }
     let again = String::from_utf8_lossy(&backfill(&from, &to).stdout).into_owned();
