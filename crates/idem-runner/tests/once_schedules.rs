@@ -232,3 +232,20 @@ async fn catching_up_does_not_make_the_own_slot_miss_its_starting_deadline() {
     assert!(r.requested_runs.len() >= 2, "{}", r.render());
     assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
 }
+
+/// A signal during a catch-up run stops the invocation (its own slot not started), with a trigger pending too:
+/// every look after it sees the signal (it used to poll a finished future: a panic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_a_catch_up_run_stops_the_invocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let mut cfg = job(dir.path(), Duration::from_secs(1), r#"echo "end $IDEM_SLOT" >> log; sleep 0.3"#);
+    cfg.catchup_window = Some(Duration::from_secs(30));
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    once::trigger(&store, "job", Some("t1"), "ops@test").await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    let r = once::once(&store, &cfg, after_ends(dir.path(), 3)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Stopped { .. }), "{}", r.render());
+    assert_eq!(r.exit_code(false), once::EXIT_INTERRUPTED, "{}", r.render());
+    assert!(r.triggers.is_empty(), "{}", r.render());
+}

@@ -52,7 +52,9 @@ pub async fn once<S: Store + Sync>(
     cfg: &OnceConfig,
     interrupt: impl Future<Output = ()>,
 ) -> Result<Report, Error> {
-    let mut interrupt = std::pin::pin!(interrupt);
+    // Once fired it stays fired, so every later look (`fired`, the passes after an interrupted run) sees it
+    // again instead of polling a finished future.
+    let mut interrupt = std::pin::pin!(Sticky(Some(Box::pin(interrupt))));
     // Everything before the first write is reads and waits: a signal stops it at once (a store that stalls
     // would otherwise hold the invocation for the client's whole timeout), nothing claimed nor recorded.
     let fired_for = millis(SystemTime::now());
@@ -108,8 +110,7 @@ pub async fn once<S: Store + Sync>(
     let slots = |v: Vec<(u64, slot::RequestKind)>| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>();
     let mut read = Read { entry, slot, offset, newest, now_ms, came_ms: now_ms };
     if !catch_up.is_empty() {
-        report.requested_runs =
-            requested::run(store, cfg, &slots(catch_up), now_ms, paused, interrupt.as_mut()).await?;
+        report.requested_runs = requested::run(store, cfg, &slots(catch_up), now_ms, paused, interrupt.as_mut()).await;
         if !report.requested_runs.is_empty() {
             // They took time: the slot is claimed by what the store says now (its deadline is still judged by
             // when the invocation came: the catch-up made it late, not the invocation).
@@ -123,7 +124,7 @@ pub async fn once<S: Store + Sync>(
         report.outcome,
         Outcome::Interrupted { .. } | Outcome::Stopped { .. } | Outcome::LeaseLost { .. } | Outcome::NotRecorded { .. }
     ) {
-        let ran = requested::run(store, cfg, &slots(backfill), now_ms, paused, interrupt.as_mut()).await?;
+        let ran = requested::run(store, cfg, &slots(backfill), now_ms, paused, interrupt.as_mut()).await;
         report.requested_runs.extend(ran);
         report.triggers = trigger::run_requested(store, cfg, now_ms, interrupt.as_mut()).await?;
     }
@@ -239,8 +240,7 @@ async fn judge<S: Store + Sync>(
                 }
             }
             slot::Plan::Run { .. } => {
-                // A retry of a started slot under a policy other than allow does not wait: it starts when no
-                // earlier slot runs.
+                // A retry under a policy other than allow does not wait: it starts when no other slot runs.
                 if cfg.overlap != slot::Overlap::Allow
                     && let Some(earlier) = record::running_before(store, &cfg.name, slot).await?
                 {
@@ -253,7 +253,8 @@ async fn judge<S: Store + Sync>(
                 }
                 let claim =
                     slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, entry.clone());
-                match claim_slot(store, &claim).await? {
+                let alone = (cfg.overlap != slot::Overlap::Allow).then_some(&keys);
+                match claim_slot(store, &claim, alone).await? {
                     Some((held, sent)) => {
                         if claim.creates()
                             && let Some(behind) = behind_history(store, cfg, &keys, &held).await?
@@ -351,10 +352,14 @@ async fn wait_for_boundary<S: Store + Sync>(
 }
 
 /// Claims the slot: the lease, then the entry. `None` when another invocation got there first (the lease
-/// was live, or the entry changed since it was read); the lease taken is then given back.
+/// was live, or the entry changed since it was read), or, with `alone` (the slot's keys, under a policy other
+/// than `allow`), when another lease of the job is live once this one is taken (a backfilled slot or a
+/// triggered run started meanwhile: taking the lease before looking makes two that look at once see each
+/// other); the lease taken is then given back.
 async fn claim_slot<S: Store + Sync>(
     store: &S,
     claim: &slot::Claim,
+    alone: Option<&slot::Keys>,
 ) -> Result<Option<(slot::Held, tokio::time::Instant)>, Error> {
     let sent = tokio::time::Instant::now();
     let lease_generation = match store.apply(claim.lease_write()).await {
@@ -363,6 +368,12 @@ async fn claim_slot<S: Store + Sync>(
         Err(e) if e.is_precondition_failed() => return Ok(None),
         Err(e) => return Err(e.into()),
     };
+    if let Some(keys) = alone
+        && !matches!(requested::others_live(store, keys.name(), keys.lease()).await, Ok(false))
+    {
+        let _ = store.apply(claim.lease_release(lease_generation)).await;
+        return Ok(None);
+    }
     match store.apply(claim.entry_write()).await {
         Ok(Some(entry_generation)) => Ok(Some((claim.clone().acquired(lease_generation, entry_generation), sent))),
         Ok(None) => Err(no_generation()),
@@ -408,6 +419,23 @@ async fn run_held<S: Store + Sync>(
         let _ = record::prune_history(store, &cfg.name).await;
     }
     outcome
+}
+
+/// A future that, once ready, is ready on every later poll (a signal seen stays seen).
+struct Sticky<F>(Option<std::pin::Pin<Box<F>>>);
+
+impl<F: Future<Output = ()>> Future for Sticky<F> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let Some(inner) = self.0.as_mut() else { return std::task::Poll::Ready(()) };
+        let ready = inner.as_mut().poll(cx).is_ready();
+        if ready {
+            self.0 = None;
+            return std::task::Poll::Ready(());
+        }
+        std::task::Poll::Pending
+    }
 }
 
 /// Whether the interrupt has fired (its handlers are installed before the invocation begins, so a signal

@@ -281,10 +281,11 @@ impl Report {
     /// The invocation's message, one line (two when it recorded earlier slots missed).
     pub fn render(&self) -> String {
         let head = format!("idem once: {} {}", self.name, self.slot);
-        let mut line = String::new();
+        // The slot's own line first: `--quiet` leaves it out when it is routine.
+        let mut line = format!("{head}: {}", describe(&self.outcome));
         if !self.requested.is_empty() {
             line.push_str(&format!(
-                "idem once: {}: requested {} that passed unseen within --catchup-window, to run before {}: {}\n",
+                "\nidem once: {}: requested {} that passed unseen within --catchup-window, run before {}: {}",
                 self.name,
                 count(self.requested.len(), "earlier slot", "earlier slots"),
                 self.slot,
@@ -292,9 +293,8 @@ impl Report {
             ));
         }
         for (slot, outcome) in &self.requested_runs {
-            line.push_str(&format!("idem once: {} {slot} (requested): {}\n", self.name, describe(outcome)));
+            line.push_str(&format!("\nidem once: {} {slot} (requested): {}", self.name, describe(outcome)));
         }
-        line.push_str(&format!("{head}: {}", describe(&self.outcome)));
         for (id, outcome) in &self.triggers {
             line.push_str(&format!("\nidem once: {} trigger {id}: {}", self.name, describe(outcome)));
         }

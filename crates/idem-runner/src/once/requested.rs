@@ -98,16 +98,34 @@ pub(super) async fn pending<S: Store>(store: &S, name: &str) -> Result<Vec<(u64,
 /// `allow`: the pass stops as soon as another slot of the job holds a live lease, since its holder, or a later
 /// invocation, goes on); each one's key is deleted once its entry is final. Stops at a pause, a signal or a lost
 /// lease. Returns each slot run (or found held) and its outcome.
+///
+/// A store that fails ends the pass with a warning (the slots left stay keyed for the next invocation): the
+/// invocation's own slot is what its exit status says, and the store's failure is not "nothing ran".
 pub(super) async fn run<S: Store + Sync>(
     store: &S,
     cfg: &OnceConfig,
     slots: &[u64],
     now_ms: u64,
     paused: bool,
-    mut interrupt: Pin<&mut impl Future<Output = ()>>,
-) -> Result<Vec<(String, Outcome)>, Error> {
-    let limit = RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
+    interrupt: Pin<&mut impl Future<Output = ()>>,
+) -> Vec<(String, Outcome)> {
     let mut ran = Vec::new();
+    if let Err(e) = run_into(store, cfg, slots, now_ms, paused, interrupt, &mut ran).await {
+        tracing::warn!(error = %e, "the requested slots' pass stopped: the store failed (the next invocation goes on)");
+    }
+    ran
+}
+
+async fn run_into<S: Store + Sync>(
+    store: &S,
+    cfg: &OnceConfig,
+    slots: &[u64],
+    now_ms: u64,
+    paused: bool,
+    mut interrupt: Pin<&mut impl Future<Output = ()>>,
+    ran: &mut Vec<(String, Outcome)>,
+) -> Result<(), Error> {
+    let limit = RetryLimit { max_attempts: cfg.retries.saturating_add(1) };
     for &slot_ms in slots {
         let keys = slot::Keys::new(&cfg.name, slot_ms);
         let Some((generation, entry)) = decode_entry(store.get(keys.entry()).await?, &keys)? else {
@@ -124,9 +142,12 @@ pub(super) async fn run<S: Store + Sync>(
             }
             continue;
         };
-        if paused || super::fired(interrupt.as_mut()) {
+        // The pause is read again before each slot: one made while the pass runs stops it.
+        if paused || super::fired(interrupt.as_mut()) || paused_now(store, &cfg.name).await {
             break;
         }
+        // A stop request left by a replacement that found this slot running long ago is not for this run.
+        let _ = store.delete(&slot::stop_key(&keys), Precondition::Any).await;
         let claim =
             slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, Some((generation, entry)));
         let sent = tokio::time::Instant::now();
@@ -152,7 +173,14 @@ pub(super) async fn run<S: Store + Sync>(
             break;
         }
     }
-    Ok(ran)
+    Ok(())
+}
+
+/// Whether job `name`'s pause holds now (by the store's clock; a store that fails counts as paused: the pass
+/// stops, the next invocation goes on).
+async fn paused_now<S: Store>(store: &S, name: &str) -> bool {
+    let (Ok(pause), Ok(now)) = (store.get(&slot::pause_key(name)).await, store.now().await) else { return true };
+    pause.and_then(|v| slot::Pause::decode(v.value()).ok()).is_some_and(|p| p.holds_at(super::millis(now)))
 }
 
 /// Claims a requested slot or a triggered run: its lease, then (under a policy other than `allow`, when no other

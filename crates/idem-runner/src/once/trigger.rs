@@ -54,7 +54,7 @@ pub(super) async fn run_requested<S: Store + Sync>(
         // invocation tries again), as a slot does.
         let sent = tokio::time::Instant::now();
         let held = if cfg.overlap == slot::Overlap::Allow {
-            claim_slot(store, &claim).await?.map(|(held, _)| held)
+            claim_slot(store, &claim, None).await?.map(|(held, _)| held)
         } else {
             super::requested::claim_alone(store, cfg, &claim, probe.lease()).await?
         };
