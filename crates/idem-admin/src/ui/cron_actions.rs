@@ -35,14 +35,46 @@ fn job_page(name: &str) -> String {
     format!("/ui/cron/job?name={}", crate::urlencode(name))
 }
 
+/// The confirmation page of a cron action on job `name`: what it does, its facts, its form's fields.
+fn confirm<S: Store>(admin: &Admin<S>, session: &Session, name: &str, what: What<'_>) -> Response {
+    render(&Confirm {
+        nav: Nav::of(session),
+        heading: what.heading,
+        warning: what.warning,
+        facts: what.facts,
+        action: what.action,
+        fields: what.fields,
+        button: what.button,
+        cancel: job_page(name),
+        csrf: admin.guard.csrf(&session.id),
+    })
+}
+
+/// What a confirmation page says and sends.
+struct What<'a> {
+    heading: &'a str,
+    warning: &'a str,
+    facts: Vec<(&'a str, String)>,
+    action: &'a str,
+    fields: Vec<(&'a str, String)>,
+    button: &'a str,
+}
+
+/// The page after a cron action on job `name`: its message, or the error.
+fn done(session: &Session, heading: &str, name: &str, result: Result<String, crate::Error>) -> Response {
+    match result {
+        Ok(text) => message(session, StatusCode::OK, heading, &text, Some(&job_page(name))),
+        Err(e) => error_page(session, &e),
+    }
+}
+
 pub(crate) async fn confirm_pause<S: Store>(
     State(admin): St<S>,
     Extension(session): Ses,
     Query(q): Query<CronForm>,
 ) -> Response {
     let until = if q.until.trim().is_empty() { "until resumed".to_owned() } else { q.until.clone() };
-    render(&Confirm {
-        nav: Nav::of(&session),
+    let what = What {
         heading: "Pause this cron job?",
         warning: "Every invocation from now on records its slot paused and runs nothing, on every machine; a slot \
                   already running goes on.",
@@ -50,9 +82,8 @@ pub(crate) async fn confirm_pause<S: Store>(
         action: "/ui/cron/pause",
         fields: vec![("name", q.name.clone()), ("until", q.until.clone()), ("note", q.note.clone())],
         button: "Pause",
-        cancel: job_page(&q.name),
-        csrf: admin.guard.csrf(&session.id),
-    })
+    };
+    confirm(&admin, &session, &q.name, what)
 }
 
 pub(crate) async fn pause<S: Store>(
@@ -65,13 +96,8 @@ pub(crate) async fn pause<S: Store>(
         Ok(a) => a,
         Err(refusal) => return *refusal,
     };
-    match crate::cron::pause(&admin.store, &form.name, Some(&form.until), Some(&form.note), &actor).await {
-        Ok(view) => {
-            let text = format!("Job {} {}.", form.name, view.describe());
-            message(&session, StatusCode::OK, "Paused", &text, Some(&job_page(&form.name)))
-        }
-        Err(e) => error_page(&session, &e),
-    }
+    let paused = crate::cron::pause(&admin.store, &form.name, Some(&form.until), Some(&form.note), &actor).await;
+    done(&session, "Paused", &form.name, paused.map(|view| format!("Job {} {}.", form.name, view.describe())))
 }
 
 pub(crate) async fn confirm_resume<S: Store>(
@@ -79,17 +105,15 @@ pub(crate) async fn confirm_resume<S: Store>(
     Extension(session): Ses,
     Query(q): Query<CronForm>,
 ) -> Response {
-    render(&Confirm {
-        nav: Nav::of(&session),
+    let what = What {
         heading: "Resume this cron job?",
         warning: "Its pause ends now: its next invocation, on any machine, runs its slot.",
         facts: vec![("Job", q.name.clone())],
         action: "/ui/cron/resume",
         fields: vec![("name", q.name.clone())],
         button: "Resume",
-        cancel: job_page(&q.name),
-        csrf: admin.guard.csrf(&session.id),
-    })
+    };
+    confirm(&admin, &session, &q.name, what)
 }
 
 pub(crate) async fn resume<S: Store>(
@@ -102,17 +126,14 @@ pub(crate) async fn resume<S: Store>(
         Ok(a) => a,
         Err(refusal) => return *refusal,
     };
-    match crate::cron::resume(&admin.store, &form.name, &actor).await {
-        Ok(resumed) => {
-            let text = if resumed {
-                format!("Job {} resumed: its next invocation runs its slot.", form.name)
-            } else {
-                format!("Job {} was not paused: nothing to resume.", form.name)
-            };
-            message(&session, StatusCode::OK, "Resumed", &text, Some(&job_page(&form.name)))
+    let resumed = crate::cron::resume(&admin.store, &form.name, &actor).await.map(|resumed| {
+        if resumed {
+            format!("Job {} resumed: its next invocation runs its slot.", form.name)
+        } else {
+            format!("Job {} was not paused: nothing to resume.", form.name)
         }
-        Err(e) => error_page(&session, &e),
-    }
+    });
+    done(&session, "Resumed", &form.name, resumed)
 }
 
 pub(crate) async fn confirm_trigger<S: Store>(
@@ -122,8 +143,7 @@ pub(crate) async fn confirm_trigger<S: Store>(
 ) -> Response {
     // The id is made here, with the form: the same form sent twice (a double click, a retried POST) is one run.
     let id = format!("ui-{:016x}", rand::random::<u64>());
-    render(&Confirm {
-        nav: Nav::of(&session),
+    let what = What {
         heading: "Run this cron job now?",
         warning: "Its next invocation, on any machine, runs it once outside its schedule, after its own slot, \
                   paused or not.",
@@ -131,9 +151,8 @@ pub(crate) async fn confirm_trigger<S: Store>(
         action: "/ui/cron/trigger",
         fields: vec![("name", q.name.clone()), ("id", id)],
         button: "Trigger",
-        cancel: job_page(&q.name),
-        csrf: admin.guard.csrf(&session.id),
-    })
+    };
+    confirm(&admin, &session, &q.name, what)
 }
 
 pub(crate) async fn trigger<S: Store>(
@@ -146,15 +165,12 @@ pub(crate) async fn trigger<S: Store>(
         Ok(a) => a,
         Err(refusal) => return *refusal,
     };
-    match crate::cron::trigger(&admin.store, &form.name, Some(&form.id), &actor).await {
-        Ok(t) => {
-            let text = if t.new {
-                format!("Requested a run of {} (trigger {}): its next invocation runs it once.", form.name, t.id)
-            } else {
-                format!("Trigger {} of {} was requested already (now {}): nothing more.", t.id, form.name, t.state)
-            };
-            message(&session, StatusCode::OK, "Triggered", &text, Some(&job_page(&form.name)))
+    let triggered = crate::cron::trigger(&admin.store, &form.name, Some(&form.id), &actor).await.map(|t| {
+        if t.new {
+            format!("Requested a run of {} (trigger {}): its next invocation runs it once.", form.name, t.id)
+        } else {
+            format!("Trigger {} of {} was requested already (now {}): nothing more.", t.id, form.name, t.state)
         }
-        Err(e) => error_page(&session, &e),
-    }
+    });
+    done(&session, "Triggered", &form.name, triggered)
 }
