@@ -275,3 +275,40 @@ async fn a_triggered_run_waits_for_the_running_slot_under_skip() {
     let lines = log(dir.path());
     assert_eq!(lines, ["start slot", "end", "start now-1", "end"], "one at a time, the trigger told its id");
 }
+
+/// Under `skip`, a slot whose only invocation found the earlier slot still running is recorded skipped at
+/// once, so when no later invocation in the slot starts it, the next slot's invocation does not record it
+/// missed (Kubernetes and Temporal call it skipped; the missed count is what an alert watches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_skipped_under_skip_is_recorded_skipped_not_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let cfg = job(dir.path(), Duration::from_secs(2), Overlap::Skip, "echo start >> log; sleep 2.5; echo end >> log");
+    // Into a slot's first half, so the first run (2.5 s) reaches into the next slot.
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    let start = (now / 2000 + 1) * 2000 + 100;
+    tokio::time::sleep(Duration::from_millis(start - now)).await;
+    let first = {
+        let (store, cfg) = (Arc::clone(&store), cfg.clone());
+        tokio::spawn(async move { once::once(&*store, &cfg, std::future::pending()).await })
+    };
+    // The next slot, while the first still runs: its only invocation.
+    let next = start - 100 + 2000;
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    tokio::time::sleep(Duration::from_millis((next + 100).saturating_sub(now))).await;
+    let r = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::EarlierRunning { .. }), "{}", r.render());
+    assert!(matches!(first.await.unwrap().unwrap().outcome, Outcome::Succeeded { .. }));
+    // The slot after: it runs, and the one passed over stays skipped.
+    let after = next + 2000;
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    tokio::time::sleep(Duration::from_millis((after + 100).saturating_sub(now))).await;
+    let r = once::once(&*store, &cfg, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
+    assert!(r.missed.is_empty(), "the skipped slot was recorded missed: {}", r.render());
+    let history = once::history(&*store, "job", 100).await.unwrap().unwrap();
+    let states: Vec<&str> = history.slots.iter().map(|s| s.state).collect();
+    assert_eq!(states.iter().filter(|s| **s == "skipped").count(), 1, "{}", history.render());
+    assert_eq!(states.iter().filter(|s| **s == "missed").count(), 0, "{}", history.render());
+    assert_eq!(log(dir.path()).iter().filter(|l| *l == "start").count(), 2);
+}

@@ -249,3 +249,63 @@ async fn a_signal_during_a_catch_up_run_stops_the_invocation() {
     assert_eq!(r.exit_code(false), once::EXIT_INTERRUPTED, "{}", r.render());
     assert!(r.triggers.is_empty(), "{}", r.render());
 }
+
+/// The job record keeps when the newest success ended, so `status`, `list` and the metrics still say it when
+/// the history holds no done slot any more (a hundred failures since); and requested slots not run yet are
+/// counted as pending until they ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_success_outlives_the_history_and_pending_runs_are_counted() {
+    use idem_store::{Precondition, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), HOUR, r#"echo "end $IDEM_SLOT" >> log"#);
+    let before = now_ms();
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    // The done slot's entry goes, as a prune after a hundred failures would take it.
+    let page = store.list("once/job/slot/", None, 100).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    for item in page.items {
+        store.delete(&item.key, Precondition::Any).await.unwrap();
+    }
+    let history = once::history(&store, "job", 100).await.unwrap().unwrap();
+    let success = history.last_success.clone().expect("kept in the job record");
+    let at: jiff::Timestamp = success.parse().unwrap();
+    assert!(at.as_millisecond() as u64 >= before / 1000 * 1000, "{success} (shown to the second)");
+    let text = once::prometheus(&history, 0, now_ms());
+    assert!(text.contains("idem_once_last_success_timestamp_seconds{once_job=\"job\"}"), "{text}");
+    assert!(history.render().contains(&format!("last success {success}")), "{}", history.render());
+    // Three slots requested: pending until an invocation ran them.
+    let hour = 3_600_000;
+    let newest = now_ms() / hour * hour;
+    let b = once::backfill(&store, "job", newest - 3 * hour, newest - hour, "a@b").await.unwrap().unwrap();
+    assert_eq!(b.requested.len(), 3, "{b:?}");
+    let history = once::history(&store, "job", 100).await.unwrap().unwrap();
+    assert_eq!(history.pending, 3);
+    assert!(once::prometheus(&history, 0, now_ms()).contains("idem_once_pending_runs{once_job=\"job\"} 3"));
+    assert_eq!(once::list(&store).await.unwrap()[0].pending, 3);
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert_eq!(ends(dir.path()).len(), 4);
+    assert_eq!(once::history(&store, "job", 100).await.unwrap().unwrap().pending, 0);
+    assert_eq!(once::list(&store).await.unwrap()[0].pending, 0);
+}
+
+/// `--jitter` and `--catchup-window` are kept in the job record like the schedule: an invocation that gives
+/// another value (or none) is refused, as two machines would otherwise start or catch up one slot differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_jitter_or_catchup_window_than_the_job_records_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let mut cfg = job(dir.path(), HOUR, "true");
+    cfg.jitter = Some(Duration::from_millis(1));
+    cfg.catchup_window = Some(Duration::from_secs(7200));
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    let mut other = cfg.clone();
+    other.jitter = None;
+    let e = once::once(&store, &other, std::future::pending()).await.unwrap_err().to_string();
+    assert!(e.contains("has --jitter 1ms in this store, not none"), "{e}");
+    let mut other = cfg.clone();
+    other.catchup_window = Some(Duration::from_secs(60));
+    let e = once::once(&store, &other, std::future::pending()).await.unwrap_err().to_string();
+    assert!(e.contains("has --catchup-window 2h in this store, not 1m"), "{e}");
+    assert!(once::once(&store, &cfg, std::future::pending()).await.is_ok(), "the same settings run");
+}

@@ -120,14 +120,15 @@ impl Claim {
         }
     }
 
-    /// Deletes the entry a [`Claim::waiting_write`] created (generation `entry_generation`), only if no one
-    /// changed it since: the slot is as it was before the claim.
+    /// Puts back what a [`Claim::waiting_write`] replaced (generation `entry_generation`), only if no one
+    /// changed it since: the slot is as it was before the claim (no entry, or the `skipped` entry an earlier
+    /// turn under `--overlap skip` left).
     pub fn waiting_given_back(&self, entry_generation: Generation) -> Write {
-        Write {
-            key: self.keys.entry().to_owned(),
-            op: WriteOp::Delete,
-            precondition: Precondition::Generation(entry_generation),
-        }
+        let op = match &self.prev {
+            Some((_, prev @ Entry::Skipped { .. })) => WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear },
+            _ => WriteOp::Delete,
+        };
+        Write { key: self.keys.entry().to_owned(), op, precondition: Precondition::Generation(entry_generation) }
     }
 
     /// Records the slot skipped under `policy` (the slot `earlier_ms` was ahead of it), fenced on the waiting

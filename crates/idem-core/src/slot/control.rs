@@ -18,8 +18,8 @@ pub enum Overlap {
     /// Run it beside the earlier one (the default; Kubernetes `Allow`).
     #[default]
     Allow,
-    /// Do not start it while the earlier one runs; a later invocation in the slot starts it once that ended
-    /// (Kubernetes `Forbid`; `--no-overlap`).
+    /// Do not start it while the earlier one runs: it is recorded skipped, and a later invocation in the slot
+    /// (within `--starting-deadline`) still starts it once that ended (Kubernetes `Forbid`; `--no-overlap`).
     Skip,
     /// Its invocation waits (holding the slot's lease, nothing else) until the earlier one ended, then runs it;
     /// a slot that comes while one is already waiting is recorded skipped.
@@ -33,6 +33,10 @@ pub enum Overlap {
     /// As [`Overlap::CancelOther`], but the command is killed at once (SIGKILL; Temporal `TERMINATE_OTHER`).
     TerminateOther,
 }
+
+/// The `earlier_ms` of a slot recorded [`Entry::Skipped`] (or of a plan made) because a triggered run of the
+/// job was going on, not an earlier slot.
+pub const TRIGGERED_AHEAD: u64 = u64::MAX;
 
 impl Overlap {
     /// Every policy, for messages and the documentation's table.

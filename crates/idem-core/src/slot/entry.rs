@@ -42,6 +42,25 @@ pub struct Job {
     /// entry is absent, since that slot may have run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pruned_through_ms: Option<u64>,
+    /// `--jitter` in milliseconds as the job was first invoked with (0: none). Every invocation must give the
+    /// same, else machines would compute different start times for one slot.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub jitter_ms: u64,
+    /// `--catchup-window` in milliseconds as the job was first invoked with (0: none). Every invocation must
+    /// give the same, else one machine would record missed the slots another runs late.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub catchup_window_ms: u64,
+    /// When the job's newest successful run (a slot's, a requested slot's or a triggered run's) ended, in
+    /// milliseconds since the Unix epoch by the store's clock: kept here, not only in the slots' entries, so
+    /// it outlives a history of [`HISTORY`] failures. Moved only forward, best effort (a store failing just
+    /// after the run leaves it behind; the entries still say the slot is done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_ms: Option<u64>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Job {
@@ -63,13 +82,9 @@ impl Job {
     #[must_use]
     pub fn advanced(&self, slot_ms: u64, unlisted: u64) -> Self {
         Self {
-            schedule: self.schedule.clone(),
             last_slot_ms: self.last_slot_ms.max(slot_ms),
             missed_unlisted: self.missed_unlisted.saturating_add(unlisted),
-            retries: self.retries,
-            missed_capped: self.missed_capped,
-            overlap: self.overlap.clone(),
-            pruned_through_ms: self.pruned_through_ms,
+            ..self.clone()
         }
     }
 }
@@ -98,8 +113,8 @@ pub struct Ending {
 pub enum MissedReason {
     /// No invocation came while it was the current slot; recorded by the next one that came.
     NoInvocation,
-    /// Invocations came, but none started it (each found an earlier slot still running under `--no-overlap`,
-    /// or the store failing); recorded by the first invocation of a later slot.
+    /// Invocations came, but none started it (the store failing, say; one that found an earlier slot running
+    /// under `--overlap skip` recorded it skipped); recorded by the first invocation of a later slot.
     NotStarted,
     /// The first invocation that could start it came later than `--starting-deadline` after its time.
     PastDeadline {
@@ -198,8 +213,10 @@ pub enum Entry {
         /// When it was recorded, by the store's clock.
         recorded_at_ms: u64,
     },
-    /// Not run, and never will be, under the job's overlap policy (`buffer-one`: another slot was already
-    /// waiting for the same running one).
+    /// Not run under the job's overlap policy: `buffer-one`, another slot was already waiting for the same
+    /// running one (never run); `skip`, an earlier slot (or a triggered run,
+    /// [`TRIGGERED_AHEAD`](super::TRIGGERED_AHEAD)) was running when an invocation came (a later invocation
+    /// in the slot, within `--starting-deadline`, still starts it).
     Skipped {
         /// The policy's name.
         policy: String,

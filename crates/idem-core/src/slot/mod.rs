@@ -50,8 +50,9 @@ mod plan;
 
 pub use claim::{Claim, Failure, Held};
 pub use control::{
-    Overlap, OverlapPlan, Pause, Request, RequestKind, RequestPlan, is_trigger_id, overlap, pause_key, paused, request,
-    request_key, requested, requested_prefix, stop_key, stop_prefix, trigger_lease_prefix, trigger_prefix,
+    Overlap, OverlapPlan, Pause, Request, RequestKind, RequestPlan, TRIGGERED_AHEAD, is_trigger_id, overlap, pause_key,
+    paused, request, request_key, requested, requested_prefix, stop_key, stop_prefix, trigger_lease_prefix,
+    trigger_prefix,
 };
 pub use entry::{Ending, Entry, Job, MissedReason};
 pub use keys::{

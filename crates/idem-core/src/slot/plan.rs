@@ -2,7 +2,7 @@
 
 use idem_store::{Generation, Precondition, Ttl};
 
-use super::{Entry, Keys, MissedReason};
+use super::{Entry, Keys, MissedReason, Overlap};
 use crate::ledger::RetryLimit;
 use crate::{Write, WriteOp};
 
@@ -43,6 +43,16 @@ pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_dea
         Some(Entry::Done { .. }) => Plan::Done,
         Some(Entry::Missed { .. }) => Plan::Missed,
         Some(Entry::Paused { .. }) => Plan::Paused,
+        // Skipped under `skip` while an earlier slot ran: still started by a later invocation in the slot once
+        // the earlier one ended (Kubernetes' Forbid within `startingDeadlineSeconds`); recorded skipped, not
+        // missed, when none comes.
+        Some(Entry::Skipped { policy, .. }) if policy == Overlap::Skip.name() && !past_deadline && !behind => {
+            if lease_live {
+                Plan::Held
+            } else {
+                Plan::Run { attempt: 1 }
+            }
+        }
         Some(Entry::Skipped { .. }) => Plan::Skipped,
         Some(e @ Entry::Failed { .. }) if e.attempts() >= limit.max_attempts => Plan::FailedForGood,
         _ if lease_live => Plan::Held,

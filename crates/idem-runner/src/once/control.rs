@@ -144,17 +144,30 @@ pub struct JobView {
     pub next_slot: Option<String>,
     /// Its pause, if it was ever paused (`paused` says whether it holds now).
     pub pause: Option<PauseView>,
+    /// When its newest successful run ended (RFC 3339, UTC, by the store's clock), as the job record keeps it.
+    pub last_success: Option<String>,
+    /// Slots requested (by a backfill or a catch-up) and not run yet: the next invocations run them.
+    pub pending: u64,
 }
 
-/// Every job in the store, by name: one listing of the `once/` keys, then three reads per job (its record,
-/// its pause and its newest slot's entry, in one `get_many`).
+/// Every job in the store, by name: one listing of the `once/` keys (which also counts each job's pending
+/// requested slots), then three reads per job (its record, its pause and its newest slot's entry, in one
+/// `get_many`).
 ///
 /// # Errors
 /// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
 pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
-    let names: Vec<String> = list_all(store, "once/")
-        .await?
-        .into_iter()
+    let keys = list_all(store, "once/").await?;
+    let mut pending = std::collections::HashMap::<&str, u64>::new();
+    for key in &keys {
+        if let Some((name, rest)) = key.strip_prefix("once/").and_then(|k| k.split_once('/'))
+            && rest.starts_with("requested/")
+        {
+            *pending.entry(name).or_default() += 1;
+        }
+    }
+    let names: Vec<String> = keys
+        .iter()
         .filter_map(|k| Some(k.strip_prefix("once/")?.strip_suffix("/job")?.to_owned()))
         .filter(|n| !n.contains('/'))
         .collect();
@@ -178,7 +191,6 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
         };
         let schedule = parse_canonical(&job.schedule).ok();
         jobs.push(JobView {
-            name,
             schedule: schedule.as_ref().map_or_else(|| job.schedule.clone(), super::Schedule::describe),
             overlap: job.overlap.clone().unwrap_or_else(|| slot::Overlap::Allow.name().to_owned()),
             last_slot: schedule
@@ -187,6 +199,9 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
             last_state,
             next_slot: schedule.as_ref().and_then(|s| s.next_after(now_ms).ok().map(|n| s.format(n))),
             pause: pause.map(|p| PauseView::new(&p, now_ms)),
+            last_success: job.last_success_ms.map(|t| format_in(t, None)),
+            pending: pending.get(name.as_str()).copied().unwrap_or(0),
+            name,
         });
     }
     Ok(jobs)
@@ -210,8 +225,8 @@ pub(super) fn state_name(entry: &slot::Entry) -> &'static str {
 /// The table `idem once list` prints.
 pub fn render_list(jobs: &[JobView]) -> String {
     let mut out = format!(
-        "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {}\n",
-        "JOB", "SCHEDULE", "OVERLAP", "LAST SLOT", "STATE", "NEXT SLOT", "PAUSED"
+        "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {:<7} {}\n",
+        "JOB", "SCHEDULE", "OVERLAP", "LAST SLOT", "STATE", "NEXT SLOT", "PENDING", "PAUSED"
     );
     for j in jobs {
         let paused = match &j.pause {
@@ -219,13 +234,14 @@ pub fn render_list(jobs: &[JobView]) -> String {
             _ => "no".to_owned(),
         };
         out.push_str(&format!(
-            "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {paused}\n",
+            "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {:<7} {paused}\n",
             j.name,
             j.schedule,
             j.overlap,
             j.last_slot,
             j.last_state,
-            j.next_slot.as_deref().unwrap_or("-")
+            j.next_slot.as_deref().unwrap_or("-"),
+            j.pending
         ));
     }
     out

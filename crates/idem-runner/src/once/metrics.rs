@@ -35,7 +35,7 @@ pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
     };
     let seconds = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
     let newest = history.slots.first();
-    if let Some(ms) = last_success_ms(history) {
+    if let Some(ms) = history.last_success.as_deref().and_then(rfc3339_ms) {
         gauge(
             "idem_once_last_success_timestamp_seconds",
             "When the job's newest successful run ended (Unix time).",
@@ -71,6 +71,11 @@ pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
         vec![(job.clone(), history.taken_over.to_string())],
     );
     gauge(
+        "idem_once_pending_runs",
+        "Runs requested (backfill, catch-up, trigger) and not run yet.",
+        vec![(job.clone(), history.pending.to_string())],
+    );
+    gauge(
         "idem_once_paused",
         "1 while the job is paused (idem once pause), else 0.",
         vec![(job.clone(), u8::from(history.pause.as_ref().is_some_and(|p| p.paused)).to_string())],
@@ -86,16 +91,6 @@ pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
         vec![(job, seconds(now_ms))],
     );
     out
-}
-
-/// When the newest done slot among those kept ended: its start plus its duration.
-fn last_success_ms(history: &History) -> Option<u64> {
-    history
-        .slots
-        .iter()
-        .filter(|s| s.state == "done")
-        .filter_map(|s| Some(rfc3339_ms(s.started.as_deref()?)?.saturating_add(s.duration_ms.unwrap_or(0))))
-        .max()
 }
 
 fn rfc3339_ms(s: &str) -> Option<u64> {

@@ -9,6 +9,7 @@
 mod command;
 mod config;
 mod control;
+mod job;
 mod metrics;
 mod overlap;
 mod record;
@@ -186,7 +187,7 @@ async fn judge<S: Store + Sync>(
             slot::Plan::Done => already_done(current),
             slot::Plan::Missed => Outcome::Missed { reason: missed_reason(current), recorded_now: false },
             slot::Plan::Paused => paused_outcome(current, pause, false),
-            slot::Plan::Skipped => Outcome::Skipped { earlier: skipped_after(current) },
+            slot::Plan::Skipped => skipped_outcome(current),
             slot::Plan::FailedForGood => failed_for_good(current),
             slot::Plan::Held => held(current),
             slot::Plan::Behind => {
@@ -222,7 +223,7 @@ async fn judge<S: Store + Sync>(
             }
             slot::Plan::Run { .. }
                 if cfg.overlap != slot::Overlap::Allow
-                    && matches!(current, None | Some(slot::Entry::Waiting { .. })) =>
+                    && matches!(current, None | Some(slot::Entry::Waiting { .. } | slot::Entry::Skipped { .. })) =>
             {
                 if fired(interrupt.as_mut()) {
                     report.outcome = Outcome::Stopped { attempt: None };
@@ -510,8 +511,17 @@ fn paused_outcome(entry: Option<&slot::Entry>, pause: Option<&slot::Pause>, reco
     }
 }
 
+fn skipped_outcome(entry: Option<&slot::Entry>) -> Outcome {
+    let policy = match entry {
+        Some(slot::Entry::Skipped { policy, .. }) => policy.clone(),
+        _ => "?".into(),
+    };
+    Outcome::Skipped { policy, earlier: skipped_after(entry) }
+}
+
 fn skipped_after(entry: Option<&slot::Entry>) -> String {
     match entry {
+        Some(slot::Entry::Skipped { earlier_ms: slot::TRIGGERED_AHEAD, .. }) => "(a triggered run)".into(),
         Some(slot::Entry::Skipped { earlier_ms, .. }) => utc(*earlier_ms),
         _ => "?".into(),
     }

@@ -83,17 +83,13 @@ pub(super) async fn take_turn<S: Store + Sync>(
         };
         match judge_turn(store, cfg, &ahead).await {
             OverlapPlan::Run => break,
-            OverlapPlan::GiveBack { earlier_ms } => {
-                give_back(lease).await;
-                let slot =
-                    if earlier_ms == TRIGGERED { "(a triggered run)".into() } else { cfg.schedule.format(earlier_ms) };
-                return Ok(Turn::Done(Outcome::EarlierRunning { slot }));
-            }
-            OverlapPlan::RecordSkipped { earlier_ms } => {
+            plan @ (OverlapPlan::GiveBack { earlier_ms } | OverlapPlan::RecordSkipped { earlier_ms }) => {
+                // Recorded skipped now (under `skip` too, so a slot no later invocation starts is skipped, not
+                // missed; a later invocation in the slot still starts it: [`slot::plan`]).
                 let now = millis(store.now().await?);
                 let _ = store.apply(claim.skipped(waiting, cfg.overlap.name(), earlier_ms, now)).await;
                 let _ = store.apply(claim.lease_release(lease)).await;
-                return Ok(Turn::Done(Outcome::Skipped { earlier: cfg.schedule.format(earlier_ms) }));
+                return Ok(Turn::Done(skipped(cfg, &plan, earlier_ms)));
             }
             OverlapPlan::Wait { .. } => {}
             OverlapPlan::Replace { .. } => ask_to_stop(store, cfg, keys, &ahead, &mut asked).await,
@@ -157,6 +153,16 @@ async fn earlier_live<S: Store>(store: &S, name: &str, slot: u64) -> Result<Vec<
         .collect())
 }
 
+/// What a slot recorded skipped under `plan` reports.
+fn skipped(cfg: &OnceConfig, plan: &OverlapPlan, earlier_ms: u64) -> Outcome {
+    let earlier =
+        if earlier_ms == slot::TRIGGERED_AHEAD { "(a triggered run)".into() } else { cfg.schedule.format(earlier_ms) };
+    match plan {
+        OverlapPlan::GiveBack { .. } => Outcome::EarlierRunning { slot: earlier },
+        _ => Outcome::Skipped { policy: cfg.overlap.name().into(), earlier },
+    }
+}
+
 /// Asks each slot of `ahead` not asked yet (`asked`) to stop, for the slot of `keys`: its stop key holds this
 /// slot's time ([`slot::stop_key`]). Best effort: one that fails is asked again at the next turn.
 async fn ask_to_stop<S: Store>(store: &S, cfg: &OnceConfig, keys: &slot::Keys, ahead: &[u64], asked: &mut Vec<u64>) {
@@ -175,16 +181,13 @@ async fn ask_to_stop<S: Store>(store: &S, cfg: &OnceConfig, keys: &slot::Keys, a
     }
 }
 
-/// The `earlier_ms` of a plan made for a triggered run going on (not a slot).
-const TRIGGERED: u64 = u64::MAX;
-
 /// The slot's plan under the job's policy ([`slot::overlap`]), a triggered run going on counting as a run
-/// ahead ([`TRIGGERED`]): `skip` gives the slot back, the other policies wait for it (none stops it).
+/// ahead ([`slot::TRIGGERED_AHEAD`]): `skip` gives the slot back, the other policies wait for it (none stops it).
 async fn judge_turn<S: Store>(store: &S, cfg: &OnceConfig, ahead: &[u64]) -> OverlapPlan {
     match slot::overlap(cfg.overlap, ahead) {
         OverlapPlan::Run if triggered_live(store, &cfg.name).await => match cfg.overlap {
-            slot::Overlap::Skip => OverlapPlan::GiveBack { earlier_ms: TRIGGERED },
-            _ => OverlapPlan::Wait { earlier_ms: TRIGGERED },
+            slot::Overlap::Skip => OverlapPlan::GiveBack { earlier_ms: slot::TRIGGERED_AHEAD },
+            _ => OverlapPlan::Wait { earlier_ms: slot::TRIGGERED_AHEAD },
         },
         plan => plan,
     }

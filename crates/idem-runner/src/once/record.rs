@@ -20,7 +20,7 @@ use crate::Error;
 const ADVANCE_TRIES: usize = 8;
 
 /// Moves the job record to the current `slot`: creates it (with the schedule) on the first invocation,
-/// refuses a schedule other than the recorded one, and when slots passed since the last one any invocation
+/// refuses settings other than the recorded ones ([`super::job::agree`]), and when slots passed since the last one any invocation
 /// saw, records them missed (create-only: a slot an invocation wrote anything for keeps it) before moving.
 /// Returns the job's newest slot as it stands after the move (later than `slot` when the clock read is
 /// behind another invocation's: that slot is then never claimed).
@@ -37,6 +37,9 @@ pub(super) async fn advance<S: Store + Sync>(
     let schedule = cfg.schedule.canonical();
     let overlap = cfg.overlap.name().to_owned();
     for _ in 0..ADVANCE_TRIES {
+        if let Some((_, j)) = &job {
+            super::job::agree(cfg, j)?;
+        }
         let (precondition, next) = match &job {
             None => (
                 Precondition::Absent,
@@ -46,34 +49,11 @@ pub(super) async fn advance<S: Store + Sync>(
                     missed_unlisted: 0,
                     retries: Some(cfg.retries),
                     overlap: Some(overlap.clone()),
+                    jitter_ms: super::job::millis(cfg.jitter),
+                    catchup_window_ms: super::job::millis(cfg.catchup_window),
                     ..Job::default()
                 },
             ),
-            Some((_, j)) if j.schedule != schedule => {
-                // Both said as people give them (`every 1h`, not the record's `every 3600s`).
-                let recorded =
-                    super::schedule::parse_canonical(&j.schedule).map_or_else(|_| j.schedule.clone(), |s| s.describe());
-                return Err(Error::Config(format!(
-                    "job {} is scheduled {recorded} in this store, not {}: every invocation of a job must give the \
-                     same schedule (else one run would have two keys); to change it, `idem once forget --name {}` \
-                     (its history goes) or use another --name",
-                    cfg.name,
-                    cfg.schedule.describe(),
-                    cfg.name
-                )));
-            }
-            Some((_, j)) if j.retries.is_some_and(|r| r != cfg.retries) => {
-                return Err(Error::Config(format!(
-                    "job {} has --retries {} in this store, not {}: every invocation of a job must give the same \
-                     --retries (else a slot's attempts would be judged against two limits, and one machine would \
-                     retry a slot another found failed for good); to change it, `idem once forget --name {}` (its \
-                     history goes) or use another --name",
-                    cfg.name,
-                    j.retries.unwrap_or_default(),
-                    cfg.retries,
-                    cfg.name
-                )));
-            }
             Some((g, j)) if j.last_slot_ms > slot && j.last_slot_ms.saturating_sub(now_ms) > FUTURE_TOLERANCE_MS => {
                 let warning = format!(
                     "the job's newest slot {} is {} ahead of this clock's slot {}: a clock that ran ahead recorded \
@@ -93,16 +73,6 @@ pub(super) async fn advance<S: Store + Sync>(
                     Precondition::Generation(*g),
                     Job { last_slot_ms: slot, retries: Some(cfg.retries), overlap: Some(overlap.clone()), ..j.clone() },
                 )
-            }
-            Some((_, j)) if j.overlap.as_ref().is_some_and(|o| *o != overlap) => {
-                return Err(Error::Config(format!(
-                    "job {} has --overlap {} in this store, not {overlap}: every invocation of a job must give the \
-                     same policy (else one machine would wait for a slot another skips); to change it, `idem once \
-                     forget --name {}` first (its history goes with it)",
-                    cfg.name,
-                    j.overlap.as_deref().unwrap_or_default(),
-                    cfg.name
-                )));
             }
             Some((_, j)) if j.last_slot_ms >= slot && j.retries.is_some() && j.overlap.is_some() => {
                 return Ok(j.last_slot_ms);
@@ -391,6 +361,7 @@ pub(super) async fn outcome<S: Store + Sync>(
         }
     };
     let succeeded = matches!(result, Outcome::Succeeded { .. });
+    let finished_at_ms = held.started_at_ms().saturating_add(duration_ms);
     keeper.await_renewal(held).await;
     // Fenced on the claim: refused when another invocation took the slot over. A store that fails is tried
     // again, also after the lease lapsed: only a takeover can make the write wrong, and it makes it fail.
@@ -426,6 +397,9 @@ pub(super) async fn outcome<S: Store + Sync>(
                 tokio::time::sleep(pause).await;
             }
         }
+    }
+    if succeeded {
+        super::job::note_success(store, &cfg.name, finished_at_ms).await;
     }
     if matches!(result, Outcome::Replaced { .. }) {
         // Its stop request is done with (best effort: it expires by itself).

@@ -77,8 +77,11 @@ pub enum Outcome {
         /// This invocation recorded it.
         recorded_now: bool,
     },
-    /// Not run under the overlap policy (`buffer-one`: another slot already waited for the running one).
+    /// Not run under the overlap policy (`buffer-one`: another slot already waited for the running one;
+    /// `skip`: an earlier slot ran when the slot's invocations came, and none came later in time).
     Skipped {
+        /// The policy (`buffer-one`, `skip`).
+        policy: String,
         /// The slot ahead of it (RFC 3339).
         earlier: String,
     },
@@ -340,17 +343,21 @@ fn describe(outcome: &Outcome) -> String {
             (Some(h), Some(a)) => format!("running on {h} (attempt {a}) under a live lease; not run here"),
             _ => "being claimed by another invocation; not run here".to_owned(),
         },
-        Outcome::EarlierRunning { slot } => {
-            format!("not started: the slot {slot} still runs (--overlap skip); a later invocation starts it")
-        }
+        Outcome::EarlierRunning { slot } => format!(
+            "not started: the slot {slot} still runs (--overlap skip); recorded skipped, a later invocation in this \
+             slot starts it once that ended"
+        ),
         Outcome::Paused { by, note, until, recorded_now } => {
             let until = until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
             let note = note.as_ref().map_or_else(String::new, |n| format!(" ({n})"));
             let when = if *recorded_now { "recorded paused now" } else { "paused" };
             format!("{when}: the job is paused by {by}{until}{note}; not run")
         }
-        Outcome::Skipped { earlier } => {
+        Outcome::Skipped { policy, earlier } if policy == "buffer-one" => {
             format!("skipped (--overlap buffer-one): the slot {earlier} already waits for the running one; not run")
+        }
+        Outcome::Skipped { policy, earlier } => {
+            format!("skipped (--overlap {policy}): the slot {earlier} ran when this slot's invocations came; not run")
         }
         Outcome::Replaced { attempt: 0, by, .. } => {
             format!("replaced by the slot {by} before it started (--overlap): recorded skipped; not run")

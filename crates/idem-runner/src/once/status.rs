@@ -50,6 +50,11 @@ pub struct History {
     pub pause: Option<PauseView>,
     /// Runs requested outside the schedule (`idem once trigger`), newest first, by id.
     pub triggers: Vec<(String, SlotView)>,
+    /// When the job's newest successful run ended (RFC 3339, UTC, by the store's clock): the job record's,
+    /// which outlives the kept history, else the newest done slot's among those kept.
+    pub last_success: Option<String>,
+    /// Runs requested and not run yet: slots a backfill or a catch-up requested, and triggered runs.
+    pub pending: u64,
 }
 
 /// One slot as `status` shows it. In JSON every key is present: what does not apply is `null`.
@@ -157,6 +162,9 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         let v = view(id.clone(), &entry, trigger_live.contains(&id));
         triggers.push((id, v));
     }
+    let pending = list_all(store, &slot::requested_prefix(name)).await?.len() as u64
+        + triggers.iter().filter(|(_, v)| v.state == "requested").count() as u64;
+    let last_success = job.last_success_ms.map(|t| format_in(t, None)).or_else(|| newest_done(&slots));
     let repeats = count(repeats_key(name)).await?;
     let taken_over = count(takeovers_key(name)).await?;
     let behind = count(behind_key(name)).await?;
@@ -175,7 +183,23 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         overlap: job.overlap.clone().unwrap_or_else(|| slot::Overlap::Allow.name().to_owned()),
         pause,
         triggers,
+        last_success,
+        pending,
     }))
+}
+
+/// When the newest done slot among `slots` ended (its start plus its duration), RFC 3339 UTC.
+fn newest_done(slots: &[SlotView]) -> Option<String> {
+    slots
+        .iter()
+        .filter(|s| s.state == "done")
+        .filter_map(|s| {
+            let started: jiff::Timestamp = s.started.as_deref()?.parse().ok()?;
+            let ms = u64::try_from(started.as_millisecond()).ok()?;
+            Some(ms.saturating_add(s.duration_ms.unwrap_or(0)))
+        })
+        .max()
+        .map(|ms| format_in(ms, None))
 }
 
 fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
@@ -230,7 +254,12 @@ fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
         }
         slot::Entry::Skipped { policy, earlier_ms, .. } => {
             v.state = "skipped";
-            v.ending = Some(format!("{policy}: after {}", format_in(*earlier_ms, None)));
+            let after = if *earlier_ms == slot::TRIGGERED_AHEAD {
+                "a triggered run".into()
+            } else {
+                format_in(*earlier_ms, None)
+            };
+            v.ending = Some(format!("{policy}: after {after}"));
         }
         slot::Entry::Missed { reason, .. } => {
             v.missed = Some(match reason {
@@ -263,6 +292,10 @@ impl History {
             count(self.behind, "slot", "slots")
         );
         out.push_str(&format!("overlap {}", self.overlap));
+        out.push_str(&format!("; last success {}", self.last_success.as_deref().unwrap_or("never")));
+        if self.pending > 0 {
+            out.push_str(&format!("; {} pending", count(self.pending, "requested run", "requested runs")));
+        }
         if let Some(p) = &self.pause {
             out.push_str(&format!("; {}", p.describe()));
         }
