@@ -92,7 +92,8 @@ impl Error {
     /// True when connecting again later may succeed: nothing answered within the connect timeout, or the server
     /// answered with a SQLSTATE that says "not now" (57P01-57P03: shutting down, crashed, starting up or in
     /// recovery, "the database system is not yet accepting connections"; 53300: too many connections; 25006;
-    /// class 08), or every host answered as a standby (no read-write session: a failover in progress). False for what a retry cannot fix (a bad URL or sslmode, a refused login, a schema too new);
+    /// class 08), a connection closed during the handshake, or every host answered as a standby (no read-write
+    /// session: a failover in progress). False for what a retry cannot fix (a bad URL or sslmode, a refused login, a schema too new);
     /// an error without a SQLSTATE (refused, reset, TLS) is for the caller to judge by its cause.
     pub fn is_unavailable(&self) -> bool {
         let e = match self {
@@ -102,7 +103,9 @@ impl Error {
             Error::Migrate { source, .. } => source,
             _ => return false,
         };
-        e.code().is_some_and(crate::store::transient_code) || only_standbys(e)
+        // A connection the server (or a proxy, a failover) closed before or during the handshake says so
+        // with no SQLSTATE and no I/O cause: an outage, not a bad URL.
+        e.code().is_some_and(crate::store::transient_code) || only_standbys(e) || e.is_closed()
     }
 }
 

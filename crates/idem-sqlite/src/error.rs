@@ -40,6 +40,32 @@ pub enum Error {
         /// The lock file next to it.
         lock: PathBuf,
     },
+    /// A process waiting for its turn on the database ([`crate::SharedSqlite`]) found it kept open by a
+    /// process that never takes turns (its lock file says `exclusive`: `idem serve`, or another program with
+    /// a [`crate::SqliteStore`] open) for two seconds.
+    #[error(
+        "database {path} is kept open by another process ({holder}) that does not share it: `idem serve` keeps its \
+         database to itself, so give this command another file (or the server's URL)"
+    )]
+    HeldElsewhere {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file's mark: `exclusive PID`.
+        holder: String,
+    },
+    /// A process waiting for its turn on the database ([`crate::SharedSqlite`]) was not given it for
+    /// `waited_s` seconds: the holder may be stopped (SIGSTOP), hung, or one of very many.
+    #[error(
+        "database {path} was not given up for {waited_s} s by the process holding it ({holder}): it may be stopped or hung"
+    )]
+    WaitedTooLong {
+        /// The database file.
+        path: PathBuf,
+        /// The lock file's mark (`shared PID`), or `unknown`.
+        holder: String,
+        /// How long it waited, in seconds.
+        waited_s: u64,
+    },
     /// The lock file next to the database could not be created or locked.
     #[error("cannot lock {lock}")]
     Lock {

@@ -30,6 +30,7 @@
 //! ```
 
 mod error;
+mod lockfile;
 mod schema;
 mod shared;
 mod store;

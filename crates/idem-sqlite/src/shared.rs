@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::SqliteStore;
+use crate::lockfile;
 use bytes::Bytes;
 use idem_store::{
     CounterOutcome, Error as StoreError, Generation, Limits, Page, Precondition, SetChange, SetOutcome, Store, Ttl,
@@ -43,6 +44,14 @@ const TURN: Duration = Duration::from_millis(200);
 const RETRY: Duration = Duration::from_millis(5);
 /// A process that has waited this long for its turn goes ahead of those that have waited less.
 const STARVING: Duration = Duration::from_millis(250);
+/// A holder whose lock file says it never takes turns ([`lockfile::EXCLUSIVE`]) is given this long to close
+/// (it may be stopping, or be a turn-taker between its open and its mark) before the wait ends in
+/// [`crate::Error::HeldElsewhere`].
+const EXCLUSIVE_GRACE: Duration = Duration::from_secs(2);
+/// The longest wait for a turn: turns last a burst of operations ([`TURN`] at most while others wait), so a
+/// wait this long means a holder stopped (SIGSTOP) or hung; it ends in [`crate::Error::WaitedTooLong`], which
+/// callers treat as the store being unavailable, rather than hanging every process of the machine with it.
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
 /// A SQLite store opened on demand and given up between bursts of use (see the module docs).
 #[derive(Clone, Debug)]
@@ -148,6 +157,7 @@ async fn open_waiting(inner: &Inner) -> Result<SqliteStore, crate::Error> {
     let mut flag: Option<std::fs::File> = None;
     let mut starving: Option<std::fs::File> = None;
     let since = Instant::now();
+    let mut exclusive_since: Option<Instant> = None;
     loop {
         if starving.is_some() || !someone_waits(&inner.starving) {
             // Opening waits out SQLite's busy timeout while another connection holds the file locked (a backup,
@@ -161,8 +171,23 @@ async fn open_waiting(inner: &Inner) -> Result<SqliteStore, crate::Error> {
                 Err(_) => Err(crate::Error::Store(idem_store::Error::Closed)),
             };
             match opened {
-                Ok(store) => return Ok(store),
-                Err(crate::Error::InUse { .. }) => {}
+                Ok(store) => {
+                    store.mark_shared();
+                    return Ok(store);
+                }
+                Err(crate::Error::InUse { path, lock }) => {
+                    let holder = lockfile::holder(&lock).unwrap_or_else(|| "unknown".into());
+                    if holder.starts_with(lockfile::EXCLUSIVE) {
+                        if exclusive_since.get_or_insert_with(Instant::now).elapsed() >= EXCLUSIVE_GRACE {
+                            return Err(crate::Error::HeldElsewhere { path, holder });
+                        }
+                    } else {
+                        exclusive_since = None;
+                    }
+                    if since.elapsed() >= WAIT_LIMIT {
+                        return Err(crate::Error::WaitedTooLong { path, holder, waited_s: since.elapsed().as_secs() });
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }

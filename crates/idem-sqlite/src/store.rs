@@ -14,6 +14,7 @@ use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use crate::Error;
+use crate::lockfile::{self, lock_exclusively};
 use crate::schema::{open_reader, open_writer};
 use crate::writer::{self, Ctx, Finish, Msg};
 
@@ -35,39 +36,13 @@ struct Inner {
     next_reader: AtomicUsize,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Held (OS advisory lock on `<db>.lock`) for as long as the store is open; the OS releases it when the
-    /// process dies, so a crash never leaves the file locked.
-    _lock: std::fs::File,
+    /// process dies, so a crash never leaves the file locked. It names its holder ([`lockfile`]).
+    lock: std::fs::File,
 }
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore").field("path", &self.inner.path).finish_non_exhaustive()
-    }
-}
-
-/// Takes the exclusive lock on `<path>.lock`. The writer keeps the next generation in memory, so a second
-/// process writing the same file would hand out generations already used: refuse it instead.
-///
-/// The lock is named after the file's canonical path, so a symlink to the same database (or a path through a
-/// symlinked directory) takes the same lock; a hard link to it is not recognised.
-fn lock_exclusively(path: &Path) -> Result<std::fs::File, Error> {
-    let canonical = std::fs::canonicalize(path).ok().or_else(|| {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
-    });
-    let mut name = canonical.as_deref().unwrap_or(path).as_os_str().to_owned();
-    name.push(".lock");
-    let lock = PathBuf::from(name);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock)
-        .map_err(|source| Error::Lock { lock: lock.clone(), source })?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(Error::InUse { path: path.to_owned(), lock }),
-        Err(std::fs::TryLockError::Error(source)) => Err(Error::Lock { lock, source }),
     }
 }
 
@@ -133,9 +108,15 @@ impl SqliteStore {
                 readers,
                 next_reader: AtomicUsize::new(0),
                 writer: Mutex::new(Some(handle)),
-                _lock: lock,
+                lock,
             }),
         })
+    }
+
+    /// Says in the lock file that this store is held by a process that takes turns with others
+    /// ([`crate::SharedSqlite`]), so a process waiting for it keeps waiting.
+    pub(crate) fn mark_shared(&self) {
+        lockfile::mark(&self.inner.lock, lockfile::SHARED);
     }
 
     /// The database file.

@@ -35,7 +35,7 @@ impl Ledger {
     /// outage from a bad URL or a refused login.
     pub(crate) async fn open_or_unavailable(url: &str, namespace: &str) -> Result<Self, Error> {
         match StoreUrl::parse(url)? {
-            StoreUrl::Sqlite(_) => Self::open(url, namespace).await,
+            StoreUrl::Sqlite(path) => open_sqlite_or_unavailable(url, &path).await,
             other => match AnyStore::open(&other, namespace, Limits::default()).await {
                 Ok(store) => Ok(Ledger::Other(store)),
                 Err(e) => Err(unavailable_or(e)),
@@ -48,7 +48,7 @@ impl Ledger {
     /// [`Error::Unavailable`] (exit status 75), as for [`Ledger::open_or_unavailable`].
     pub(crate) async fn open_existing(url: &str, namespace: &str) -> Result<Option<Self>, Error> {
         match StoreUrl::parse(url)? {
-            StoreUrl::Sqlite(_) => Self::open(url, namespace).await.map(Some),
+            StoreUrl::Sqlite(path) => open_sqlite_or_unavailable(url, &path).await.map(Some),
             other => match AnyStore::open_existing(&other, namespace, Limits::default()).await {
                 Ok(store) => Ok(store.map(Ledger::Other)),
                 Err(e) => Err(unavailable_or(e)),
@@ -109,6 +109,18 @@ impl Ledger {
             Ledger::Sqlite(s) => s.close().await,
             Ledger::Other(s) => s.close().await,
         }
+    }
+}
+
+/// Opens a SQLite file shared by taking turns; a file another process keeps to itself (`idem serve`) or did
+/// not give up for a minute is [`Error::Unavailable`] (exit status 75), not a wait for ever.
+async fn open_sqlite_or_unavailable(url: &str, path: &std::path::Path) -> Result<Ledger, Error> {
+    match SharedSqlite::open(path, Limits::default()).await {
+        Ok(store) => Ok(Ledger::Sqlite(store)),
+        Err(e @ (idem_sqlite::Error::HeldElsewhere { .. } | idem_sqlite::Error::WaitedTooLong { .. })) => {
+            Err(Error::Unavailable(e.to_string()))
+        }
+        Err(e) => Err(Error::OpenStore { url: url.to_owned(), source: Box::new(e) }),
     }
 }
 

@@ -951,7 +951,18 @@ fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1"] {
+    // A server that accepts and closes every connection at once (a proxy in front of a store that is down,
+    // a failover in progress): the client sees the connection closed during the handshake, not a refusal.
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closing.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in closing.incoming() {
+            drop(conn);
+        }
+    });
+    let closing_pg = format!("postgres://postgres@127.0.0.1:{port}/test?sslmode=disable");
+    let closing_redis = format!("redis://127.0.0.1:{port}");
+    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1", &closing_pg, &closing_redis] {
         let (code, stderr) = invoke(url);
         assert_eq!(code, Some(75), "{url}: {stderr}");
         assert!(stderr.contains("the store is unavailable") && stderr.contains("nothing ran"), "{url}: {stderr}");
@@ -968,6 +979,28 @@ fn an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2() {
         assert_eq!(code, Some(2), "{stderr}");
     }
     assert!(!ran.exists(), "the command ran");
+}
+
+/// `idem serve` keeps its SQLite file to itself: an invocation on the same file says so and exits 75 within a
+/// few seconds, nothing run, instead of waiting for a turn that never comes (it waited for ever).
+#[test]
+fn an_invocation_on_a_sqlite_file_idem_serve_keeps_exits_75_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let server = crate::common::Server::sqlite(&db);
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["once", "--store", &format!("sqlite:{}", db.display()), "--name", "j", "--every", "1h", "--"])
+        .args(["touch", dir.path().join("ran").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("kept open by another process (exclusive "), "{stderr}");
+    assert!(stderr.contains("nothing ran"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30), "waited {:?}", started.elapsed());
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+    drop(server);
 }
 
 /// SIGINT while the store does not answer the connect (a listener that never accepts past its backlog) stops
