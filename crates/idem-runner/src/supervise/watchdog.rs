@@ -49,7 +49,10 @@ END {
 
 /// The shell around awk when heartbeats are watched: a ticker writes "t" every `$1` seconds into awk's input
 /// beside the runner's pipe (copied by `cat`), and is ended when the pipe closes, so awk then sees end of input.
-const TICKING: &str = r#"{ (while sleep "$1"; do echo t || exit; done) & ticker=$!; cat; kill "$ticker" 2>/dev/null; } | awk -v quiet="$2" "$3""#;
+/// The ticker's `sleep` writes nowhere: left running by the kill, it would hold awk's input open until it
+/// ended, and every end of run ([`Watchdog::finish`] waits for awk) would wait up to a tick (half a second
+/// per `idem once` attempt with the default lease).
+const TICKING: &str = r#"{ (while sleep "$1" >/dev/null; do echo t || exit; done) & ticker=$!; cat; kill "$ticker" 2>/dev/null; } | awk -v quiet="$2" "$3""#;
 
 /// Ticks per `quiet` limit: awk acts between `quiet` and `quiet` plus a quarter of it after the last heartbeat.
 const TICKS: u32 = 4;
@@ -183,5 +186,30 @@ fn beat(pipe: Pipe, resumed: watch::Sender<u64>, quiet: Duration) {
     });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the heartbeat thread: a paused runner's commands are not stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end of a run does not wait for the ticker's sleep: with ticks of 10 s, `finish` returns long before
+    /// one tick (it waited for the tick's end while the sleep held awk's input open).
+    #[test]
+    fn finish_does_not_wait_for_a_tick() {
+        let Some(watchdog) = Watchdog::start(Some(Duration::from_secs(40))) else {
+            panic!("awk and sh are needed");
+        };
+        // Once the ticker's first sleep runs (in the watchdog's process group, led by its shell).
+        let pgid = watchdog.child.lock().unwrap().id().to_string();
+        let sleeping = || Command::new("pgrep").args(["-g", &pgid, "-x", "sleep"]).output().unwrap().status.success();
+        let waiting = Instant::now();
+        while !sleeping() {
+            assert!(waiting.elapsed() < Duration::from_secs(10), "the ticker never slept");
+            std::thread::yield_now();
+        }
+        let started = Instant::now();
+        watchdog.finish();
+        assert!(started.elapsed() < Duration::from_secs(5), "finish waited {:?}", started.elapsed());
     }
 }
