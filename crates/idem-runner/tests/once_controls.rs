@@ -312,3 +312,52 @@ async fn a_slot_skipped_under_skip_is_recorded_skipped_not_missed() {
     assert_eq!(states.iter().filter(|s| **s == "missed").count(), 0, "{}", history.render());
     assert_eq!(log(dir.path()).iter().filter(|l| *l == "start").count(), 2);
 }
+
+/// What a slot's command leaves running in its process group (a background child that ignores SIGTERM) is
+/// killed when the command exits, before the slot is recorded and its lease given back: nothing of it runs
+/// beside the next slot (under `skip`, or after a `cancel-other` replacement whose leader exited on SIGTERM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_command_left_running_in_its_group_dies_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    // In braces: `cd DIR && A & B` would run the cd in A's background subshell only.
+    let script = "{ sh -c 'echo $$ > child.pid; trap \"\" TERM; exec sleep 30' & } ; \
+                  while [ ! -s child.pid ]; do sleep 0.01; done; echo started >> log";
+    let cfg = job(dir.path(), Duration::from_secs(3600), Overlap::Skip, script);
+    let r = once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
+    let pid = std::fs::read_to_string(dir.path().join("child.pid")).unwrap().trim().to_owned();
+    // Gone, or a zombie waiting for init to reap it: not running.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit(") ").next().is_some_and(|rest| !rest.starts_with('Z')))
+    };
+    let since = std::time::Instant::now();
+    while running() {
+        assert!(since.elapsed() < Duration::from_secs(5), "the background child {pid} outlived its slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A slot recorded paused is run by the next invocation in its time once the job is resumed (as `resume`
+/// says, and as Kubernetes runs a suspended CronJob's missed schedule when it is resumed); the invocations in
+/// between say the job is paused, and one after the slot's deadline says it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_recorded_paused_runs_once_resumed_within_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(4), Overlap::Skip, "echo ran >> log");
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    tokio::time::sleep(Duration::from_millis((now / 4000 + 1) * 4000 + 100 - now)).await;
+    once::pause(&store, "job", None, Some("maintenance".into()), "ops@test").await.unwrap().unwrap();
+    let r = once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Paused { recorded_now: true, holds: true, .. }), "{}", r.render());
+    let r = once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert!(r.render().contains("the job is paused by ops@test until resumed"), "{}", r.render());
+    let before = log(dir.path()).len();
+    once::resume(&store, "job", "ops@test").await.unwrap().unwrap();
+    let r = once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
+    assert_eq!(log(dir.path()).len(), before + 1);
+}

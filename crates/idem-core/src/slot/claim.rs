@@ -122,10 +122,12 @@ impl Claim {
 
     /// Puts back what a [`Claim::waiting_write`] replaced (generation `entry_generation`), only if no one
     /// changed it since: the slot is as it was before the claim (no entry, or the `skipped` entry an earlier
-    /// turn under `--overlap skip` left).
+    /// turn under `--overlap skip` left, or the `paused` one a pause left).
     pub fn waiting_given_back(&self, entry_generation: Generation) -> Write {
         let op = match &self.prev {
-            Some((_, prev @ Entry::Skipped { .. })) => WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear },
+            Some((_, prev @ (Entry::Skipped { .. } | Entry::Paused { .. }))) => {
+                WriteOp::Put { value: prev.encode(), ttl: Ttl::Clear }
+            }
             _ => WriteOp::Delete,
         };
         Write { key: self.keys.entry().to_owned(), op, precondition: Precondition::Generation(entry_generation) }

@@ -202,8 +202,9 @@ pub enum Entry {
         /// When, by the store's clock.
         at_ms: u64,
     },
-    /// Not run because the job was paused when an invocation came for it ([`Pause`](super::Pause)), and never
-    /// will be.
+    /// Not run because the job was paused when an invocation came for it ([`Pause`](super::Pause)); a later
+    /// invocation in the slot, within `--starting-deadline`, runs it once the pause ended (as Kubernetes runs
+    /// a suspended CronJob's missed schedule on resume).
     Paused {
         /// Who paused the job (`user@host`).
         by: String,

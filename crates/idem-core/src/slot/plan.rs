@@ -42,7 +42,6 @@ pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_dea
     match entry {
         Some(Entry::Done { .. }) => Plan::Done,
         Some(Entry::Missed { .. }) => Plan::Missed,
-        Some(Entry::Paused { .. }) => Plan::Paused,
         // Skipped under `skip` while an earlier slot ran: still started by a later invocation in the slot once
         // the earlier one ended (Kubernetes' Forbid within `startingDeadlineSeconds`); recorded skipped, not
         // missed, when none comes.
@@ -53,6 +52,17 @@ pub fn plan(entry: Option<&Entry>, lease_live: bool, limit: RetryLimit, past_dea
                 Plan::Run { attempt: 1 }
             }
         }
+        // Paused while the job's pause held: run by a later invocation in the slot once the pause ended (as
+        // Kubernetes runs a suspended CronJob's missed schedule on resume, within `startingDeadlineSeconds`);
+        // the caller keeps it paused while the pause holds.
+        Some(Entry::Paused { .. }) if !past_deadline && !behind => {
+            if lease_live {
+                Plan::Held
+            } else {
+                Plan::Run { attempt: 1 }
+            }
+        }
+        Some(Entry::Paused { .. }) => Plan::Paused,
         Some(Entry::Skipped { .. }) => Plan::Skipped,
         Some(e @ Entry::Failed { .. }) if e.attempts() >= limit.max_attempts => Plan::FailedForGood,
         _ if lease_live => Plan::Held,

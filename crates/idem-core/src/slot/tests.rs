@@ -226,8 +226,16 @@ fn paused_skipped_and_requested_entries_are_judged_without_running() {
     let limit = RetryLimit { max_attempts: 2 };
     let p = Entry::Paused { by: "u@h".into(), note: None, recorded_at_ms: 1 };
     let s = Entry::Skipped { policy: "buffer-one".into(), earlier_ms: 1, recorded_at_ms: 2 };
-    assert_eq!(plan(Some(&p), false, limit, false, false), Plan::Paused);
+    // A paused slot is run by a later invocation in its time once the pause ended (the caller keeps it
+    // paused while the pause holds); past its deadline, or behind, it stays paused.
+    assert_eq!(plan(Some(&p), false, limit, false, false), Plan::Run { attempt: 1 });
+    assert_eq!(plan(Some(&p), true, limit, false, false), Plan::Held);
+    assert_eq!(plan(Some(&p), false, limit, true, false), Plan::Paused);
+    assert_eq!(plan(Some(&p), false, limit, false, true), Plan::Paused);
     assert_eq!(plan(Some(&s), false, limit, false, false), Plan::Skipped);
+    let skip = Entry::Skipped { policy: "skip".into(), earlier_ms: 1, recorded_at_ms: 2 };
+    assert_eq!(plan(Some(&skip), false, limit, false, false), Plan::Run { attempt: 1 });
+    assert_eq!(plan(Some(&skip), false, limit, true, false), Plan::Skipped);
     assert!(p.is_final() && s.is_final());
     // A request, or a waiter whose lease lapsed, is claimed as a first attempt.
     let r = Entry::Requested { by: "u@h".into(), at_ms: 1 };

@@ -12,11 +12,28 @@ use super::{check_name, millis};
 use crate::Error;
 use crate::shown::printable;
 
-/// Who is asking, as pauses and triggers record it: `user@host` (`$USER`, else `$LOGNAME`, else `unknown`;
-/// the host as the history names it, `IDEM_HOST` when set).
+/// Who is asking, as pauses and triggers record it: `user@host` (`$USER`, else `$LOGNAME`, else the account
+/// name of the process's user id in `/etc/passwd` (cron and systemd often set neither), else `uidN`; the host
+/// as the history names it, `IDEM_HOST` when set).
 pub fn who() -> String {
-    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into());
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let user = set("USER").or_else(|| set("LOGNAME")).unwrap_or_else(account_name);
     format!("{user}@{}", crate::supervise::host_name())
+}
+
+/// The name `/etc/passwd` gives the process's real user id, else `uidN`.
+fn account_name() -> String {
+    let uid = rustix::process::getuid().as_raw().to_string();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                (fields.nth(1)? == uid).then(|| name.to_owned())
+            })
+        })
+        .unwrap_or_else(|| format!("uid{uid}"))
 }
 
 /// Pauses job `name` (checked: [`check_name`]) until `until_ms` (milliseconds since the Unix epoch, by the
@@ -146,24 +163,30 @@ pub struct JobView {
     pub pause: Option<PauseView>,
     /// When its newest successful run ended (RFC 3339, UTC, by the store's clock), as the job record keeps it.
     pub last_success: Option<String>,
-    /// Slots requested (by a backfill or a catch-up) and not run yet: the next invocations run them.
+    /// Runs requested and not run yet (slots a backfill or a catch-up requested, and triggered runs): the next
+    /// invocations run them.
     pub pending: u64,
 }
 
 /// Every job in the store, by name: one listing of the `once/` keys (which also counts each job's pending
-/// requested slots), then three reads per job (its record, its pause and its newest slot's entry, in one
-/// `get_many`).
+/// requested slots), then per job its record and one `get_many` of its pause, its newest slot's entry and
+/// its triggers.
 ///
 /// # Errors
 /// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
 pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
     let keys = list_all(store, "once/").await?;
+    // Requested slots are pending while their key exists; a trigger's key stays after it ran, so triggers are
+    // read with the job's record and counted while `requested`.
     let mut pending = std::collections::HashMap::<&str, u64>::new();
+    let mut triggers = std::collections::HashMap::<&str, Vec<String>>::new();
     for key in &keys {
-        if let Some((name, rest)) = key.strip_prefix("once/").and_then(|k| k.split_once('/'))
-            && rest.starts_with("requested/")
-        {
-            *pending.entry(name).or_default() += 1;
+        if let Some((name, rest)) = key.strip_prefix("once/").and_then(|k| k.split_once('/')) {
+            if rest.starts_with("requested/") {
+                *pending.entry(name).or_default() += 1;
+            } else if rest.starts_with("trigger/") {
+                triggers.entry(name).or_default().push(key.clone());
+            }
         }
     }
     let names: Vec<String> = keys
@@ -178,7 +201,15 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
         let Some(v) = store.get(&key).await? else { continue };
         let job = Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
         let entry_key = slot::Keys::new(&name, job.last_slot_ms).entry().to_owned();
-        let read = store.get_many(&[pause_key(&name), entry_key]).await?;
+        let mut wanted = vec![pause_key(&name), entry_key];
+        wanted.extend(triggers.get(name.as_str()).into_iter().flatten().cloned());
+        let read = store.get_many(&wanted).await?;
+        let requested_triggers = read
+            .iter()
+            .skip(2)
+            .flatten()
+            .filter(|v| matches!(slot::Entry::decode(v.value()), Ok(slot::Entry::Requested { .. })))
+            .count() as u64;
         let pause = match read.first().and_then(Option::as_ref) {
             Some(p) => Some(Pause::decode(p.value()).map_err(|source| Error::Entry { key: pause_key(&name), source })?),
             None => None,
@@ -200,7 +231,7 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
             next_slot: schedule.as_ref().and_then(|s| s.next_after(now_ms).ok().map(|n| s.format(n))),
             pause: pause.map(|p| PauseView::new(&p, now_ms)),
             last_success: job.last_success_ms.map(|t| format_in(t, None)),
-            pending: pending.get(name.as_str()).copied().unwrap_or(0),
+            pending: pending.get(name.as_str()).copied().unwrap_or(0) + requested_triggers,
             name,
         });
     }

@@ -93,6 +93,31 @@ pub fn prometheus(history: &History, exit_code: i32, now_ms: u64) -> String {
     out
 }
 
+/// The series an invocation that could not read the job's state writes (the store unavailable: exit 75): the
+/// file as it was (`previous`), its other series kept as they stand, with the two invocation series
+/// (`idem_once_last_invocation_exit_code` and `…_timestamp_seconds`) replaced; only those two when there was
+/// no file. So an alert on the exit code sees the outage, and one on the last success does not see a job
+/// that vanished.
+pub fn invocation_only(previous: Option<&str>, name: &str, exit_code: i32, now_ms: u64) -> String {
+    const OWN: [&str; 2] = ["idem_once_last_invocation_exit_code", "idem_once_last_invocation_timestamp_seconds"];
+    let ours = |line: &str| {
+        let metric = line.strip_prefix("# HELP ").or_else(|| line.strip_prefix("# TYPE ")).unwrap_or(line);
+        OWN.iter().any(|m| metric.strip_prefix(m).is_some_and(|rest| rest.starts_with(['{', ' '])))
+    };
+    let mut out: String = previous.unwrap_or_default().lines().filter(|l| !ours(l)).map(|l| format!("{l}\n")).collect();
+    let job = format!("once_job=\"{}\"", escape(name));
+    out.push_str(&format!(
+        "# HELP {0} The exit status of the invocation that wrote this file.\n# TYPE {0} gauge\n{0}{{{job}}} {exit_code}\n",
+        OWN[0]
+    ));
+    out.push_str(&format!(
+        "# HELP {0} When the invocation that wrote this file ended (Unix time).\n# TYPE {0} gauge\n{0}{{{job}}} {1:.3}\n",
+        OWN[1],
+        now_ms as f64 / 1000.0
+    ));
+    out
+}
+
 fn rfc3339_ms(s: &str) -> Option<u64> {
     let t: jiff::Timestamp = s.parse().ok()?;
     u64::try_from(t.as_millisecond()).ok()
@@ -106,6 +131,21 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_invocation_that_cannot_read_the_store_replaces_only_its_own_series() {
+        let history = "# HELP idem_once_paused x\n# TYPE idem_once_paused gauge\nidem_once_paused{once_job=\"j\"} 0\n\
+                       # HELP idem_once_last_invocation_exit_code x\n# TYPE idem_once_last_invocation_exit_code gauge\n\
+                       idem_once_last_invocation_exit_code{once_job=\"j\"} 0\n";
+        let text = invocation_only(Some(history), "j", 75, 2000);
+        assert!(text.contains("idem_once_paused{once_job=\"j\"} 0\n"), "{text}");
+        assert!(text.contains("idem_once_last_invocation_exit_code{once_job=\"j\"} 75\n"), "{text}");
+        assert!(!text.contains("} 0\nidem_once_last_invocation_exit_code{once_job=\"j\"} 0"), "{text}");
+        assert_eq!(text.matches("# TYPE idem_once_last_invocation_exit_code").count(), 1, "{text}");
+        assert!(text.contains("idem_once_last_invocation_timestamp_seconds{once_job=\"j\"} 2.000\n"), "{text}");
+        let alone = invocation_only(None, "j", 75, 2000);
+        assert_eq!(alone.lines().count(), 6, "{alone}");
+    }
 
     #[test]
     fn label_values_are_escaped() {

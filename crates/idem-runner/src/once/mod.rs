@@ -32,7 +32,7 @@ use crate::supervise::{host_name, owner_token};
 pub use config::{OnceConfig, check_name, default_store_path};
 pub use control::{JobView, PauseView, Triggered, list, pause, pause_state, render_list, resume, trigger, who};
 pub use idem_core::slot::Overlap;
-pub use metrics::prometheus;
+pub use metrics::{invocation_only, prometheus};
 pub use record::RECORD_PATIENCE;
 pub use report::{
     EXIT_DONE, EXIT_FAILED, EXIT_FAILED_FOR_GOOD, EXIT_HELD, EXIT_INTERRUPTED, EXIT_LEASE_LOST, EXIT_MISSED,
@@ -221,10 +221,7 @@ async fn judge<S: Store + Sync>(
                     }
                 }
             }
-            slot::Plan::Run { .. }
-                if cfg.overlap != slot::Overlap::Allow
-                    && matches!(current, None | Some(slot::Entry::Waiting { .. } | slot::Entry::Skipped { .. })) =>
-            {
+            slot::Plan::Run { .. } if cfg.overlap != slot::Overlap::Allow && takes_a_turn(current) => {
                 if fired(interrupt.as_mut()) {
                     report.outcome = Outcome::Stopped { attempt: None };
                     return Ok(report);
@@ -499,15 +496,26 @@ fn held(entry: Option<&slot::Entry>) -> Outcome {
     }
 }
 
+/// Whether a slot never started (no entry, a waiter's, or the marker a skip or a pause left) is claimed in
+/// its turn under a policy other than `allow` ([`overlap::take_turn`]); a retry of a started slot is not.
+fn takes_a_turn(entry: Option<&slot::Entry>) -> bool {
+    matches!(entry, None | Some(slot::Entry::Waiting { .. } | slot::Entry::Skipped { .. } | slot::Entry::Paused { .. }))
+}
+
 fn paused_outcome(entry: Option<&slot::Entry>, pause: Option<&slot::Pause>, recorded_now: bool) -> Outcome {
     match (entry, pause) {
+        // Found paused, and not to be run any more (past its deadline, or behind the job's newest slot).
         (Some(slot::Entry::Paused { by, note, .. }), _) => {
-            Outcome::Paused { by: by.clone(), note: note.clone(), until: None, recorded_now }
+            Outcome::Paused { by: by.clone(), note: note.clone(), until: None, recorded_now, holds: false }
         }
-        (_, Some(p)) => {
-            Outcome::Paused { by: p.by.clone(), note: p.note.clone(), until: p.until_ms.map(utc), recorded_now }
-        }
-        _ => Outcome::Paused { by: "?".into(), note: None, until: None, recorded_now },
+        (_, Some(p)) => Outcome::Paused {
+            by: p.by.clone(),
+            note: p.note.clone(),
+            until: p.until_ms.map(utc),
+            recorded_now,
+            holds: true,
+        },
+        _ => Outcome::Paused { by: "?".into(), note: None, until: None, recorded_now, holds: false },
     }
 }
 

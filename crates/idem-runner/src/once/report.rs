@@ -76,6 +76,9 @@ pub enum Outcome {
         until: Option<String>,
         /// This invocation recorded it.
         recorded_now: bool,
+        /// The pause holds now; `false`: the slot was recorded paused in its time, which has passed (past its
+        /// `--starting-deadline`, or behind the job's newest slot), so it is not run after the pause either.
+        holds: bool,
     },
     /// Not run under the overlap policy (`buffer-one`: another slot already waited for the running one;
     /// `skip`: an earlier slot ran when the slot's invocations came, and none came later in time).
@@ -347,7 +350,11 @@ fn describe(outcome: &Outcome) -> String {
             "not started: the slot {slot} still runs (--overlap skip); recorded skipped, a later invocation in this \
              slot starts it once that ended"
         ),
-        Outcome::Paused { by, note, until, recorded_now } => {
+        Outcome::Paused { by, note, holds: false, .. } => {
+            let note = note.as_ref().map_or_else(String::new, |n| format!(" ({n})"));
+            format!("recorded paused: the job was paused by {by}{note} in the slot's time, which has passed; not run")
+        }
+        Outcome::Paused { by, note, until, recorded_now, .. } => {
             let until = until.as_ref().map_or_else(|| " until resumed".to_owned(), |u| format!(" until {u}"));
             let note = note.as_ref().map_or_else(String::new, |n| format!(" ({n})"));
             let when = if *recorded_now { "recorded paused now" } else { "paused" };

@@ -148,8 +148,16 @@ async fn run_into<S: Store + Sync>(
         }
         // A stop request left by a replacement that found this slot running long ago is not for this run.
         let _ = store.delete(&slot::stop_key(&keys), Precondition::Any).await;
-        let claim =
-            slot::Claim::new(keys.clone(), owner_token(), host_name(), now_ms, cfg.lease, Some((generation, entry)));
+        // Claimed at the store's now, not the invocation's: the entry's start is when this run starts.
+        let started_ms = super::millis(store.now().await?).max(now_ms);
+        let claim = slot::Claim::new(
+            keys.clone(),
+            owner_token(),
+            host_name(),
+            started_ms,
+            cfg.lease,
+            Some((generation, entry)),
+        );
         let sent = tokio::time::Instant::now();
         let Some(held) = claim_alone(store, cfg, &claim, keys.lease()).await? else { break };
         if claim.takes_over() {

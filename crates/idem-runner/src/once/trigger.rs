@@ -42,11 +42,13 @@ pub(super) async fn run_requested<S: Store + Sync>(
             _ => now_ms,
         };
         let keys = slot::Keys::trigger(&cfg.name, &id, at_ms);
+        // Claimed at the store's now, not the invocation's: the entry's start is when this run starts.
+        let started_ms = super::millis(store.now().await?).max(now_ms);
         let claim = slot::Claim::new(
             keys,
             crate::supervise::owner_token(),
             crate::supervise::host_name(),
-            now_ms,
+            started_ms,
             cfg.lease,
             Some((generation, entry)),
         );

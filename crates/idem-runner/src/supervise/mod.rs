@@ -155,10 +155,11 @@ impl<'w> Group<'w> {
                 // The command's exit first: a lease loss seen in the same round must not hide that it finished.
                 biased;
                 status = self.child.wait() => {
-                    if self.frozen {
-                        // It exited just before it was stopped; what it left running in its group goes on.
-                        self.signal(Signal::CONT);
-                    }
+                    // What it left running in its group (a background child, one that ignored SIGTERM) dies
+                    // with it, as systemd's control group and a Kubernetes pod end: the attempt is recorded and
+                    // its lease given back next, and nothing of it may go on writing beside the next holder or
+                    // the next slot. (A process meant to outlive it leaves the group: setsid.)
+                    self.signal(Signal::KILL);
                     return Event::Exited(status);
                 }
                 why = keeper.until_lost(held), if notice_loss => {

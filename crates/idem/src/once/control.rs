@@ -27,10 +27,23 @@ pub(super) async fn write_metrics(ledger: &Ledger, name: &str, code: i32, path: 
         Ok(Some(history)) => once::prometheus(&history, code, now_ms),
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(error = %idem_store::error_chain(&e), "--metrics-file not written: the store failed");
-            return;
+            tracing::warn!(error = %idem_store::error_chain(&e), "--metrics-file: the job's state could not be read");
+            return write_invocation_only(name, code, path);
         }
     };
+    write_file(&text, path);
+}
+
+/// Writes `--metrics-file` for an invocation that could not read the job's state (the store unavailable):
+/// the file's other series stay as they were, its exit code and time are this invocation's
+/// ([`once::invocation_only`]).
+pub(super) fn write_invocation_only(name: &str, code: i32, path: &std::path::Path) {
+    let previous = std::fs::read_to_string(path).ok();
+    let now_ms = idem_store::system_time_to_millis(std::time::SystemTime::now());
+    write_file(&once::invocation_only(previous.as_deref(), name, code, now_ms), path);
+}
+
+fn write_file(text: &str, path: &std::path::Path) {
     // A file beside it, then renamed: the collector never reads half a file.
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));

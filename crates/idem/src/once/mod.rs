@@ -362,7 +362,16 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
     // An unreachable store is exit 75 at once, not waited for: the next invocation (cron's next firing) tries
     // again, and a wait could run into it.
     let ledger = tokio::select! {
-        ledger = Ledger::open_or_unavailable(&url, &args.store.namespace) => ledger.map_err(unavailable_message)?,
+        ledger = Ledger::open_or_unavailable(&url, &args.store.namespace) => match ledger {
+            Ok(ledger) => ledger,
+            Err(e) => {
+                let e = unavailable_message(e);
+                if let Some(path) = &args.metrics_file {
+                    control::write_invocation_only(&cfg.name, e.exit_code(), path);
+                }
+                return Err(e);
+            }
+        },
         () = interrupt.as_mut() => {
             let line = format!("idem once: {}: interrupted while connecting to the store: nothing ran\n", cfg.name);
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
@@ -370,7 +379,11 @@ pub async fn run(args: OnceArgs) -> Result<i32, Error> {
         }
     };
     let result = on_ledger!(&ledger, s => once::once(s, &cfg, interrupt.as_mut()).await);
-    let code = result.as_ref().map_or(2, |r| r.exit_code(args.fail_if_held));
+    let code = match &result {
+        Ok(r) => r.exit_code(args.fail_if_held),
+        Err(idem_runner::Error::Store(s)) if s.is_unavailable() => Error::Unavailable(String::new()).exit_code(),
+        Err(_) => Error::Config(String::new()).exit_code(),
+    };
     if let Some(path) = &args.metrics_file {
         control::write_metrics(&ledger, &cfg.name, code, path).await;
     }
