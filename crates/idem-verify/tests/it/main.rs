@@ -104,6 +104,7 @@ fn run_ha(
             Workload::Kv => 8,
             Workload::Proxy => 6,
             Workload::Runner => 24,
+            Workload::Once => 3,
         },
         durable,
         lax: Lax::One,

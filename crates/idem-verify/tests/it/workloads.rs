@@ -65,6 +65,21 @@ fn runner_redis() {
     clean(Backend::Redis, Workload::Runner);
 }
 
+#[test]
+fn once_sqlite() {
+    clean(Backend::Sqlite, Workload::Once);
+}
+
+#[test]
+fn once_postgres() {
+    clean(Backend::Postgres, Workload::Once);
+}
+
+#[test]
+fn once_redis() {
+    clean(Backend::Redis, Workload::Once);
+}
+
 /// A seed of its own each run (`IDEM_VERIFY_SEED` overrides it), printed before the run starts.
 fn fresh_seed(backend: Backend) -> u64 {
     let seed = std::env::var("IDEM_VERIFY_SEED")
