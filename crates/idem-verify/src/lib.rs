@@ -2,7 +2,8 @@
 //! proxy, `idem run`) over HTTP and the command line while a nemesis injects faults (kill -9, SIGSTOP beyond
 //! the lease, store restarts, network drops and delays, a full disk); every operation is recorded with its
 //! invocation and completion instants and its result, and the history is checked afterwards: linearizability
-//! per key for the KV store, exactly-once for the proxy and the runner. Each checker is shown to fail on a bug
+//! per key for the KV store, exactly-once for the proxy and the runner, each cron slot once for `idem once`
+//! (its status and exit statuses too). Each checker is shown to fail on a bug
 //! planted on purpose (`IDEM_PLANTED_BUG`, in builds of idem with its `planted-bugs` feature).
 
 pub mod backend;

@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod failover;
+mod once_bugs;
 mod planted;
 mod workloads;
 
