@@ -315,6 +315,8 @@ fn check_status(t: &mut Tally, job: &super::JobPlan, status: &serde_json::Value,
         let detail = format!("{} ran (pid {}) but status does not list it", e.key, e.pid);
         t.flag("status misreports", subject.clone(), detail, Some(e.start_us), Vec::new());
     }
+    // Counted, not judged: a requested run two invocations both gave way to waits for the next one.
+    t.note("requested runs pending at the end", n(status, "pending"));
     let counted = n(status, "ran_more_than_once") + n(status, "taken_over");
     t.note("runs completed twice, counted by status", twice.min(counted));
     if twice > counted {

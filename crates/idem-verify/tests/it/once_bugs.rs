@@ -1,6 +1,7 @@
 //! Bugs of `idem once` that the once workload found, each as a test of its own that fails until the bug is
 //! fixed; `#[ignore]`d so CI stays green meanwhile (`cargo test -p idem-verify --test it once_bugs -- --ignored`
-//! shows them failing). RELIABILITY.md names the seeds and the histories.
+//! shows them failing), and run as regression tests once fixed. RELIABILITY.md names the seeds and the
+//! histories.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -118,9 +119,9 @@ fn postgres_that_closes_after_login(n: usize) -> u16 {
 /// "cannot open store postgres://…: cannot connect: connection closed", where the guide's exit statuses say 75
 /// (the store is down: "a server starting or shutting down"). An error without a SQLSTATE is left to the caller
 /// to judge by its cause (idem-postgres `Error::is_unavailable`), and a connection the server closed is not
-/// judged unavailable. Reproduced here without a real server.
+/// judged unavailable. Reproduced here without a real server. Fixed on main meanwhile (commit 96314e8, "exit
+/// 75, not 2, for a PostgreSQL connection closed during the handshake"): kept as a regression test.
 #[test]
-#[ignore = "idem bug (found by the once workload): a PostgreSQL connection closed by the server at login exits 2, not 75"]
 fn an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2() {
     let port = postgres_that_closes_after_login(8);
     let store = format!("postgres://postgres@127.0.0.1:{port}/postgres");
