@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds idem (with the test-only feature planted-bugs) and the verification harness, and runs
 # it: random concurrent clients against real idem processes under injected faults, their histories checked for
-# linearizability (KV) and exactly-once (proxy, runner). See RELIABILITY.md.
+# linearizability (KV), exactly-once (proxy, runner) and each cron slot run once (once). See RELIABILITY.md.
 #
 #   scripts/verify.sh [--long] [--backend sqlite|postgres|redis|all|postgres-ha|redis-sentinel|redis-cluster|ha]
-#                     [--workload kv|proxy|runner|all] [--seed N]
+#                     [--workload kv|proxy|runner|once|all] [--seed N]
 #                     [-- other idem-verify flags, e.g. --planted-bug kv-precondition, --no-durable]
 #
-# Default: every backend and workload for 20 s each (about 4 minutes); --long: 30 minutes in all, shared out.
+# Default: every backend and workload for 20 s each (about 6 minutes); --long: 30 minutes in all, shared out.
 # The highly available backends (ha: all three; a primary and two replicas or standbys) run one fault of theirs
 # instead of the others, drawn from the seed and the workload (or -- --ha-fault K): failover (primary killed,
 # a replica promoted), switchover (SENTINEL FAILOVER / CLUSTER FAILOVER [FORCE|TAKEOVER] / pg_ctl promote with
@@ -17,14 +17,16 @@
 # promoted, healed).
 # Durable setting by default (wait_replicas=all; PostgreSQL ANY 2 with synchronous_standbys=all: 0 anomalies
 # expected); -- --no-durable [one|none] (wait_replicas=1 / FIRST 1 '*', or none / asynchronous) counts what
-# the faults lose.
+# the faults lose. The once workload (idem once: a few cron jobs invoked by concurrent processes, with pauses,
+# triggers, backfills, clock skew through libfaketime on PostgreSQL and Redis) is described in
+# docs/design/verification.md.
 # Exit status: 0 nothing found, 1 an anomaly was found (the failure page's path is printed), 2 bad usage or a
 # run that could not be set up (or checked nothing). The harness's own flags: scripts/verify.sh -- --help.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 backend=all workload=all seed="" long=0 extra=()
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 # Bad usage is exit 2 (1 means an anomaly was found), so `${2:?}` (exit 1) is not used.
 value() { [ $# -ge 2 ] && [ -n "$2" ] || { echo "verify.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -40,7 +42,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 args=()
-count_b=3 count_w=3
+count_b=3 count_w=4
 case "$backend" in
   all) ;;
   sqlite|postgres|redis|postgres-ha|redis-sentinel|redis-cluster) args+=(--backend "$backend"); count_b=1 ;;
@@ -49,8 +51,8 @@ case "$backend" in
 esac
 case "$workload" in
   all) ;;
-  kv|proxy|runner) args+=(--workload "$workload"); count_w=1 ;;
-  *) echo "verify.sh: --workload is kv, proxy, runner or all, not $workload" >&2; exit 2 ;;
+  kv|proxy|runner|once) args+=(--workload "$workload"); count_w=1 ;;
+  *) echo "verify.sh: --workload is kv, proxy, runner, once or all, not $workload" >&2; exit 2 ;;
 esac
 [ -n "$seed" ] && args+=(--seed "$seed")
 if [ "$long" = 1 ]; then

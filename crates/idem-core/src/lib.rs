@@ -76,6 +76,6 @@ pub use error::Error;
 pub use fingerprint::{Fingerprint, RequestParts, Scope};
 pub use idem_store::{Write, WriteOp};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, canonical_payload, derive_key};
-pub use planted::planted;
+pub use planted::{planted, unconditional as planted_unconditional};
 pub use problem::ProblemType;
 pub use redact::redact_url;

@@ -4,7 +4,7 @@
 //! off a fingerprint, a fence or a precondition in a program that embeds these crates.
 
 /// Whether `idem-verify` planted `bug` (`kv-precondition`, `proxy-completion`, `proxy-fingerprint`,
-/// `runner-fence`, `runner-lapse-by-clock`): the environment variable `IDEM_PLANTED_BUG` names it. Only with the feature `planted-bugs`.
+/// `runner-fence`, `runner-lapse-by-clock`, `once-overlap`, `once-missed-overwrite`, `once-trigger-overwrite`): the environment variable `IDEM_PLANTED_BUG` names it. Only with the feature `planted-bugs`.
 #[doc(hidden)]
 #[cfg(feature = "planted-bugs")]
 pub fn planted(bug: &str) -> bool {
@@ -17,4 +17,11 @@ pub fn planted(bug: &str) -> bool {
 #[inline(always)]
 pub const fn planted(_bug: &str) -> bool {
     false
+}
+
+/// `write` with its precondition dropped when `bug` is planted ([`planted`]): a create-only or fenced write made
+/// unconditional, so a planted bug in a caller stays a one-line change.
+#[doc(hidden)]
+pub fn unconditional(bug: &str, write: crate::Write) -> crate::Write {
+    if planted(bug) { crate::Write { precondition: idem_store::Precondition::Any, ..write } } else { write }
 }

@@ -180,6 +180,7 @@ pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
         crate::Workload::Kv => 1,
         crate::Workload::Proxy => 2,
         crate::Workload::Runner => 3,
+        crate::Workload::Once => 4,
     };
     let backend = opts.backend as u64;
     let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ 0x6861_6661_756c_7400 ^ (salt << 8) ^ (backend << 16)));

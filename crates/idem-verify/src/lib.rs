@@ -2,7 +2,8 @@
 //! proxy, `idem run`) over HTTP and the command line while a nemesis injects faults (kill -9, SIGSTOP beyond
 //! the lease, store restarts, network drops and delays, a full disk); every operation is recorded with its
 //! invocation and completion instants and its result, and the history is checked afterwards: linearizability
-//! per key for the KV store, exactly-once for the proxy and the runner. Each checker is shown to fail on a bug
+//! per key for the KV store, exactly-once for the proxy and the runner, each cron slot once for `idem once`
+//! (its status and exit statuses too). Each checker is shown to fail on a bug
 //! planted on purpose (`IDEM_PLANTED_BUG`, in builds of idem with its `planted-bugs` feature).
 
 pub mod backend;
@@ -11,6 +12,7 @@ pub mod faults;
 pub mod hafaults;
 pub mod history;
 pub mod kv;
+pub mod once;
 pub mod procs;
 pub mod proxy;
 pub mod report;
@@ -127,6 +129,9 @@ pub enum Workload {
     Proxy,
     /// Overlapping `idem run` processes on one item list; checked for one valid output per item.
     Runner,
+    /// Concurrent `idem once` invocations of a few cron jobs, with pauses, triggers and backfills; checked for
+    /// each slot run once, no overlap where the policy forbids it, and a status that tells the history.
+    Once,
 }
 
 /// What one run does.
@@ -144,14 +149,14 @@ pub struct Options {
     pub faults: bool,
     /// The `idem` binary.
     pub idem: PathBuf,
-    /// The `idem-verify` binary: the runner workload's item command is `idem-verify exec-item …` (a test
-    /// binary cannot stand in for it).
+    /// The `idem-verify` binary: the runner workload's item command is `idem-verify exec-item …`, the once
+    /// workload's `idem-verify exec-slot …` (a test binary cannot stand in for it).
     pub harness: PathBuf,
     /// Where the history, the logs and a failure page go.
     pub out: PathBuf,
     /// `IDEM_PLANTED_BUG` for the idem processes (idem built with the feature planted-bugs only).
     pub planted_bug: Option<String>,
-    /// Concurrent clients (KV, proxy) or items (runner).
+    /// Concurrent clients (KV, proxy), items (runner) or jobs (once).
     pub clients: usize,
     /// On the highly available backends, the durable setting: every standby synchronous (PostgreSQL `ANY 2
     /// (…)` with `synchronous_standbys=all`) or `wait_replicas=all` (Redis). Without it ([`Options::lax`]) a
@@ -295,6 +300,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
         Workload::Kv => kv::run(opts).await?,
         Workload::Proxy => proxy::run(opts).await?,
         Workload::Runner => runner::run(opts).await?,
+        Workload::Once => once::run(opts).await?,
     };
     summary.seconds = started.elapsed().as_secs_f64();
     if opts.backend.is_ha() {

@@ -18,7 +18,7 @@ struct Cli {
     /// fault of theirs (--ha-fault).
     #[arg(long, value_enum)]
     backend: Vec<Backend>,
-    /// Workloads to run (repeatable; default all three).
+    /// Workloads to run (repeatable; default all four).
     #[arg(long, value_enum)]
     workload: Vec<Workload>,
     /// Seed for the clients' choices and the fault schedule (default: from the clock, printed).
@@ -47,7 +47,7 @@ struct Cli {
     /// between a quarter and half of --duration).
     #[arg(long, value_parser = humantime::parse_duration)]
     failover_at: Option<Duration>,
-    /// Concurrent clients (KV, proxy) or items (runner); default 8, 6 and 24.
+    /// Concurrent clients (KV, proxy), items (runner) or jobs (once); default 8, 6, 24 and 3.
     #[arg(long)]
     clients: Option<usize>,
     /// The idem binary (default: next to this one).
@@ -57,7 +57,7 @@ struct Cli {
     /// A workload's directory left by an earlier run there is replaced.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Plant a bug in idem (builds with the feature planted-bugs only): kv-precondition, proxy-completion, proxy-fingerprint, runner-fence or runner-lapse-by-clock.
+    /// Plant a bug in idem (builds with the feature planted-bugs only): kv-precondition, proxy-completion, proxy-fingerprint, runner-fence, runner-lapse-by-clock, once-overlap, once-missed-overwrite or once-trigger-overwrite.
     #[arg(long)]
     planted_bug: Option<String>,
 }
@@ -67,6 +67,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("exec-item") {
         return idem_verify::runner::exec_item::main(&args[2..]);
+    }
+    // The once workload's slot command: `idem-verify exec-slot ...`.
+    if args.get(1).map(String::as_str) == Some("exec-slot") {
+        return idem_verify::once::exec_slot::main(&args[2..]);
     }
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => {
@@ -122,8 +126,16 @@ async fn terminated() {
 }
 
 /// The bugs idem built with the feature planted-bugs can plant (`idem_core::planted`); another name would plant nothing and pass.
-const PLANTED_BUGS: [&str; 5] =
-    ["kv-precondition", "proxy-completion", "proxy-fingerprint", "runner-fence", "runner-lapse-by-clock"];
+const PLANTED_BUGS: [&str; 8] = [
+    "kv-precondition",
+    "proxy-completion",
+    "proxy-fingerprint",
+    "runner-fence",
+    "runner-lapse-by-clock",
+    "once-overlap",
+    "once-missed-overwrite",
+    "once-trigger-overwrite",
+];
 
 async fn verify(cli: Cli) -> ExitCode {
     if let Some(bug) = &cli.planted_bug
@@ -156,7 +168,7 @@ async fn verify(cli: Cli) -> ExitCode {
         cli.backend.clone()
     };
     let workloads = if cli.workload.is_empty() {
-        vec![Workload::Kv, Workload::Proxy, Workload::Runner]
+        vec![Workload::Kv, Workload::Proxy, Workload::Runner, Workload::Once]
     } else {
         cli.workload.clone()
     };
@@ -168,6 +180,7 @@ async fn verify(cli: Cli) -> ExitCode {
                 Workload::Kv => 8,
                 Workload::Proxy => 6,
                 Workload::Runner => 24,
+                Workload::Once => 3,
             };
             let opts = Options {
                 backend,

@@ -130,7 +130,10 @@ pub async fn trigger<S: Store>(store: &S, name: &str, id: Option<&str>, who: &st
     }
     let now_ms = millis(store.now().await?);
     let keys = slot::Keys::trigger(name, &id, now_ms);
-    let new = match store.apply(slot::requested(&keys, who, now_ms)).await {
+    let new = match store
+        .apply(idem_core::planted_unconditional("once-trigger-overwrite", slot::requested(&keys, who, now_ms)))
+        .await
+    {
         Ok(_) => true,
         Err(e) if e.is_precondition_failed() => false,
         Err(e) => return Err(e.into()),

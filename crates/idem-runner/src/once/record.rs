@@ -178,7 +178,7 @@ async fn record_missed<S: Store + Sync>(
             Some(p) => slot::paused(&keys, p, now_ms),
             None => missed(&keys, reason, now_ms),
         };
-        match store.apply(write).await {
+        match store.apply(idem_core::planted_unconditional("once-missed-overwrite", write)).await {
             Ok(_) if paused.is_some() => {}
             Ok(_) => report.missed.push(cfg.schedule.format(slot)),
             Err(e) if e.is_precondition_failed() => {}

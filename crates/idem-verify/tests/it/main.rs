@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod failover;
+mod once_bugs;
 mod planted;
 mod workloads;
 
@@ -104,6 +105,7 @@ fn run_ha(
             Workload::Kv => 8,
             Workload::Proxy => 6,
             Workload::Runner => 24,
+            Workload::Once => 3,
         },
         durable,
         lax: Lax::One,

@@ -107,3 +107,25 @@ fn proxy_fingerprint_is_caught() {
 fn runner_lapse_by_clock_is_caught() {
     caught_within(Backend::Sqlite, Workload::Runner, "runner-lapse-by-clock", 20, &[1, 2, 3, 4, 5, 6]);
 }
+
+/// Slots passed over recorded missed without the create-only precondition: the slot before each new one, done,
+/// is overwritten `missed` (the once checker's "missed but ran").
+#[test]
+fn once_missed_overwrite_is_caught() {
+    caught(Backend::Sqlite, Workload::Once, "once-missed-overwrite", 6);
+}
+
+/// The earlier slots' live leases not looked at under a policy other than allow: a slot starts beside a
+/// longer one before it (the first job's policy is skip or a buffer one, its commands up to 2.8 s on a 2 s
+/// schedule).
+#[test]
+fn once_overlap_is_caught() {
+    caught(Backend::Sqlite, Workload::Once, "once-overlap", 8);
+}
+
+/// A trigger's request written over whatever the id holds: the same id sent again after its run started
+/// requests it again, and it runs twice.
+#[test]
+fn once_trigger_overwrite_is_caught() {
+    caught(Backend::Redis, Workload::Once, "once-trigger-overwrite", 10);
+}
