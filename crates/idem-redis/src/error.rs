@@ -178,6 +178,40 @@ fn io_error_kind(e: &redis::RedisError) -> Option<std::io::ErrorKind> {
     inner.downcast_ref::<std::io::Error>().map(std::io::Error::kind)
 }
 
+/// One plain connection to `client`'s server, made and dropped: an unreachable server fails start-up at once.
+pub(crate) async fn probe(
+    client: &redis::Client,
+    tls: bool,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), Error> {
+    let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(timeout);
+    match client.get_multiplexed_async_connection_with_config(&probe).await {
+        Ok(_) => Ok(()),
+        // No TLS answer in time: a plain Redis port never answers a TLS hello (a mistake in the URL, exit 2
+        // for `idem once`), a frozen or overloaded server does not either (an outage, 75). The plain port
+        // answers a plain PING; the frozen server does not.
+        Err(e) if tls && e.is_timeout() && !answers_plain_ping(client.get_connection_info()).await => {
+            Err(Error::Connect(e))
+        }
+        Err(e) => Err(connect_error(e, tls)),
+    }
+}
+
+/// Whether the server of `info` answers a plain `PING` within a second (after a TLS handshake timed out:
+/// then it is a plain Redis port).
+pub(crate) async fn answers_plain_ping(info: &redis::ConnectionInfo) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() else { return false };
+    let ping = async {
+        let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut first = [0u8; 1];
+        stream.read_exact(&mut first).await.ok()?;
+        Some(matches!(first[0], b'+' | b'-'))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(1), ping).await.ok().flatten().unwrap_or(false)
+}
+
 /// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
 /// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
 /// command and waits for the rest of the line, so the handshake never ends).

@@ -218,8 +218,7 @@ impl RedisStore {
             Target::Single(client) => {
                 // One plain connection first, so an unreachable server fails start-up at once; the manager
                 // below would keep retrying, which is what we want later, not now.
-                let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(timeout);
-                client.get_multiplexed_async_connection_with_config(&probe).await.map_err(|e| connect_error(e, tls))?;
+                crate::error::probe(&client, tls, timeout).await?;
                 let config = redis::aio::ConnectionManagerConfig::new()
                     .set_connection_timeout(timeout)
                     .set_response_timeout(Some(Duration::from_secs(10)))

@@ -82,3 +82,18 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] idem_store::Error),
 }
+
+impl Error {
+    /// True when opening again later may succeed: the file kept by another process ([`Error::HeldElsewhere`],
+    /// [`Error::WaitedTooLong`]), or held locked by another connection past SQLite's busy timeout (a backup, a
+    /// `sqlite3` shell, a transaction left open), or an operation that failed for now.
+    pub fn is_unavailable(&self) -> bool {
+        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+        match self {
+            Error::HeldElsewhere { .. } | Error::WaitedTooLong { .. } => true,
+            Error::Open { source, .. } => matches!(source.sqlite_error_code(), Some(DatabaseBusy | DatabaseLocked)),
+            Error::Store(e) => e.is_unavailable(),
+            _ => false,
+        }
+    }
+}

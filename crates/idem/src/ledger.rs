@@ -112,14 +112,13 @@ impl Ledger {
     }
 }
 
-/// Opens a SQLite file shared by taking turns; a file another process keeps to itself (`idem serve`) or did
-/// not give up for a minute is [`Error::Unavailable`] (exit status 75), not a wait for ever.
+/// Opens a SQLite file shared by taking turns; a file another process keeps to itself (`idem serve`), did
+/// not give up for a minute or holds locked past SQLite's busy timeout is [`Error::Unavailable`] (exit status
+/// 75), not a wait for ever or bad usage ([`idem_sqlite::Error::is_unavailable`]).
 async fn open_sqlite_or_unavailable(url: &str, path: &std::path::Path) -> Result<Ledger, Error> {
     match SharedSqlite::open(path, Limits::default()).await {
         Ok(store) => Ok(Ledger::Sqlite(store)),
-        Err(e @ (idem_sqlite::Error::HeldElsewhere { .. } | idem_sqlite::Error::WaitedTooLong { .. })) => {
-            Err(Error::Unavailable(e.to_string()))
-        }
+        Err(e) if e.is_unavailable() => Err(Error::Unavailable(idem_store::error_chain(&e))),
         Err(e) => Err(Error::OpenStore { url: url.to_owned(), source: Box::new(e) }),
     }
 }

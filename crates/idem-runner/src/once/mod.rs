@@ -542,6 +542,14 @@ fn missed_reason(entry: Option<&slot::Entry>) -> MissedReason {
     }
 }
 
+/// The store's clock now, in milliseconds since the Unix epoch.
+///
+/// # Errors
+/// [`Error::Store`] when the store fails.
+pub async fn store_millis<S: Store>(store: &S) -> Result<u64, Error> {
+    Ok(millis(store.now().await?))
+}
+
 /// Milliseconds since the Unix epoch of a store clock reading.
 pub(crate) fn millis(t: SystemTime) -> u64 {
     system_time_to_millis(t)

@@ -1,7 +1,5 @@
-//! Bugs of `idem once` that the once workload found, each as a test of its own that fails until the bug is
-//! fixed; `#[ignore]`d so CI stays green meanwhile (`cargo test -p idem-verify --test it once_bugs -- --ignored`
-//! shows them failing), and run as regression tests once fixed. RELIABILITY.md names the seeds and the
-//! histories.
+//! Bugs of `idem once` that the once workload found, each as a test of its own that failed until the bug was
+//! fixed, and runs as a regression test since. RELIABILITY.md names the seeds and the histories.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -38,7 +36,6 @@ fn lock(path: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
 /// store sqlite:…: database is locked"), the status of bad usage, where the guide's exit statuses say 75 (the
 /// store is down or unreachable: no answer in time). A monitor would take the outage for a typo.
 #[test]
-#[ignore = "idem bug (found by the once workload): a SQLite store locked past its busy timeout exits 2, not 75"]
 fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("once.db");
@@ -60,7 +57,6 @@ fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2()
 /// from the command's start, the store's clock read once the lock was gone, 5 s later. A valid `--until 3s` is
 /// no bad usage; a slow store must not turn it into one.
 #[test]
-#[ignore = "idem bug (found by the once workload): pause --until DURATION exits 2 when the store answers late"]
 fn pause_until_a_duration_on_a_store_slow_to_answer_is_not_bad_usage() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("once.db");
@@ -139,7 +135,6 @@ fn an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2() 
 /// a server too busy to answer its handshake within 5 s, or a client stalled meanwhile, is an outage, not a
 /// typo. Reproduced with a port that accepts and never answers.
 #[test]
-#[ignore = "idem bug (found by the once workload): a TLS handshake with no answer within 5 s exits 2, not 75"]
 fn an_invocation_whose_redis_never_answers_the_tls_handshake_exits_75_not_2() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -113,7 +113,16 @@ async fn pause(name: &str, store: &StoreArgs, until: Option<String>, note: Optio
         until.as_deref().map(|u| once::parse_time("--until", u, now_ms, false)).transpose().map_err(runner_error)?;
     let ledger = store.open_existing(name).await?;
     let who = once::who();
-    let result = on_ledger!(&ledger, s => once::pause(s, name, until_ms, note.clone(), &who).await);
+    let result = on_ledger!(&ledger, s => async {
+        // A duration counts from the store's now, read once the store answered (a store slow to answer, or
+        // locked for a while, must not turn a valid `--until 3s` into a time already past).
+        let store_now = idem_runner::once::store_millis(s).await?;
+        let until_ms = match until.as_deref() {
+            Some(u) => Some(once::parse_time("--until", u, store_now, false)?),
+            None => until_ms,
+        };
+        once::pause(s, name, until_ms, note.clone(), &who).await
+    }.await);
     ledger.close().await;
     let Some(p) = result.map_err(runner_error)? else { return Err(store.no_job(name)) };
     let view = once::PauseView::new(&p, p.since_ms);
