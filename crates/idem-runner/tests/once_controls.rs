@@ -361,3 +361,25 @@ async fn a_slot_recorded_paused_runs_once_resumed_within_its_time() {
     assert!(matches!(r.outcome, Outcome::Succeeded { .. }), "{}", r.render());
     assert_eq!(log(dir.path()).len(), before + 1);
 }
+
+/// The limits of the operator's controls, each refused with what to do instead, nothing changed: a pause
+/// until more than 366 days away, a note over 1,000 bytes, a trigger id that does not start with a letter or
+/// a digit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_trigger_limits_are_refused_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = MemoryStore::new();
+    let cfg = job(dir.path(), Duration::from_secs(3600), Overlap::Allow, "true");
+    once::once(&store, &cfg, std::future::pending()).await.unwrap();
+    let now = idem_store::system_time_to_millis(SystemTime::now());
+    let far = now + 400 * 86_400_000;
+    let e = once::pause(&store, "job", Some(far), None, "a@b").await.unwrap_err().to_string();
+    assert!(e.contains("more than 366 days away"), "{e}");
+    let e = once::pause(&store, "job", None, Some("x".repeat(1001)), "a@b").await.unwrap_err().to_string();
+    assert!(e.contains("--note is longer than 1000 bytes"), "{e}");
+    assert!(once::pause_state(&store, "job").await.unwrap().is_none(), "nothing paused");
+    for id in ["-x", ".x", ".."] {
+        let e = once::trigger(&store, "job", Some(id), "a@b").await.unwrap_err().to_string();
+        assert!(e.contains("starting with a letter or digit"), "{id}: {e}");
+    }
+}

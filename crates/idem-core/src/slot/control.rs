@@ -228,9 +228,12 @@ impl Request {
     }
 }
 
-/// Whether `id` may name a trigger: 1 to 100 ASCII letters, digits, `.`, `_`, `-` (it is part of a store key).
+/// Whether `id` may name a trigger: 1 to 100 ASCII letters, digits, `.`, `_`, `-`, the first a letter or a
+/// digit (it is part of a store key, and `..` or `-x` would read as something else).
 pub fn is_trigger_id(id: &str) -> bool {
-    (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    (1..=100).contains(&id.len())
+        && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl Keys {

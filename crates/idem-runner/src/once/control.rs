@@ -12,6 +12,11 @@ use super::{check_name, millis};
 use crate::Error;
 use crate::shown::printable;
 
+/// The longest `--note` a pause keeps, in bytes (it is shown on every invocation's line and on the page).
+const MAX_NOTE: usize = 1000;
+/// The farthest `--until` a pause takes: 366 days, as every other duration of `idem once`.
+const MAX_PAUSE_MS: u64 = 366 * 24 * 3600 * 1000;
+
 /// Who is asking, as pauses and triggers record it: `user@host` (`$USER`, else `$LOGNAME`, else the account
 /// name of the process's user id in `/etc/passwd` (cron and systemd often set neither), else `uidN`; the host
 /// as the history names it, `IDEM_HOST` when set).
@@ -42,8 +47,8 @@ fn account_name() -> String {
 /// the one before. `Ok(None)` when the store has no such job.
 ///
 /// # Errors
-/// [`Error::Config`] for a bad name or an `until_ms` not after the store's now; [`Error::Store`] when the store
-/// fails.
+/// [`Error::Config`] for a bad name, an `until_ms` not after the store's now or more than 366 days after it,
+/// or a note over 1,000 bytes; [`Error::Store`] when the store fails.
 pub async fn pause<S: Store>(
     store: &S,
     name: &str,
@@ -55,7 +60,16 @@ pub async fn pause<S: Store>(
     if store.get(&job_key(name)).await?.is_none() {
         return Ok(None);
     }
+    if note.as_ref().is_some_and(|n| n.len() > MAX_NOTE) {
+        return Err(Error::Config(format!("--note is longer than {MAX_NOTE} bytes: nothing paused")));
+    }
     let now_ms = millis(store.now().await?);
+    if let Some(until) = until_ms.filter(|u| u.saturating_sub(now_ms) > MAX_PAUSE_MS) {
+        return Err(Error::Config(format!(
+            "--until {} is more than 366 days away: pause without --until (until resumed) instead; nothing paused",
+            format_in(until, None)
+        )));
+    }
     if let Some(until) = until_ms.filter(|u| *u <= now_ms) {
         return Err(Error::Config(format!(
             "--until {} is not after now ({}, the store's clock): nothing paused",
@@ -123,7 +137,9 @@ pub async fn trigger<S: Store>(store: &S, name: &str, id: Option<&str>, who: &st
     check_name(name)?;
     let id = id.map_or_else(|| format!("t{:016x}", rand::random::<u64>()), str::to_owned);
     if !slot::is_trigger_id(&id) {
-        return Err(Error::Config(format!("--id {id:?}: give 1 to 100 ASCII letters, digits, '.', '_', '-'")));
+        return Err(Error::Config(format!(
+            "--id {id:?}: give 1 to 100 ASCII letters, digits, '.', '_', '-', starting with a letter or digit"
+        )));
     }
     if store.get(&job_key(name)).await?.is_none() {
         return Ok(None);
@@ -173,7 +189,7 @@ pub struct JobView {
 
 /// Every job in the store, by name: one listing of the `once/` keys (which also counts each job's pending
 /// requested slots), then per job its record and one `get_many` of its pause, its newest slot's entry and
-/// its triggers.
+/// lease, and its triggers.
 ///
 /// # Errors
 /// [`Error::Store`] when the store fails; [`Error::Entry`] for a record that cannot be decoded.
@@ -203,13 +219,13 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
         let key = job_key(&name);
         let Some(v) = store.get(&key).await? else { continue };
         let job = Job::decode(v.value()).map_err(|source| Error::Entry { key: key.clone(), source })?;
-        let entry_key = slot::Keys::new(&name, job.last_slot_ms).entry().to_owned();
-        let mut wanted = vec![pause_key(&name), entry_key];
+        let newest = slot::Keys::new(&name, job.last_slot_ms);
+        let mut wanted = vec![pause_key(&name), newest.entry().to_owned(), newest.lease().to_owned()];
         wanted.extend(triggers.get(name.as_str()).into_iter().flatten().cloned());
         let read = store.get_many(&wanted).await?;
         let requested_triggers = read
             .iter()
-            .skip(2)
+            .skip(3)
             .flatten()
             .filter(|v| matches!(slot::Entry::decode(v.value()), Ok(slot::Entry::Requested { .. })))
             .count() as u64;
@@ -217,10 +233,12 @@ pub async fn list<S: Store>(store: &S) -> Result<Vec<JobView>, Error> {
             Some(p) => Some(Pause::decode(p.value()).map_err(|source| Error::Entry { key: pause_key(&name), source })?),
             None => None,
         };
-        let last_state = match read.get(1).and_then(Option::as_ref) {
-            Some(e) => {
-                slot::Entry::decode(e.value()).map_or_else(|_| "unreadable".to_owned(), |e| state_name(&e).to_owned())
-            }
+        let lease_live = read.get(2).is_some_and(Option::is_some);
+        let last_state = match read.get(1).and_then(Option::as_ref).map(|e| slot::Entry::decode(e.value())) {
+            // As `status` says it: a holder (or waiter) whose lease lapsed vanished.
+            Some(Ok(slot::Entry::Running { .. } | slot::Entry::Waiting { .. })) if !lease_live => "crashed".to_owned(),
+            Some(Ok(e)) => state_name(&e).to_owned(),
+            Some(Err(_)) => "unreadable".to_owned(),
             None => "none".to_owned(),
         };
         let schedule = parse_canonical(&job.schedule).ok();

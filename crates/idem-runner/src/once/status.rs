@@ -28,8 +28,9 @@ pub struct History {
     pub missed: u64,
     /// `missed` is a lower bound: a gap of a cron schedule had more slots than are counted (1,000,000).
     pub missed_at_least: bool,
-    /// Slots whose holder vanished (killed, cut off) and that no invocation took over since: `running` in the
-    /// store with their lease lapsed, among every entry kept (such entries are never pruned).
+    /// Slots whose holder (or waiter) vanished (killed, cut off) and that no invocation took over since:
+    /// `running` or `waiting` in the store with their lease lapsed, among every entry kept (such entries are
+    /// never pruned).
     pub crashed: u64,
     /// Slots an invocation found older than the job's newest slot, so never claimed: a clock behind the one
     /// that moved the job record, or a claim whose slot's entry may have been pruned meanwhile.
@@ -63,7 +64,7 @@ pub struct SlotView {
     /// The slot's scheduled time (RFC 3339, in the schedule's time zone).
     pub slot: String,
     /// `done`, `failed` (its last attempt failed, or was stopped by a signal to its invocation: `ending` is
-    /// then `interrupted`), `running`, `crashed` (running, but its holder's lease lapsed), `given_back` (its
+    /// then `interrupted`), `running`, `crashed` (running or waiting, but its holder's lease lapsed), `given_back` (its
     /// last claim never started the command: not counted), `waiting` (for an earlier slot, under a
     /// `buffer-*` overlap policy; `started` is when it began to wait), `paused` (the job was paused when an
     /// invocation came; `machine` is who paused it, `ending` the note), `skipped` (under the overlap policy),
@@ -131,7 +132,7 @@ pub async fn history<S: Store>(store: &S, name: &str, limit: usize) -> Result<Op
         if matches!(entry, slot::Entry::Missed { .. }) {
             missed += 1;
         }
-        if matches!(entry, slot::Entry::Running { .. }) && !live.contains(&slot_ms) {
+        if matches!(entry, slot::Entry::Running { .. } | slot::Entry::Waiting { .. }) && !live.contains(&slot_ms) {
             crashed += 1;
         }
         if slots.len() < limit.min(HISTORY) {
@@ -240,7 +241,8 @@ fn view(slot: String, entry: &slot::Entry, lease_live: bool) -> SlotView {
             v.machine = Some(host.clone());
         }
         slot::Entry::Waiting { host, since_ms, .. } => {
-            v.state = if lease_live { "waiting" } else { "given_back" };
+            // A waiter whose lease lapsed vanished (killed while it waited): crashed, as a holder that did.
+            v.state = if lease_live { "waiting" } else { "crashed" };
             (v.machine, v.started) = (Some(host.clone()), utc(*since_ms));
         }
         slot::Entry::Requested { by, at_ms } => {

@@ -44,9 +44,25 @@ pub(super) fn write_invocation_only(name: &str, code: i32, path: &std::path::Pat
 }
 
 fn write_file(text: &str, path: &std::path::Path) {
-    // A file beside it, then renamed: the collector never reads half a file.
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    use std::io::Write as _;
+    // Only a regular file (or none) is replaced: a device (`/dev/null`, as root), a directory or a FIFO named
+    // by mistake is left as it is. A symbolic link is followed: its target is replaced, the link stays.
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    if let Ok(meta) = std::fs::metadata(&target)
+        && !meta.is_file()
+    {
+        tracing::warn!(path = %path.display(), "--metrics-file not written: not a regular file");
+        return;
+    }
+    // A file beside it (new: never one already there, nor a link placed there), then renamed over it: the
+    // collector never reads half a file.
+    let tmp = target.with_extension(format!("tmp.{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &target));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         tracing::warn!(path = %path.display(), error = %e, "--metrics-file not written");

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
+use std::os::unix::fs::FileTypeExt as _;
 
 use crate::common::BIN;
 
@@ -1001,6 +1002,39 @@ fn an_invocation_on_a_sqlite_file_idem_serve_keeps_exits_75_saying_so() {
     assert!(started.elapsed() < Duration::from_secs(30), "waited {:?}", started.elapsed());
     assert!(!dir.path().join("ran").exists(), "the command ran");
     drop(server);
+}
+
+/// `--metrics-file` is written when the store is unavailable (exit 75, its other series kept), never replaces
+/// what is not a regular file (a FIFO here; `/dev/null` as root was replaced by a text file), and replaces a
+/// symbolic link's target, not the link.
+#[test]
+fn the_metrics_file_says_75_when_the_store_is_down_and_replaces_only_regular_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let invoke = |store: &str, metrics: &std::path::Path| {
+        Command::new(BIN)
+            .args(["once", "--store", store, "--name", "j", "--every", "1h", "--metrics-file"])
+            .arg(metrics)
+            .args(["--", "true"])
+            .output()
+            .unwrap()
+    };
+    let prom = dir.path().join("j.prom");
+    let sqlite = format!("sqlite:{}", dir.path().join("once.db").display());
+    assert_eq!(invoke(&sqlite, &prom).status.code(), Some(0));
+    assert_eq!(invoke("redis://127.0.0.1:1", &prom).status.code(), Some(75));
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(text.contains("idem_once_last_invocation_exit_code{once_job=\"j\"} 75\n"), "{text}");
+    assert!(text.contains("idem_once_last_success_timestamp_seconds{once_job=\"j\"}"), "kept: {text}");
+    assert_eq!(text.matches("# TYPE idem_once_last_invocation_exit_code gauge").count(), 1, "{text}");
+    let fifo = dir.path().join("fifo.prom");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert_eq!(invoke(&sqlite, &fifo).status.code(), Some(0));
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+    let link = dir.path().join("link.prom");
+    std::os::unix::fs::symlink(&prom, &link).unwrap();
+    assert_eq!(invoke(&sqlite, &link).status.code(), Some(0));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+    assert!(std::fs::read_to_string(&prom).unwrap().contains("exit_code{once_job=\"j\"} 0\n"));
 }
 
 /// SIGINT while the store does not answer the connect (a listener that never accepts past its backlog) stops
