@@ -15,6 +15,22 @@ fn once(args: &[&str], store: &str) -> Output {
     Command::new(idem()).args(&all).output().unwrap()
 }
 
+/// An invocation of job `j` (`--every 60s`, command `true`) on `store`.
+fn invoke_job(store: &str) -> Output {
+    Command::new(idem())
+        .args(["once", "--name", "j", "--every", "60s", "--store", store, "--", "true"])
+        .output()
+        .unwrap()
+}
+
+/// Job `j` made by its first invocation (exit 0) on a SQLite file in `dir`: the file and its store URL.
+fn sqlite_job(dir: &Path) -> (PathBuf, String) {
+    let file = dir.join("once.db");
+    let store = format!("sqlite:{}", file.display());
+    assert_eq!(invoke_job(&store).status.code(), Some(0));
+    (file, store)
+}
+
 /// Holds the SQLite file at `path` locked (an exclusive transaction, as the workload's store outage does) for
 /// `hold`, from another thread; returns once the lock is taken.
 fn lock(path: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
@@ -38,16 +54,9 @@ fn lock(path: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
 #[test]
 fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("once.db");
-    let store = format!("sqlite:{}", file.display());
-    let mut first = Command::new(idem());
-    first.args(["once", "--name", "j", "--every", "60s", "--store", &store, "--", "true"]);
-    assert_eq!(first.output().unwrap().status.code(), Some(0));
+    let (file, store) = sqlite_job(dir.path());
     let held = lock(&file, Duration::from_secs(13));
-    let out = Command::new(idem())
-        .args(["once", "--name", "j", "--every", "60s", "--store", &store, "--", "true"])
-        .output()
-        .unwrap();
+    let out = invoke_job(&store);
     held.join().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -59,11 +68,7 @@ fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2()
 #[test]
 fn pause_until_a_duration_on_a_store_slow_to_answer_is_not_bad_usage() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("once.db");
-    let store = format!("sqlite:{}", file.display());
-    let mut first = Command::new(idem());
-    first.args(["once", "--name", "j", "--every", "60s", "--store", &store, "--", "true"]);
-    assert_eq!(first.output().unwrap().status.code(), Some(0));
+    let (file, store) = sqlite_job(dir.path());
     let held = lock(&file, Duration::from_secs(4));
     let out = once(&["once", "pause", "--name", "j", "--until", "2s"], &store);
     held.join().unwrap();
