@@ -20,55 +20,101 @@ use crate::{Item, ItemError};
 /// Items judged together: one ledger read and one trip to the blocking pool per chunk.
 pub(super) const CHUNK: usize = 128;
 
-/// Finds the items of `chunk` that are done (ledger entry done, output with the recorded digest) in one
-/// `get_many` and one batch of file checks, so a resume pass over finished work costs no task per item. The
-/// rest (`None`) go through [`process`], which judges them again one by one, starting from the entries read
-/// here.
-pub(super) async fn judge_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> (Vec<Option<Digest256>>, Vec<Prefetched>) {
+/// What the judging of a whole chunk decided for one item.
+pub(super) enum Judged {
+    /// Done: its entry says so and its output has the recorded digest (skipped without a task).
+    Done(Digest256),
+    /// A dry run's new item: no ledger entry and nothing at its output path, listed "new" without a task.
+    DryNew,
+    /// Judged one by one ([`process`](super::process::process)), starting from the entry read here.
+    Open(Prefetched),
+}
+
+/// Judges the items of `chunk` that can be judged together, in one `get_many` and one batch of file checks,
+/// so a resume pass over finished work, or a dry run over new items, costs no task per item: the items that
+/// are done ([`Judged::Done`]) and, in a dry run, the new ones ([`Judged::DryNew`]). The rest
+/// ([`Judged::Open`]) go through `process`, which judges them again one by one.
+pub(super) async fn judge_done<S: Store>(ctx: &Ctx<S>, chunk: &[Item]) -> Vec<Judged> {
     let keys: Vec<String> = chunk.iter().map(|i| Keys::new(&ctx.job, &i.id).entry().to_owned()).collect();
     let Ok(values) = ctx.store.get_many(&keys).await else {
-        return (vec![None; chunk.len()], vec![None; chunk.len()]);
+        return chunk.iter().map(|_| Judged::Open(None)).collect();
     };
-    let done = check_done(ctx, chunk, &values).await;
-    (done, values.into_iter().map(Some).collect())
+    let verdicts = check_done(ctx, chunk, &values).await;
+    verdicts.into_iter().zip(values).map(|(verdict, value)| verdict.unwrap_or(Judged::Open(Some(value)))).collect()
+}
+
+/// What one item of a chunk needs looked at on disk before it is judged together with the others.
+enum Look {
+    /// Recorded done here: its output (if the job has output files) must still have this digest.
+    Done(Option<std::path::PathBuf>, Digest256),
+    /// A dry run's item without an entry: new if nothing is at its output path (if the job has output files).
+    Absent(Option<std::path::PathBuf>),
 }
 
 async fn check_done<S: Store>(
     ctx: &Ctx<S>,
     chunk: &[Item],
     values: &[Option<idem_store::Versioned>],
-) -> Vec<Option<Digest256>> {
-    let none = || vec![None; chunk.len()];
-    let checks: Vec<Option<(Option<std::path::PathBuf>, Digest256)>> = values
+) -> Vec<Option<Judged>> {
+    let none = || chunk.iter().map(|_| None).collect();
+    let looks: Vec<Option<Look>> = values
         .iter()
         .zip(chunk)
-        .map(|(value, item)| match Entry::decode(value.as_ref()?.value()).ok()? {
-            // An entry recorded for another text is judged one by one, where it is said (or refused).
-            Entry::Done { item_sha256: Some(recorded), .. } if recorded != crate::items::text_sha256(&item.raw) => None,
-            // Done on another host: judged one by one, where it is counted as such.
-            Entry::Done { owner, .. } if elsewhere(ctx, &owner).is_some() => None,
-            Entry::Done { sha256, size, .. } => Some((ctx.cfg.output_of(&item.id), Digest256 { sha256, size })),
-            _ => None,
+        .map(|(value, item)| {
+            let Some(value) = value else {
+                return ctx.cfg.dry_run.then(|| Look::Absent(ctx.cfg.output_of(&item.id)));
+            };
+            match Entry::decode(value.value()).ok()? {
+                // An entry recorded for another text is judged one by one, where it is said (or refused).
+                Entry::Done { item_sha256: Some(recorded), .. } if recorded != crate::items::text_sha256(&item.raw) => {
+                    None
+                }
+                // Done on another host: judged one by one, where it is counted as such.
+                Entry::Done { owner, .. } if elsewhere(ctx, &owner).is_some() => None,
+                Entry::Done { sha256, size, .. } => {
+                    Some(Look::Done(ctx.cfg.output_of(&item.id), Digest256 { sha256, size }))
+                }
+                _ => None,
+            }
         })
         .collect();
-    if checks.iter().all(|c| c.as_ref().is_none_or(|(path, _)| path.is_none())) {
+    let on_disk = |look: &Option<Look>| matches!(look, Some(Look::Done(Some(_), _) | Look::Absent(Some(_))));
+    if !looks.iter().any(on_disk) {
         // No file to look at (none done, or a job without output files, where recorded done is done).
-        return checks.into_iter().map(|c| c.map(|(_, digest)| digest)).collect();
+        return looks.into_iter().map(|look| look.and_then(|l| decide(l, |_| true))).collect();
     }
     tokio::task::spawn_blocking(move || {
-        checks
-            .into_iter()
-            .map(|check| {
-                let (path, digest) = check?;
-                match path {
-                    Some(path) => output::matches(&path, &digest).ok().map(|()| digest),
-                    None => Some(digest),
-                }
-            })
-            .collect()
+        looks.into_iter().map(|look| look.and_then(|l| decide(l, |path| path.is_none_or(absent)))).collect()
     })
     .await
     .unwrap_or_else(|_| none())
+}
+
+/// The verdict on one item from what is on disk (`nothing_at` says whether nothing is at an output path);
+/// `None` sends it to be judged one by one.
+fn decide(look: Look, nothing_at: impl Fn(Option<&Path>) -> bool) -> Option<Judged> {
+    match look {
+        Look::Done(Some(path), digest) => output::matches(&path, &digest).ok().map(|()| Judged::Done(digest)),
+        Look::Done(None, digest) => Some(Judged::Done(digest)),
+        Look::Absent(path) => nothing_at(path.as_deref()).then_some(Judged::DryNew),
+    }
+}
+
+/// Nothing at `path`, not even a dangling link or a file this runner may not read (those are judged one by
+/// one, where the reason is said).
+fn absent(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Lists `id` with the reason a dry run would execute it, in input order: after every item before it
+/// (`turn`, when it has one) has been listed or has left.
+pub(super) async fn say_dry<S>(ctx: &Ctx<S>, turn: Option<&super::turns::Turn>, id: &str, reason: &str) {
+    if let Some(turn) = turn {
+        turn.wait().await;
+    }
+    if let Ok(mut out) = ctx.dry_out.lock() {
+        let _ = writeln!(out, "{id}\t{reason}");
+    }
 }
 
 /// The host that recorded a done entry of `owner`, when it is not this one and its outputs are not required
@@ -376,24 +422,14 @@ pub(super) async fn judge<S: Store>(ctx: &Ctx<S>, run: &mut ItemRun<'_>) -> Resu
             && ledger::get(ctx, Waiting::Unstarted, keys.lease()).await.map_err(ItemError::LedgerRead)?.is_some();
         if let Some(reason) = dry_reason(entry.as_ref(), &plan, &unit.unwrap_or(Ok(())), held) {
             // Listed in input order, as they would be claimed.
-            if let Some(turn) = &run.turn {
-                turn.wait().await;
-            }
-            if let Ok(mut out) = ctx.dry_out.lock() {
-                let _ = writeln!(out, "{}\t{}", item.id, reason);
-            }
+            say_dry(ctx, run.turn.as_ref(), &item.id, &reason).await;
             return Ok(Step::End(Final::WouldRun));
         }
     }
     let fin = match (&plan, out_state) {
         (Plan::New, Some(Ok(digest))) => {
             if ctx.cfg.dry_run {
-                if let Some(turn) = &run.turn {
-                    turn.wait().await;
-                }
-                if let Ok(mut out) = ctx.dry_out.lock() {
-                    let _ = writeln!(out, "{}\tadopt: a verified output without a ledger entry", item.id);
-                }
+                say_dry(ctx, run.turn.as_ref(), &item.id, "adopt: a verified output without a ledger entry").await;
                 return Ok(Step::End(Final::Adopted { digest }));
             }
             // A verified output nobody recorded (a lost ledger, or a run killed between rename and record).
@@ -541,6 +577,31 @@ mod tests {
         assert!(matches!(judged(&ctx, &item("a")).await, Step::End(Final::Adopted { .. })));
         assert_eq!(entry_of(&ctx, "a").await, None);
         assert!(matches!(judged(&ctx, &item("b")).await, Step::End(Final::WouldRun)));
+    }
+
+    /// A dry run decides its new items (no entry, nothing at the output path) with their chunk, no task each;
+    /// an item with a file at its path, one with an entry, and every item of a real run are judged one by one.
+    #[tokio::test]
+    async fn a_dry_run_lists_new_items_with_their_chunk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("b.txt"), "out").expect("write");
+        std::os::unix::fs::symlink(dir.path().join("gone"), dir.path().join("d.txt")).expect("symlink");
+        let chunk = [item("a"), item("b"), item("c"), item("d")];
+        let dry = ctx_in(&dir, true);
+        put_entry(&dry, "c", &done("out")).await;
+        let kinds = |judged: Vec<Judged>| -> Vec<&'static str> {
+            judged
+                .iter()
+                .map(|j| match j {
+                    Judged::Done(_) => "done",
+                    Judged::DryNew => "new",
+                    Judged::Open(_) => "open",
+                })
+                .collect()
+        };
+        assert_eq!(kinds(judge_done(&dry, &chunk).await), ["new", "open", "open", "open"]);
+        let real = ctx_in(&dir, false);
+        assert_eq!(kinds(judge_done(&real, &chunk).await), ["open", "open", "open", "open"]);
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
-//! Items from a file or a stream (`-`, a pipe, a FIFO), read in chunks of [`CHUNK`]: a chunk's done items are
-//! judged at once ([`judge_done`]), the others become item tasks, at most a window of them at a time.
+//! Items from a file or a stream (`-`, a pipe, a FIFO), read in chunks of [`CHUNK`]: a chunk's done items (and
+//! in a dry run its new ones) are judged at once ([`judge_done`]), the others become item tasks, at most a
+//! window of them at a time.
 //!
 //! A regular file was checked whole before the run ([`RunConfig::checked`](crate::RunConfig::checked)): ids, and no two items
 //! with one output path. A stream can be read only once, so a thread reads it beside the run and checks each
@@ -17,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::ctx::Ctx;
-use super::judge::{CHUNK, judge_done};
+use super::judge::{CHUNK, Judged, judge_done, say_dry};
 use super::outcome::{Final, ItemTask, record, record_final};
 use super::process::process;
 use crate::{Error, Item, ItemReader, Summary};
@@ -146,12 +147,21 @@ pub(super) async fn run_lines<S: Store + Clone>(
             Err(e) => return Err(e),
         }
         seen += chunk.len() as u64;
-        let (judged, prefetched) = judge_done(ctx, &chunk).await;
-        for ((item, done), prefetched) in chunk.drain(..).zip(judged).zip(prefetched) {
-            if let Some(digest) = done {
-                record_final(ctx, summary, &item, Final::Skipped { digest })?;
-                continue;
-            }
+        let judged = judge_done(ctx, &chunk).await;
+        for (item, judged) in chunk.drain(..).zip(judged) {
+            let prefetched = match judged {
+                Judged::Done(digest) => {
+                    record_final(ctx, summary, &item, Final::Skipped { digest })?;
+                    continue;
+                }
+                Judged::DryNew => {
+                    // Listed in its turn: after the items before it that are judged in tasks.
+                    say_dry(ctx, Some(&ctx.turns.issue()), &item.id, "new").await;
+                    record_final(ctx, summary, &item, Final::WouldRun)?;
+                    continue;
+                }
+                Judged::Open(prefetched) => prefetched,
+            };
             while set.len() >= window {
                 if let Some(joined) = set.join_next().await {
                     record(ctx, summary, joined)?;

@@ -239,21 +239,29 @@ fn jobs_1_runs_items_in_input_order_and_a_dry_run_lists_them_in_it() {
     let (code, _, err) = job.run(&["--jobs", "1"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(ran(&job), ids, "the first run's order");
-    // Redone items judged unlike each other: a truncated output is read and refused, a missing one is not.
-    let mut redo = Vec::new();
+    // Redone items judged unlike each other: a truncated output is read and refused, a missing one is not (both
+    // judged in tasks of their own), and a forgotten one (no entry, no output) is listed new with its chunk.
+    let (mut redo, mut forgotten) = (Vec::new(), Vec::new());
     for (i, id) in ids.iter().enumerate() {
         let out = job.path(&format!("out/{id}.json"));
-        match i % 3 {
+        match i % 4 {
             0 => std::fs::write(&out, "{\"id\": ").unwrap(),
             1 => std::fs::remove_file(&out).unwrap(),
+            2 => forgotten.push(id.as_str()),
             _ => continue,
         }
         redo.push(id.clone());
     }
+    let output = job.output();
+    let mut forget = vec!["runs", "forget", "--output", &output];
+    forget.extend(&forgotten);
+    let (code, _, err) = common::idem(&forget, &[]);
+    assert_eq!(code, 0, "{err}");
     let (code, dry, err) = job.run(&["--dry-run", "--jobs", "1"]);
     assert_eq!(code, 0, "{err}");
     let listed: Vec<_> = dry.lines().map(|l| l.split('\t').next().unwrap().to_owned()).collect();
     assert_eq!(listed, redo, "the dry run's listing order");
+    assert_eq!(dry.matches("\tnew\n").count(), forgotten.len(), "{dry}");
     std::fs::remove_file(job.path("log")).unwrap();
     let (code, _, err) = job.run(&["--jobs", "1"]);
     assert_eq!(code, 0, "{err}");
