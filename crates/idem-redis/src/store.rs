@@ -7,21 +7,15 @@ use idem_store::{
     Store, Ttl, Versioned, Written, millis_to_system_time,
 };
 use redis::aio::ConnectionManager;
-use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, Script, Value};
 
 use crate::conn::{Conn, SentinelConn};
-use crate::error::{Error, ReplicasMissing, connect_error, ran_nothing, redis_err};
+use crate::error::{Error, connect_error, redis_err};
 use crate::topology::Wait;
 use crate::topology::{Source, Topology};
 use crate::url::Target;
 
-/// What [`RedisStore::send`] sends: a write, or a read confirmed by a write to the barrier key.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Sent {
-    Write,
-    Read,
-}
+mod send;
 
 /// How often the key index is walked to drop members whose value expired.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -129,9 +123,6 @@ fn precondition_args(p: Precondition) -> (&'static str, u64) {
         Precondition::Generation(g) => ("gen", g.get()),
     }
 }
-
-/// How often a write refused by a Cluster without running is sent again (50 ms, 100 ms, … apart: 2.75 s in all).
-const REFUSALS: u64 = 10;
 
 /// `EVALSHA` of `script` with `keys`; the caller adds the arguments.
 /// Drops the key index's entries for expired keys in the background, up to 100 batches of 1000 every
@@ -327,110 +318,6 @@ impl RedisStore {
 
     fn writes(&self) -> Conn {
         self.inner.writes.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Runs the write `cmd` (an `EVALSHA` of `script` from [`evalsha`]), loading the script first where the
-    /// server does not know it (a new master after a failover has an empty script cache). With `wait_replicas`
-    /// the `WAIT` goes in the same pipeline, on the same connection, so it counts the replicas that have this
-    /// write: fewer than asked for within the timeout is an error, not a success.
-    async fn write(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
-        self.send(script, cmd, Sent::Write).await
-    }
-
-    /// Runs the read `cmd` (an `EVALSHA` of `script`). Under `wait_replicas` a read is confirmed as a write is:
-    /// a write to the store's barrier key (`INCR`) follows it in the pipeline, then `WAIT`, so the replicas have
-    /// everything the master held when it read, and a read never returns a write the replicas lack (one that
-    /// got 503 for want of replicas stays on the master until a switchover discards it: a reader shown it
-    /// would see a value that then vanishes). Without `wait_replicas`, one command on the read connection.
-    async fn read(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
-        if self.inner.wait.is_some_and(|w| self.inner.topology.waited(w) > 0) {
-            return self.send(script, cmd, Sent::Read).await;
-        }
-        match cmd.query_async::<Value>(&mut self.conn()).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut self.conn()).await.map_err(redis_err)?;
-                cmd.query_async::<Value>(&mut self.conn()).await.map_err(redis_err)
-            }
-            other => other.map_err(redis_err),
-        }
-    }
-
-    async fn send(&self, script: &Script, cmd: &Cmd, sent: Sent) -> Result<Value, StoreError> {
-        let mut conn = self.writes();
-        let mut loaded = false;
-        let mut refusals = 0;
-        // Where a Cluster said the slot is (MOVED) or is moving to (ASK), if it did.
-        let mut redirect: Option<(String, u16, bool)> = None;
-        loop {
-            let mut p = redis::pipe();
-            let asking = redirect.as_ref().is_some_and(|(_, _, ask)| *ask);
-            if asking {
-                p.cmd("ASKING");
-            }
-            p.add_command(cmd.clone());
-            if sent == Sent::Read {
-                p.cmd("INCR").arg(format!("{}barrier", self.inner.prefix));
-            }
-            // Read at each send: a replica added or a failover since the last try changes it.
-            let wait = self.inner.wait.map(|w| (w, self.inner.topology.waited(w))).filter(|(_, n)| *n > 0);
-            if let Some((w, n)) = wait {
-                p.cmd("WAIT").arg(n).arg(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX));
-            }
-            let replies = match (&redirect, &mut conn) {
-                (Some((host, port, _)), Conn::Cluster(c)) => {
-                    let count = p.cmd_iter().count();
-                    let route = SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
-                    c.route_pipeline(p, 0, count, route).await
-                }
-                _ => p.query_async::<Vec<Value>>(&mut conn).await,
-            }
-            .and_then(|v| Value::Array(v).extract_error());
-            match replies {
-                Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await.map_err(redis_err)?;
-                    loaded = true;
-                }
-                // Only a Cluster answers these, and they ran nothing: the slot moved or is moving (sent again
-                // where the answer says, as the client library would), or a failover is in progress (sent
-                // again shortly; the client has begun refreshing its slot map).
-                Err(e) if refusals < REFUSALS && ran_nothing(&e) => {
-                    refusals += 1;
-                    let stale = e.kind() == redis::ErrorKind::ClusterConnectionNotFound || refusals > 2;
-                    if let (true, Some(client)) = (stale, &self.inner.cluster_writes) {
-                        // The slot map names a node this connection never reached, or keeps sending us to the
-                        // wrong one: a fresh connection reads the map anew.
-                        if let Ok(fresh) = client.get_async_connection().await {
-                            conn = Conn::Cluster(fresh);
-                            *self.inner.writes.lock().unwrap_or_else(|e| e.into_inner()) = conn.clone();
-                        }
-                    }
-                    redirect = e.redirect_node().and_then(|(addr, _slot)| {
-                        let (host, port) = addr.rsplit_once(':')?;
-                        let ask = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
-                        Some((host.trim_start_matches('[').trim_end_matches(']').to_owned(), port.parse().ok()?, ask))
-                    });
-                    if redirect.is_none() {
-                        tokio::time::sleep(Duration::from_millis(50 * refusals)).await;
-                    }
-                }
-                Err(e) => return Err(redis_err(e)),
-                Ok(Value::Array(replies)) => {
-                    let mut replies = replies.into_iter().skip(usize::from(asking));
-                    let reply = replies.next().ok_or_else(|| unexpected("no reply to a write"))?;
-                    if sent == Sent::Read {
-                        replies.next().ok_or_else(|| unexpected("no reply to the read barrier"))?;
-                    }
-                    if let Some((w, wanted)) = wait {
-                        let acked = int(&replies.next().ok_or_else(|| unexpected("no reply to WAIT"))?)?;
-                        if acked < i64::from(wanted) {
-                            return Err(StoreError::unavailable(ReplicasMissing { wanted, acked, timeout: w.timeout }));
-                        }
-                    }
-                    return Ok(reply);
-                }
-                Ok(other) => return Err(unexpected(&format!("{other:?} where pipeline replies were expected"))),
-            }
-        }
     }
 }
 
