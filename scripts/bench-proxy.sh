@@ -14,7 +14,9 @@
 # default 1), REDIS_URL (default redis://127.0.0.1:6379; the Redis case is skipped with a line when it does not
 # answer), CASES (a subset of "nginx nokey first replay redis webhook"; nginx, the yardstick of every ratio, is
 # measured even when left out; an unknown case or WORKERS below 1 is refused with exit status 2),
-# IDEM_BIN (a prebuilt idem to measure instead of building one), CARGO_TARGET_DIR.
+# IDEM_BIN (a prebuilt idem to measure instead of building one), CARGO_TARGET_DIR, CALLGRIND_ONLY (1: only the
+# instruction counts of CASES, printed one "case instructions" line each on stdout, no wrk run and no nginx:
+# what scripts/bench-guard.sh reads).
 #
 # Instructions are counted after 200 warm-up requests over 1,000 sequential keep-alive requests, with one
 # worker (thread or process), so the count does not depend on how the scheduler interleaves threads: the
@@ -41,7 +43,8 @@ for c in "${cases[@]}"; do
     exit 2
   fi
 done
-if [[ " ${cases[*]} " != *" nginx "* ]]; then
+CALLGRIND_ONLY=${CALLGRIND_ONLY:-0}
+if [[ $CALLGRIND_ONLY != 1 && " ${cases[*]} " != *" nginx "* ]]; then
   cases=(nginx "${cases[@]}") # the yardstick of every ratio
 fi
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -50,8 +53,10 @@ lua="$script_dir/wrk/orders.lua"
 log() { printf '[bench-proxy %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 missing=()
-command -v wrk >/dev/null || missing+=(wrk)
-[[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+if [[ $CALLGRIND_ONLY != 1 ]]; then
+  command -v wrk >/dev/null || missing+=(wrk)
+  [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+fi
 command -v valgrind >/dev/null || missing+=(valgrind)
 if ((${#missing[@]})); then
   log "installing ${missing[*]} (apt-get)"
@@ -251,6 +256,13 @@ PY
   awk -v n=$CG_REQUESTS '/^summary:|^totals:/ { printf "%.0f", $2 / n; exit }' "$out.1"
 }
 
+if [[ $CALLGRIND_ONLY == 1 ]]; then
+  for c in "${cases[@]}"; do
+    log "counting the instructions of $c"
+    echo "$c $(instructions "$c")"
+  done
+  exit 0
+fi
 if [[ " ${cases[*]} " == *" redis "* ]] && ! redis-cli -u "$REDIS_URL" ping >/dev/null 2>&1; then
   log "Redis at $REDIS_URL does not answer: its case is skipped"
   read -ra cases <<<"${cases[*]/redis/}"
