@@ -8,6 +8,21 @@ pub enum Error {
     /// The run's settings are unusable (bad template, no command, zero jobs…). Nothing ran.
     #[error("{0}")]
     Config(String),
+    /// Named job `job` would write the files of job `other` on this host (the same absolute output template,
+    /// `output_path`): it would adopt them as its own and overwrite them. Nothing ran.
+    #[error(
+        "job {job} writes the outputs of job {other} on this host ({output_path}): it would adopt job {other}'s \
+         files as its own and overwrite them (and job {other} would then run them all again); nothing ran. Give \
+         job {job} another --output, or run it as --name {other}"
+    )]
+    OutputsOfAnother {
+        /// The job refused.
+        job: String,
+        /// The job whose files they are.
+        other: String,
+        /// The output template, absolute.
+        output_path: String,
+    },
     /// The items file could not be read.
     #[error("cannot read items from {path}")]
     ReadItems {

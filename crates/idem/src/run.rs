@@ -224,19 +224,12 @@ struct LedgerArgs {
     namespace: String,
 }
 
-/// `--store`, else the SQLite file next to the outputs of `output`.
-fn ledger_url(store: Option<&str>, output: &str) -> String {
-    match store {
-        Some(u) => u.to_owned(),
-        None => format!("sqlite:{}", idem_runner::default_ledger_path(output).display()),
-    }
-}
-
 fn runner_error(e: idem_runner::Error) -> Error {
     match e {
         idem_runner::Error::Config(_)
         | idem_runner::Error::BadItem { .. }
         | idem_runner::Error::DuplicateOutput { .. }
+        | idem_runner::Error::OutputsOfAnother { .. }
         | idem_runner::Error::ReadItems { .. }
         | idem_runner::Error::Queue(_) => Error::Config(idem_store::error_chain(&e)),
         other => Error::Failed(idem_store::error_chain(&other)),
@@ -287,11 +280,12 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     // A store that is down or unreachable when the run starts is waited for as one met later would be: a
     // runner started during an outage (or together with its store) must not fail where one started a moment
     // earlier rides it out.
-    let url = ledger_url(args.store.as_deref(), &output);
+    let url = idem_runner::ledger_url(args.store.as_deref(), &output);
     if args.store.is_none()
         && let Some(name) = &checked.config().name
+        && let Some(notice) = idem_runner::new_default_ledger_notice(name, &output)
     {
-        warn_new_default_ledger(name, &output);
+        crate::error::sayln!("idem run: {notice}");
     }
     let Some(ledger) = Ledger::open_within(&url, &args.namespace, checked.config().store_outage_limit).await? else {
         crate::error::sayln!(
@@ -301,37 +295,18 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
         );
         return Ok(idem_runner::RunStatus::StoreUnavailable.exit_code());
     };
-    let (cfg, job) = (checked.config(), checked.config().job());
-    let output_path = absolute_template(&cfg.output);
-    let record = idem_runner::JobRecord {
-        output: cfg.output.clone(),
-        command: cfg.command.clone(),
-        output_path: output_path.clone(),
-        ..Default::default()
-    };
-    // Only for the refusal and the warnings below: a store that does not answer at once (down at the start,
-    // which the run rides out) must neither stop nor delay the run, so they are skipped then.
-    let noted = tokio::time::timeout(Duration::from_secs(2), async {
-        // Only a named job can meet another over one set of files: an unnamed job is named by its template.
-        if cfg.name.is_some()
-            && let Some(other) =
-                on_ledger!(&ledger, s => idem_runner::claim_outputs(s, &job, &output_path, cfg.dry_run).await)?
-        {
-            return Ok(Err(other));
-        }
-        on_ledger!(&ledger, s => idem_runner::note_job(s, &job, &record, cfg.dry_run).await).map(Ok)
+    // Only for the refusal and the warnings: a store that does not answer at once (down at the start, which the
+    // run rides out) must neither stop nor delay the run, so they are skipped then.
+    let admitted = tokio::time::timeout(Duration::from_secs(2), async {
+        on_ledger!(&ledger, s => idem_runner::admit(s, checked.config()).await)
     })
     .await;
-    match noted {
-        Ok(Ok(Err(other))) => {
+    match admitted {
+        Ok(Ok(changes)) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
+        Ok(Err(e @ idem_runner::Error::OutputsOfAnother { .. })) => {
             ledger.close().await;
-            return Err(Error::Config(format!(
-                "job {job} writes the outputs of job {other} on this host ({output_path}): it would adopt job \
-                 {other}'s files as its own and overwrite them (and job {other} would then run them all again); \
-                 nothing ran. Give job {job} another --output, or run it as --name {other}"
-            )));
+            return Err(runner_error(e));
         }
-        Ok(Ok(Ok(changes))) => changes.iter().for_each(|change| crate::error::sayln!("idem run: {change}")),
         Ok(Err(e)) => tracing::debug!("the job's record was not read or written: {}", idem_store::error_chain(&e)),
         Err(_) => tracing::debug!("the job's record was not read or written: the store did not answer in 2s"),
     }
@@ -356,37 +331,6 @@ pub async fn run(args: RunArgs) -> Result<i32, Error> {
     }
     crate::error::say(&summary.render());
     Ok(summary.status().exit_code())
-}
-
-/// A named job on the default ledger whose --output was added (or moved): that ledger is next to the outputs,
-/// so a new one is started and every item runs again. Said when the directory's own default ledger (runs
-/// without --output) is there, which is where such a job's entries would be.
-fn warn_new_default_ledger(name: &str, output: &str) {
-    if output.is_empty() {
-        return;
-    }
-    let (chosen, plain) = (idem_runner::default_ledger_path(output), idem_runner::default_ledger_path(""));
-    if !chosen.exists() && plain.exists() && chosen != plain {
-        crate::error::sayln!(
-            "idem run: job {name}: a new ledger at {} (the default, next to --output); the ledger at {} (this \
-             directory's, for runs without --output) is not read, so items done there run again; give --store \
-             sqlite:{} to go on with it",
-            chosen.display(),
-            plain.display(),
-            plain.display()
-        );
-    }
-}
-
-/// The output template made absolute in the current directory (`./` components dropped, as [`idem_runner::job_id`]
-/// normalises them), which with the host names the files a job writes; empty without `--output`.
-fn absolute_template(output: &str) -> String {
-    if output.is_empty() {
-        return String::new();
-    }
-    let path = std::env::current_dir().unwrap_or_default().join(output);
-    let normal: PathBuf = path.components().filter(|c| !matches!(c, std::path::Component::CurDir)).collect();
-    normal.display().to_string()
 }
 
 /// First Ctrl-C: drain; second Ctrl-C, SIGTERM or SIGHUP (a closed terminal; not under `nohup`): abort. The handlers are installed by this call, before the
@@ -420,7 +364,7 @@ pub async fn runs(args: RunsArgs) -> Result<i32, Error> {
         idem_runner::check_job_name(name).map_err(runner_error)?;
     }
     let template = ledger_args.output.as_deref().unwrap_or("");
-    let url = ledger_url(ledger_args.store.as_deref(), template);
+    let url = idem_runner::ledger_url(ledger_args.store.as_deref(), template);
     let job = match &ledger_args.name {
         Some(name) => name.clone(),
         None => idem_runner::job_id(template),
