@@ -359,17 +359,18 @@ fn human_millis(ms: u64) -> String {
 }
 
 /// Deletes every record of job `name` (job record, slot entries, the sets of slots run more than once, taken
-/// over and interrupted attempts), so its next invocation starts afresh, with whatever schedule it gives. Refused while a slot of it runs.
-/// Returns how many records were deleted (0: the store had none).
+/// over and interrupted attempts), so its next invocation starts afresh, with whatever schedule it gives.
+/// Refused while a slot or a triggered run of it runs. Returns how many records were deleted (0: the store had
+/// none).
 ///
 /// # Errors
-/// [`Error::Config`] while a slot runs (a live lease); [`Error::Store`] when the store fails.
+/// [`Error::Config`] while a slot or a triggered run runs (a live lease), also one that started while the
+/// records were being deleted (its claim came after the first look: it runs with some of its records gone, and
+/// "forgot" would be untrue); [`Error::Store`] when the store fails.
 pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
-    let running = list_all(store, &lease_prefix(name)).await?;
-    if let Some(key) = running.first() {
-        let slot = slot_of_key(key).map_or_else(String::new, |ms| format_in(ms, None));
+    if let Some(what) = running_now(store, name).await? {
         return Err(Error::Config(format!(
-            "job {name}: the slot {slot} runs now under a live lease; forget it once it has ended"
+            "job {name}: {what} runs now under a live lease; forget it once it has ended"
         )));
     }
     let mut keys = list_all(store, &slot_prefix(name)).await?;
@@ -388,12 +389,57 @@ pub async fn forget<S: Store>(store: &S, name: &str) -> Result<usize, Error> {
             deleted += 1;
         }
     }
+    if let Some(what) = running_now(store, name).await? {
+        return Err(Error::Config(format!(
+            "job {name}: {what} started while the job was being forgotten ({deleted} record(s) deleted) and runs now \
+             under a live lease; forget it again once it has ended"
+        )));
+    }
     Ok(deleted)
+}
+
+/// What of job `name` runs now under a live lease (`the slot T`, `a triggered run`), if anything does.
+async fn running_now<S: Store>(store: &S, name: &str) -> Result<Option<String>, Error> {
+    if let Some(key) = list_all(store, &lease_prefix(name)).await?.first() {
+        return Ok(Some(
+            slot_of_key(key).map_or_else(|| "a slot".to_owned(), |ms| format!("the slot {}", format_in(ms, None))),
+        ));
+    }
+    Ok((!list_all(store, &slot::trigger_lease_prefix(name)).await?.is_empty()).then(|| "a triggered run".to_owned()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A slot claimed while forget deletes the job's records (here: its lease written just before the first
+    /// delete) is said, not "forgot"; a triggered run's lease refuses forget like a slot's.
+    #[tokio::test]
+    async fn a_slot_that_starts_during_forget_is_said_and_a_triggered_run_refuses_it() {
+        use idem_store::testing::{FaultyStore, OpKind};
+        use idem_store::{MemoryStore, Ttl};
+        let inner = MemoryStore::new();
+        inner.put(&job_key("j"), "{}".into(), Precondition::Any, Ttl::Keep).await.expect("job record");
+        let (claimer, mut claimed) = (inner.clone(), false);
+        let store = FaultyStore::new(inner.clone(), move |op| {
+            if op.kind == OpKind::Delete && !std::mem::replace(&mut claimed, true) {
+                let lease = format!("{}1700000000000", lease_prefix("j"));
+                futures_util::FutureExt::now_or_never(claimer.put(&lease, "h".into(), Precondition::Any, Ttl::Keep))
+                    .expect("a memory store answers at once")
+                    .expect("lease");
+            }
+            None
+        });
+        let err = forget(&store, "j").await.expect_err("a slot started meanwhile").to_string();
+        assert!(err.contains("started while the job was being forgotten"), "{err}");
+        assert!(err.contains("forget it again once it has ended"), "{err}");
+
+        let other = MemoryStore::new();
+        let lease = format!("{}t1", slot::trigger_lease_prefix("k"));
+        other.put(&lease, "h".into(), Precondition::Any, Ttl::Keep).await.expect("trigger lease");
+        let err = forget(&other, "k").await.expect_err("a triggered run runs").to_string();
+        assert!(err.contains("a triggered run runs now under a live lease"), "{err}");
+    }
 
     #[test]
     fn output_lines_are_shown_without_control_characters() {
