@@ -66,7 +66,10 @@ impl Schedule {
     pub fn cron(expr: &str, tz: &str) -> Result<Self, Error> {
         let parser = CronParser::builder().seconds(Seconds::Disallowed).year(Year::Disallowed).build();
         let cron = parser.parse(expr.trim()).map_err(|e| {
-            Error::Config(format!("--cron {expr:?}: {e} (five fields: minute hour day-of-month month day-of-week)"))
+            let culprit = culprit_field(&parser, expr).unwrap_or_default();
+            Error::Config(format!(
+                "--cron {expr:?}: {culprit}{e} (five fields: minute hour day-of-month month day-of-week)"
+            ))
         })?;
         let zone = TimeZone::get(tz).map_err(|e| {
             Error::Config(format!("--tz {tz:?}: {e} (an IANA time zone name such as UTC or Europe/Berlin)"))
@@ -332,11 +335,53 @@ pub fn parse_time(flag: &str, value: &str, now_ms: u64, ago: bool) -> Result<u64
     u64::try_from(t.as_millisecond()).map_err(|_| refused())
 }
 
+/// The five fields' names and the values crontab(5) allows in each.
+const FIELDS: [(&str, &str); 5] = [
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day-of-month", "1-31"),
+    ("month", "1-12 or JAN-DEC"),
+    ("day-of-week", "0-7 or SUN-SAT"),
+];
+
+/// Which field of a five-field `expr` croner refuses, said as `the minute field "61" (0-59): `: each field is
+/// parsed alone, the others `*`. `None` when the expression has not five fields or no field alone fails (the
+/// error is then the whole expression's).
+fn culprit_field(parser: &CronParser, expr: &str) -> Option<String> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    if fields.len() != FIELDS.len() {
+        return None;
+    }
+    fields.iter().zip(FIELDS).enumerate().find_map(|(i, (field, (name, range)))| {
+        let mut alone = ["*"; 5];
+        alone[i] = field;
+        parser.parse(&alone.join(" ")).is_err().then(|| format!("the {name} field {field:?} ({range}): "))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A refused expression names its field and the values it takes (crontab(5)'s ranges).
+    #[test]
+    fn a_refused_cron_field_is_named_with_its_range() {
+        for (expr, said) in [
+            ("61 * * * *", "the minute field \"61\" (0-59): "),
+            ("* 25 * * *", "the hour field \"25\" (0-23): "),
+            ("* * 32 * *", "the day-of-month field \"32\" (1-31): "),
+            ("* * * 13 *", "the month field \"13\" (1-12 or JAN-DEC): "),
+            ("* * * * 8", "the day-of-week field \"8\" (0-7 or SUN-SAT): "),
+            ("0 9 * * MON-XYZ", "the day-of-week field \"MON-XYZ\" (0-7 or SUN-SAT): "),
+        ] {
+            let err = Schedule::cron(expr, "UTC").map(|_| ()).expect_err(expr).to_string();
+            assert!(err.contains(said), "{expr}: {err}");
+        }
+        let err = Schedule::cron("* * *", "UTC").map(|_| ()).expect_err("three fields").to_string();
+        assert!(!err.contains("field \""), "{err}");
+    }
 
     #[test]
     fn operator_times_take_any_offset_or_a_duration_and_refuse_none() {
