@@ -447,13 +447,19 @@ fn refuse_unknown_placeholders(text: &str, what: &str, valid: &[&str]) -> Result
 ///
 /// Each output path is kept as 128 bits of its SHA-256 in one vector, sorted once the file is read: 16 bytes
 /// per item (16 MiB for a million lines), where a hash map of them took 50 to 75 MiB while it grew. Only when
-/// two items share a path is the file read again, to name the first repeated line and the line it repeats.
+/// two items share a path is the file read again, to name the first repeated line and the line it repeats; a
+/// file that changed between the two readings is refused too.
 fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     if cfg.streamed() {
         return Ok(0);
     }
+    precheck_readings(cfg, || ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref()))
+}
+
+/// [`precheck`] over the readings `open` makes of the items file (a test changes the file between them).
+fn precheck_readings(cfg: &RunConfig, mut open: impl FnMut() -> Result<ItemReader, Error>) -> Result<u64, Error> {
     let mut keys: Vec<u128> = Vec::new();
-    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
+    for item in open()? {
         keys.push(path_key(&cfg.unique_path(&item?.id)));
     }
     let total = keys.len() as u64;
@@ -464,7 +470,7 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
     }
     drop(keys);
     let mut first_lines: HashMap<u128, u64> = HashMap::with_capacity(repeated.len());
-    for item in ItemReader::open(&cfg.items, cfg.format, cfg.id_field.as_deref())? {
+    for item in open()? {
         let item = item?;
         let output = cfg.unique_path(&item.id);
         let key = path_key(&output);
@@ -481,8 +487,13 @@ fn precheck(cfg: &RunConfig) -> Result<u64, Error> {
         }
         first_lines.insert(key, item.line);
     }
-    // The file changed between the two readings and no longer repeats a path: the run reads it again anyway.
-    Ok(total)
+    // The first reading found a repeat the second did not: the file changed between them. Neither reading can
+    // be trusted to hold what the run will read, and a repeat let through would overwrite an output.
+    Err(Error::Config(format!(
+        "{}: the file changed while it was checked for two items with one output path; nothing ran: run again \
+         once it stays as it is",
+        cfg.items.display()
+    )))
 }
 
 /// 128 bits of the SHA-256 of an output path: two paths of a million colliding by chance is far less likely
@@ -568,6 +579,27 @@ mod tests {
         assert!(err.ends_with(": lines 2 and 4 both write out/b.txt"), "{err}");
         std::fs::write(&items, "a\nb\nc\n").expect("write items");
         assert_eq!(precheck(&cfg).expect("no path repeats"), 3);
+    }
+
+    /// A file whose first reading repeats one path and whose second repeats another (it changed between them)
+    /// is refused: neither reading says what the run will read.
+    #[test]
+    fn a_file_that_changed_between_its_two_readings_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let items = dir.path().join("items.txt");
+        std::fs::write(&items, "a\nb\na\n").expect("write items");
+        let cfg = RunConfig::new(&items, "out/{id}.txt", vec!["true".into()]);
+        let mut readings = 0;
+        let err = precheck_readings(&cfg, || {
+            readings += 1;
+            if readings == 2 {
+                std::fs::write(&items, "a\nb\nb\n").expect("rewrite items");
+            }
+            ItemReader::open(&cfg.items, cfg.format, None)
+        })
+        .expect_err("a repeat in both versions")
+        .to_string();
+        assert!(err.contains("the file changed while it was checked"), "{err}");
     }
 
     #[test]

@@ -154,23 +154,32 @@ pub(super) async fn run_lines<S: Store + Clone>(
                     record_final(ctx, summary, &item, Final::Skipped { digest })?;
                     continue;
                 }
-                Judged::DryNew => {
-                    // Listed in its turn: after the items before it that are judged in tasks.
-                    say_dry(ctx, Some(&ctx.turns.issue()), &item.id, "new").await;
-                    record_final(ctx, summary, &item, Final::WouldRun)?;
-                    continue;
-                }
-                Judged::Open(prefetched) => prefetched,
+                Judged::DryNew => None,
+                Judged::Open(prefetched) => Some(prefetched),
             };
+            let turn = ctx.turns.issue();
+            if prefetched.is_none() && turn.is_now() {
+                // A dry run's new item whose turn has come: listed here, no task. One that must wait for the
+                // items before it waits in a task of its own, so that a slow item never holds back the judging
+                // of those after it (the reading loop would).
+                say_dry(ctx, Some(&turn), &item.id, "new").await;
+                record_final(ctx, summary, &item, Final::WouldRun)?;
+                continue;
+            }
             while set.len() >= window {
                 if let Some(joined) = set.join_next().await {
                     record(ctx, summary, joined)?;
                 }
             }
-            let turn = ctx.turns.issue();
             let ctx = ctx.clone();
             set.spawn(async move {
-                let result = process(&ctx, &item, prefetched, None, turn).await;
+                let result = match prefetched {
+                    Some(prefetched) => process(&ctx, &item, prefetched, None, turn).await,
+                    None => {
+                        say_dry(&ctx, Some(&turn), &item.id, "new").await;
+                        Ok(Final::WouldRun)
+                    }
+                };
                 (item, result)
             });
         }

@@ -77,6 +77,11 @@ impl Turns {
 }
 
 impl Turn {
+    /// True when every item before this one has passed its turn already: [`Turn::wait`] would not wait.
+    pub(super) fn is_now(&self) -> bool {
+        self.turns.state().next >= self.ticket
+    }
+
     /// Waits until every item before this one has passed its turn.
     pub(super) async fn wait(&self) {
         loop {

@@ -274,27 +274,39 @@ pub(super) fn state_name(entry: &slot::Entry) -> &'static str {
     }
 }
 
-/// The table `idem once list` prints.
+/// The table `idem once list` prints: each column as wide as its widest cell (as `kubectl get` aligns), so a
+/// long schedule or name never pushes the columns after it out of line.
 pub fn render_list(jobs: &[JobView]) -> String {
-    let mut out = format!(
-        "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {:<7} {}\n",
-        "JOB", "SCHEDULE", "OVERLAP", "LAST SLOT", "STATE", "NEXT SLOT", "PENDING", "PAUSED"
-    );
+    let header =
+        ["JOB", "SCHEDULE", "OVERLAP", "LAST SLOT", "STATE", "NEXT SLOT", "PENDING", "PAUSED"].map(str::to_owned);
+    let mut rows = vec![header];
     for j in jobs {
         let paused = match &j.pause {
             Some(p) if p.paused => format!("by {} until {}", p.by, p.until.as_deref().unwrap_or("resumed")),
             _ => "no".to_owned(),
         };
-        out.push_str(&format!(
-            "{:<24} {:<28} {:<11} {:<26} {:<11} {:<26} {:<7} {paused}\n",
-            j.name,
-            j.schedule,
-            j.overlap,
-            j.last_slot,
-            j.last_state,
-            j.next_slot.as_deref().unwrap_or("-"),
-            j.pending
-        ));
+        rows.push([
+            j.name.clone(),
+            j.schedule.clone(),
+            j.overlap.clone(),
+            j.last_slot.clone(),
+            j.last_state.clone(),
+            j.next_slot.clone().unwrap_or_else(|| "-".to_owned()),
+            j.pending.to_string(),
+            paused,
+        ]);
+    }
+    let mut widths = [0; 8];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row.iter().zip(widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
     }
     out
 }
@@ -339,5 +351,36 @@ impl PauseView {
         } else {
             format!("not paused (last paused by {} from {}{until}{note}{resumed})", self.by, self.since)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every column starts at one place on every line, however long a schedule or a name is.
+    #[test]
+    fn the_list_stays_aligned_with_a_long_schedule() {
+        let job = |name: &str, schedule: &str| JobView {
+            name: name.to_owned(),
+            schedule: schedule.to_owned(),
+            overlap: "allow".to_owned(),
+            last_slot: "2026-12-05T22:00:00Z".to_owned(),
+            last_state: "done".to_owned(),
+            next_slot: None,
+            pause: None,
+            last_success: None,
+            pending: 0,
+        };
+        let table = render_list(&[
+            job("a-much-longer-job-name", "cron '*/5 9-17 * JAN,FEB,MAR MON-FRI' tz America/Argentina/Buenos_Aires"),
+            job("short", "every 1h"),
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        let at = |line: &str, cell: &str| line.find(cell).expect(cell);
+        assert_eq!(at(lines[1], "allow"), at(lines[0], "OVERLAP"), "{table}");
+        assert_eq!(at(lines[2], "allow"), at(lines[0], "OVERLAP"), "{table}");
+        assert_eq!(at(lines[2], "done"), at(lines[0], "STATE"), "{table}");
     }
 }

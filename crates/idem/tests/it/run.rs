@@ -268,6 +268,33 @@ fn jobs_1_runs_items_in_input_order_and_a_dry_run_lists_them_in_it() {
     assert_eq!(ran(&job), redo, "the rerun's order");
 }
 
+/// A dry run's new items wait for their turn in tasks, not in the loop that reads the items: a slow
+/// `--verify` of an adoptable output before a new item must not hold back the judging of the items after it
+/// (found by a break-it review: the reading loop waited at each new item, one `--verify` at a time).
+#[test]
+fn a_dry_run_judges_the_items_after_a_slow_one_meanwhile() {
+    let ids = ids(12);
+    let job = Job::new(&ids, WRITE_JSON);
+    // Odd items have an output nobody recorded (adopted once `--verify` passes), even items nothing: new.
+    std::fs::create_dir_all(job.path("out")).unwrap();
+    for id in ids.iter().skip(1).step_by(2) {
+        std::fs::write(job.path(&format!("out/{id}.json")), "{\"ok\": true}").unwrap();
+    }
+    let log = job.path("verify.log");
+    let verify = format!("echo start >> {0}; sleep 1; echo end >> {0}", log.display());
+    let (code, dry, err) = job.run(&["--dry-run", "--verify", &verify]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<_> = dry.lines().map(|l| l.split('\t').next().unwrap().to_owned()).collect();
+    assert_eq!(listed, ids, "the listing's order");
+    // How many verifications ran at once, at most: one at a time when the reading loop waited.
+    let (mut running, mut most) = (0, 0);
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        running += if line == "start" { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert!(most >= 2, "the verifications ran one at a time:\n{dry}");
+}
+
 #[test]
 fn runner_killed_mid_item_is_finished_by_the_next_run() {
     let ids = ids(200);
