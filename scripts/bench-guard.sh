@@ -56,17 +56,9 @@ if [[ -z ${IDEM_BIN:-} ]]; then
   (cd "$repo" && cargo build --release -q -p idem --bin idem --example upstream)
 fi
 idem=${IDEM_BIN:-$CARGO_TARGET_DIR/release/idem}
-work=$(mktemp -d /tmp/idem-bench-guard.XXXXXX)
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf -- "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 600); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; log "port $1 never opened"; exit 2; }
+# shellcheck source=scripts/bench-lib.sh
+source "$script_dir/bench-lib.sh"
+bench_setup guard
 callgrind=(valgrind --tool=callgrind -q)
 total_of() { awk '/^summary:|^totals:/ { print $2; exit }' "$1"; }
 
