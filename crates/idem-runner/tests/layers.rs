@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["items", "output", "supervise"],
     &["queue", "admin", "summary"],
     &["config"],
-    &["progress", "report"],
+    &["progress", "report", "job"],
     &["engine", "once"],
 ];
 
