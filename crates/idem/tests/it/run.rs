@@ -659,8 +659,10 @@ fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
     let job = Job::new(&ids, &script);
     let failing = ["11", "22", "33", "44"];
     let attempts_of = |job: &Job| failing.map(|id| job.executions_per_item()[id]);
-    // The default --retries 3 allows 4 attempts in all.
-    let (code, _, err) = job.run(&["--jobs", "4"]);
+    // The default --retries 3 allows 4 attempts in all. No pause between attempts (`--retry-delay 0`): the
+    // pauses are `run_named::retries_wait_retry_delay_doubling_and_a_brief_outage_is_not_poison`'s subject, and
+    // the default 1 s, doubled, made this test wait 77 s.
+    let (code, _, err) = job.run(&["--jobs", "4", "--retry-delay", "0"]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(job.log().len(), 46 + 4 * 4, "{err}");
     assert_eq!(attempts_of(&job), [4; 4]);
@@ -673,12 +675,12 @@ fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
     );
     assert!(err.contains(&hint), "{err}");
     // The same limit again: nothing runs, and the summary says the same.
-    let (code, _, err) = job.run(&["--jobs", "4"]);
+    let (code, _, err) = job.run(&["--jobs", "4", "--retry-delay", "0"]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(job.log().len(), 62);
     assert!(err.contains(&hint), "{err}");
     // --retries 6 allows 7 in all: exactly 3 more each.
-    let (code, _, err) = job.run(&["--jobs", "4", "--retries", "6"]);
+    let (code, _, err) = job.run(&["--jobs", "4", "--retries", "6", "--retry-delay", "0"]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(job.log().len(), 62 + 4 * 3);
     assert_eq!(attempts_of(&job), [7; 4]);
@@ -686,7 +688,7 @@ fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
     assert!(err.contains("failed item 44 after 7 attempts: exit 17: failure number 7\n"), "{err}");
     assert!(err.contains("(--retries 6 allows 7 in all, counted across runs): rerun with --retries 7 to"), "{err}");
     // Lowering the limit resets nothing: still 7 used, and --retries 7 is still the value that gives more.
-    let (code, _, err) = job.run(&["--retries", "1"]);
+    let (code, _, err) = job.run(&["--retries", "1", "--retry-delay", "0"]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(job.log().len(), 74);
     assert!(err.contains("(--retries 1 allows 2 in all, counted across runs): rerun with --retries 7 to"), "{err}");
@@ -696,7 +698,7 @@ fn raising_retries_gives_items_out_of_attempts_exactly_that_many_more() {
         (code, out.as_str()),
         (0, "forgot 4 of 4 items (entries and outputs); the next run executes them again\n")
     );
-    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json"]);
+    let (code, _, err) = job.run(&["--retries", "0", "--report", "r.json", "--retry-delay", "0"]);
     assert_eq!(code, 1, "{err}");
     assert_eq!(job.log().len(), 74 + 4);
     assert_eq!(attempts_of(&job), [8; 4]);
