@@ -65,6 +65,10 @@ async fn a_backfill_of_100_slots_stopped_halfway_and_resumed_runs_each_exactly_o
     let stopped = once::once(&*store, &cfg, after_ends(dir.path(), 51)).await.unwrap();
     let halfway: usize = ends(dir.path()).values().sum();
     assert!((51..100).contains(&halfway), "{halfway} ran before the stop: {}", stopped.render());
+    // The slot in flight at the stop (the last started): its command may have written its end before it was
+    // killed, and then its rerun writes another (at-least-once for the command a stop interrupts, docs/design/
+    // cron.md; CI on a loaded machine met it). Every other slot ends exactly once.
+    let in_flight = log(dir.path()).iter().rev().find_map(|l| l.strip_prefix("start ").map(str::to_owned));
     // Resumed by three invocations at once (as cron on three machines).
     let mut tasks = Vec::new();
     for _ in 0..3 {
@@ -77,15 +81,17 @@ async fn a_backfill_of_100_slots_stopped_halfway_and_resumed_runs_each_exactly_o
     let ends = ends(dir.path());
     let backfilled: Vec<_> = ends.iter().filter(|(slot, _)| !current.contains_key(*slot)).collect();
     assert_eq!(backfilled.len(), 100, "100 distinct slots written, 100 present");
-    let repeated: Vec<_> = backfilled.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(repeated.is_empty(), "0 duplicates: {repeated:?}");
-    assert_eq!(ends.values().sum::<usize>(), 101, "the current slot and the 100 backfilled, each once");
+    let twice = |slot: &str| in_flight.as_deref() == Some(slot) && ends[slot] == 2;
+    let repeated: Vec<_> = backfilled.iter().filter(|(slot, n)| **n != 1 && !twice(slot)).collect();
+    assert!(repeated.is_empty(), "0 duplicates but the slot in flight at the stop ({in_flight:?}): {repeated:?}");
+    let extra = usize::from(in_flight.as_deref().is_some_and(twice));
+    assert_eq!(ends.values().sum::<usize>(), 101 + extra, "the current slot and the 100 backfilled, each once");
     // A backfill made again requests nothing: every slot is done (or pruned from the history: may have run).
     let again = once::backfill(&*store, "job", newest - 100 * hour, newest - hour, "ops@test").await.unwrap().unwrap();
     assert!(again.requested.is_empty(), "{again:?}");
     assert!(again.not_requested.iter().all(|(_, why)| *why == "done" || why.starts_with("older than")), "{again:?}");
     once::once(&*store, &cfg, std::future::pending()).await.unwrap();
-    assert_eq!(log(dir.path()).iter().filter(|l| l.starts_with("end ")).count(), 101, "nothing ran again");
+    assert_eq!(log(dir.path()).iter().filter(|l| l.starts_with("end ")).count(), 101 + extra, "nothing ran again");
     let history = once::history(&*store, "job", 100).await.unwrap().unwrap();
     assert_eq!(history.ran_more_than_once, 0, "{}", history.render());
 }
