@@ -7,7 +7,8 @@
 #   scripts/bench-guard.sh              # counts the current build; exit 1 when any path is more than 5% worse
 #   scripts/bench-guard.sh --record     # counts it and writes the figures as the new baseline
 #
-# Environment: IDEM_BIN (a prebuilt idem instead of building one), CARGO_TARGET_DIR, REDIS_URL (default
+# Environment: IDEM_BIN (a prebuilt idem instead of building one; the example upstream the proxy cases forward
+# to is still built, at once when it was built before), CARGO_TARGET_DIR, REDIS_URL (default
 # redis://127.0.0.1:6379; it must answer: a guard that skips a path would pass a regression), CASES (a subset
 # of "first-sqlite first-redis replay kv-put run-item"), LIMIT (percent, default 5).
 # Exit status: 0 every path within the limit (or recorded), 1 a path worse than the limit, 2 a usage error or
@@ -27,6 +28,11 @@ case ${1:-} in
     ;;
 esac
 read -ra cases <<<"${CASES:-$KNOWN}"
+if ((${#cases[@]} == 0)); then
+  # A guard that measured nothing would pass anything.
+  echo "bench-guard: CASES names no case (known: $KNOWN)" >&2
+  exit 2
+fi
 for c in "${cases[@]}"; do
   if [[ " $KNOWN " != *" $c "* ]]; then
     echo "bench-guard: unknown case ${c@Q} in CASES (known: $KNOWN)" >&2
