@@ -9,12 +9,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Mutex;
 
-use crate::HaFault;
 use crate::backend::StoreEnv;
 use crate::faultproxy::{FaultProxy, Mode};
 use crate::hafaults::Plan;
 use crate::history::{Clock, Fault};
 use crate::procs::{Serve, signal};
+use crate::{Error, FaultClass, HaFault};
 use idem_testkit::ClusterFailover;
 
 /// A kind of fault.
@@ -47,16 +47,21 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// The name in the history and the report.
+    /// The name in the history and the report: its class's.
     pub fn name(self) -> &'static str {
+        self.class().name()
+    }
+
+    /// Its class (`--faults`).
+    pub fn class(self) -> FaultClass {
         match self {
-            Kind::Kill9Serve | Kind::Kill9Runner => "kill9",
-            Kind::PauseServe | Kind::PauseRunner => "pause",
-            Kind::StoreRestart => "store-restart",
-            Kind::StoreOutage => "store-outage",
-            Kind::StoreNetDrop | Kind::UpstreamNetDrop => "net-drop",
-            Kind::StoreNetDelay | Kind::UpstreamNetDelay => "net-delay",
-            Kind::DiskFull => "disk-full",
+            Kind::Kill9Serve | Kind::Kill9Runner => FaultClass::Kill9,
+            Kind::PauseServe | Kind::PauseRunner => FaultClass::Pause,
+            Kind::StoreRestart => FaultClass::StoreRestart,
+            Kind::StoreOutage => FaultClass::StoreOutage,
+            Kind::StoreNetDrop | Kind::UpstreamNetDrop => FaultClass::NetDrop,
+            Kind::StoreNetDelay | Kind::UpstreamNetDelay => FaultClass::NetDelay,
+            Kind::DiskFull => FaultClass::DiskFull,
         }
     }
 }
@@ -200,7 +205,12 @@ pub fn ha_plan(seed: u64, opts: &crate::Options) -> Plan {
 }
 
 /// The nemesis of a run: on a highly available backend its one fault ([`ha_fault_once`]), elsewhere
-/// [`nemesis`] with `kinds`; nothing without `opts.faults`.
+/// [`nemesis`] with `kinds` (those of `opts.only_faults`' classes, when it names any); nothing without
+/// `opts.faults`.
+///
+/// # Errors
+/// [`Error::Usage`] when `opts.only_faults` names none of the classes the workload injects (`crate::run`
+/// refuses it on a highly available backend before anything starts).
 pub fn spawn(
     opts: &crate::Options,
     kinds: Vec<Kind>,
@@ -208,16 +218,38 @@ pub fn spawn(
     clock: Clock,
     gap: (Duration, Duration),
     stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let names = |classes: &[FaultClass]| classes.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
+    let kinds = if opts.only_faults.is_empty() {
+        kinds
+    } else {
+        let chosen: Vec<Kind> = kinds.iter().copied().filter(|k| opts.only_faults.contains(&k.class())).collect();
+        if opts.faults && chosen.is_empty() {
+            let mut offered: Vec<FaultClass> = Vec::new();
+            for class in kinds.iter().map(|k| k.class()) {
+                if !offered.contains(&class) {
+                    offered.push(class);
+                }
+            }
+            return Err(Error::Usage(format!(
+                "--faults {}: the {} workload on {} injects none of them (it injects {})",
+                names(&opts.only_faults),
+                opts.workload.name(),
+                opts.backend.name(),
+                names(&offered)
+            )));
+        }
+        chosen
+    };
     if !opts.faults {
-        return tokio::spawn(async {});
+        return Ok(tokio::spawn(async {}));
     }
-    if opts.backend.is_ha() {
+    Ok(if opts.backend.is_ha() {
         let plan = ha_plan(opts.seed, opts);
         tokio::spawn(ha_fault_once(opts.seed, opts.failover_at, opts.duration, plan, targets, clock, stop))
     } else {
         tokio::spawn(nemesis(opts.seed, kinds, targets, clock, gap, stop))
-    }
+    })
 }
 
 /// SplitMix64's finaliser: every bit of `x` moves every bit of the result.

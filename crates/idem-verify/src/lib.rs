@@ -108,6 +108,42 @@ impl HaFault {
     }
 }
 
+/// A class of faults of the backends that are not highly available, as a report names it (`--faults`
+/// chooses among them; each workload injects the classes that apply to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultClass {
+    /// kill -9 of an `idem serve` or an `idem run`.
+    Kill9,
+    /// SIGSTOP of an `idem serve` or an `idem run` past its lease, then SIGCONT.
+    Pause,
+    /// A crash and restart of the PostgreSQL or Redis server.
+    StoreRestart,
+    /// The store out for seconds (a SQLite ledger locked).
+    StoreOutage,
+    /// Connections to the store or the upstream reset and refused for a while.
+    NetDrop,
+    /// Connections to the store or the upstream delayed for a while.
+    NetDelay,
+    /// The SQLite tmpfs full for a while.
+    DiskFull,
+}
+
+impl FaultClass {
+    /// The name in the history, the report and `--faults`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultClass::Kill9 => "kill9",
+            FaultClass::Pause => "pause",
+            FaultClass::StoreRestart => "store-restart",
+            FaultClass::StoreOutage => "store-outage",
+            FaultClass::NetDrop => "net-drop",
+            FaultClass::NetDelay => "net-delay",
+            FaultClass::DiskFull => "disk-full",
+        }
+    }
+}
+
 /// The replication setting of a highly available backend without the durable one (`--no-durable`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -132,6 +168,18 @@ pub enum Workload {
     /// Concurrent `idem once` invocations of a few cron jobs, with pauses, triggers and backfills; checked for
     /// each slot run once, no overlap where the policy forbids it, and a status that tells the history.
     Once,
+}
+
+impl Workload {
+    /// The name on the command line and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Kv => "kv",
+            Workload::Proxy => "proxy",
+            Workload::Runner => "runner",
+            Workload::Once => "once",
+        }
+    }
 }
 
 /// What one run does.
@@ -167,6 +215,9 @@ pub struct Options {
     pub lax: Lax,
     /// On the highly available backends, the fault; `None`: drawn from the seed (and the workload).
     pub ha_fault: Option<HaFault>,
+    /// Which classes of fault the nemesis draws from (off the highly available backends); empty: every class
+    /// the workload injects. A class the workload never injects is refused ([`Error::Usage`]).
+    pub only_faults: Vec<FaultClass>,
     /// On the highly available backends, when the failover starts (from the start of the run); `None`: drawn
     /// from the seed between a quarter and half of `duration`.
     pub failover_at: Option<Duration>,
@@ -272,6 +323,9 @@ pub enum Error {
     /// `idem serve` or `idem run` did not start.
     #[error("{0}")]
     Start(String),
+    /// The options ask for something the run cannot do.
+    #[error("{0}")]
+    Usage(String),
     /// The backend could not be set up (missing programs, no port).
     #[error("cannot set up the backend: {0}")]
     Setup(String),
@@ -288,8 +342,17 @@ impl Error {
 /// the failure page) under `opts.out`.
 ///
 /// # Errors
-/// When the run cannot be set up; what the checker finds is in the summary.
+/// When the run cannot be set up, or `opts` asks for what it cannot do ([`Error::Usage`]); what the checker finds is
+/// in the summary.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
+    if opts.backend.is_ha() && !opts.only_faults.is_empty() {
+        let names: Vec<&str> = opts.only_faults.iter().map(|c| c.name()).collect();
+        return Err(Error::Usage(format!(
+            "--faults {} does not apply to {}: its one fault is --ha-fault's",
+            names.join(", "),
+            opts.backend.name()
+        )));
+    }
     // A directory of an earlier run (it has a summary) is replaced: its logs must not mix with this run's.
     if opts.out.join("summary.json").is_file() {
         std::fs::remove_dir_all(&opts.out).map_err(|e| Error::io(format!("clearing {}", opts.out.display()), e))?;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_verify::{Backend, HaFault, Lax, Options, Workload};
+use idem_verify::{Backend, FaultClass, HaFault, Lax, Options, Workload};
 
 /// Record histories of real concurrent operations against idem under injected faults, and check them.
 #[derive(Parser, Debug)]
@@ -47,6 +47,11 @@ struct Cli {
     /// between a quarter and half of --duration).
     #[arg(long, value_parser = humantime::parse_duration)]
     failover_at: Option<Duration>,
+    /// Off the highly available backends: draw faults from these classes only (comma-separated or repeated;
+    /// default: every class the workload injects), e.g. `--faults store-outage,pause`. A class the workload
+    /// never injects is refused (exit 2).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultClass>,
     /// Concurrent clients (KV, proxy), items (runner) or jobs (once); default 8, 6, 24 and 3.
     #[arg(long)]
     clients: Option<usize>,
@@ -197,6 +202,7 @@ async fn verify(cli: Cli) -> ExitCode {
                 lax: cli.no_durable.unwrap_or_default(),
                 ha_fault: cli.ha_fault,
                 failover_at: cli.failover_at,
+                only_faults: cli.faults.clone(),
             };
             match idem_verify::run(&opts).await {
                 Ok(summary) if summary.histories == 0 => {

@@ -89,7 +89,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(500), Duration::from_millis(2500));
-    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped);
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped)?;
     let begin = Instant::now();
     let deadline = begin + opts.duration;
     let clients: Vec<_> = (0..opts.clients)

@@ -166,7 +166,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
         Targets { serves: Vec::new(), store: Arc::clone(&store), upstream: None, runners: Some(runners), lease: LEASE };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(700), Duration::from_millis(2000));
-    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped.clone());
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped.clone())?;
     let mut tasks = Vec::new();
     for job in &jobs {
         for i in 0..INVOKERS {

@@ -299,6 +299,7 @@ mod tests {
             lax: crate::Lax::One,
             ha_fault: None,
             failover_at: None,
+            only_faults: Vec::new(),
         }
     }
 

@@ -122,7 +122,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(1000), Duration::from_millis(3000));
-    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped);
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped)?;
     let begin = Instant::now();
     let clients: Vec<_> = (0..opts.clients)
         .map(|c| {

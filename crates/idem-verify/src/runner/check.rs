@@ -384,6 +384,7 @@ mod tests {
             lax: crate::Lax::One,
             ha_fault: None,
             failover_at: None,
+            only_faults: Vec::new(),
         };
         let s = summarize(&opts, &clock, wall0, &[batch]);
         let kinds: Vec<&str> = s.anomalies.iter().map(|a| a.kind.as_str()).collect();

@@ -95,7 +95,7 @@ pub async fn run(opts: &Options) -> Result<Summary, Error> {
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let gap = (Duration::from_millis(700), Duration::from_millis(2000));
-    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped);
+    let nemesis = faults::spawn(opts, kinds, targets, clock.clone(), gap, stopped)?;
     let me = opts.harness.clone();
     let deadline = Instant::now() + opts.duration;
     let mut batches = Vec::new();

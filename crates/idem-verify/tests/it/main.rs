@@ -82,6 +82,7 @@ fn main() -> ExitCode {
         workloads::proxy_redis_fresh_seed,
         workloads::proxy_postgres_seed_that_executed_a_reused_key,
         workloads::proxy_redis_seed_that_executed_a_reused_key,
+        workloads::faults_the_workload_never_injects_are_refused,
     ];
     let listed: Vec<String> = trials.iter().map(|t| t.name().to_owned()).collect();
     trials.push(Trial::test("harness::every_test_function_is_listed", move || every_test_is_listed(&listed)));
@@ -183,6 +184,21 @@ fn run_ha(
     durable: bool,
     ha_fault: Option<HaFault>,
 ) -> Option<(Summary, tempfile::TempDir)> {
+    run_with(backend, workload, seconds, seed, planted, |opts| {
+        opts.durable = durable;
+        opts.ha_fault = ha_fault;
+    })
+}
+
+/// [`run`] with the options `tweak` changes.
+fn run_with(
+    backend: Backend,
+    workload: Workload,
+    seconds: u64,
+    seed: u64,
+    planted: Option<&str>,
+    tweak: impl FnOnce(&mut Options),
+) -> Option<(Summary, tempfile::TempDir)> {
     // Built before taking a place: the first planted-bug test may build that idem for minutes.
     let idem = match planted {
         Some(_) => planted::idem_with_planted_bugs(),
@@ -191,7 +207,7 @@ fn run_ha(
     let _turn = Turn::take();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path();
-    let opts = Options {
+    let mut opts = Options {
         backend,
         workload,
         seed,
@@ -207,11 +223,13 @@ fn run_ha(
             Workload::Runner => 24,
             Workload::Once => 3,
         },
-        durable,
+        durable: true,
         lax: Lax::One,
-        ha_fault,
+        ha_fault: None,
         failover_at: None,
+        only_faults: Vec::new(),
     };
+    tweak(&mut opts);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     match rt.block_on(idem_verify::run(&opts)) {
         Ok(summary) => {

@@ -111,3 +111,35 @@ pub(crate) fn proxy_postgres_seed_that_executed_a_reused_key() {
 pub(crate) fn proxy_redis_seed_that_executed_a_reused_key() {
     clean_with(Backend::Redis, Workload::Proxy, 15, REUSED_KEY_SEED);
 }
+
+/// `--faults` naming only classes the workload never injects is refused with exit 2 and a line naming what it
+/// does inject, before any client runs (the run would otherwise inject nothing and say "nothing found"); on a
+/// highly available backend, whose one fault is `--ha-fault`'s, any `--faults` is refused.
+pub(crate) fn faults_the_workload_never_injects_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let verify = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem-verify"))
+            .args(args)
+            .arg("--out")
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out =
+        verify(&["--backend", "sqlite", "--workload", "runner", "--duration", "2s", "--faults", "disk-full,net-drop"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--faults disk-full, net-drop: the runner workload on sqlite injects none of them (it injects pause, kill9, store-outage)"),
+        "{stderr}"
+    );
+    let out = verify(&["--backend", "redis-sentinel", "--workload", "kv", "--duration", "2s", "--faults", "pause"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--faults pause does not apply to redis-sentinel: its one fault is --ha-fault's"),
+        "{stderr}"
+    );
+    let out = verify(&["--backend", "sqlite", "--workload", "kv", "--faults", "power-cut"]);
+    assert_eq!(out.status.code(), Some(2), "an unknown class is bad usage");
+}
