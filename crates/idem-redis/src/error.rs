@@ -193,6 +193,17 @@ pub(crate) async fn probe(
         Err(e) if tls && e.is_timeout() && !answers_plain_ping(client.get_connection_info()).await => {
             Err(Error::Connect(e))
         }
+        // A plain connection reset: a TLS port resets a plain command (a mistake in the URL, exit 2), and so
+        // does a server that accepts and closes every connection while it still has the command unread (a proxy
+        // in front of a store that is down, a failover in progress: an outage, 75). The TLS port answers a
+        // TLS hello; the closing server does not.
+        Err(e)
+            if !tls
+                && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset)
+                && !speaks_tls(client.get_connection_info()).await =>
+        {
+            Err(Error::Connect(e))
+        }
         Err(e) => Err(connect_error(e, tls)),
     }
 }
@@ -210,6 +221,36 @@ pub(crate) async fn answers_plain_ping(info: &redis::ConnectionInfo) -> bool {
         Some(matches!(first[0], b'+' | b'-'))
     };
     tokio::time::timeout(std::time::Duration::from_secs(1), ping).await.ok().flatten().unwrap_or(false)
+}
+
+/// Whether the server of `info` (a plain `redis://` address) answers a TLS hello with TLS within a second: a
+/// handshake that gets as far as a certificate to refuse (no root is trusted here) or an alert from the server.
+/// A server that closes the connection, resets it or says nothing does not.
+pub(crate) async fn speaks_tls(info: &redis::ConnectionInfo) -> bool {
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr() else { return false };
+    let (host, port) = (host.clone(), *port);
+    let handshake = move || -> Option<bool> {
+        use std::net::ToSocketAddrs;
+        let config = rustls::ClientConfig::builder_with_provider(idem_tls::provider())
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from(host.clone()).ok()?;
+        let mut tls = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+        let addr = (host.as_str(), port).to_socket_addrs().ok()?.next()?;
+        let mut socket = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        socket.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        socket.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+        while tls.is_handshaking() {
+            if let Err(e) = tls.complete_io(&mut socket) {
+                // rustls puts its own error (a refused certificate, an alert received) inside the I/O error.
+                return Some(e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()));
+            }
+        }
+        Some(true)
+    };
+    tokio::task::spawn_blocking(handshake).await.ok().flatten().unwrap_or(false)
 }
 
 /// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a

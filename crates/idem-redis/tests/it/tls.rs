@@ -88,6 +88,29 @@ async fn plain_redis_to_the_tls_port_fails() {
     );
 }
 
+/// A server that accepts a connection, reads the first byte of the command and closes it (a proxy in front of a
+/// Redis that is down, a failover in progress): the unread rest makes the close a reset, as a TLS port's is. It
+/// is an outage (`is_unavailable`: `idem once` exits 75), not a TLS port: it was taken for one (exit 2) whenever
+/// the command arrived before the close, which `once::an_unreachable_store_is_exit_75_and_a_bad_url_or_login_exit_2`
+/// met in CI on 2026-12-06.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_resets_connections_is_unavailable_not_a_tls_port() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut first = [0u8; 1];
+            let _ = std::io::Read::read_exact(&mut conn, &mut first);
+            drop(conn);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{}", error_chain(&err));
+    assert!(err.is_unavailable(), "{}", error_chain(&err));
+}
+
 #[tokio::test]
 async fn bad_cacert_is_refused_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
