@@ -20,7 +20,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub mod browser;
+mod examples;
 mod ha;
+
+pub use examples::example;
 
 pub use ha::partition::{Cut, Relay};
 pub use ha::{ClusterFailover, PostgresHa, RedisCluster, RedisSentinel, Replication, SENTINEL_MASTER};

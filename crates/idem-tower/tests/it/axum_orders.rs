@@ -9,21 +9,10 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// The example's binary, built on demand: `cargo test --test it` builds only the test target, so the example
-/// is built here with the cargo running the tests (a no-op when it is up to date).
+/// The example's binary, built on demand ([`idem_testkit::example`]): `cargo test --test it` builds only the
+/// test target.
 fn example_binary() -> PathBuf {
-    // target/<profile>/deps/it-HASH → target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_owned();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "-p", "idem-tower", "--example", "axum_orders"]);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().unwrap();
-    assert!(status.success(), "building the example failed: {status}");
-    profile_dir.join("examples").join(format!("axum_orders{}", std::env::consts::EXE_SUFFIX))
+    idem_testkit::example("idem-tower", "axum_orders")
 }
 
 /// A running example: its process and its standard output, line by line.

@@ -152,12 +152,8 @@ fn run_file(name: &str) {
     std::fs::write(&script, script_of(&run, &checkout)).unwrap();
 
     let bin_dir = Path::new(BIN).parent().unwrap();
-    let path = format!(
-        "{}:{}:{}",
-        bin_dir.display(),
-        upstream_dir(bin_dir).display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path =
+        format!("{}:{}:{}", bin_dir.display(), upstream_dir().display(), std::env::var("PATH").unwrap_or_default());
     let (reader, writer) = std::io::pipe().unwrap();
     let mut cmd = Command::new("bash");
     cmd.arg(&script)
@@ -430,26 +426,10 @@ fn check_ports(name: &str, blocks: &[&Block]) {
     }
 }
 
-/// The directory holding the example `upstream` of this build, built now if missing or stale (`cargo test`
-/// builds examples, but `cargo test --test it` does not).
-fn upstream_dir(bin_dir: &Path) -> PathBuf {
-    let profile = match bin_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => "dev",
-        Some(other) => other,
-    };
-    let target_dir = bin_dir.parent().unwrap();
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "idem", "--example", "upstream", "--example", "queue", "--profile", profile])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    let dir = bin_dir.join("examples");
-    assert!(
-        status.success() && dir.join("upstream").is_file() && dir.join("queue").is_file(),
-        "cannot build the examples upstream and queue into {} ({status}); `cargo test -p idem` builds them",
-        dir.display()
-    );
-    dir
+/// The directory holding the examples `upstream` and `queue` of this build ([`idem_testkit::example`]: built
+/// now if missing or stale).
+fn upstream_dir() -> PathBuf {
+    idem_testkit::example("idem", "queue");
+    let upstream = idem_testkit::example("idem", "upstream");
+    upstream.parent().unwrap().to_owned()
 }

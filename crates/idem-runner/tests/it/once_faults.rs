@@ -1,6 +1,5 @@
 //! `idem once` against a store that fails or is slow at chosen moments ([`FaultyStore`] over a
 //! [`MemoryStore`] on the system clock), counted by the lines the command appends to a file.
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

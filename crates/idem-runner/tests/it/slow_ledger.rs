@@ -4,7 +4,6 @@
 //! The ledger is a [`MemoryStore`] whose renewals of one item's lease wait at a gate the test opens, the way
 //! they would on a paused PostgreSQL or a partitioned Redis; everything else answers at once. Nothing sleeps to
 //! wait for a race: each step waits (with a deadline) for the event it needs.
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

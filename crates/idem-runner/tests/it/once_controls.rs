@@ -1,6 +1,5 @@
 //! `idem once`'s overlap policies, pause and triggered runs, with real concurrent invocations (tasks on one
 //! [`MemoryStore`] on the system clock) and a command that appends to a log, so executions are counted.
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! and inline paths) outside comments and `mod tests` is an import of the module that defines `NAME`, names
 //! re-exported by `lib.rs` resolved to the module they come from.
 //!
-//! Run alone: `cargo test -p idem-runner --test layers`.
+//! Run alone: `cargo test -p idem-runner --test it layers`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

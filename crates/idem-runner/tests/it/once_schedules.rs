@@ -1,6 +1,5 @@
 //! `idem once`'s backfill, catch-up window and jitter, with real concurrent invocations (tasks on one
 //! [`MemoryStore`] on the system clock) and a command that appends to a log, so executions are counted.
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::collections::BTreeMap;
 use std::path::Path;

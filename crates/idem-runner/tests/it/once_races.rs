@@ -1,6 +1,5 @@
 //! Races between invocations of `idem once` in neighbouring slots, forced with [`FaultyStore`] delays over one
 //! [`MemoryStore`] on the system clock (one wrapper per invocation: each its own "machine").
-#![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::path::Path;
 use std::time::Duration;
