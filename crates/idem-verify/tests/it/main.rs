@@ -43,9 +43,11 @@ fn main() -> ExitCode {
         return ExitCode::from(101);
     }
     if args.test_threads.is_none() {
-        // libtest-mimic reads only the flag; cargo's runner reads the variable too (0 there: the default).
+        // libtest-mimic reads only the flag; cargo's runner reads the variable too (0 there: the default). The
+        // variable is set for every test binary (`.ci/run`: eight): here it may lower the count, not raise it,
+        // since the tests beside the four checker runs start servers and processes of their own.
         let from_env = std::env::var("RUST_TEST_THREADS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0);
-        args.test_threads = Some(from_env.unwrap_or(TEST_THREADS));
+        args.test_threads = Some(from_env.unwrap_or(TEST_THREADS).min(TEST_THREADS));
     }
     let mut trials = trials![
         failover::proxy_redis_sentinel_failover_with_wait_loses_nothing,
@@ -123,7 +125,7 @@ fn every_test_is_listed(listed: &[String]) -> Result<(), libtest_mimic::Failed> 
 static RUNS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 /// How many runs may be under way at once.
 const MAX_RUNS: usize = 4;
-/// How many tests run at once when neither `--test-threads` nor `RUST_TEST_THREADS` says.
+/// How many tests run at once when `--test-threads` does not say (`RUST_TEST_THREADS` may say fewer).
 const TEST_THREADS: usize = 4;
 
 /// A place among the [`MAX_RUNS`] runs, given back on drop.
