@@ -193,19 +193,30 @@ pub(crate) async fn probe(
         Err(e) if tls && e.is_timeout() && !answers_plain_ping(client.get_connection_info()).await => {
             Err(Error::Connect(e))
         }
-        // A plain connection reset: a TLS port resets a plain command (a mistake in the URL, exit 2), and so
-        // does a server that accepts and closes every connection while it still has the command unread (a proxy
-        // in front of a store that is down, a failover in progress: an outage, 75). The TLS port answers a
-        // TLS hello; the closing server does not.
-        Err(e)
-            if !tls
-                && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset)
-                && !speaks_tls(client.get_connection_info()).await =>
-        {
-            Err(Error::Connect(e))
-        }
-        Err(e) => Err(connect_error(e, tls)),
+        // A plain connection reset: a TLS port, or a server closing every connection (see there).
+        Err(e) => Err(first_connect_error(e, tls, std::slice::from_ref(client.get_connection_info().addr())).await),
     }
+}
+
+/// [`connect_error`] for a first connection to the servers at `addrs` (the one server, the Sentinels or the
+/// Cluster's seed nodes): a plain connection reset is a TLS port (a mistake in the URL, exit 2) only when one
+/// of them answers a TLS hello; a server that accepts and closes every connection while it still has the command
+/// unread (a proxy in front of a store that is down, a failover in progress) resets it too, and is an outage
+/// (75).
+pub(crate) async fn first_connect_error(e: redis::RedisError, tls: bool, addrs: &[redis::ConnectionAddr]) -> Error {
+    if !tls && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset) {
+        let mut tls_port = false;
+        for addr in addrs {
+            if speaks_tls(addr).await {
+                tls_port = true;
+                break;
+            }
+        }
+        if !tls_port {
+            return Error::Connect(e);
+        }
+    }
+    connect_error(e, tls)
 }
 
 /// Whether the server of `info` answers a plain `PING` within a second (after a TLS handshake timed out:
@@ -226,8 +237,8 @@ pub(crate) async fn answers_plain_ping(info: &redis::ConnectionInfo) -> bool {
 /// Whether the server of `info` (a plain `redis://` address) answers a TLS hello with TLS within a second: a
 /// handshake that gets as far as a certificate to refuse (no root is trusted here) or an alert from the server.
 /// A server that closes the connection, resets it or says nothing does not.
-pub(crate) async fn speaks_tls(info: &redis::ConnectionInfo) -> bool {
-    let redis::ConnectionAddr::Tcp(host, port) = info.addr() else { return false };
+async fn speaks_tls(addr: &redis::ConnectionAddr) -> bool {
+    let redis::ConnectionAddr::Tcp(host, port) = addr else { return false };
     let (host, port) = (host.clone(), *port);
     let handshake = move || -> Option<bool> {
         use std::net::ToSocketAddrs;
@@ -256,7 +267,7 @@ pub(crate) async fn speaks_tls(info: &redis::ConnectionInfo) -> bool {
 /// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
 /// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
 /// command and waits for the rest of the line, so the handshake never ends).
-pub(crate) fn connect_error(e: redis::RedisError, tls: bool) -> Error {
+fn connect_error(e: redis::RedisError, tls: bool) -> Error {
     if let Some(refused) = idem_tls::rustls_error_in(&e) {
         let hints = idem_tls::Hints {
             peer: "Redis server",

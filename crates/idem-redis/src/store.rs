@@ -10,7 +10,7 @@ use redis::aio::ConnectionManager;
 use redis::{Cmd, Script, Value};
 
 use crate::conn::{Conn, SentinelConn};
-use crate::error::{Error, connect_error, redis_err};
+use crate::error::{Error, first_connect_error, redis_err};
 use crate::topology::Wait;
 use crate::topology::{Source, Topology};
 use crate::url::Target;
@@ -247,7 +247,7 @@ impl RedisStore {
                             None => Error::Connect(e),
                         });
                     }
-                    Err(e) => return Err(connect_error(e, tls)),
+                    Err(e) => return Err(first_connect_error(e, tls, &sentinels.addrs()).await),
                 };
                 (Conn::Sentinel(conn), None, prefix.to_owned(), Source::Sentinel(sentinels))
             }
@@ -265,13 +265,19 @@ impl RedisStore {
                     }
                     b.build().map_err(Error::InvalidUrl)
                 };
-                let reads = client(None)?.get_async_connection().await.map_err(|e| connect_error(e, tls))?;
+                let reads = match client(None)?.get_async_connection().await {
+                    Ok(reads) => reads,
+                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs()).await),
+                };
                 // The cluster client sends a command again after its connection dropped, when it may have run:
                 // right for reads, wrong for a write (a counter add applied twice, a put refused by its own
                 // first copy). Writes go through a client that never resends; `write` retries refusals
                 // that ran nothing (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) itself.
                 let once = client(Some(0))?;
-                let writes = once.get_async_connection().await.map_err(|e| connect_error(e, tls))?;
+                let writes = match once.get_async_connection().await {
+                    Ok(writes) => writes,
+                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs()).await),
+                };
                 let prefix = format!("{{{prefix}}}");
                 let slot: u16 = redis::cmd("CLUSTER")
                     .arg("KEYSLOT")

@@ -92,6 +92,11 @@ impl Sentinels {
         Ok(Self { clients, master: master.to_owned() })
     }
 
+    /// The Sentinels' addresses.
+    pub(crate) fn addrs(&self) -> Vec<ConnectionAddr> {
+        self.clients.iter().map(|(c, _)| c.get_connection_info().addr().clone()).collect()
+    }
+
     /// The master's name.
     pub(crate) fn master(&self) -> &str {
         &self.master

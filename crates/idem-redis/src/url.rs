@@ -40,6 +40,11 @@ pub(crate) struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// The seed nodes' addresses.
+    pub(crate) fn addrs(&self) -> Vec<redis::ConnectionAddr> {
+        self.nodes.iter().map(|n| n.addr().clone()).collect()
+    }
+
     pub(crate) fn builder(&self) -> redis::cluster::ClusterClientBuilder {
         let mut b = redis::cluster::ClusterClientBuilder::new(self.nodes.clone()).use_protocol(self.protocol);
         if let Some(u) = &self.user {

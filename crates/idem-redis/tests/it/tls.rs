@@ -95,6 +95,29 @@ async fn plain_redis_to_the_tls_port_fails() {
 /// met in CI on 2026-12-06.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_resets_connections_is_unavailable_not_a_tls_port() {
+    let url = format!("redis://127.0.0.1:{}", resetting_server());
+    let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Connect(_)), "{}", error_chain(&err));
+    assert!(err.is_unavailable(), "{}", error_chain(&err));
+}
+
+/// The same for Sentinels and a Cluster's seed nodes that reset every connection: an outage, not a TLS port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_or_cluster_nodes_that_reset_connections_are_unavailable_not_tls_ports() {
+    let (a, b) = (resetting_server(), resetting_server());
+    for url in [
+        format!("redis+sentinel://127.0.0.1:{a},127.0.0.1:{b}/mymaster"),
+        format!("redis+cluster://127.0.0.1:{a},127.0.0.1:{b}"),
+    ] {
+        let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+        assert!(!matches!(err, Error::Handshake(_)), "{url}: {}", error_chain(&err));
+        assert!(err.is_unavailable(), "{url}: {}", error_chain(&err));
+    }
+}
+
+/// A plain server on a free port that accepts every connection and closes it after reading one byte, the
+/// rest of the command unread (which makes the close a reset): a proxy in front of a Redis that is down.
+fn resetting_server() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -105,10 +128,7 @@ async fn a_server_that_resets_connections_is_unavailable_not_a_tls_port() {
             drop(conn);
         }
     });
-    let url = format!("redis://127.0.0.1:{port}");
-    let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
-    assert!(matches!(err, Error::Connect(_)), "{}", error_chain(&err));
-    assert!(err.is_unavailable(), "{}", error_chain(&err));
+    port
 }
 
 #[tokio::test]
