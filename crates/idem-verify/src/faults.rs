@@ -219,7 +219,6 @@ pub fn spawn(
     gap: (Duration, Duration),
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
-    let names = |classes: &[FaultClass]| classes.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
     let kinds = if opts.only_faults.is_empty() {
         kinds
     } else {
@@ -233,10 +232,10 @@ pub fn spawn(
             }
             return Err(Error::Usage(format!(
                 "--faults {}: the {} workload on {} injects none of them (it injects {})",
-                names(&opts.only_faults),
+                FaultClass::names(&opts.only_faults),
                 opts.workload.name(),
                 opts.backend.name(),
-                names(&offered)
+                FaultClass::names(&offered)
             )));
         }
         chosen

@@ -142,6 +142,11 @@ impl FaultClass {
             FaultClass::DiskFull => "disk-full",
         }
     }
+
+    /// `classes` by name, as `--faults` takes them: "kill9, pause".
+    pub fn names(classes: &[FaultClass]) -> String {
+        classes.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// The replication setting of a highly available backend without the durable one (`--no-durable`).
@@ -346,10 +351,9 @@ impl Error {
 /// in the summary.
 pub async fn run(opts: &Options) -> Result<Summary, Error> {
     if opts.backend.is_ha() && !opts.only_faults.is_empty() {
-        let names: Vec<&str> = opts.only_faults.iter().map(|c| c.name()).collect();
         return Err(Error::Usage(format!(
             "--faults {} does not apply to {}: its one fault is --ha-fault's",
-            names.join(", "),
+            FaultClass::names(&opts.only_faults),
             opts.backend.name()
         )));
     }
