@@ -50,6 +50,8 @@ pub mod testing;
 pub use error::{Error, KeyProblem, error_chain};
 pub use lease::{LeaseKeeper, Lost, Renewable};
 pub use limits::{Limits, MAX_KEY_BYTES, MAX_TTL, MIN_TTL};
+#[cfg(feature = "testing")]
+pub use memory::ManualClock;
 pub use memory::MemoryStore;
 pub use stop::Stop;
 pub use store::{Store, StoreExt};

@@ -20,7 +20,7 @@ pub struct MemoryStore {
 }
 
 /// Where a [`MemoryStore`] reads "now" for TTLs and dedupe retention.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 enum Clock {
     /// The system clock.
     #[default]
@@ -31,17 +31,48 @@ enum Clock {
     /// The system clock plus `ms` (negative: behind), as a database server's clock may be off the client's.
     #[cfg(feature = "testing")]
     Offset { ms: i64 },
+    /// A time in ms since the Unix epoch that only [`ManualClock`] moves.
+    #[cfg(feature = "testing")]
+    Manual(ManualClock),
+}
+
+/// The clock of a [`MemoryStore::with_manual_clock`]: milliseconds since the Unix epoch, moved only by the
+/// test that holds it (a slot schedule's gaps, a clock that jumps ahead or back), so the test decides what
+/// time every invocation reads without sleeping. Cloning gives another handle to the same clock.
+#[cfg(feature = "testing")]
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<std::sync::atomic::AtomicU64>);
+
+#[cfg(feature = "testing")]
+impl ManualClock {
+    /// Its time, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Sets its time to `ms` since the Unix epoch (earlier than now too: a clock stepped back).
+    pub fn set_ms(&self, ms: u64) {
+        self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Moves it on by `by`.
+    pub fn advance(&self, by: std::time::Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_add(by, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Clock {
-    fn now_ms(self) -> u64 {
+    fn now_ms(&self) -> u64 {
         match self {
             Clock::System => system_time_to_millis(SystemTime::now()),
             Clock::Tokio { origin_ms, start } => {
                 origin_ms + u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX - origin_ms)
             }
             #[cfg(feature = "testing")]
-            Clock::Offset { ms } => system_time_to_millis(SystemTime::now()).saturating_add_signed(ms),
+            Clock::Offset { ms } => system_time_to_millis(SystemTime::now()).saturating_add_signed(*ms),
+            #[cfg(feature = "testing")]
+            Clock::Manual(clock) => clock.now_ms(),
         }
     }
 }
@@ -107,6 +138,16 @@ impl MemoryStore {
     #[cfg(feature = "testing")]
     pub fn with_clock_offset(offset_ms: i64) -> Self {
         Self { inner: Arc::default(), limits: Limits::default(), clock: Clock::Offset { ms: offset_ms } }
+    }
+
+    /// An empty store whose clock (for TTLs and [`Store::now`]) stands at `start_ms` (milliseconds since the
+    /// Unix epoch) until the returned [`ManualClock`] moves it: tests of schedules and leases that jump
+    /// through time instead of sleeping through it. Leases lapse only when the test moves the clock past them.
+    #[cfg(feature = "testing")]
+    pub fn with_manual_clock(start_ms: u64) -> (Self, ManualClock) {
+        let clock = ManualClock::default();
+        clock.set_ms(start_ms);
+        (Self { inner: Arc::default(), limits: Limits::default(), clock: Clock::Manual(clock.clone()) }, clock)
     }
 
     fn now_ms(&self) -> u64 {

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 mod layers;
+mod once_clock;
 mod once_controls;
 mod once_faults;
 mod once_races;

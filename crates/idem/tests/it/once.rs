@@ -2,6 +2,11 @@
 //! file shared by the processes of this machine), PostgreSQL and Redis (the machine's servers, each test in a
 //! schema or key prefix of its own; what is killed or paused here is an `idem once` process, never a server).
 //! Each command logs every execution to a file, which is what is counted.
+//!
+//! What the schedule decides through time (gaps, deadlines, overlap, retries, a clock that jumps) is tested in
+//! the runner crate on a clock its tests move (`crates/idem-runner/tests/it/once_clock.rs`); what stays here
+//! needs processes or a server: kill -9, SIGSTOP, signals, several machines at once, exit statuses and the
+//! command line.
 #![allow(clippy::unwrap_used)] // tests report failures by panicking
 
 use std::path::PathBuf;
@@ -145,52 +150,6 @@ async fn three_together_run_once(b: Backend) {
     b.cleanup().await;
 }
 
-/// Over 20 s of `--every 2s`, three machines invoking every 300 ms: every slot that began ran exactly once.
-async fn every_slot_runs_once_under_steady_invocations(b: Backend) {
-    let script = "echo \"$IDEM_SLOT\" >> runs; sleep 0.3";
-    let end = Instant::now() + Duration::from_secs(20);
-    let machines: Vec<_> = (0..3)
-        .map(|_| {
-            let mut cmd = b.once("steady", &["--every", "2s", "--lease", "2s"], script);
-            cmd.stderr(Stdio::null());
-            std::thread::spawn(move || {
-                let mut running = Vec::new();
-                while Instant::now() < end {
-                    running.push(cmd.spawn().unwrap());
-                    std::thread::sleep(Duration::from_millis(300));
-                    running.retain_mut(|c: &mut Child| c.try_wait().unwrap().is_none());
-                }
-                for mut c in running {
-                    c.wait().unwrap();
-                }
-            })
-        })
-        .collect();
-    for m in machines {
-        m.join().unwrap();
-    }
-    let runs = b.lines("runs");
-    let mut seen = std::collections::BTreeMap::<String, usize>::new();
-    for slot in &runs {
-        *seen.entry(slot.clone()).or_default() += 1;
-    }
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "slots executed more than once: {twice:?}");
-    let status = b.status("steady");
-    let done = slots(&status).iter().filter(|s| s["state"] == "done").count();
-    let missed: Vec<_> = slots(&status).iter().filter(|s| s["state"] == "missed").collect();
-    assert_eq!(missed, Vec::<&Value>::new(), "slots that began with invocations every 300 ms were missed");
-    // Every slot from the first to the last ran: ten or eleven 2 s slots in 20 s.
-    let first = secs(seen.keys().next().unwrap());
-    let last = secs(seen.keys().last().unwrap());
-    let began = (last - first) / 2 + 1;
-    eprintln!("{}: {} executions, {began} slots began, {done} done", b.url, runs.len());
-    assert_eq!(runs.len() as u64, began, "executions != slots that began: {seen:?}");
-    assert_eq!(done as u64, began);
-    assert_eq!(status["ran_more_than_once"], 0);
-    b.cleanup().await;
-}
-
 /// kill -9 of the holder mid-command: its command dies with it (the watchdog), the next invocation after the
 /// lease runs the slot once more, and the slot ends done after two attempts.
 async fn a_killed_holder_is_taken_over_after_its_lease(b: Backend) {
@@ -312,105 +271,6 @@ async fn a_paused_invocations_command_is_stopped_before_a_takeover(b: Backend) {
     b.cleanup().await;
 }
 
-/// A failing command is retried by the next invocation and stops after `--retries`: exit 1, 1, then 3 for
-/// the last attempt and 3 without running for every invocation after it.
-async fn a_failing_slot_is_retried_until_its_retries_run_out(b: Backend) {
-    let script = "echo try >> log; echo \"boom $IDEM_ATTEMPT\" >&2; exit 3";
-    let args = ["--every", ONE_SLOT, "--retries", "2"];
-    let codes: Vec<i32> = (0..4).map(|_| b.run("failing", &args, script).0).collect();
-    assert_eq!(codes, [1, 1, 3, 3]);
-    assert_eq!(b.lines("log").len(), 3, "ran after its retries ran out");
-    let status = b.status("failing");
-    let slot = &slots(&status)[0];
-    assert_eq!((slot["state"].as_str(), slot["attempts"].as_u64()), (Some("failed"), Some(3)));
-    // JSON: the exit code a number, the signal apart, the words in `ending`.
-    assert_eq!(
-        (&slot["exit"], &slot["signal"], &slot["ending"]),
-        (&serde_json::json!(3), &Value::Null, &serde_json::json!("exit 3"))
-    );
-    assert_eq!(slot["output"], serde_json::json!(["boom 3"]));
-    b.cleanup().await;
-}
-
-/// With no invocation for three slots, the next one runs only the current slot, and `status` shows the three
-/// missed.
-async fn slots_without_an_invocation_are_recorded_missed(b: Backend) {
-    let script = "echo \"$IDEM_SLOT\" >> runs";
-    let args = ["--every", "1s"];
-    wait_until_into_slot(1000, 100);
-    assert_eq!(b.run("gaps", &args, script).0, 0);
-    std::thread::sleep(Duration::from_millis(3900));
-    wait_until_into_slot(1000, 100);
-    assert_eq!(b.run("gaps", &args, script).0, 0);
-    let runs = b.lines("runs");
-    assert_eq!(runs.len(), 2, "{runs:?}");
-    let status = b.status("gaps");
-    let states: Vec<&str> = slots(&status).iter().map(|s| s["state"].as_str().unwrap()).collect();
-    let gap = secs(&runs[1]) - secs(&runs[0]) - 1;
-    assert!(gap >= 3, "{runs:?}");
-    let mut expected = vec!["done"];
-    expected.extend(std::iter::repeat_n("missed", gap as usize));
-    expected.push("done");
-    assert_eq!(states, expected);
-    assert!(slots(&status)[1..=gap as usize].iter().all(|s| s["missed"] == "no_invocation"));
-    // A missed slot has every key, null where nothing applies.
-    let missed_slot = slots(&status)[1].as_object().unwrap();
-    for key in ["machine", "started", "duration_ms", "exit", "signal", "ending"] {
-        assert_eq!(missed_slot.get(key), Some(&Value::Null), "{key}: {missed_slot:?}");
-    }
-    assert_eq!(status["missed"], gap);
-    b.cleanup().await;
-}
-
-/// An invocation past `--starting-deadline` runs nothing and records the slot missed (exit 4, also for the
-/// invocations after it); the next slot, invoked in time, runs.
-async fn an_invocation_past_the_deadline_records_the_slot_missed(b: Backend) {
-    let script = "echo \"$IDEM_SLOT\" >> runs";
-    let args = ["--every", "4s", "--starting-deadline", "1s"];
-    wait_until_into_slot(4000, 1500);
-    let (code, stderr) = b.run("late", &args, script);
-    assert_eq!(code, 4, "{stderr}");
-    assert!(stderr.contains("recorded missed now (not started within --starting-deadline)"), "{stderr}");
-    assert_eq!(b.run("late", &args, script).0, 4);
-    assert!(b.lines("runs").is_empty());
-    wait_until_into_slot(4000, 100);
-    assert_eq!(b.run("late", &args, script).0, 0);
-    assert_eq!(b.lines("runs").len(), 1);
-    let status = b.status("late");
-    assert_eq!(slots(&status)[1]["state"], "missed");
-    assert_eq!(slots(&status)[1]["missed"], "past_deadline");
-    assert_eq!(slots(&status)[0]["state"], "done");
-    b.cleanup().await;
-}
-
-/// `--no-overlap`: while an earlier slot's command still runs, an invocation in the next slot does not start
-/// it (exit 5 with `--fail-if-held`); once the earlier run ended, the next invocation in the slot runs it. A
-/// schedule other than the job's recorded one is refused (exit 2) and runs nothing.
-async fn no_overlap_holds_the_next_slot_until_the_earlier_run_ends(b: Backend) {
-    let args = ["--every", "4s", "--no-overlap"];
-    let script = "echo \"$IDEM_SLOT\" >> runs; [ \"$(wc -l < runs)\" -gt 1 ] || sleep 5";
-    wait_until_into_slot(4000, 100);
-    let first = b.once("overlap", &args, script).spawn().unwrap();
-    wait_for("the first start", Duration::from_secs(20), || b.lines("runs").len() == 1);
-    // Into the next slot, while the first still runs.
-    let next = Duration::from_millis((secs(&b.lines("runs")[0]) + 4) * 1000 + 300);
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
-    std::thread::sleep(next.saturating_sub(now));
-    let (code, stderr) = b.run("overlap", &[&args[..], &["--fail-if-held"]].concat(), script);
-    assert_eq!(code, 5, "{stderr}");
-    assert!(stderr.contains("still runs (--overlap skip)"), "{stderr}");
-    assert_eq!(b.lines("runs").len(), 1);
-    assert_eq!(first.wait_with_output().unwrap().status.code(), Some(0));
-    let (code, stderr) = b.run("overlap", &args, script);
-    assert_eq!((code, stderr.contains(": done (attempt 1)")), (0, true), "{stderr}");
-    let runs = b.lines("runs");
-    assert_eq!(secs(&runs[1]) - secs(&runs[0]), 4, "{runs:?}");
-    let (code, stderr) = b.run("overlap", &["--every", "3s"], script);
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("job overlap is scheduled every 4s in this store, not every 3s"), "{stderr}");
-    assert_eq!(b.lines("runs").len(), 2);
-}
-
 /// SIGTERM (and SIGHUP, a closed terminal) to the invocation after its command started kills the command, and
 /// the attempt counts toward --retries (exit 130; `status` counts it interrupted): with --retries 1, six
 /// invocations each stopped mid-command (as `timeout 1 idem once …` stops them; the second by SIGHUP, which
@@ -451,28 +311,6 @@ async fn a_signal_counts_the_attempt(b: Backend) {
     assert!(text.contains("failed") && text.contains("interrupted (2 of 2 attempts interrupted)"), "{text}");
 }
 
-/// --retries is the job's, as its schedule is: an invocation giving another than the one the job was first
-/// invoked with is refused (exit 2, nothing run), else a slot's attempts would be judged against two limits and
-/// exit 3 (failed for good) would not be final on every machine.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_retries_is_refused_like_another_schedule() {
-    let b = Backend::sqlite().unwrap();
-    let script = "echo ran >> runs; exit 1";
-    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
-    assert_eq!(code, 3, "{stderr}");
-    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "2"], script);
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("job retries has --retries 0 in this store, not 2"), "{stderr}");
-    let (code, stderr) = b.run("retries", &["--every", ONE_SLOT, "--retries", "0"], script);
-    assert_eq!(code, 3, "{stderr}");
-    assert_eq!(b.lines("runs").len(), 1, "1 run: the refused invocation ran nothing");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_overlap_on_sqlite() {
-    no_overlap_holds_the_next_slot_until_the_earlier_run_ends(Backend::sqlite().unwrap()).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_killed_after_success_on_sqlite() {
     a_holder_killed_after_its_command_succeeded_counts_as_taken_over(Backend::sqlite().unwrap()).await;
@@ -481,45 +319,6 @@ async fn a_holder_killed_after_success_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_on_sqlite() {
     a_signal_counts_the_attempt(Backend::sqlite().unwrap()).await;
-}
-
-/// A slot whose entry may have been pruned never runs: the store holds a job record 200 minutes ahead of this
-/// clock with its newest 100 slots done (as a machine 200 minutes ahead leaves it, on a shared SQLite file).
-/// Beyond `FUTURE_TOLERANCE_MS` the job is taken back to this clock's slot (with a warning), but the current
-/// slot has no entry and 100 newer ones: a claim of it is withdrawn. Five invocations: 0 runs, each exits 4
-/// saying why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_older_than_the_jobs_newest_never_runs() {
-    use idem_core::slot::{self, Ending, Job, job_key};
-    use idem_store::{Precondition, Store as _, Ttl};
-
-    let b = Backend::sqlite().unwrap();
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let (period, current) = (60_000, now - now % 60_000);
-    let newest = current + 200 * period;
-    {
-        let store = idem_sqlite::SharedSqlite::open(&b.path("once.db"), idem_store::Limits::default()).await.unwrap();
-        let job = Job { schedule: "every 60s".into(), last_slot_ms: newest, missed_unlisted: 99, ..Job::default() };
-        store.put(&job_key("stale"), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
-        for slot in (101..=200).map(|i| current + i * period) {
-            let ending =
-                Ending { exit: "exit 0".into(), code: Some(0), duration_ms: 1, finished_at_ms: slot, output: vec![] };
-            let entry =
-                slot::Entry::Done { attempts: 1, owner: "o".into(), host: "ahead".into(), started_at_ms: slot, ending };
-            let key = slot::Keys::new("stale", slot);
-            store.put(key.entry(), entry.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
-        }
-        store.close().await;
-    }
-    for _ in 0..5 {
-        let (code, stderr) = b.run("stale", &["--every", "60s"], "echo \"$IDEM_SLOT\" >> runs");
-        assert_eq!(code, 4, "{stderr}");
-        assert!(stderr.contains("not run: the job has already seen the later slot"), "{stderr}");
-    }
-    assert_eq!(b.lines("runs"), Vec::<String>::new(), "0 runs of a slot older than the job's newest");
-    let status = b.status("stale");
-    assert_eq!(slots(&status).len(), 100, "nothing written for the old slot: {status}");
-    assert_eq!(status["ran_more_than_once"], 0, "{status}");
 }
 
 /// `--quiet` says nothing on success nor when the slot is done or held, and reports a change of state once:
@@ -601,29 +400,6 @@ async fn seed_job(b: &Backend, name: &str, last_ms: u64, unlisted: u64) {
     let job = Job { schedule: "every 60s".into(), last_slot_ms: last_ms, missed_unlisted: unlisted, ..Job::default() };
     store.put(&job_key(name), job.encode(), Precondition::Absent, Ttl::Clear).await.unwrap();
     store.close().await;
-}
-
-/// The missed total `status` shows is the job's whatever `--limit` (and counts missed entries pruned from
-/// the history): a job last seen 150 minutes ago (`--every 60s`) records 101 slots missed and counts 49, its
-/// run prunes 2 missed entries, and `status` says 150 missed with `--limit` 1, 5 and 100.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_missed_total_is_the_jobs_whatever_the_limit() {
-    let b = Backend::sqlite().unwrap();
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let last = now - now % 60_000 - 150 * 60_000;
-    seed_job(&b, "gap", last, 0).await;
-    let (code, stderr) = b.run("gap", &["--every", "60s"], "echo \"$IDEM_SLOT\" >> runs");
-    assert_eq!(code, 0, "{stderr}");
-    let ran = secs(&b.lines("runs")[0]) * 1000;
-    // The slots from `last` (never started) to the one before the run's: 150 unless a minute began meanwhile.
-    let expected = (ran - last) / 60_000;
-    assert!(stderr.contains("recorded 101 earlier slots missed"), "{stderr}");
-    assert!(stderr.contains(&format!("and {} earlier ones counted", expected - 101)), "{stderr}");
-    for limit in [1, 5, 100] {
-        let status = b.status_limited("gap", limit);
-        assert_eq!(status["missed"].as_u64(), Some(expected), "--limit {limit}");
-        assert_eq!(slots(&status).len(), limit);
-    }
 }
 
 /// `status` for people: an hourly job's schedule is `every 1h`; a `sqlite:` file that does not exist is not
@@ -712,11 +488,6 @@ fn wait_until_into_slot(period_ms: u64, from_ms: u64) {
         }
         std::thread::sleep(Duration::from_millis(((from_ms + period_ms - into) % period_ms).max(1)));
     }
-}
-
-/// An RFC 3339 time (`IDEM_SLOT`) in whole seconds since the Unix epoch.
-fn secs(rfc3339: &str) -> u64 {
-    u64::try_from(rfc3339.parse::<jiff::Timestamp>().unwrap().as_second()).unwrap()
 }
 
 /// `idem once backfill` over five hourly slots before the job's first, then three invocations at once (as cron
@@ -855,11 +626,7 @@ macro_rules! on_every_backend {
 
 on_every_backend!(
     three_together_run_once,
-    every_slot_runs_once_under_steady_invocations,
     a_killed_holder_is_taken_over_after_its_lease,
-    a_failing_slot_is_retried_until_its_retries_run_out,
-    slots_without_an_invocation_are_recorded_missed,
-    an_invocation_past_the_deadline_records_the_slot_missed,
     a_backfill_runs_each_slot_once_under_concurrent_invocations,
     cancel_other_stops_the_running_slot_on_another_process,
 );
@@ -1074,43 +841,6 @@ fn another_schedule_is_refused_in_the_words_it_was_given() {
     assert!(stderr.contains("job hourly is scheduled every 1h in this store, not every 1h30m"), "{stderr}");
     assert!(!stderr.contains("3600s"), "{stderr}");
     assert_eq!(b.lines("runs").len(), 0, "the refused invocation ran nothing");
-}
-
-/// A clock that jumped more than a history ahead (`--every 10s`, +30 min: 180 slots, on SQLite, where each
-/// invocation's clock is the store's) records 101 slots missed ahead and runs its slot, whose prune must not
-/// delete the entry of the slot that ran before the jump: the correct clock then takes the job back (deleting
-/// the missed entries ahead) and finds that slot done. 2 runs for 2 slots, the third invocation exits 0 "done
-/// already", 0 ran more than once. Before the prune kept it, the third invocation ran the slot again (3 runs).
-/// Skipped when `faketime` (libfaketime) is not installed.
-#[test]
-fn a_slot_that_ran_stays_done_after_a_clock_ran_more_than_a_history_ahead() {
-    if !faketime_installed() {
-        return;
-    }
-    let b = Backend::sqlite().unwrap();
-    let args = ["--every", "10s"];
-    let script = "echo \"$IDEM_SLOT\" >> runs";
-    wait_until_into_slot(10_000, 0);
-    let (code, stderr) = b.run("jump", &args, script);
-    assert_eq!(code, 0, "{stderr}");
-    let out = Command::new("faketime")
-        .args(["-f", "+1800s", BIN, "once", "--store", &b.url, "--name", "jump", "--every", "10s"])
-        .args(["--", "sh", "-c", script])
-        .current_dir(b.dir.path())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("recorded 100 earlier slots missed"), "{stderr}");
-    let (code, stderr) = b.run("jump", &args, script);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("done already"), "{stderr}");
-    assert!(stderr.contains("is taken back to this clock's slot"), "{stderr}");
-    let runs = b.lines("runs");
-    assert_eq!(runs.len(), 2, "2 runs, one per slot: {runs:?}");
-    assert_eq!(secs(&runs[1]) - secs(&runs[0]), 1800, "{runs:?}");
-    assert_eq!(b.status("jump")["ran_more_than_once"], 0);
 }
 
 /// SIGINT to an invocation waiting at a slot boundary for the store's clock (its machine 4.5 s ahead of
