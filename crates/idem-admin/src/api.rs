@@ -47,6 +47,7 @@ pub(crate) fn routes<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/v1/admin/records", get(list_records::<S>))
         .route("/v1/admin/record", get(record::<S>))
         .route("/v1/admin/records/release", post(release::<S>))
+        .route("/v1/admin/records/resolve", post(resolve::<S>))
         .route("/v1/admin/items", get(items::<S>))
         .route("/v1/admin/item", get(item::<S>))
         .route("/v1/admin/items/forget", post(forget::<S>))
@@ -132,6 +133,25 @@ async fn release<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes)
         Err(refusal) => return *refusal,
     };
     match records::release(&admin.store, &admin.prefix, &r.key, r.generation, &actor).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => failed(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct Resolve {
+    key: String,
+    generation: Option<u64>,
+    #[serde(default)]
+    note: String,
+}
+
+async fn resolve<S: Store>(State(admin): St<S>, headers: HeaderMap, body: Bytes) -> Response {
+    let (actor, r) = match action::<Resolve, S>(&admin, &headers, &body) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    match records::resolve(&admin.store, &admin.prefix, &r.key, r.generation, &r.note, &actor).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => failed(&e),
     }

@@ -24,6 +24,7 @@ pub mod cron;
 mod error;
 pub mod guard;
 pub mod metrics;
+pub mod rates;
 pub mod records;
 pub mod runs;
 pub mod scan;
@@ -57,17 +58,20 @@ pub struct Admin<S> {
     pub(crate) guard: guard::Guard,
     pub(crate) info: StoreInfo,
     metrics: Option<MetricsText>,
+    pub(crate) rates: rates::Rates,
 }
 
 impl<S: Store> Admin<S> {
     /// The pages over `store`, whose idempotency records live under `record_prefix` (the layer's
     /// `record_key_prefix`), guarded by `guard`.
     pub fn new(store: S, record_prefix: &str, guard: guard::Guard, info: StoreInfo) -> Self {
-        Self { store, prefix: record_prefix.to_owned(), guard, info, metrics: None }
+        Self { store, prefix: record_prefix.to_owned(), guard, info, metrics: None, rates: rates::Rates::default() }
     }
 
     /// Where the overview and the routes page read counters from (the server's Prometheus handle).
     pub fn metrics(mut self, render: MetricsText) -> Self {
+        // The first sample of the rates: the overview's first look has a rate since now.
+        self.rates.observe(std::time::Instant::now(), &metrics::totals(&render()));
         self.metrics = Some(render);
         self
     }

@@ -1,5 +1,6 @@
 //! Idempotency records as the operator sees them: a filtered, cursor-paged list, one record's detail, and
-//! the release action (delete the record, so the next retry of its key executes).
+//! the release action (delete the record, so the next retry of its key executes) and the resolve action (an
+//! unknown outcome found to have taken effect: retries are told so, never executed).
 //!
 //! Record keys are `{prefix}{scope}/{key}` and, for a webhook route, `{prefix}route/{name}/{scope}/{key}`
 //! (`idem_core::record::RecordKey`); the scope is `anonymous` or a hash of the caller's credential, never the
@@ -29,6 +30,8 @@ pub enum State {
     TooLarge,
     /// Sent, but no complete answer came back: neither replayed nor executed again until released.
     Unknown,
+    /// An unknown outcome an operator resolved as taken effect: retries get 409 `outcome-resolved`.
+    Resolved,
 }
 
 impl State {
@@ -39,6 +42,7 @@ impl State {
             State::Completed => "completed",
             State::TooLarge => "too_large",
             State::Unknown => "unknown",
+            State::Resolved => "resolved",
         }
     }
 
@@ -52,7 +56,8 @@ impl State {
             "completed" => State::Completed,
             "too_large" => State::TooLarge,
             "unknown" => State::Unknown,
-            _ => return Err(Error::BadRequest("state: in_flight, completed, too_large or unknown".into())),
+            "resolved" => State::Resolved,
+            _ => return Err(Error::BadRequest("state: in_flight, completed, too_large, unknown or resolved".into())),
         })
     }
 
@@ -62,6 +67,7 @@ impl State {
             Record::Finished { outcome: Outcome::Response(_), .. } => State::Completed,
             Record::Finished { outcome: Outcome::TooLarge { .. }, .. } => State::TooLarge,
             Record::Finished { outcome: Outcome::Unknown { .. }, .. } => State::Unknown,
+            Record::Finished { outcome: Outcome::Resolved { .. }, .. } => State::Resolved,
         }
     }
 }
@@ -248,8 +254,21 @@ pub struct Detail {
     pub body: Option<String>,
     /// Whether [`Detail::body`] was cut.
     pub body_truncated: bool,
-    /// Why the outcome is unknown.
+    /// Why the outcome is (or was, when resolved) unknown.
     pub reason: Option<String>,
+    /// Who resolved an unknown outcome, what they found and when (RFC 3339).
+    pub resolved: Option<Resolution>,
+}
+
+/// An operator's resolution of an unknown outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resolution {
+    /// Who: the admin guard's actor (a client certificate's subject, or `token`, or the shell user).
+    pub by: String,
+    /// What they found, in their words.
+    pub note: String,
+    /// When, RFC 3339.
+    pub at: String,
 }
 
 fn rfc3339(ms: u64) -> String {
@@ -292,6 +311,7 @@ pub async fn detail<S: Store>(store: &S, prefix: &str, store_key: &str, with_bod
         body: None,
         body_truncated: false,
         reason: None,
+        resolved: None,
     };
     match record {
         Record::InProgress { owner, started_at_ms, lease_ms, .. } => {
@@ -310,6 +330,10 @@ pub async fn detail<S: Store>(store: &S, prefix: &str, store_key: &str, with_bod
                 }
                 Outcome::TooLarge { status, size, .. } => (d.status, d.body_bytes) = (Some(status), Some(size)),
                 Outcome::Unknown { reason } => d.reason = Some(reason),
+                Outcome::Resolved { reason, by, note, resolved_at_ms } => {
+                    d.reason = Some(reason);
+                    d.resolved = Some(Resolution { by, note, at: rfc3339(resolved_at_ms) });
+                }
             }
         }
     }
@@ -344,6 +368,68 @@ pub async fn release<S: Store>(
         }
         Err(idem_store::Error::PreconditionFailed { current: Some(now) }) => Err(Error::Conflict(format!(
             "the record changed since it was shown (generation {now} now): look again before releasing it"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Longest note a resolution keeps, in bytes (it is answered to every retry of the key).
+pub const NOTE_LIMIT: usize = 1024;
+
+/// Resolves the unknown outcome of the record under `store_key` as taken effect: from now on a retry of its key
+/// gets 409 `outcome-resolved` with `note` (a webhook route's sender gets 200) and is never executed. With
+/// `generation` (the one the operator saw), only if the record is still that one. `actor` is kept in the
+/// record and logged.
+///
+/// # Errors
+/// [`Error::BadRequest`] for a key that is not a record's or a note over [`NOTE_LIMIT`] bytes;
+/// [`Error::NotFound`]; [`Error::Conflict`] when the record changed or its outcome is not unknown (in flight,
+/// answered, resolved already); [`Error::Unreadable`]; [`Error::Store`].
+pub async fn resolve<S: Store>(
+    store: &S,
+    prefix: &str,
+    store_key: &str,
+    generation: Option<u64>,
+    note: &str,
+    actor: &str,
+) -> Result<(), Error> {
+    check_key(prefix, store_key)?;
+    if note.len() > NOTE_LIMIT {
+        return Err(Error::BadRequest(format!("note: at most {NOTE_LIMIT} bytes ({} given)", note.len())));
+    }
+    let value = store.get(store_key).await?.ok_or_else(|| Error::NotFound(format!("no record {store_key}")))?;
+    if generation.is_some_and(|g| g != value.generation().get()) {
+        return Err(Error::Conflict(format!(
+            "the record changed since it was shown (generation {} now): look again before resolving it",
+            value.generation().get()
+        )));
+    }
+    let record = decode(store_key, &value)?;
+    let now_ms = idem_store::system_time_to_millis(store.now().await?);
+    let Some(resolved) = record.resolved(actor, note, now_ms) else {
+        return Err(Error::Conflict(format!(
+            "the record's outcome is not unknown (it is {}): only an unknown outcome is resolved",
+            State::of(&record).as_str()
+        )));
+    };
+    // Kept as long as the unknown outcome would have been (Ttl::Keep: the same expiry).
+    let written =
+        store.put(store_key, resolved.encode(), Precondition::Generation(value.generation()), idem_store::Ttl::Keep);
+    match written.await {
+        Ok(_) => {
+            tracing::info!(
+                actor,
+                key = store_key,
+                generation = value.generation().get(),
+                "admin: unknown outcome resolved"
+            );
+            Ok(())
+        }
+        Err(idem_store::Error::PreconditionFailed { current: None }) => {
+            Err(Error::NotFound(format!("no record {store_key}")))
+        }
+        Err(idem_store::Error::PreconditionFailed { current: Some(now) }) => Err(Error::Conflict(format!(
+            "the record changed since it was shown (generation {now} now): look again before resolving it"
         ))),
         Err(e) => Err(e.into()),
     }

@@ -107,6 +107,9 @@ problem_types! {
     ResponseNotStored = "response-not-stored", "Response not stored";
     /// 502 or 504: the request was sent but no complete answer came back; it may or may not have taken effect.
     OutcomeUnknown = "outcome-unknown", "Outcome unknown";
+    /// 409: the request's outcome had been unknown, and an operator found that it took effect; it is not
+    /// executed again (the detail carries their note).
+    OutcomeResolved = "outcome-resolved", "Outcome resolved by an operator";
     /// 502: the upstream could not be reached; the request was not sent.
     UpstreamUnreachable = "upstream-unreachable", "Upstream unreachable";
     /// 401: a webhook route's signature is missing, malformed, wrong or stale; nothing was claimed or forwarded.

@@ -80,6 +80,18 @@ pub enum Outcome {
         /// Why the outcome is unknown, for operators (never the other caller's data).
         reason: String,
     },
+    /// An unknown outcome an operator resolved: they found that the request took effect, so a retry is told so
+    /// (409 `outcome-resolved`) and never executes it. (One that did not take effect is released instead.)
+    Resolved {
+        /// Why the outcome had been unknown.
+        reason: String,
+        /// Who resolved it (the admin guard's actor: a client certificate's subject or "token").
+        by: String,
+        /// What they found, in their words (shown to operators and to the retrying caller).
+        note: String,
+        /// When, in milliseconds since the Unix epoch.
+        resolved_at_ms: u64,
+    },
 }
 
 /// One idempotency record: in flight under a lease, or finished with an [`Outcome`].
@@ -141,6 +153,14 @@ enum Head<'a> {
         reason: Cow<'a, str>,
         finished_at_ms: u64,
     },
+    Resolved {
+        fingerprint: String,
+        reason: Cow<'a, str>,
+        by: Cow<'a, str>,
+        note: Cow<'a, str>,
+        resolved_at_ms: u64,
+        finished_at_ms: u64,
+    },
 }
 
 impl Record {
@@ -149,6 +169,22 @@ impl Record {
         match self {
             Record::InProgress { fingerprint, .. } | Record::Finished { fingerprint, .. } => fingerprint,
         }
+    }
+
+    /// This record resolved by an operator (`by`, with `note`, at `now_ms`): the same record with its unknown
+    /// outcome [`Outcome::Resolved`]; `None` when its outcome is not unknown (a record in flight, one with a
+    /// response, or one resolved already has nothing to resolve).
+    pub fn resolved(&self, by: &str, note: &str, now_ms: u64) -> Option<Record> {
+        let Record::Finished { fingerprint, outcome: Outcome::Unknown { reason }, finished_at_ms } = self else {
+            return None;
+        };
+        let outcome = Outcome::Resolved {
+            reason: reason.clone(),
+            by: by.to_owned(),
+            note: note.to_owned(),
+            resolved_at_ms: now_ms,
+        };
+        Some(Record::Finished { fingerprint: *fingerprint, outcome, finished_at_ms: *finished_at_ms })
     }
 
     /// Encodes as stored: a 4-byte big-endian length, a JSON head, then the response body raw (so a binary
@@ -184,6 +220,17 @@ impl Record {
                     Outcome::Unknown { reason } => {
                         (Head::Unknown { fingerprint, reason: Cow::Borrowed(reason), finished_at_ms }, None)
                     }
+                    Outcome::Resolved { reason, by, note, resolved_at_ms } => (
+                        Head::Resolved {
+                            fingerprint,
+                            reason: Cow::Borrowed(reason),
+                            by: Cow::Borrowed(by),
+                            note: Cow::Borrowed(note),
+                            resolved_at_ms: *resolved_at_ms,
+                            finished_at_ms,
+                        },
+                        None,
+                    ),
                 }
             }
         };
@@ -239,6 +286,16 @@ impl Record {
                 outcome: Outcome::Unknown { reason: reason.into_owned() },
                 finished_at_ms,
             },
+            Head::Resolved { fingerprint, reason, by, note, resolved_at_ms, finished_at_ms } => Record::Finished {
+                fingerprint: Fingerprint::from_hex(&fingerprint)?,
+                outcome: Outcome::Resolved {
+                    reason: reason.into_owned(),
+                    by: by.into_owned(),
+                    note: note.into_owned(),
+                    resolved_at_ms,
+                },
+                finished_at_ms,
+            },
         })
     }
 }
@@ -263,6 +320,11 @@ pub enum Verdict {
     },
     /// Finished with an unknown outcome.
     Unknown,
+    /// An unknown outcome an operator resolved as taken effect: 409, never executed again.
+    Resolved {
+        /// What the operator found.
+        note: String,
+    },
 }
 
 /// Judges a request with fingerprint `fingerprint` against the live record of its key (`None`: absent or
@@ -280,6 +342,7 @@ pub fn judge(record: Option<Record>, fingerprint: &Fingerprint) -> Verdict {
             Outcome::Response(response) => Verdict::Replay(response),
             Outcome::TooLarge { status, limit, .. } => Verdict::TooLarge { status, limit },
             Outcome::Unknown { .. } => Verdict::Unknown,
+            Outcome::Resolved { note, .. } => Verdict::Resolved { note },
         },
     }
 }
@@ -710,7 +773,43 @@ mod tests {
         assert_eq!(judge(Some(big), &a), Verdict::TooLarge { status: 200, limit: 8 });
         let unknown =
             Record::Finished { fingerprint: a, outcome: Outcome::Unknown { reason: String::new() }, finished_at_ms: 0 };
-        assert_eq!(judge(Some(unknown), &a), Verdict::Unknown);
+        assert_eq!(judge(Some(unknown.clone()), &a), Verdict::Unknown);
+        let resolved = unknown.resolved("ops@example", "the charge went through", 7).unwrap();
+        assert_eq!(judge(Some(resolved.clone()), &a), Verdict::Resolved { note: "the charge went through".into() });
+        assert_eq!(judge(Some(resolved), &fp("b")), Verdict::Mismatch);
+    }
+
+    /// Only an unknown outcome can be resolved; the resolved record keeps the reason, the fingerprint and when
+    /// it finished, and survives the stored form.
+    #[test]
+    fn only_an_unknown_outcome_is_resolved_and_it_round_trips() {
+        let a = fp("a");
+        let unknown = Record::Finished {
+            fingerprint: a,
+            outcome: Outcome::Unknown { reason: "upstream reset".into() },
+            finished_at_ms: 5,
+        };
+        let resolved = unknown.resolved("CN=alice", "<b>seen</b> in the ledger", 9).unwrap();
+        assert_eq!(
+            resolved,
+            Record::Finished {
+                fingerprint: a,
+                outcome: Outcome::Resolved {
+                    reason: "upstream reset".into(),
+                    by: "CN=alice".into(),
+                    note: "<b>seen</b> in the ledger".into(),
+                    resolved_at_ms: 9,
+                },
+                finished_at_ms: 5,
+            }
+        );
+        assert_eq!(Record::decode(&resolved.encode()).unwrap(), resolved);
+        assert_eq!(resolved.resolved("x", "again", 10), None, "resolved once");
+        let running = Record::InProgress { fingerprint: a, owner: "o".into(), started_at_ms: 0, lease_ms: 0 };
+        assert_eq!(running.resolved("x", "", 1), None);
+        let response = StoredResponse { status: 200, headers: vec![], body: Bytes::new() };
+        let done = Record::Finished { fingerprint: a, outcome: Outcome::Response(response), finished_at_ms: 0 };
+        assert_eq!(done.resolved("x", "", 1), None);
     }
 
     #[test]

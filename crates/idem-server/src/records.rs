@@ -122,6 +122,10 @@ async fn look_up<S: Store>(State(records): Shared<S>, uri: Uri) -> Result<Respon
             Outcome::Unknown { reason } => {
                 json!({ "state": "outcome_unknown", "reason": reason, "finished_at_ms": finished_at_ms })
             }
+            Outcome::Resolved { reason, by, note, resolved_at_ms } => json!({
+                "state": "outcome_resolved", "reason": reason, "resolved_by": by, "note": note,
+                "resolved_at_ms": resolved_at_ms, "finished_at_ms": finished_at_ms,
+            }),
         },
     };
     view["fingerprint"] = json!(record.fingerprint().to_hex());

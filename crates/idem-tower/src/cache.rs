@@ -111,6 +111,7 @@ fn outcome_bytes(outcome: &idem_core::record::Outcome) -> u64 {
         }
         idem_core::record::Outcome::TooLarge { .. } => 0,
         idem_core::record::Outcome::Unknown { reason } => reason.len() as u64,
+        idem_core::record::Outcome::Resolved { reason, by, note, .. } => (reason.len() + by.len() + note.len()) as u64,
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::{error, warn};
 
 use crate::config::{Config, InFlight};
 use crate::prepare::Keyed;
-use crate::problem::{in_flight, outcome_unknown, problem, replay, store_unavailable};
+use crate::problem::{in_flight, outcome_resolved, outcome_unknown, problem, replay, store_unavailable};
 use crate::route::OnFailure;
 
 /// Step 3 from the replay cache: the answer a cached finished record gives, judged like one read from the store.
@@ -237,6 +237,13 @@ fn finished_answer(
             )
         }
         Verdict::Unknown => outcome_unknown(),
+        Verdict::Resolved { .. } if config.on_failure == OnFailure::Release => {
+            // A webhook sender reads only the status, and would deliver a 409 again for days: the operator found
+            // that the delivery took effect, so it is acknowledged.
+            crate::counters::count(crate::counters::Count::Replays);
+            replay(StoredResponse { status: 200, headers: Vec::new(), body: bytes::Bytes::new() })
+        }
+        Verdict::Resolved { note } => outcome_resolved(&note),
     })
 }
 

@@ -221,6 +221,22 @@ pub(crate) fn outcome_unknown() -> Response<Body> {
     )
 }
 
+/// The answer for a key whose unknown outcome an operator resolved as taken effect: 409 `outcome-resolved`
+/// with their note, and the SDKs' retry hints `false` (a retry would get this again).
+pub(crate) fn outcome_resolved(note: &str) -> Response<Body> {
+    let detail = if note.is_empty() {
+        "the request under this key had an unknown outcome, and an operator found that it took effect; it will not \
+         be executed again under this key"
+            .to_owned()
+    } else {
+        format!(
+            "the request under this key had an unknown outcome, and an operator found that it took effect ({note}); \
+             it will not be executed again under this key"
+        )
+    };
+    rehint(problem(StatusCode::CONFLICT, ProblemType::OutcomeResolved, &detail), false)
+}
+
 pub(crate) fn store_unavailable(e: &StoreError) -> Response<Body> {
     warn!(error = %e, "idempotency store unavailable");
     let mut response = problem(

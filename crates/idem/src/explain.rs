@@ -95,6 +95,21 @@ enum Action {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Resolve an unknown outcome as taken effect (once the upstream's own records show it did): every retry
+    /// with its key is then answered 409 outcome-resolved with the note, and never executed. (If it did not
+    /// take effect, release the record instead.)
+    Resolve {
+        /// The record's store key, as the pages and `idem explain key` show it.
+        store_key: String,
+        /// What you found, told to every retry (at most 1024 bytes).
+        #[arg(long, default_value = "")]
+        note: String,
+        /// Only if the record is still this generation (the one `idem explain` showed).
+        #[arg(long)]
+        generation: Option<u64>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Forget a failed or poison item, so the next run of the job retries it (no output file is touched).
     Forget {
         /// The job's --name.
@@ -204,13 +219,14 @@ fn item_text(d: &runs::ItemDetail) -> String {
 }
 
 /// Does the action, logged with the local user as the actor. Exit 0; 3 when there is nothing to act on; 4
-/// when the record changed since --generation or the item is not failed or poison.
+/// when the record changed since --generation, its outcome is not unknown (resolve), or the item is not
+/// failed or poison.
 ///
 /// # Errors
 /// As [`explain`], and [`Error::PreconditionFailed`] (exit 4).
 pub async fn admin(args: AdminArgs) -> Result<i32, Error> {
     let store = match &args.action {
-        Action::Release { store, .. } | Action::Forget { store, .. } => store,
+        Action::Release { store, .. } | Action::Resolve { store, .. } | Action::Forget { store, .. } => store,
     };
     let ledger = open(store).await?;
     let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
@@ -219,6 +235,11 @@ pub async fn admin(args: AdminArgs) -> Result<i32, Error> {
         Action::Release { store_key, generation, .. } => records::release(s, prefix, store_key, *generation, &actor)
             .await
             .map(|()| format!("released {store_key}: the next request with its key executes again\n")),
+        Action::Resolve { store_key, note, generation, .. } => {
+            records::resolve(s, prefix, store_key, *generation, note, &actor).await.map(|()| {
+                format!("resolved {store_key}: a retry with its key is told it took effect, and never executes\n")
+            })
+        }
         Action::Forget { name, id, .. } => runs::forget(s, name, id, &actor)
             .await
             .map(|()| format!("forgot item {id} of {name}: the next run retries it\n")),

@@ -68,8 +68,9 @@ enum Command {
     /// Show everything the store knows about one idempotency record (key), work item (item) or cron slot
     /// (slot), as text or --format json: the data of its page under /ui/. Exit 0; 3: nothing stored there.
     Explain(explain::ExplainArgs),
-    /// The operator's actions of the pages under /ui/, from a shell: release a record, forget a failed or
-    /// poison item. Exit 0; 3: nothing to act on; 4: the record changed, or the item is not failed or poison.
+    /// The operator's actions of the pages under /ui/, from a shell: release a record, resolve an unknown
+    /// outcome, forget a failed or poison item. Exit 0; 3: nothing to act on; 4: the record changed or is not
+    /// an unknown outcome, or the item is not failed or poison.
     Admin(explain::AdminArgs),
 }
 

@@ -193,6 +193,71 @@ pub(crate) async fn release<S: Store>(
     }
 }
 
+#[derive(Deserialize)]
+pub(crate) struct ResolveForm {
+    #[serde(default)]
+    csrf: String,
+    k: String,
+    #[serde(default)]
+    g: Option<u64>,
+    #[serde(default)]
+    note: String,
+}
+
+pub(crate) async fn confirm_resolve<S: Store>(
+    State(admin): St<S>,
+    Extension(session): Ses,
+    Query(q): Query<ResolveForm>,
+) -> Response {
+    let d = match records::detail(&admin.store, &admin.prefix, &q.k, false).await {
+        Ok(d) => d,
+        Err(e) => return error_page(&session, &e),
+    };
+    let generation = q.g.unwrap_or(d.generation);
+    render(&Confirm {
+        nav: Nav::of(&session),
+        heading: "Resolve this unknown outcome?",
+        warning: "Say this only once you found that the request took effect (in the upstream's own records): every \
+                  retry with this key is then answered 409 outcome-resolved with your note and never executed. If \
+                  it did not take effect, release the record instead.",
+        facts: vec![
+            ("Key", d.at.key.clone()),
+            ("Scope", d.at.scope.clone()),
+            ("State", d.state.as_str().to_owned()),
+            ("Why unknown", d.reason.clone().unwrap_or_default()),
+            ("Generation", generation.to_string()),
+            ("Note", q.note.clone()),
+        ],
+        action: "/ui/record/resolve",
+        fields: vec![("k", d.at.store_key.clone()), ("g", generation.to_string()), ("note", q.note.clone())],
+        button: "Resolve: it took effect",
+        cancel: format!("/ui/record?k={}", crate::urlencode(&d.at.store_key)),
+        csrf: admin.guard.csrf(&session.id),
+    })
+}
+
+pub(crate) async fn resolve<S: Store>(
+    State(admin): St<S>,
+    Extension(session): Ses,
+    headers: HeaderMap,
+    Form(form): Form<ResolveForm>,
+) -> Response {
+    let actor = match authorize(&admin, &session, &headers, &form.csrf) {
+        Ok(a) => a,
+        Err(refusal) => return *refusal,
+    };
+    match records::resolve(&admin.store, &admin.prefix, &form.k, form.g, &form.note, &actor).await {
+        Ok(()) => message(
+            &session,
+            StatusCode::OK,
+            "Resolved",
+            &format!("Resolved {}: a retry with this key is told it took effect, and never executes.", form.k),
+            Some(&format!("/ui/record?k={}", crate::urlencode(&form.k))),
+        ),
+        Err(e) => error_page(&session, &e),
+    }
+}
+
 pub(crate) async fn confirm_forget<S: Store>(
     State(admin): St<S>,
     Extension(session): Ses,

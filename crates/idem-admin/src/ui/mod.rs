@@ -135,6 +135,7 @@ pub(crate) fn routes<S: Store>(admin: Arc<Admin<S>>) -> Router {
         .route("/ui/login", get(actions::login_page::<S>).post(actions::login::<S>))
         .route("/ui/logout", axum::routing::post(actions::logout::<S>))
         .route("/ui/record/release", get(actions::confirm_release::<S>).post(actions::release::<S>))
+        .route("/ui/record/resolve", get(actions::confirm_resolve::<S>).post(actions::resolve::<S>))
         .route("/ui/runs/forget", get(actions::confirm_forget::<S>).post(actions::forget::<S>))
         .route("/ui/cron/pause", get(cron_actions::confirm_pause::<S>).post(cron_actions::pause::<S>))
         .route("/ui/cron/resume", get(cron_actions::confirm_resume::<S>).post(cron_actions::resume::<S>))

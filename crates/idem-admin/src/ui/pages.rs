@@ -37,13 +37,18 @@ struct Overview {
     unknown: usize,
     unknown_hour: usize,
     unknown_day: usize,
+    resolved: usize,
     counters: Vec<(String, String)>,
+    rates: Vec<crate::rates::Rate>,
 }
 
 pub(crate) async fn overview<S: Store>(State(admin): St<S>, Extension(session): Ses) -> Response {
     let started = Instant::now();
     let now = admin.store.now().await;
     let latency = started.elapsed();
+    let counters = crate::metrics::totals(&admin.metrics_text());
+    // Only where the pages read the process's counters (a proxy's admin listener): else there is nothing to rate.
+    let rates = if counters.is_empty() { Vec::new() } else { admin.rates.observe(Instant::now(), &counters) };
     let mut page = Overview {
         nav: Nav::of(&session),
         backend: admin.info.backend.clone(),
@@ -57,7 +62,9 @@ pub(crate) async fn overview<S: Store>(State(admin): St<S>, Extension(session): 
         unknown: 0,
         unknown_hour: 0,
         unknown_day: 0,
-        counters: crate::metrics::totals(&admin.metrics_text()),
+        resolved: 0,
+        counters,
+        rates,
     };
     if let Ok(now) = now {
         let now_ms = idem_store::system_time_to_millis(now);
@@ -77,6 +84,7 @@ pub(crate) async fn overview<S: Store>(State(admin): St<S>, Extension(session): 
                         page.unknown_hour += usize::from(age <= 3_600_000);
                         page.unknown_day += usize::from(age <= 86_400_000);
                     }
+                    RecordState::Resolved => page.resolved += 1,
                 }
             }
         }

@@ -316,3 +316,54 @@ async fn a_2xx_too_large_to_store_is_replayed_as_its_status_on_a_release_route()
     assert!(again.into_body().collect().await.unwrap().to_bytes().is_empty());
     assert_eq!(executions.load(Ordering::SeqCst), 1);
 }
+
+/// An unknown outcome an operator resolved (`idem admin resolve`: the record rewritten by
+/// `Record::resolved`) answers a retry 409 `outcome-resolved` with the note and retry hints `false`; on a
+/// release route (a webhook sender, which reads only the status and would deliver a 409 again for days) 200.
+/// Neither executes again.
+#[tokio::test]
+async fn a_resolved_unknown_outcome_is_409_or_200_on_a_release_route_and_never_executed() {
+    let executions = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&executions);
+    // Every execution's answer is marked as an unknown outcome (as the proxy marks a timeout after sending).
+    let unknown: Inner = BoxCloneService::new(service_fn(move |_request: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut response = Response::builder().status(StatusCode::BAD_GATEWAY).body(Body::empty()).unwrap();
+            response.extensions_mut().insert(idem_tower::UpstreamFailure::OutcomeUnknown { reason: "reset".into() });
+            Ok(response)
+        }
+    }));
+    let store = MemoryStore::new();
+    let layer = IdempotencyLayer::new(store.clone())
+        .replay_cache(1 << 20)
+        .route(RoutePolicy::new("hook", "/hook", key()).unwrap().on_failure(OnFailure::Release));
+    let app = layer.clone().layer(unknown);
+    // Keyed by Idempotency-Key outside the route, by x-delivery on it.
+    let request = |path: &str| {
+        let mut request = delivery(path, Some("d1"), None, "{}");
+        request.headers_mut().insert("idempotency-key", http::HeaderValue::from_static("d1"));
+        request
+    };
+    for path in ["/charge", "/hook"] {
+        let send = || app.clone().oneshot(request(path));
+        assert_eq!(send().await.unwrap().status(), StatusCode::BAD_GATEWAY, "{path}: the first caller");
+        assert_eq!(send().await.unwrap().status(), StatusCode::BAD_GATEWAY, "{path}: unknown, not executed");
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 2);
+    for item in store.list("", None, 100).await.unwrap().items {
+        let value = store.get(&item.key).await.unwrap().unwrap();
+        let record = idem_core::record::Record::decode(value.value()).unwrap();
+        let resolved = record.resolved("ops", "ch_1 exists <b>", 1).expect("an unknown outcome");
+        store.put(&item.key, resolved.encode(), idem_store::Precondition::Any, idem_store::Ttl::Keep).await.unwrap();
+        layer.invalidate(&item.key);
+    }
+    let charge = app.clone().oneshot(request("/charge")).await.unwrap();
+    assert_eq!(charge.status(), StatusCode::CONFLICT);
+    assert_eq!(hint_of(&charge).as_deref(), Some("false"));
+    let body = String::from_utf8(charge.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(body.contains("urn:idem:problem:outcome-resolved") && body.contains("ch_1 exists <b>"), "{body}");
+    let hook = app.clone().oneshot(request("/hook")).await.unwrap();
+    assert_eq!(hook.status(), StatusCode::OK, "a webhook sender is acknowledged");
+    assert_eq!(executions.load(Ordering::SeqCst), 2, "0 executions after the resolution");
+}

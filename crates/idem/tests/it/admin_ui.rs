@@ -101,6 +101,11 @@ async fn records_page_filters_pages_and_release_makes_the_key_execute_again() {
     sign_in(&browser, &server.admin).await;
     shot(&browser, "overview").await;
     assert_eq!(text_of(&browser, "#count-completed").await, "57");
+    // Rates since the server started (the pages' first sample): 58 requests and 57 executions in a few seconds.
+    let rate = |text: String| text.trim_end_matches("/s").parse::<f64>().unwrap();
+    let rates = browser.client.find_all(Locator::Css("#rates dd")).await.unwrap();
+    assert_eq!(rates.len(), 3);
+    assert!(rate(rates[0].text().await.unwrap()) > 0.0 && rate(rates[1].text().await.unwrap()) > 0.0);
 
     // Filters: a key prefix, and pagination by cursor (50 a page).
     open(&browser, &format!("{}/ui/records?prefix=bulk-", server.admin)).await;
@@ -142,6 +147,162 @@ async fn records_page_filters_pages_and_release_makes_the_key_execute_again() {
     // Redirects are looked at, not followed.
     let client = idem_client::client_builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
     refusals(&server, &client).await;
+}
+
+/// A request whose upstream answered after `--upstream-timeout` has an unknown outcome (504): retries get 502
+/// `outcome-unknown` and are never sent. The operator finds the record (state filter), resolves it with a note
+/// that is markup, and from then on a retry gets 409 `outcome-resolved` with the note, retry hints `false`, still
+/// never executed; the overview counts it; resolving it again, or a completed record, is refused (409) and
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_an_unknown_outcome_answers_its_retries_and_never_executes_them() {
+    let Some(browser) = Browser::start(1280, 900).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let (upstream, counts) = common::start_upstream().await;
+    let args = ["--admin-token-file", token.to_str().unwrap(), "--upstream-timeout", "300ms"];
+    let server = common::proxy(&dir, &upstream, &args);
+    let client = common::client();
+    let charge = |client: &reqwest::Client| {
+        client.post(format!("{}/slow/1500", server.url)).header("idempotency-key", "charge-1").body("{}").send()
+    };
+    let first = charge(&client).await.unwrap();
+    assert_eq!(first.status(), 504);
+    let retry = charge(&client).await.unwrap();
+    assert_eq!(retry.status(), 502);
+    assert!(retry.text().await.unwrap().contains("urn:idem:problem:outcome-unknown"));
+    assert_eq!(post(&client, &server.url, "order-1").await, 201);
+
+    sign_in(&browser, &server.admin).await;
+    open(&browser, &format!("{}/ui/records?state=unknown", server.admin)).await;
+    let rows = browser.client.find_all(Locator::Css("#records tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 1, "one unknown outcome");
+    browser.client.find(Locator::Css("#records a.key")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#record-state").await, "unknown");
+    let note = "<img src=x onerror=alert(1)> charge ch_1 exists";
+    browser.client.find(Locator::Id("resolve-note")).await.unwrap().send_keys(note).await.unwrap();
+    browser.client.find(Locator::Id("resolve")).await.unwrap().click().await.unwrap();
+    let confirm = browser.client.wait().for_element(Locator::Id("confirm")).await.unwrap();
+    shot(&browser, "resolve-confirm").await;
+    confirm.click().await.unwrap();
+    assert!(text_of(&browser, "#message").await.starts_with("Resolved idempotency/anonymous/charge-1"));
+    open(&browser, &format!("{}/ui/record?k=idempotency%2Fanonymous%2Fcharge-1", server.admin)).await;
+    assert_eq!(text_of(&browser, "#record-state").await, "resolved");
+    assert!(text_of(&browser, "#record-resolved").await.ends_with(note), "the note is text");
+    assert!(browser.client.find_all(Locator::Css("img")).await.unwrap().is_empty(), "no markup from the note");
+    assert!(browser.client.find_all(Locator::Id("resolve")).await.unwrap().is_empty(), "resolved once");
+    open(&browser, &format!("{}/ui/", server.admin)).await;
+    assert_eq!(text_of(&browser, "#count-resolved").await, "1");
+    assert_eq!(text_of(&browser, "#count-unknown").await, "0");
+
+    let retry = charge(&client).await.unwrap();
+    assert_eq!(retry.status(), 409);
+    assert_eq!(retry.headers()["stripe-should-retry"], "false");
+    let body = retry.text().await.unwrap();
+    assert!(body.contains("urn:idem:problem:outcome-resolved") && body.contains("ch_1 exists"), "{body}");
+    assert_eq!(counts.executions(), 2, "the first charge and order-1: no retry executed");
+
+    // Again through the JSON endpoint: resolved already, and a completed record, are refused with 409.
+    let resolve = format!("{}/v1/admin/records/resolve", server.admin);
+    for key in ["idempotency/anonymous/charge-1", "idempotency/anonymous/order-1"] {
+        let res = client
+            .post(&resolve)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "key": key, "note": "again" }).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 409, "{key}");
+    }
+    assert_eq!(post(&client, &server.url, "order-1").await, 201, "order-1 still replays");
+    assert_eq!(counts.executions(), 2);
+}
+
+/// The webhook routes page over real deliveries signed by the `standardwebhooks` Python package: two routes,
+/// `orders` (three deliveries, one sent twice, one whose id is markup, and two refused: a forged signature and
+/// none) and `refunds` (one). Each route's counters are its own (executions, duplicates replayed, signature
+/// refusals by reason), its recent deliveries list its keys as text, and its "All records" link filters the
+/// records page to that route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routes_page_counts_each_routes_deliveries_and_filters_its_records() {
+    use crate::webhooks::{SECRET, now, python_peer, signed, signed_by_python};
+    let Some(python) = python_peer() else { return };
+    let Some(browser) = Browser::start(1280, 900).await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let mut config = String::new();
+    for (name, path) in [("orders", "/orders"), ("refunds", "/status")] {
+        config.push_str(&format!(
+            "[[route]]\npath = {path:?}\nname = {name:?}\npreset = \"standard-webhooks\"\nsecret_file = {secret:?}\n"
+        ));
+    }
+    let config_file = dir.path().join("idem.toml");
+    std::fs::write(&config_file, config).unwrap();
+    let (upstream, counts) = common::start_upstream().await;
+    let server = common::proxy(
+        &dir,
+        &upstream,
+        &["--admin-token-file", token.to_str().unwrap(), "--config", config_file.to_str().unwrap()],
+    );
+    let client = common::client();
+    let body = r#"{"type":"invoice.paid"}"#;
+    let send = |path: &'static str, headers: Vec<(String, String)>| {
+        let mut request = client.post(format!("{}{path}", server.url)).header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        request.body(body).send()
+    };
+    let hostile = "msg_<i>x</i>";
+    for id in ["msg_1", "msg_2", hostile, "msg_1"] {
+        let answer = send("/orders", signed_by_python(&python, id, now(), body)).await.unwrap();
+        assert_eq!(answer.status(), 201, "{id}");
+    }
+    let forged = signed("whsec_c2VjcmV0LW9uZS10d28tdGhyZWU=", "msg_3", now(), body);
+    assert_eq!(send("/orders", forged).await.unwrap().status(), 401);
+    assert_eq!(send("/orders", Vec::new()).await.unwrap().status(), 401);
+    let refund = send("/status/201", signed_by_python(&python, "msg_r1", now(), body)).await.unwrap();
+    assert_eq!(refund.status(), 201);
+    assert_eq!(counts.executions(), 4, "3 orders and a refund, each once");
+
+    sign_in(&browser, &server.admin).await;
+    open(&browser, &format!("{}/ui/routes", server.admin)).await;
+    shot(&browser, "routes").await;
+    let mut counters = std::collections::BTreeMap::new();
+    for row in browser.client.find_all(Locator::Css("#routes tbody tr")).await.unwrap() {
+        let cells = row.find_all(Locator::Css("td")).await.unwrap();
+        let mut text = Vec::new();
+        for cell in cells {
+            text.push(cell.text().await.unwrap());
+        }
+        counters.insert((text[0].clone(), text[1].clone(), text[2].clone()), text[3].clone());
+    }
+    let value = |route: &str, name: &str, labels: &str| {
+        counters.get(&(route.to_owned(), format!("idem_route_{name}_total"), labels.to_owned())).cloned()
+    };
+    assert_eq!(value("orders", "executions", "").as_deref(), Some("3"), "{counters:?}");
+    assert_eq!(value("orders", "duplicates_replayed", "").as_deref(), Some("1"));
+    assert_eq!(value("orders", "signature_refusals", "reason=\"mismatch\"").as_deref(), Some("1"), "{counters:?}");
+    assert_eq!(value("orders", "signature_refusals", "reason=\"missing\"").as_deref(), Some("1"));
+    assert_eq!(value("refunds", "executions", "").as_deref(), Some("1"));
+    assert_eq!(value("refunds", "signature_refusals", "reason=\"mismatch\"").as_deref(), Some("0"));
+    let keys = browser.client.find_all(Locator::Css("table.deliveries[data-route='orders'] a.key")).await.unwrap();
+    let mut shown = Vec::new();
+    for key in keys {
+        shown.push(key.text().await.unwrap());
+    }
+    shown.sort();
+    assert_eq!(shown, ["msg_1", "msg_2", hostile], "the key that is markup is text");
+    assert!(browser.client.find_all(Locator::Css("table.deliveries i")).await.unwrap().is_empty());
+    browser.client.find(Locator::Css("a.all-records[data-route='refunds']")).await.unwrap().click().await.unwrap();
+    assert_eq!(text_of(&browser, "#records a.key").await, "msg_r1");
+    let rows = browser.client.find_all(Locator::Css("#records tbody tr")).await.unwrap();
+    assert_eq!(rows.len(), 1, "only the refunds route's records");
 }
 
 const FORM: &str = "application/x-www-form-urlencoded";

@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use crate::common::upstream::Counts;
 use crate::common::{Server, client, idem, start_upstream};
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OTHER_SECRET: &str = "whsec_c2VjcmV0LW9uZS10d28tdGhyZWU=";
 const BODY: &str = r#"{"type":"invoice.paid","data":{"amount":1200}}"#;
 const GITHUB_SECRET: &str = "It's a Secret to Everybody";
@@ -172,7 +172,7 @@ impl Hooks {
     }
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
 }
 
@@ -182,7 +182,7 @@ fn delivery_id() -> String {
 
 /// Standard Webhooks headers, signed here: `v1,` + base64 HMAC-SHA256(id.timestamp.body) under the secret's
 /// decoded bytes.
-fn signed(secret: &str, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
+pub(crate) fn signed(secret: &str, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
     let key = base64::engine::general_purpose::STANDARD.decode(secret.trim_start_matches("whsec_")).unwrap();
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).unwrap();
     mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
@@ -256,7 +256,7 @@ fn signed_by_slack(python: &PathBuf, secret: &str, timestamp: i64, body: &str) -
 }
 
 /// The Python interpreter of the installed peers, or `None` (skipped with a reason; a failure in CI).
-fn python_peer() -> Option<PathBuf> {
+pub(crate) fn python_peer() -> Option<PathBuf> {
     let python = std::env::var("IDEM_TEST_WEBHOOK_PEERS").ok().map(|dir| PathBuf::from(dir).join("venv/bin/python"));
     match python {
         Some(python) if python.exists() => Some(python),
@@ -273,7 +273,7 @@ fn python_peer() -> Option<PathBuf> {
 }
 
 /// Standard Webhooks headers signed by the `standardwebhooks` Python package.
-fn signed_by_python(python: &PathBuf, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
+pub(crate) fn signed_by_python(python: &PathBuf, id: &str, timestamp: i64, body: &str) -> Vec<(String, String)> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/peers/webhook_sign.py");
     let mut child = Command::new(python).arg(script).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     let request = serde_json::json!({ "secret": SECRET, "id": id, "timestamp": timestamp, "body": body });
