@@ -4,7 +4,7 @@ use idem_core::ledger::{self, Entry, entry_prefix};
 use idem_store::{Precondition, Store, Ttl};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::error::Error;
 
 /// A job's ledger in numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -228,7 +228,7 @@ pub async fn status<S: Store>(store: &S, job: &str) -> Result<LedgerStatus, Erro
 
 /// Sorts `problems` by id in natural order and keeps the first [`LedgerStatus::PROBLEMS_SHOWN`].
 fn keep_first_problems(problems: &mut Vec<(String, String)>) {
-    problems.sort_by(|a, b| crate::natural_cmp(&a.0, &b.0));
+    problems.sort_by(|a, b| crate::shown::natural_cmp(&a.0, &b.0));
     problems.truncate(LedgerStatus::PROBLEMS_SHOWN);
 }
 

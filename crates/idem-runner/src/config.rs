@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::{Error, ItemFormat, ItemReader, QueueUrl};
+use crate::error::Error;
+use crate::items::{ItemFormat, ItemReader};
+use crate::queue_url::QueueUrl;
 
 /// What to do when an item turns poison in this run (the same error fingerprint twice). An item an earlier run
 /// found poison is skipped either way: it is a known fact, not a new failure.

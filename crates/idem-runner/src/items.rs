@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// How the items file is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

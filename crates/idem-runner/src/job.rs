@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use idem_store::Store;
 
-use crate::Error;
 use crate::admin::{JobRecord, claim_outputs, note_job};
 use crate::config::{RunConfig, default_ledger_path};
+use crate::error::Error;
 
 /// The URL of a run's ledger store: `store` when one was given, else the SQLite file next to the outputs of
 /// the template `output` ([`default_ledger_path`]; `./.idem/ledger.db` for a job without outputs).

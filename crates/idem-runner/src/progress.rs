@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::ProgressMode;
+use crate::config::ProgressMode;
 
 /// Live counts shared by the item tasks and the display.
 #[derive(Debug, Default)]

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::{Error, Summary};
+use crate::error::Error;
+use crate::summary::Summary;
 
 /// One item's line of the report.
 #[derive(Serialize)]

@@ -164,7 +164,7 @@ impl Summary {
     /// The hosts that recorded items done elsewhere, with counts: `b: 3, c: 1`.
     fn elsewhere_hosts(&self) -> String {
         let mut hosts: Vec<_> = self.elsewhere.iter().collect();
-        hosts.sort_by(|a, b| crate::natural_cmp(a.0, b.0));
+        hosts.sort_by(|a, b| crate::shown::natural_cmp(a.0, b.0));
         hosts.iter().map(|(h, n)| format!("{h}: {n}")).collect::<Vec<_>>().join(", ")
     }
 

@@ -15,8 +15,10 @@ use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{Attempt, Step, failed};
 use super::verify::verify_cmd;
+use crate::config::OnPoison;
+use crate::error::ItemError;
+use crate::items::Item;
 use crate::output;
-use crate::{Item, ItemError, OnPoison};
 use idem_store::LeaseKeeper;
 
 /// Verifies the output the command wrote to `temp`, fsyncs it, and renames it to `output` behind the fence,

@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::ctx::Ctx;
 use super::step::{Attempt, describe, failed};
 use super::{after_exit, ledger};
-use crate::Item;
+use crate::items::Item;
 use crate::output;
 use crate::supervise::{self, Event, Freeze, Group, OnLapse};
 
@@ -105,7 +105,7 @@ async fn without_output<S: Store>(
         Ok(k) => k,
         Err(e) => return failed("cannot derive the idempotency key", e.to_string().into_bytes()),
     };
-    let checked = ctx.cfg.done_by() == crate::DoneBy::Check;
+    let checked = ctx.cfg.done_by() == crate::config::DoneBy::Check;
     if checked {
         match check(ctx, held, heartbeat, item, key.as_str()).await {
             Ok(true) => {

@@ -13,7 +13,8 @@ use idem_store::{Error as StoreError, Store};
 use super::ctx::Ctx;
 use super::ledger::{self, Waiting};
 use super::room::Room;
-use crate::{ItemError, output};
+use crate::error::ItemError;
+use crate::output;
 use idem_store::LeaseKeeper;
 
 /// Waits for a free slot while holding a claim made ahead, its lease renewed beside the wait (a slow command can

@@ -23,8 +23,10 @@ use super::outcome::{Final, ItemTask, record};
 use super::process::process;
 use super::room::{Aside, Room};
 use super::turns::Turn;
+use crate::error::{Error, ItemError};
+use crate::items::Item;
 use crate::queue::{Ack, Delivery, Disposition, Next, QueueUrl, Source};
-use crate::{Error, Item, ItemError, Summary};
+use crate::summary::Summary;
 
 /// What the feeder hands the run.
 enum Fed {

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::outage::Outage;
 use super::turns;
-use crate::RunConfig;
+use crate::config::RunConfig;
 use crate::output::{self, Checks};
 use crate::progress::Counters;
 use crate::report::Report;

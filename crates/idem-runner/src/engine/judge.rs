@@ -14,8 +14,9 @@ use super::ledger::{self, Waiting};
 use super::outcome::{Final, poisoned};
 use super::step::{ItemRun, Prefetched, Step};
 use super::verify::verify_cmd;
+use crate::error::ItemError;
+use crate::items::Item;
 use crate::output::{self, Digest256, Invalid};
-use crate::{Item, ItemError};
 
 /// Items judged together: one ledger read and one trip to the blocking pool per chunk.
 pub(super) const CHUNK: usize = 128;
@@ -483,7 +484,7 @@ mod tests {
     use sha2::{Digest as _, Sha256};
 
     use super::*;
-    use crate::RunConfig;
+    use crate::config::RunConfig;
     use crate::engine::ctx::test_ctx;
 
     fn item(id: &str) -> Item {

@@ -21,7 +21,9 @@ use super::ctx::Ctx;
 use super::judge::{CHUNK, Judged, judge_done, say_dry};
 use super::outcome::{Final, ItemTask, record, record_final};
 use super::process::process;
-use crate::{Error, Item, ItemReader, Summary};
+use crate::error::Error;
+use crate::items::{Item, ItemReader};
+use crate::summary::Summary;
 
 /// Where the items come from.
 enum Lines {

@@ -31,10 +31,12 @@ use std::time::Instant;
 use idem_store::Store;
 use tokio::task::JoinSet;
 
+use crate::config::{CheckedConfig, RunConfig};
+use crate::error::Error;
 use crate::progress::{Counters, Progress};
 use crate::report::Report;
+use crate::summary::Summary;
 use crate::supervise::{Watchdog, host_name};
-use crate::{CheckedConfig, Error, RunConfig, Summary};
 
 use ctx::Ctx;
 use outcome::record;
@@ -105,7 +107,7 @@ pub async fn run_checked<S: Store + Clone>(store: S, checked: CheckedConfig, sto
     summary.stopped = ctx.counters.stopped.load(Ordering::Relaxed);
     summary.poison = std::mem::take(&mut *ctx.poison.lock().unwrap_or_else(|p| p.into_inner()));
     // Recorded as items turned poison (whichever command ended first); shown by id, as people number them.
-    summary.poison.sort_by(|a, b| crate::natural_cmp(&a.0, &b.0));
+    summary.poison.sort_by(|a, b| crate::shown::natural_cmp(&a.0, &b.0));
     summary.elapsed = started.elapsed();
     progress.finish().await;
     if let Some(watchdog) = &ctx.watchdog {

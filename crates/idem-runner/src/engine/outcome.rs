@@ -6,9 +6,11 @@ use std::time::Duration;
 use idem_store::Store;
 
 use super::ctx::Ctx;
+use crate::error::{Error, ItemError};
+use crate::items::Item;
 use crate::output::Digest256;
 use crate::report::ItemReport;
-use crate::{Error, FailedItem, Item, ItemError, Summary};
+use crate::summary::{FailedItem, Summary};
 
 /// What an item task hands back: the item and how it ended.
 pub(super) type ItemTask = (Item, Result<Final, ItemError>);
@@ -181,7 +183,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::RunConfig;
+    use crate::config::RunConfig;
     use crate::engine::ctx::test_ctx;
     use crate::report::Report;
 

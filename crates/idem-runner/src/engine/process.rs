@@ -17,8 +17,9 @@ use super::outcome::Final;
 use super::room::Room;
 use super::step::{ItemRun, Prefetched, Step};
 use super::turns::Turn;
+use crate::error::ItemError;
+use crate::items::Item;
 use crate::output;
-use crate::{Item, ItemError};
 use idem_store::LeaseKeeper;
 
 /// Runs one item to its end in this run. `Err`: the ledger failed, which is not the item's doing.

@@ -10,7 +10,7 @@ use tokio::sync::SemaphorePermit;
 use super::outcome::Final;
 use super::room::Room;
 use super::turns::Turn;
-use crate::Item;
+use crate::items::Item;
 use crate::output::Digest256;
 
 /// Where an item is between its steps, the way `idem_core::ledger::Plan` says what its ledger entry needs.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem_core::slot::Overlap;
 
 use super::Schedule;
-use crate::Error;
+use crate::error::Error;
 
 /// The longest `--timeout` and `--starting-deadline`: the longest `--every` period.
 const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::record::list_all;
 use super::schedule::{format_in, parse_canonical};
 use super::{check_name, millis};
-use crate::Error;
+use crate::error::Error;
 use crate::shown::printable;
 
 /// The longest `--note` a pause keeps, in bytes (it is shown on every invocation's line and on the page).

@@ -7,7 +7,7 @@ use idem_core::slot::{Job, job_key};
 use idem_store::{Precondition, Store, Ttl};
 
 use super::OnceConfig;
-use crate::Error;
+use crate::error::Error;
 
 /// How often [`note_success`]'s compare-and-swap is tried: the record also moves with every slot, and a
 /// lost race is read and tried again; after these it gives up (best effort).

@@ -26,7 +26,7 @@ use idem_core::ledger::RetryLimit;
 use idem_core::slot::{self, Job, MissedReason, job_key, missed};
 use idem_store::{Generation, LeaseKeeper, Lost, Store, StoreExt, system_time_to_millis};
 
-use crate::Error;
+use crate::error::Error;
 use crate::supervise::{host_name, owner_token};
 
 pub use config::{OnceConfig, check_name, default_store_path};

@@ -13,7 +13,7 @@ use idem_store::{Generation, Jitter, LeaseKeeper, Precondition, RetryPolicy, Sto
 use super::command::{Attempt, Ended};
 use super::schedule::human_secs;
 use super::{OnceConfig, Outcome, Report, lost_why, millis};
-use crate::Error;
+use crate::error::Error;
 
 /// How often the job record's compare-and-swap is tried before the invocation gives up on moving it (it moves
 /// only forward, so another invocation's write that won is as good as ours).

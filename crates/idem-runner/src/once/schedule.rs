@@ -15,7 +15,7 @@ use croner::parser::{CronParser, Seconds, Year};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The longest `--every`: a year of seconds (a longer period belongs in `--cron`).
 const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);

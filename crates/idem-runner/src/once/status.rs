@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::control::{PauseView, pause_state};
 use super::record::list_all;
 use super::schedule::{Schedule, format_in, human_secs, parse_canonical};
-use crate::Error;
+use crate::error::Error;
 use crate::shown::{count, printable};
 
 /// A job's recorded history.

@@ -9,7 +9,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 
 use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
-use crate::Error;
+use crate::error::Error;
 use crate::items::parse_item;
 use crate::shown::count;
 

@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use futures_util::StreamExt as _;
 
 use super::{Ack, Delivery, Next, QueueUrl, SourceConfig, backoff};
-use crate::Error;
+use crate::error::Error;
 use crate::items::parse_item;
 use crate::shown::count;
 

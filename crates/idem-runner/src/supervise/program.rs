@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::Error;
+use crate::error::Error;
 
 /// A token unique to this process start: host, process id and 32 random bits.
 pub fn owner_token() -> String {

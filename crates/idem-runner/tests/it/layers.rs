@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// The runner's top-level modules, bottom layer first; a module may import only from earlier layers.
 const LAYERS: &[&[&str]] = &[
     &["error", "shown"],
-    &["items", "output", "supervise"],
+    &["items", "output", "supervise", "queue_url"],
     &["queue", "admin", "summary"],
     &["config"],
     &["progress", "report", "job"],
