@@ -148,7 +148,7 @@ async fn records_page_and_filter_alike_and_resolve_keeps_the_expiry_on_every_bac
             "{name}: a generation not the record's: {stale:?}"
         );
         let resolved = walk(&store, &Filter { state: Some(State::Resolved), ..Filter::default() }).await;
-        assert_eq!(resolved, [key.clone()], "{name}");
+        assert_eq!(resolved, std::slice::from_ref(&key), "{name}");
 
         for key in &written {
             store.delete(key, Precondition::Any).await.unwrap();
