@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// The counters a rate is shown for, with the words the overview uses.
 pub const RATED: [(&str, &str); 3] = [
-    ("idem_http_requests_total", "requests"),
+    ("idem_http_requests_total", "HTTP requests (every listener)"),
     ("idem_idempotency_claims_total", "executions (claims)"),
     ("idem_idempotency_replays_total", "replays"),
 ];
@@ -18,6 +18,13 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 
 /// Samples older than this are dropped (the one the next rate needs is kept).
 const KEPT: Duration = Duration::from_secs(600);
+
+/// At most one sample is kept per this long: a page loaded a thousand times a second keeps what one loaded
+/// every few seconds keeps (at most `KEPT / SPACING` + 1 samples, of [`RATED`]'s counters only).
+const SPACING: Duration = Duration::from_secs(5);
+
+/// A rate over less than this is not shown: a few requests right after start-up are not a rate.
+pub const SHORTEST: Duration = Duration::from_secs(1);
 
 /// One rate: per second over the last `over`.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,18 +45,22 @@ pub struct Rates {
 
 impl Rates {
     /// Records `totals` (counter name → value) as seen at `now`, and returns the rates of [`RATED`] since the
-    /// newest earlier sample at least [`WINDOW`] old (or the oldest one); empty when there is no earlier sample.
-    /// A counter that went down (a restarted process) counts from 0, as Prometheus's `rate` does.
+    /// newest earlier sample at least [`WINDOW`] old (or the oldest one); empty when there is no earlier sample
+    /// at least [`SHORTEST`] old. A counter that went down (a restarted process) counts from 0, as Prometheus's
+    /// `rate` does.
     pub fn observe(&self, now: Instant, totals: &[(String, String)]) -> Vec<Rate> {
-        let totals: BTreeMap<String, f64> =
-            totals.iter().filter_map(|(k, v)| Some((k.clone(), v.parse::<f64>().ok()?))).collect();
+        let totals: BTreeMap<String, f64> = totals
+            .iter()
+            .filter(|(k, _)| RATED.iter().any(|(name, _)| name == k))
+            .filter_map(|(k, v)| Some((k.clone(), v.parse::<f64>().ok()?)))
+            .collect();
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let base = samples
             .iter()
             .rev()
             .find(|(at, _)| now.saturating_duration_since(*at) >= WINDOW)
             .or_else(|| samples.front())
-            .filter(|(at, _)| now > *at)
+            .filter(|(at, _)| now.saturating_duration_since(*at) >= SHORTEST)
             .cloned();
         let rates = match base {
             Some((at, before)) => {
@@ -70,7 +81,9 @@ impl Rates {
         while samples.len() > 1 && samples.get(1).is_some_and(|(at, _)| now.saturating_duration_since(*at) >= KEPT) {
             samples.pop_front();
         }
-        samples.push_back((now, totals));
+        if samples.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= SPACING) {
+            samples.push_back((now, totals));
+        }
         rates
     }
 }
@@ -114,5 +127,24 @@ mod tests {
         assert!(kept <= 22, "{kept} samples kept");
         let r = rates.observe(t0 + Duration::from_secs(3000), &totals(130, 0));
         assert_eq!(r[0].over, Duration::from_secs(60));
+    }
+
+    /// A page loaded many times a second keeps one sample per `SPACING`, of the rated counters only (each load
+    /// kept one of every counter: 1.9 KB a load, a gigabyte at a thousand loads a second for ten minutes); and
+    /// a rate over less than `SHORTEST` is not shown.
+    #[test]
+    fn loads_many_times_a_second_keep_a_bounded_number_of_samples() {
+        let rates = Rates::default();
+        let t0 = Instant::now();
+        let mut many = totals(0, 0);
+        many.extend((0..50).map(|i| (format!("idem_other_{i}_total"), "1".to_owned())));
+        assert!(rates.observe(t0, &many).is_empty());
+        assert!(rates.observe(t0 + Duration::from_millis(500), &many).is_empty(), "0.5 s is no rate");
+        for ms in 0..100_000 {
+            rates.observe(t0 + Duration::from_millis(1000 + ms * 6), &many);
+        }
+        let samples = rates.samples.lock().unwrap();
+        assert!(samples.len() <= 122, "{} samples", samples.len());
+        assert!(samples.iter().all(|(_, t)| t.len() <= RATED.len()), "only the rated counters are kept");
     }
 }

@@ -101,9 +101,19 @@ async fn records_page_filters_pages_and_release_makes_the_key_execute_again() {
     sign_in(&browser, &server.admin).await;
     shot(&browser, "overview").await;
     assert_eq!(text_of(&browser, "#count-completed").await, "57");
-    // Rates since the server started (the pages' first sample): 58 requests and 57 executions in a few seconds.
+    // Rates since the server started (the pages' first sample): 58 requests and 57 executions, shown once the
+    // window is at least a second long (`rates::SHORTEST`).
     let rate = |text: String| text.trim_end_matches("/s").parse::<f64>().unwrap();
-    let rates = browser.client.find_all(Locator::Css("#rates dd")).await.unwrap();
+    let since = std::time::Instant::now();
+    let rates = loop {
+        let rates = browser.client.find_all(Locator::Css("#rates dd")).await.unwrap();
+        if !rates.is_empty() {
+            break rates;
+        }
+        assert!(since.elapsed() < Duration::from_secs(10), "no rates on the overview");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        open(&browser, &format!("{}/ui/", server.admin)).await;
+    };
     assert_eq!(rates.len(), 3);
     assert!(rate(rates[0].text().await.unwrap()) > 0.0 && rate(rates[1].text().await.unwrap()) > 0.0);
 
