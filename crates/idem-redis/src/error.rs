@@ -187,43 +187,62 @@ pub(crate) async fn probe(
     let probe = redis::AsyncConnectionConfig::new().set_connection_timeout(timeout);
     match client.get_multiplexed_async_connection_with_config(&probe).await {
         Ok(_) => Ok(()),
-        // No TLS answer in time: a plain Redis port never answers a TLS hello (a mistake in the URL, exit 2
-        // for `idem once`), a frozen or overloaded server does not either (an outage, 75). The plain port
-        // answers a plain PING; the frozen server does not.
-        Err(e) if tls && e.is_timeout() && !answers_plain_ping(client.get_connection_info()).await => {
-            Err(Error::Connect(e))
+        Err(e) => {
+            Err(first_connect_error(e, tls, std::slice::from_ref(client.get_connection_info().addr()), false).await)
         }
-        // A plain connection reset: a TLS port, or a server closing every connection (see there).
-        Err(e) => Err(first_connect_error(e, tls, std::slice::from_ref(client.get_connection_info().addr())).await),
     }
 }
 
-/// [`connect_error`] for a first connection to the servers at `addrs` (the one server, the Sentinels or the
-/// Cluster's seed nodes): a plain connection reset is a TLS port (a mistake in the URL, exit 2) only when one
-/// of them answers a TLS hello; a server that accepts and closes every connection while it still has the command
-/// unread (a proxy in front of a store that is down, a failover in progress) resets it too, and is an outage
-/// (75).
-pub(crate) async fn first_connect_error(e: redis::RedisError, tls: bool, addrs: &[redis::ConnectionAddr]) -> Error {
-    if !tls && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset) {
-        let mut tls_port = false;
+/// What a plain URL's server said when it was a TLS port.
+const TLS_PORT: &str =
+    "the server reset the connection: is this a TLS port? then use rediss:// (with cacert=FILE for a private CA)";
+/// What a TLS URL's server said when it was a plain port.
+const PLAIN_PORT: &str = "no TLS answer within 5s: is this a plain Redis port? (it never answers a TLS handshake; use \
+                          redis:// or the server's tls-port)";
+
+/// A failed first connection to the servers at `addrs` (the one server, the Sentinels or the Cluster's seed
+/// nodes), as a usage mistake (exit 2 for `idem once`) or an outage (75):
+/// - a plain connection reset is a TLS port (it resets a plain command) only when one of them answers a TLS
+///   hello; a server that accepts and closes every connection while it still has the command unread (a proxy
+///   in front of a store that is down, a failover in progress) resets it too, and is an outage;
+/// - no TLS answer in time is a plain Redis port (it reads the hello as a command and waits for the rest of
+///   the line) only when one of them answers a plain `PING`; a frozen or overloaded server answers neither.
+///
+/// `opaque`: the error does not show its cause (the Cluster client's "Failed to create initial connections"
+/// hides the I/O error), so the servers are asked whatever it was.
+pub(crate) async fn first_connect_error(
+    e: redis::RedisError,
+    tls: bool,
+    addrs: &[redis::ConnectionAddr],
+    opaque: bool,
+) -> Error {
+    if idem_tls::rustls_error_in(&e).is_some() {
+        return connect_error(e);
+    }
+    if !tls && (opaque || io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset)) {
         for addr in addrs {
             if speaks_tls(addr).await {
-                tls_port = true;
-                break;
+                return Error::Handshake(TLS_PORT.into());
             }
         }
-        if !tls_port {
-            return Error::Connect(e);
-        }
+        return Error::Connect(e);
     }
-    connect_error(e, tls)
+    if tls && (opaque || e.is_timeout()) {
+        for addr in addrs {
+            if answers_plain_ping(addr).await {
+                return Error::Handshake(PLAIN_PORT.into());
+            }
+        }
+        return Error::Connect(e);
+    }
+    connect_error(e)
 }
 
-/// Whether the server of `info` answers a plain `PING` within a second (after a TLS handshake timed out:
-/// then it is a plain Redis port).
-pub(crate) async fn answers_plain_ping(info: &redis::ConnectionInfo) -> bool {
+/// Whether the server at `addr` (a `rediss://` address) answers a plain `PING` within a second (after a TLS
+/// handshake timed out: then it is a plain Redis port).
+async fn answers_plain_ping(addr: &redis::ConnectionAddr) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let redis::ConnectionAddr::TcpTls { host, port, .. } = info.addr() else { return false };
+    let redis::ConnectionAddr::TcpTls { host, port, .. } = addr else { return false };
     let ping = async {
         let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await.ok()?;
         stream.write_all(b"PING\r\n").await.ok()?;
@@ -264,10 +283,8 @@ async fn speaks_tls(addr: &redis::ConnectionAddr) -> bool {
     tokio::task::spawn_blocking(handshake).await.ok().flatten().unwrap_or(false)
 }
 
-/// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it, and a
-/// TLS connection that timed out named as what it usually is (a plain Redis port: it reads the TLS hello as a
-/// command and waits for the rest of the line, so the handshake never ends).
-fn connect_error(e: redis::RedisError, tls: bool) -> Error {
+/// A failed first connection in words: a refused certificate said as [`idem_tls::describe`] says it.
+fn connect_error(e: redis::RedisError) -> Error {
     if let Some(refused) = idem_tls::rustls_error_in(&e) {
         let hints = idem_tls::Hints {
             peer: "Redis server",
@@ -276,20 +293,6 @@ fn connect_error(e: redis::RedisError, tls: bool) -> Error {
             plaintext: "is this a plain Redis port? then use redis://",
         };
         return Error::Handshake(idem_tls::describe(refused, hints));
-    }
-    if !tls && io_error_kind(&e) == Some(std::io::ErrorKind::ConnectionReset) {
-        return Error::Handshake(
-            "the server reset the connection: is this a TLS port? then use rediss:// (with cacert=FILE for a \
-             private CA)"
-                .into(),
-        );
-    }
-    if tls && e.is_timeout() {
-        return Error::Handshake(
-            "no TLS answer within 5s: is this a plain Redis port? (it never answers a TLS handshake; use redis:// \
-             or the server's tls-port)"
-                .into(),
-        );
     }
     Error::Connect(e)
 }

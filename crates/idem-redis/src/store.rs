@@ -247,7 +247,7 @@ impl RedisStore {
                             None => Error::Connect(e),
                         });
                     }
-                    Err(e) => return Err(first_connect_error(e, tls, &sentinels.addrs()).await),
+                    Err(e) => return Err(first_connect_error(e, tls, &sentinels.addrs(), false).await),
                 };
                 (Conn::Sentinel(conn), None, prefix.to_owned(), Source::Sentinel(sentinels))
             }
@@ -267,7 +267,7 @@ impl RedisStore {
                 };
                 let reads = match client(None)?.get_async_connection().await {
                     Ok(reads) => reads,
-                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs()).await),
+                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs(), true).await),
                 };
                 // The cluster client sends a command again after its connection dropped, when it may have run:
                 // right for reads, wrong for a write (a counter add applied twice, a put refused by its own
@@ -276,7 +276,7 @@ impl RedisStore {
                 let once = client(Some(0))?;
                 let writes = match once.get_async_connection().await {
                     Ok(writes) => writes,
-                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs()).await),
+                    Err(e) => return Err(first_connect_error(e, tls, &spec.addrs(), true).await),
                 };
                 let prefix = format!("{{{prefix}}}");
                 let slot: u16 = redis::cmd("CLUSTER")

@@ -88,6 +88,27 @@ async fn plain_redis_to_the_tls_port_fails() {
     );
 }
 
+/// The same mistake in a Sentinel or Cluster URL, and the other way round (`rediss+cluster://` to a plain port,
+/// the machine's Redis), are usage mistakes too, not outages: the Cluster client's error hides its cause
+/// ("Failed to create initial connections"), so its seed nodes are asked. Before, both Cluster cases were
+/// taken for an unavailable store (`idem once` exit 75 instead of 2; found by a review on 2026-12-06).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_and_cluster_urls_to_the_wrong_kind_of_port_are_usage_mistakes() {
+    let Some(server) = server() else { return };
+    let port = server.port;
+    for url in [format!("redis+sentinel://127.0.0.1:{port}/mymaster"), format!("redis+cluster://127.0.0.1:{port}")] {
+        let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+        assert!(matches!(err, Error::Handshake(_)) && !err.is_unavailable(), "{url}: {}", error_chain(&err));
+        assert!(error_chain(&err).contains("is this a TLS port?"), "{url}: {}", error_chain(&err));
+    }
+    let Ok(plain) = std::env::var("IDEM_TEST_REDIS_URL") else { return };
+    let plain = plain.trim_start_matches("redis://").trim_end_matches('/').to_owned();
+    let url = format!("rediss+cluster://{plain}?cacert={}", server.pki.ca.display());
+    let err = RedisStore::connect(&url, &prefix(), Limits::default()).await.unwrap_err();
+    assert!(matches!(err, Error::Handshake(_)) && !err.is_unavailable(), "{url}: {}", error_chain(&err));
+    assert!(error_chain(&err).contains("is this a plain Redis port?"), "{url}: {}", error_chain(&err));
+}
+
 /// A server that accepts a connection, reads the first byte of the command and closes it (a proxy in front of a
 /// Redis that is down, a failover in progress): the unread rest makes the close a reset, as a TLS port's is. It
 /// is an outage (`is_unavailable`: `idem once` exits 75), not a TLS port: it was taken for one (exit 2) whenever
