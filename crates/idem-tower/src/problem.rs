@@ -216,8 +216,9 @@ pub(crate) fn outcome_unknown() -> Response<Body> {
         StatusCode::BAD_GATEWAY,
         ProblemType::OutcomeUnknown,
         "the request under this key was sent upstream but no complete answer came back, so it may or may not \
-         have taken effect; it will not be executed again under this key. Check the effect, then use a new key \
-         or ask an operator to delete the record",
+         have taken effect; it will not be executed again under this key. Check the effect, then use a new key, \
+         or ask an operator to release the record (it did not take effect: a retry executes) or resolve it (it \
+         did: retries are told so)",
     )
 }
 

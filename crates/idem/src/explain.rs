@@ -229,7 +229,9 @@ pub async fn admin(args: AdminArgs) -> Result<i32, Error> {
         Action::Release { store, .. } | Action::Resolve { store, .. } | Action::Forget { store, .. } => store,
     };
     let ledger = open(store).await?;
-    let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
+    // As `idem once pause` names who asked: $USER, else $LOGNAME, else the user id's account (cron, systemd and
+    // root shells often set neither), with the host.
+    let actor = format!("cli:{}", idem_runner::once::who());
     let prefix = &store.record_prefix;
     let done = on_ledger!(&ledger, s => match &args.action {
         Action::Release { store_key, generation, .. } => records::release(s, prefix, store_key, *generation, &actor)

@@ -36,7 +36,7 @@ pub struct ServeArgs {
     auth_token_file: Option<PathBuf>,
     /// File holding the admin token: the operator's pages under /ui/ ask for it once (a session cookie
     /// follows), the JSON endpoints under /v1/admin/ take it as a bearer token; their actions (release a
-    /// record, forget a poison item) need it or a client certificate (--tls-client-ca).
+    /// record, resolve an unknown outcome, forget a poison item, pause/resume/trigger a cron job) need it or a client certificate (--tls-client-ca).
     #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
     /// Allow a non-loopback listener without TLS (TLS is terminated in front of idem) and the KV API on one
