@@ -131,7 +131,17 @@ fn admin_error(e: AdminError) -> Error {
     }
 }
 
+/// The store, refusing a SQLite file that does not exist (these commands only read or change what is there: a
+/// typo must not answer "no record" from a file made for it, nor leave one behind), as `idem once status` does.
 async fn open(args: &StoreArgs) -> Result<Ledger, Error> {
+    if let Ok(idem_backends::StoreUrl::Sqlite(path)) = idem_backends::StoreUrl::parse(&args.store)
+        && !path.exists()
+    {
+        return Err(Error::NotFound(format!(
+            "no store at {}: nothing was written there (or the store is elsewhere: --store)",
+            path.display()
+        )));
+    }
     Ledger::open_existing(&args.store, &args.namespace)
         .await?
         .ok_or_else(|| Error::NotFound(format!("the store has no schema {}", args.namespace)))

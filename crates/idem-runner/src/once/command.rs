@@ -191,9 +191,7 @@ async fn stop_requested<S: Store>(store: &S, stop: &Stop, pgid: Option<u32>, rep
             let _ = replaced.set(by_ms);
             tracing::info!(by_ms, "a later slot replaces this one (--overlap): its command is stopped");
             if let Some(grace) = stop.grace {
-                if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::TERM);
-                }
+                crate::supervise::signal_group(pgid, rustix::process::Signal::TERM);
                 tokio::time::sleep(grace).await;
             }
             return;

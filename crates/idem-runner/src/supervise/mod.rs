@@ -78,9 +78,7 @@ impl<'w> Group<'w> {
 
     /// Sends `signal` to the command's process group.
     fn signal(&self, signal: Signal) {
-        if let Some(pid) = self.pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-            let _ = rustix::process::kill_process_group(pid, signal);
-        }
+        signal_group(self.pgid, signal);
     }
 
     /// Stops the group for its lease (SIGSTOP), counting it in `stopped`.
@@ -273,6 +271,15 @@ async fn changed(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
         return;
     }
     std::future::pending().await
+}
+
+/// Sends `signal` to the process group `pgid` (a [`Group`]'s: its command's pid, which leads it; `None`: nothing),
+/// for a caller that asks a command to stop from outside its watch (`idem once`'s `cancel-other`: SIGTERM
+/// first). The one place the runner signals a group.
+pub(crate) fn signal_group(pgid: Option<u32>, signal: Signal) {
+    if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
 }
 
 /// Sleeps until `at`; never without it.

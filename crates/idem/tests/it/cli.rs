@@ -4,6 +4,7 @@
 
 use crate::common;
 
+use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{BIN, Server, client, idem};
@@ -493,4 +494,25 @@ fn a_sigterm_right_after_the_listening_line_drains_and_flushes() {
         server.wait_for_log("bye", 1, Duration::from_secs(5));
         assert!(server.terminate_wait().success(), "stop {i}");
     }
+}
+
+/// `idem explain` and `idem admin` on a `sqlite:` file that does not exist (a typo) say so, exit 3, and create
+/// nothing: before, they made the file (and five beside it) and answered "no record" from it (found by a
+/// new user's review, 2026-12-06).
+#[test]
+fn explain_and_admin_on_a_missing_sqlite_file_say_so_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("typo.db").display());
+    for args in [
+        vec!["explain", "key", "order-1", "--store", &store],
+        vec!["admin", "resolve", "idempotency/anonymous/order-1", "--store", &store],
+        vec!["admin", "release", "idempotency/anonymous/order-1", "--store", &store],
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(stderr.contains("no store at ") && stderr.contains("typo.db"), "{args:?}: {stderr}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "files created: {left:?}");
 }
