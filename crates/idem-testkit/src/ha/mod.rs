@@ -28,14 +28,24 @@ use crate::missing;
 /// How long a failover or a replication catch-up may take before a test gives up.
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long rebuilding every other server as a standby may take: a base backup each, taken while the
+/// workload writes, then a catch-up, on a machine whose two cores CI shares with other tests (it once took
+/// more than a minute there, 2026-12-06). Nothing checked depends on how fast the harness rebuilds.
+const REJOIN_TIMEOUT: Duration = Duration::from_secs(240);
+
 /// Polls `f` every 100 ms until it returns `Some`, panicking with `what` after [`FAILOVER_TIMEOUT`].
-pub(crate) fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + FAILOVER_TIMEOUT;
+pub(crate) fn wait_until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_within(what, FAILOVER_TIMEOUT, f)
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, panicking with `what` after `limit`.
+pub(crate) fn wait_within<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {FAILOVER_TIMEOUT:?}");
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

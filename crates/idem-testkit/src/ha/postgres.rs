@@ -247,7 +247,7 @@ impl PostgresHa {
     /// so that `ANY n` commits can complete again.
     ///
     /// # Panics
-    /// When a base backup or a start fails, or they do not all stream within a minute.
+    /// When a base backup or a start fails, or they do not all stream within four minutes.
     pub fn rejoin(&mut self) {
         let primary = self.primary_now;
         for i in 0..self.servers.len() {
@@ -265,10 +265,16 @@ impl PostgresHa {
             s.proc = standby(&self.bin, self.owner, &s.data, i, (s.port, primary, link));
         }
         let n = (self.servers.len() - 1).to_string();
-        wait_until("every other server streaming from the new primary", || {
-            let sql = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
-            (self.psql(primary, sql)? == n).then_some(())
-        });
+        let mut seen = String::new();
+        let streaming = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::wait_within("every other server streaming from the new primary", super::REJOIN_TIMEOUT, || {
+                let sql = "SELECT string_agg(application_name || ':' || state, ',') FROM pg_stat_replication";
+                seen = self.psql(primary, sql).unwrap_or_default();
+                (seen.matches(":streaming").count().to_string() == n).then_some(())
+            })
+        }));
+        // Say what the primary saw, so a rebuild that never streams can be told from a slow one.
+        assert!(streaming.is_ok(), "not every other server streams from the new primary: it lists [{seen}]");
     }
 
     /// Stops the server on `port` with a fast shutdown (SIGINT; SIGKILL after 10 s).
