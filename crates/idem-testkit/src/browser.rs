@@ -27,13 +27,16 @@ impl Browser {
             crate::missing("chromium or chromedriver is not installed (apt-get install chromium chromium-driver)");
             return None;
         }
-        let port = crate::free_port();
-        let driver = Command::new(CHROMEDRIVER)
-            .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".to_owned()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromedriver");
+        let spawn = |port: u16| {
+            Command::new(CHROMEDRIVER)
+                .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".to_owned()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start chromedriver")
+        };
+        let mut port = crate::free_port();
+        let mut driver = spawn(port);
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
@@ -43,22 +46,26 @@ impl Browser {
                          "--no-first-run", "--hide-scrollbars", format!("--window-size={width},{height}")],
             }),
         );
-        let url = format!("http://127.0.0.1:{port}");
         // chromedriver answers once it listens; a session may take a few seconds on a loaded machine.
         let deadline = Instant::now() + Duration::from_secs(60);
-        let browser = Self {
-            driver,
-            client: loop {
-                let mut builder =
-                    fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
-                match builder.capabilities(caps.clone()).connect(&url).await {
-                    Ok(c) => break c,
-                    // Polls the condition "chromedriver accepts a session", bounded by the deadline.
-                    Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
-                    Err(e) => panic!("cannot open a Chromium session through chromedriver: {e}"),
+        let client = loop {
+            let mut builder = fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+            match builder.capabilities(caps.clone()).connect(&format!("http://127.0.0.1:{port}")).await {
+                Ok(c) => break c,
+                // Polls the condition "chromedriver accepts a session", bounded by the deadline. A chromedriver
+                // that exited (the free port taken by another test's server meanwhile: it cannot listen) never
+                // will: another is started on another port (CI met one answering nothing for the whole minute).
+                Err(_) if Instant::now() < deadline => {
+                    if driver.try_wait().ok().flatten().is_some() {
+                        port = crate::free_port();
+                        driver = spawn(port);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-            },
+                Err(e) => panic!("cannot open a Chromium session through chromedriver: {e}"),
+            }
         };
+        let browser = Self { driver, client };
         browser.client.set_window_size(width, height).await.expect("window size");
         Some(browser)
     }

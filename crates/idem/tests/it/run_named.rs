@@ -216,11 +216,12 @@ fn side_effect_items_without_output_survive_kill_9_once_at_a_deduping_sink() {
     assert!(executed.len() <= 200 + in_flight, "{} executions for 200 items, {in_flight} in flight", executed.len());
     let effected = lines(&effects);
     let unique: std::collections::BTreeSet<&String> = effected.iter().collect();
-    assert_eq!(
-        (effected.len(), unique.len(), std::fs::read_dir(dir.path().join("sink")).unwrap().count()),
-        (200, 200, 200),
-        "200 written, 200 present, 0 duplicates, 0 lost at the deduping sink"
-    );
+    let present = std::fs::read_dir(dir.path().join("sink")).unwrap().count();
+    assert_eq!((present, unique.len()), (200, effected.len()), "200 present, 0 duplicates at the deduping sink");
+    // The log of effects is written after the effect: a command killed with its runner between the two (the
+    // watchdog kills them) made its effect but not its line, and its rerun finds the effect made. So up to the
+    // items in flight at the kill may lack a line, never more (CI met one, 2026-12-06).
+    assert!(effected.len() + in_flight >= 200, "{} effect lines, {in_flight} in flight", effected.len());
     // The third run executes nothing: recorded done is done, no file is looked at.
     let (code, _, err) = idem_in(dir.path(), &side_effect_args(&script, &[]), &[]);
     assert_eq!(code, 0, "{err}");
